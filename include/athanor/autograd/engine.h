@@ -1,0 +1,16 @@
+#pragma once
+// The backward engine: a dependency-counted traversal of the graph from the
+// roots, running nodes in decreasing sequence number as soon as all their
+// consumers are done, summing gradients that meet at a node, and accumulating
+// into leaves. Gradient reduction for data parallel starts from leaves'
+// post-accumulate hooks, which therefore fire in roughly reverse order of use.
+#include <vector>
+
+#include "athanor/core/tensor.h"
+
+namespace athanor {
+
+// grad_roots[i] may be undefined only when roots[i] is a scalar (then 1 is used).
+void backward(const std::vector<Tensor>& roots, const std::vector<Tensor>& grad_roots = {}, bool retain_graph = false);
+
+}  // namespace athanor

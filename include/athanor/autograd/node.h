@@ -1,0 +1,111 @@
+#pragma once
+// The tape. A Node is the backward of one op call (its grad_fn): it maps the
+// gradients of the op's outputs to the gradients of its inputs, and points
+// (next_edges) to the nodes that produced those inputs. Leaves that require
+// grad end in an AccumulateGrad node that adds into `.grad`.
+//
+// Invariants:
+//  - next_edges[i] belongs to input i; an invalid edge means "no gradient needed";
+//  - sequence_nr grows with creation, so the engine runs later nodes first;
+//  - saved tensors are detached aliases plus the version they had when saved;
+//    unpacking one whose storage was modified in place since raises an Error;
+//  - after backward without retain_graph a node is released: its saved tensors
+//    are freed and running it again raises an Error.
+#include <atomic>
+#include <cstdint>
+#include <functional>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "athanor/core/tensor.h"
+
+namespace athanor {
+
+struct Edge {
+  std::shared_ptr<Node> node;
+  uint32_t input_nr = 0;  // which output of `node` (= which input slot of its gradient buffer)
+  bool valid() const { return node != nullptr; }
+};
+
+struct TensorMeta {  // what a node remembers of its inputs and outputs, for checks and messages
+  Shape sizes;
+  DType dtype = DType::f32;
+  std::string str() const { return shape_str(sizes) + " " + dtype_name(dtype); }
+};
+
+class Node : public std::enable_shared_from_this<Node> {
+ public:
+  explicit Node(std::string name);
+  virtual ~Node() = default;
+  // grads[i] is the gradient w.r.t. output i (undefined if that output got none).
+  // Returns one gradient per next_edge (undefined where none is needed).
+  virtual std::vector<Tensor> apply(std::vector<Tensor>&& grads) = 0;
+  virtual void release() { released_ = true; }
+  bool released() const { return released_; }
+
+  const std::string& name() const { return name_; }
+  uint64_t sequence_nr() const { return sequence_nr_; }
+
+  std::vector<Edge> next_edges;
+  std::vector<TensorMeta> input_meta, output_meta;
+  std::string module_path;  // the module whose forward created this node
+  // Hooks on the gradient of output `first`, run before apply (tensor hooks on non-leaves).
+  std::vector<std::pair<uint32_t, std::pair<int, GradHook>>> pre_hooks;
+
+ protected:
+  bool released_ = false;
+
+ private:
+  std::string name_;
+  uint64_t sequence_nr_;
+};
+
+// A tensor saved for backward, with the version check.
+class SavedTensor {
+ public:
+  SavedTensor() = default;
+  SavedTensor(const Tensor& t, const char* what);  // what: "self", "other", "result", …
+  Tensor unpack(const Node& owner) const;  // raises if modified in place since saved
+  bool defined() const { return data_.defined(); }
+  void reset() { data_ = Tensor(); }
+
+ private:
+  Tensor data_;
+  uint64_t version_ = 0;
+  const char* what_ = "";
+  std::string name_;
+};
+
+// The closure form used by every op: the backward is written right where the
+// forward is computed (see autograd/function.h). It gets its own node (for
+// needs_grad and SavedTensor::unpack) and the gradients of the outputs.
+using OpBackward = std::function<std::vector<Tensor>(const Node& node, const std::vector<Tensor>& grad_outputs)>;
+
+class FunctionNode : public Node {
+ public:
+  FunctionNode(std::string name, OpBackward fn) : Node(std::move(name)), fn_(std::move(fn)) {}
+  std::vector<Tensor> apply(std::vector<Tensor>&& grads) override;
+  void release() override;
+
+ private:
+  OpBackward fn_;
+};
+
+class AccumulateGrad : public Node {
+ public:
+  explicit AccumulateGrad(const std::shared_ptr<TensorImpl>& leaf);
+  std::vector<Tensor> apply(std::vector<Tensor>&& grads) override;
+  void release() override {}  // holds nothing to free; may run again
+  std::shared_ptr<TensorImpl> leaf() const { return leaf_.lock(); }
+
+ private:
+  std::weak_ptr<TensorImpl> leaf_;
+};
+
+// The node that accumulates into leaf `t` (created once and shared by all uses).
+std::shared_ptr<Node> grad_accumulator(const Tensor& t);
+// The edge along which a gradient for `t` flows (invalid if t needs no grad).
+Edge gradient_edge(const Tensor& t);
+
+}  // namespace athanor

@@ -1,0 +1,122 @@
+#include "athanor/autograd/engine.h"
+
+#include <queue>
+#include <unordered_map>
+#include <unordered_set>
+
+#include "athanor/autograd/function.h"
+#include "athanor/autograd/grad_mode.h"
+#include "athanor/autograd/node.h"
+#include "athanor/core/error.h"
+#include "grad_buffer.h"
+
+namespace athanor {
+namespace {
+
+struct LaterFirst {
+  bool operator()(const std::shared_ptr<Node>& a, const std::shared_ptr<Node>& b) const {
+    return a->sequence_nr() < b->sequence_nr();
+  }
+};
+
+// Gradient arriving at output `slot` of `node`: checked against what the node
+// produced, converted to its dtype, and summed with earlier arrivals.
+void deposit(std::unordered_map<Node*, std::vector<Tensor>>& buffers, Node* node, uint32_t slot, Tensor g,
+             const std::string& from) {
+  auto& buf = buffers[node];
+  if (buf.size() < node->output_meta.size()) buf.resize(node->output_meta.size());
+  ATH_ASSERT(slot < buf.size());
+  const TensorMeta& meta = node->output_meta[slot];
+  ATH_CHECK(g.sizes() == meta.sizes, "backward",
+            "gradient from ", from, " has shape ", g.describe(), " but ", node->name(), " output ", slot, " is ",
+            meta.str(), Hint{"if you passed an explicit gradient to backward(), give it the output's shape"});
+  if (g.dtype() != meta.dtype) {
+    Tensor c = empty(g.sizes(), TensorOptions(meta.dtype));
+    copy_into(c, g);
+    g = c;
+  }
+  if (!buf[slot].defined()) buf[slot] = g;
+  else buf[slot] = add_new(buf[slot], g);
+}
+
+}  // namespace
+
+void backward(const std::vector<Tensor>& roots, const std::vector<Tensor>& grad_roots, bool retain_graph) {
+  ATH_CHECK(grad_roots.empty() || grad_roots.size() == roots.size(), "backward", "got ", roots.size(),
+            " tensors but ", grad_roots.size(), " gradients");
+  NoGradGuard no_grad;  // backward closures record nothing (no higher-order gradients)
+
+  std::unordered_map<Node*, std::vector<Tensor>> buffers;
+  std::vector<std::shared_ptr<Node>> root_nodes;
+  for (size_t i = 0; i < roots.size(); ++i) {
+    const Tensor& r = roots[i];
+    ATH_CHECK(r.defined(), "backward", "root ", i, " is an undefined tensor");
+    ATH_CHECK(r.requires_grad(), "backward", "tensor ", i, " (", r.describe(), ") does not require grad and has no grad_fn",
+              Hint{"make sure some input has requires_grad_(true) and that the forward ran with grad mode on (not under NoGradGuard)"});
+    Tensor g = i < grad_roots.size() ? grad_roots[i] : Tensor();
+    if (!g.defined()) {
+      ATH_CHECK(r.numel() == 1, "backward", "grad can be implicitly created only for scalar outputs, but the output is ",
+                r.describe(), Hint{"reduce the output to a scalar (e.g. loss = sum(y)) or pass a gradient of its shape: y.backward(grad)"});
+      g = ones(r.sizes(), TensorOptions(r.dtype()));
+    }
+    Edge e = gradient_edge(r);
+    deposit(buffers, e.node.get(), e.input_nr, g, "the root");
+    root_nodes.push_back(e.node);
+  }
+
+  // Count, for every node reachable from the roots, how many edges lead into it.
+  std::unordered_map<Node*, int> deps;
+  {
+    std::vector<Node*> stack;
+    std::unordered_set<Node*> seen;
+    for (auto& n : root_nodes)
+      if (seen.insert(n.get()).second) stack.push_back(n.get());
+    while (!stack.empty()) {
+      Node* n = stack.back();
+      stack.pop_back();
+      for (const Edge& e : n->next_edges) {
+        if (!e.valid()) continue;
+        ++deps[e.node.get()];
+        if (seen.insert(e.node.get()).second) stack.push_back(e.node.get());
+      }
+    }
+  }
+
+  std::priority_queue<std::shared_ptr<Node>, std::vector<std::shared_ptr<Node>>, LaterFirst> ready;
+  {
+    std::unordered_set<Node*> queued;
+    for (auto& n : root_nodes)
+      if (deps[n.get()] == 0 && queued.insert(n.get()).second) ready.push(n);
+  }
+
+  while (!ready.empty()) {
+    std::shared_ptr<Node> node = ready.top();
+    ready.pop();
+    std::vector<Tensor> grads = std::move(buffers[node.get()]);
+    buffers.erase(node.get());
+    grads.resize(node->output_meta.size());
+    for (auto& [slot, hook] : node->pre_hooks) {
+      if (slot < grads.size() && grads[slot].defined()) {
+        Tensor r = hook.second(grads[slot]);
+        if (r.defined()) grads[slot] = r;
+      }
+    }
+    std::vector<Tensor> in_grads = node->apply(std::move(grads));
+    if (anomaly_mode_enabled())
+      for (size_t i = 0; i < in_grads.size(); ++i)
+        if (in_grads[i].defined()) check_finite("backward", node->name(), {}, in_grads[i], i, node->module_path);
+    if (!retain_graph) node->release();
+    ATH_CHECK(in_grads.size() == node->next_edges.size() || in_grads.empty(), node->name(), "backward returned ",
+              in_grads.size(), " gradients for ", node->next_edges.size(), " inputs",
+              Hint{"this is a bug in the op's backward; please report it"});
+    for (size_t i = 0; i < node->next_edges.size(); ++i) {
+      const Edge& e = node->next_edges[i];
+      if (!e.valid()) continue;
+      if (i < in_grads.size() && in_grads[i].defined())
+        deposit(buffers, e.node.get(), e.input_nr, in_grads[i], "the backward of " + node->name());
+      if (--deps[e.node.get()] == 0) ready.push(e.node);
+    }
+  }
+}
+
+}  // namespace athanor

@@ -1,0 +1,63 @@
+#include "backend/cpu/reduce.h"
+
+#include <vector>
+
+#include "athanor/core/convert.h"
+
+namespace athanor::cpu {
+namespace {
+template <class T> using acc_t = std::conditional_t<std::is_same_v<T, double>, double, float>;
+}
+
+template <class T> void sum_3d(const T* x, T* out, int64_t outer, int64_t r, int64_t inner, double scale) {
+  using A = acc_t<T>;
+  const A s = static_cast<A>(scale);
+  if (inner == 1) {
+#pragma omp parallel for if (outer * r > (1 << 15)) schedule(static)
+    for (int64_t o = 0; o < outer; ++o) {
+      const T* row = x + o * r;
+      A acc = 0;
+#pragma omp simd reduction(+ : acc)
+      for (int64_t j = 0; j < r; ++j) acc += cast_value<A>(row[j]);
+      out[o] = cast_value<T>(acc * s);
+    }
+    return;
+  }
+#pragma omp parallel if (outer * r * inner > (1 << 15))
+  {
+    std::vector<A> acc(inner);
+#pragma omp for schedule(static)
+    for (int64_t o = 0; o < outer; ++o) {
+      std::fill(acc.begin(), acc.end(), A(0));
+      for (int64_t j = 0; j < r; ++j) {
+        const T* row = x + (o * r + j) * inner;
+#pragma omp simd
+        for (int64_t i = 0; i < inner; ++i) acc[i] += cast_value<A>(row[i]);
+      }
+      T* dst = out + o * inner;
+      for (int64_t i = 0; i < inner; ++i) dst[i] = cast_value<T>(acc[i] * s);
+    }
+  }
+}
+
+namespace ref {
+template <class T> void sum_3d(const T* x, T* out, int64_t outer, int64_t r, int64_t inner, double scale) {
+  for (int64_t o = 0; o < outer; ++o)
+    for (int64_t i = 0; i < inner; ++i) {
+      double acc = 0;
+      for (int64_t j = 0; j < r; ++j) acc += cast_value<double>(x[(o * r + j) * inner + i]);
+      out[o * inner + i] = cast_value<T>(acc * scale);
+    }
+}
+}  // namespace ref
+
+#define ATHANOR_INSTANTIATE_SUM(T)                                                  \
+  template void sum_3d<T>(const T*, T*, int64_t, int64_t, int64_t, double);        \
+  template void ref::sum_3d<T>(const T*, T*, int64_t, int64_t, int64_t, double);
+ATHANOR_INSTANTIATE_SUM(float)
+ATHANOR_INSTANTIATE_SUM(double)
+ATHANOR_INSTANTIATE_SUM(bfloat16)
+ATHANOR_INSTANTIATE_SUM(float16)
+#undef ATHANOR_INSTANTIATE_SUM
+
+}  // namespace athanor::cpu

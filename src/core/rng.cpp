@@ -1,0 +1,141 @@
+#include "athanor/core/rng.h"
+
+#include <cmath>
+
+#include "athanor/core/convert.h"
+#include "athanor/core/error.h"
+
+namespace athanor {
+
+std::array<uint32_t, 4> philox4x32(uint64_t seed, uint64_t counter, uint64_t stream) {
+  constexpr uint32_t M0 = 0xD2511F53u, M1 = 0xCD9E8D57u;  // multipliers
+  constexpr uint32_t W0 = 0x9E3779B9u, W1 = 0xBB67AE85u;  // Weyl key increments
+  uint32_t c0 = static_cast<uint32_t>(counter), c1 = static_cast<uint32_t>(counter >> 32);
+  uint32_t c2 = static_cast<uint32_t>(stream), c3 = static_cast<uint32_t>(stream >> 32);
+  uint32_t k0 = static_cast<uint32_t>(seed), k1 = static_cast<uint32_t>(seed >> 32);
+  for (int r = 0; r < 10; ++r) {
+    const uint64_t p0 = static_cast<uint64_t>(M0) * c0, p1 = static_cast<uint64_t>(M1) * c2;
+    const uint32_t hi0 = static_cast<uint32_t>(p0 >> 32), lo0 = static_cast<uint32_t>(p0);
+    const uint32_t hi1 = static_cast<uint32_t>(p1 >> 32), lo1 = static_cast<uint32_t>(p1);
+    c0 = hi1 ^ c1 ^ k0;
+    c1 = lo1;
+    c2 = hi0 ^ c3 ^ k1;
+    c3 = lo0;
+    k0 += W0;
+    k1 += W1;
+  }
+  return {c0, c1, c2, c3};
+}
+
+void Generator::manual_seed(uint64_t seed) {
+  std::lock_guard<std::mutex> l(mu_);
+  state_ = {seed, 0};
+}
+GeneratorState Generator::state() const {
+  std::lock_guard<std::mutex> l(mu_);
+  return state_;
+}
+void Generator::set_state(const GeneratorState& s) {
+  std::lock_guard<std::mutex> l(mu_);
+  state_ = s;
+}
+GeneratorState Generator::reserve(uint64_t blocks) {
+  std::lock_guard<std::mutex> l(mu_);
+  GeneratorState s = state_;
+  state_.offset += blocks;
+  return s;
+}
+
+Generator& default_generator() {
+  static Generator g(0);
+  return g;
+}
+void manual_seed(uint64_t seed) { default_generator().manual_seed(seed); }
+
+namespace {
+void check_float(const Tensor& t, const char* op) {
+  ATH_CHECK(t.defined() && is_floating(t.dtype()), op, "needs a floating-point tensor, got ", t.describe());
+  ATH_CHECK(t.is_contiguous(), op, "needs a contiguous tensor, got strides ", shape_str(t.strides()),
+            Hint{"fill a contiguous tensor and copy it, or call contiguous() first"});
+}
+}  // namespace
+
+Tensor& uniform_(Tensor& t, double lo, double hi, Generator& gen) {
+  check_float(t, "uniform_");
+  const int64_t n = t.numel();
+  const GeneratorState s = gen.reserve(static_cast<uint64_t>((n + 3) / 4));
+  dispatch(t.dtype(), [&]<class T>() {
+    if constexpr (std::is_floating_point_v<T> || is_half_v<T>) {
+      T* d = static_cast<T*>(t.raw_data());
+      const int64_t blocks = (n + 3) / 4;
+#pragma omp parallel for if (n > (1 << 15)) schedule(static)
+      for (int64_t b = 0; b < blocks; ++b) {
+        const auto r = philox4x32(s.seed, s.offset + b);
+        for (int64_t j = 0; j < 4 && 4 * b + j < n; ++j)
+          d[4 * b + j] = cast_value<T>(lo + (hi - lo) * static_cast<double>(uint_to_unit_float(r[j])));
+      }
+    }
+  });
+  t.bump_version();
+  return t;
+}
+
+Tensor& normal_(Tensor& t, double mean, double std, Generator& gen) {
+  check_float(t, "normal_");
+  const int64_t n = t.numel();
+  const int64_t blocks = (n + 1) / 2;  // one block -> two normals (Box–Muller on two uniform pairs)
+  const GeneratorState s = gen.reserve(static_cast<uint64_t>(blocks));
+  dispatch(t.dtype(), [&]<class T>() {
+    if constexpr (std::is_floating_point_v<T> || is_half_v<T>) {
+      T* d = static_cast<T*>(t.raw_data());
+#pragma omp parallel for if (n > (1 << 14)) schedule(static)
+      for (int64_t b = 0; b < blocks; ++b) {
+        const auto r = philox4x32(s.seed, s.offset + b);
+        for (int j = 0; j < 2 && 2 * b + j < n; ++j) {
+          // u1 in (0, 1] so the log is finite; u2 in [0, 1).
+          const double u1 = 1.0 - static_cast<double>(uint_to_unit_float(r[2 * j]));
+          const double u2 = static_cast<double>(uint_to_unit_float(r[2 * j + 1]));
+          const double z = std::sqrt(-2.0 * std::log(u1)) * std::cos(2.0 * M_PI * u2);
+          d[2 * b + j] = cast_value<T>(mean + std * z);
+        }
+      }
+    }
+  });
+  t.bump_version();
+  return t;
+}
+
+Tensor rand(const Shape& shape, const TensorOptions& opts, Generator& gen) {
+  TensorOptions o = opts;
+  o.requires_grad = false;
+  Tensor t = empty(shape, o);
+  uniform_(t, 0.0, 1.0, gen);
+  if (opts.requires_grad) t.requires_grad_(true);
+  return t;
+}
+
+Tensor randn(const Shape& shape, const TensorOptions& opts, Generator& gen) {
+  TensorOptions o = opts;
+  o.requires_grad = false;
+  Tensor t = empty(shape, o);
+  normal_(t, 0.0, 1.0, gen);
+  if (opts.requires_grad) t.requires_grad_(true);
+  return t;
+}
+
+Tensor randint(int64_t lo, int64_t hi, const Shape& shape, Generator& gen) {
+  ATH_CHECK(hi > lo, "randint", "empty range [", lo, ", ", hi, ")");
+  Tensor t = empty(shape, TensorOptions(DType::i64));
+  const int64_t n = t.numel();
+  const GeneratorState s = gen.reserve(static_cast<uint64_t>((n + 1) / 2));
+  const uint64_t range = static_cast<uint64_t>(hi - lo);
+  int64_t* d = t.data_ptr<int64_t>();
+  for (int64_t i = 0; i < n; ++i) {
+    const auto r = philox4x32(s.seed, s.offset + i / 2);
+    const uint64_t x = (static_cast<uint64_t>(r[2 * (i % 2)]) << 32) | r[2 * (i % 2) + 1];
+    d[i] = lo + static_cast<int64_t>(x % range);  // bias < range / 2^64: negligible
+  }
+  return t;
+}
+
+}  // namespace athanor

@@ -1,0 +1,38 @@
+#include "athanor/core/storage.h"
+
+#include "athanor/core/error.h"
+
+namespace athanor {
+
+std::shared_ptr<Storage> Storage::allocate(std::size_t nbytes, MemTag tag, Device device) {
+  ATH_CHECK(device.is_cpu(), "allocate", "device ", device.str(), " has no allocator in this build",
+            Hint{"build with -DATHANOR_CUDA=ON on a machine with a GPU, or keep tensors on the CPU"});
+  std::shared_ptr<Storage> s(new Storage());
+  s->data_ = Allocator::cpu().allocate(nbytes, tag);
+  s->nbytes_ = nbytes;
+  s->device_ = device;
+  s->tag_ = tag;
+  return s;
+}
+
+std::shared_ptr<Storage> Storage::wrap(void* data, std::size_t nbytes, std::function<void(void*)> release, Device device) {
+  std::shared_ptr<Storage> s(new Storage());
+  s->data_ = data;
+  s->nbytes_ = nbytes;
+  s->device_ = device;
+  s->owned_ = false;
+  s->release_ = std::move(release);
+  return s;
+}
+
+Storage::~Storage() {
+  if (owned_) Allocator::cpu().deallocate(data_, nbytes_, tag_);
+  else if (release_) release_(data_);
+}
+
+void Storage::set_tag(MemTag tag) {
+  if (owned_) Allocator::cpu().retag(nbytes_, tag_, tag);
+  tag_ = tag;
+}
+
+}  // namespace athanor

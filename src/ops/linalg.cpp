@@ -1,0 +1,182 @@
+// matmul (batched, broadcasting, transposes handed to the GEMM) and linear
+// (GEMM with the bias fused into the output initialisation).
+#include "athanor/ops/linalg.h"
+
+#include "athanor/ops/reduction.h"
+#include "athanor/ops/shape.h"
+#include "backend/cpu/gemm.h"
+#include "backend/cpu/reduce.h"
+#include "ops/op_utils.h"
+
+namespace athanor {
+namespace {
+
+template <class T>
+void gemm_t(bool ta, bool tb, int64_t M, int64_t N, int64_t K, const T* A, int64_t lda, const T* B, int64_t ldb,
+            float beta, T* C, int64_t ldc) {
+  if constexpr (std::is_same_v<T, float> || std::is_same_v<T, double>) cpu::gemm(ta, tb, M, N, K, T(1), A, lda, B, ldb, T(beta), C, ldc);
+  else cpu::gemm_lowp<T>(ta, tb, M, N, K, 1.0f, A, lda, B, ldb, beta, C, ldc);
+}
+
+// How a matrix (last two dims of a tensor) can be handed to the GEMM without a copy.
+struct MatLayout {
+  bool ok = false, trans = false;
+  int64_t ld = 0;
+};
+MatLayout layout_of(const Tensor& t) {
+  const int64_t r = t.size(-2), c = t.size(-1), sr = t.stride(-2), sc = t.stride(-1);
+  if ((sc == 1 || c == 1) && sr >= std::max<int64_t>(c, 1)) return {true, false, sr};
+  if ((sr == 1 || r == 1) && sc >= std::max<int64_t>(r, 1)) return {true, true, sc};
+  return {};
+}
+
+// out[batch..., M, N] = A[batch..., M, K] @ B[batch..., K, N] for >= 2-D operands,
+// broadcasting batch dims. Not recorded.
+Tensor matmul_kernel(const Tensor& a_in, const Tensor& b_in) {
+  const int64_t M = a_in.size(-2), K = a_in.size(-1), N = b_in.size(-1);
+  const Shape abatch(a_in.sizes().begin(), a_in.sizes().end() - 2), bbatch(b_in.sizes().begin(), b_in.sizes().end() - 2);
+  const Shape batch = broadcast_shapes(abatch, bbatch, "matmul");
+  Shape out_shape = batch;
+  out_shape.push_back(M);
+  out_shape.push_back(N);
+  Tensor out = empty(out_shape, TensorOptions(a_in.dtype()));
+  if (out.numel() == 0) return out;
+  Tensor a = a_in, b = b_in;
+  MatLayout la = layout_of(a), lb = layout_of(b);
+  if (!la.ok) a = detail::contiguous_raw(a), la = layout_of(a);
+  if (!lb.ok) b = detail::contiguous_raw(b), lb = layout_of(b);
+  dispatch(a.dtype(), [&]<class T>() {
+    if constexpr (std::is_floating_point_v<T> || is_half_v<T>) {
+      const T* pa = static_cast<const T*>(a.raw_data());
+      const T* pb = static_cast<const T*>(b.raw_data());
+      T* po = static_cast<T*>(out.raw_data());
+      // Fold a's batch into M when b is a single matrix and a's rows are evenly spaced.
+      if (bbatch.empty() && !la.trans && a.dim() > 2) {
+        bool foldable = true;
+        int64_t expect = a.stride(-2) * M;
+        for (int64_t i = a.dim() - 3; i >= 0; --i) {
+          if (a.sizes()[i] != 1 && a.strides()[i] != expect) { foldable = false; break; }
+          expect *= a.sizes()[i];
+        }
+        if (foldable) {
+          gemm_t<T>(false, lb.trans, shape_numel(abatch) * M, N, K, pa, la.ld, pb, lb.ld, 0.0f, po, N);
+          return;
+        }
+      }
+      const int64_t nb = shape_numel(batch), nd = static_cast<int64_t>(batch.size());
+      for (int64_t i = 0; i < nb; ++i) {
+        int64_t rem = i, oa = 0, ob = 0;  // element offsets of this batch entry in a and b (stride 0 if broadcast)
+        for (int64_t d = nd - 1; d >= 0; --d) {
+          const int64_t c = rem % batch[d];
+          rem /= batch[d];
+          const int64_t ia = d - (nd - static_cast<int64_t>(abatch.size())), ib = d - (nd - static_cast<int64_t>(bbatch.size()));
+          if (ia >= 0 && abatch[ia] != 1) oa += c * a.strides()[ia];
+          if (ib >= 0 && bbatch[ib] != 1) ob += c * b.strides()[ib];
+        }
+        gemm_t<T>(la.trans, lb.trans, M, N, K, pa + oa, la.ld, pb + ob, lb.ld, 0.0f, po + i * M * N, N);
+      }
+    }
+  });
+  return out;
+}
+
+Tensor matmul_nd(const Tensor& a, const Tensor& b) {
+  Tensor out = matmul_kernel(a, b);
+  if (!any_requires_grad({a, b})) return out;
+  SavedTensor sa = save(a, "self"), sb = save(b, "other");
+  return record("matmul", {a, b}, out, [sa, sb](const Node& n, const Grads& g) {
+    const Tensor av = sa.unpack(n), bv = sb.unpack(n);
+    Tensor ga, gb;
+    if (needs_grad(n, 0)) ga = sum_to(matmul_nd(g[0], transpose(bv, -1, -2)), av.sizes());  // dA = dC B^T
+    if (needs_grad(n, 1)) {
+      if (bv.dim() == 2 && av.dim() > 2) {  // dB = sum over batch of A^T dC = A_flat^T dC_flat
+        const int64_t K = av.size(-1), N = g[0].size(-1);
+        gb = matmul_nd(transpose(reshape(av, {-1, K}), 0, 1), reshape(g[0], {-1, N}));
+      } else {
+        gb = sum_to(matmul_nd(transpose(av, -1, -2), g[0]), bv.sizes());
+      }
+    }
+    return Grads{ga, gb};
+  });
+}
+}  // namespace
+
+Tensor matmul(const Tensor& a, const Tensor& b) {
+  detail::check_floating(a, "matmul", "a");
+  detail::check_floating(b, "matmul", "b");
+  detail::check_same_dtype(a, b, "matmul");
+  ATH_CHECK(a.dim() >= 1 && b.dim() >= 1, "matmul", "both operands need at least 1 dimension, got ", a.describe(), " and ",
+            b.describe());
+  const Tensor A = a.dim() == 1 ? unsqueeze(a, 0) : a;
+  const Tensor B = b.dim() == 1 ? unsqueeze(b, 1) : b;
+  ATH_CHECK(A.size(-1) == B.size(-2), "matmul", "inner dimensions do not match: a is ", a.describe(), ", b is ",
+            b.describe(), " (", A.size(-1), " != ", B.size(-2), ")",
+            Hint{"matmul(a, b) needs a.size(-1) == b.size(-2); transpose one operand or check the layer sizes"});
+  Tensor out = matmul_nd(A, B);
+  if (b.dim() == 1) out = squeeze(out, -1);
+  if (a.dim() == 1) out = squeeze(out, a.dim() == 1 && b.dim() == 1 ? 0 : -2);
+  return out;
+}
+
+Tensor linear(const Tensor& x, const Tensor& weight, const Tensor& bias) {
+  detail::check_floating(x, "linear", "x");
+  detail::check_floating(weight, "linear", "weight");
+  detail::check_same_dtype(x, weight, "linear");
+  ATH_CHECK(weight.dim() == 2, "linear", "weight must be 2-D [out_features, in_features], got ", weight.describe());
+  ATH_CHECK(x.dim() >= 1 && x.size(-1) == weight.size(1), "linear", "input ", x.describe(), " does not match weight ",
+            weight.describe(), ": last input dim must be in_features = ", weight.size(1),
+            Hint{"check the layer's in_features against the previous layer's output size"});
+  if (bias.defined()) {
+    detail::check_same_dtype(x, bias, "linear");
+    ATH_CHECK(bias.dim() == 1 && bias.size(0) == weight.size(0), "linear", "bias ", bias.describe(),
+              " must be 1-D of size out_features = ", weight.size(0));
+  }
+  const int64_t in = weight.size(1), out_f = weight.size(0), M = x.numel() / std::max<int64_t>(in, 1);
+  const Tensor xc = detail::contiguous_raw(x), wc = detail::contiguous_raw(weight);
+  Shape out_shape = x.sizes();
+  out_shape.back() = out_f;
+  Tensor y = empty(out_shape, TensorOptions(x.dtype()));
+  dispatch(x.dtype(), [&]<class T>() {
+    if constexpr (std::is_floating_point_v<T> || is_half_v<T>) {
+      T* py = static_cast<T*>(y.raw_data());
+      float beta = 0.0f;
+      if (bias.defined()) {  // y rows start as the bias; the GEMM adds x W^T on top (beta = 1)
+        const Tensor bc = detail::contiguous_raw(bias);
+        const T* pb = static_cast<const T*>(bc.raw_data());
+        for (int64_t r = 0; r < M; ++r) std::copy(pb, pb + out_f, py + r * out_f);
+        beta = 1.0f;
+      }
+      gemm_t<T>(false, true, M, out_f, in, static_cast<const T*>(xc.raw_data()), in, static_cast<const T*>(wc.raw_data()),
+                in, beta, py, out_f);
+    }
+  });
+  if (!any_requires_grad({x, weight, bias})) return y;
+  SavedTensor sx = save(xc, "input"), sw = save(wc, "weight");
+  return record("linear", {x, weight, bias}, y, [sx, sw, in, out_f, M](const Node& n, const Grads& g) {
+    const Tensor xv = sx.unpack(n), wv = sw.unpack(n);
+    const Tensor dy = detail::contiguous_raw(g[0]);
+    Tensor dx, dw, db;
+    dispatch(dy.dtype(), [&]<class T>() {
+      if constexpr (std::is_floating_point_v<T> || is_half_v<T>) {
+        const T* pdy = static_cast<const T*>(dy.raw_data());
+        if (needs_grad(n, 0)) {  // dx = dy W            [M, out] @ [out, in]
+          dx = empty(xv.sizes(), TensorOptions(dy.dtype()));
+          gemm_t<T>(false, false, M, in, out_f, pdy, out_f, static_cast<const T*>(wv.raw_data()), in, 0.0f,
+                    static_cast<T*>(dx.raw_data()), in);
+        }
+        if (needs_grad(n, 1)) {  // dW = dy^T x          [out, M] @ [M, in]
+          dw = empty(wv.sizes(), TensorOptions(dy.dtype()));
+          gemm_t<T>(true, false, out_f, in, M, pdy, out_f, static_cast<const T*>(xv.raw_data()), in, 0.0f,
+                    static_cast<T*>(dw.raw_data()), in);
+        }
+        if (needs_grad(n, 2)) {  // db = sum over rows of dy
+          db = empty({out_f}, TensorOptions(dy.dtype()));
+          cpu::sum_3d<T>(pdy, static_cast<T*>(db.raw_data()), 1, M, out_f);
+        }
+      }
+    });
+    return Grads{dx, dw, db};
+  });
+}
+
+}  // namespace athanor

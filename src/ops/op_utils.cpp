@@ -1,0 +1,54 @@
+#include "ops/op_utils.h"
+
+#include <algorithm>
+
+namespace athanor::detail {
+
+int64_t wrap_dim(int64_t d, int64_t ndim, const char* op) {
+  const int64_t n = std::max<int64_t>(ndim, 1);
+  ATH_CHECK(d >= -n && d < n, op, "dimension ", d, " is out of range for a ", ndim, "-D tensor (valid: ", -n, " to ", n - 1, ")");
+  return d < 0 ? d + n : d;
+}
+
+std::vector<int64_t> normalize_dims(const std::vector<int64_t>& dims, int64_t ndim, const char* op) {
+  std::vector<int64_t> out;
+  if (dims.empty()) {
+    for (int64_t i = 0; i < ndim; ++i) out.push_back(i);
+    return out;
+  }
+  for (int64_t d : dims) out.push_back(wrap_dim(d, ndim, op));
+  std::sort(out.begin(), out.end());
+  ATH_CHECK(std::adjacent_find(out.begin(), out.end()) == out.end(), op, "a dimension appears twice in the dims list");
+  return out;
+}
+
+void check_defined(const Tensor& t, const char* op, const char* arg) {
+  ATH_CHECK(t.defined(), op, "argument '", arg, "' is an undefined tensor");
+}
+
+void check_floating(const Tensor& t, const char* op, const char* arg) {
+  check_defined(t, op, arg);
+  ATH_CHECK(is_floating(t.dtype()), op, "argument '", arg, "' must be floating-point, got ", t.describe(),
+            Hint{"convert it with .to(DType::f32)"});
+}
+
+void check_same_dtype(const Tensor& a, const Tensor& b, const char* op) {
+  ATH_CHECK(a.dtype() == b.dtype(), op, "dtype mismatch: ", a.describe(), " and ", b.describe(),
+            Hint{"convert one operand with .to(...) so both have the same dtype (or run under autocast)"});
+}
+
+Tensor contiguous_raw(const Tensor& x) {
+  if (x.is_contiguous()) return x;
+  Tensor c = empty(x.sizes(), TensorOptions(x.dtype()));
+  copy_into(c, x);
+  return c;
+}
+
+Tensor to_raw(const Tensor& x, DType dtype) {
+  if (x.dtype() == dtype) return contiguous_raw(x);
+  Tensor c = empty(x.sizes(), TensorOptions(dtype));
+  copy_into(c, x);
+  return c;
+}
+
+}  // namespace athanor::detail

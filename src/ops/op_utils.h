@@ -1,0 +1,24 @@
+#pragma once
+// Helpers shared by op implementations (not public API).
+#include <vector>
+
+#include "athanor/autograd/function.h"
+#include "athanor/core/convert.h"
+#include "athanor/core/error.h"
+#include "athanor/core/tensor.h"
+
+namespace athanor::detail {
+
+// Wraps a possibly negative dim for a tensor of rank ndim, with an error naming op.
+int64_t wrap_dim(int64_t dim, int64_t ndim, const char* op);
+// Sorted, unique, wrapped dims; empty input = all dims.
+std::vector<int64_t> normalize_dims(const std::vector<int64_t>& dims, int64_t ndim, const char* op);
+void check_defined(const Tensor& t, const char* op, const char* arg);
+void check_floating(const Tensor& t, const char* op, const char* arg);
+void check_same_dtype(const Tensor& a, const Tensor& b, const char* op);
+// A contiguous tensor with x's values (x itself when already contiguous). Not recorded.
+Tensor contiguous_raw(const Tensor& x);
+// x converted to dtype, contiguous. Not recorded.
+Tensor to_raw(const Tensor& x, DType dtype);
+
+}  // namespace athanor::detail

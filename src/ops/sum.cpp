@@ -1,0 +1,70 @@
+// sum and mean over a set of dims; backward broadcasts the gradient back.
+#include "athanor/ops/elementwise.h"
+#include "athanor/ops/reduction.h"
+#include "athanor/ops/shape.h"
+#include "backend/cpu/reduce.h"
+#include "ops/op_utils.h"
+
+namespace athanor {
+namespace {
+
+Shape reduced_shape(const Shape& in, const std::vector<int64_t>& dims, bool keepdim) {
+  Shape out;
+  for (int64_t i = 0; i < static_cast<int64_t>(in.size()); ++i) {
+    const bool reduced = std::find(dims.begin(), dims.end(), i) != dims.end();
+    if (!reduced) out.push_back(in[i]);
+    else if (keepdim) out.push_back(1);
+  }
+  return out;
+}
+
+// Sum (times `scale`) of x over `dims` (sorted, unique), with keepdim semantics.
+Tensor sum_kernel(const Tensor& x, const std::vector<int64_t>& dims, bool keepdim, double scale, const char* op) {
+  detail::check_floating(x, op, "x");
+  const Shape out_shape = reduced_shape(x.sizes(), dims, keepdim);
+  Tensor out = empty(out_shape, TensorOptions(x.dtype()));
+  Tensor src = x;
+  int64_t outer = 1, r = 1, inner = 1;
+  const bool block = !dims.empty() && dims.back() - dims.front() + 1 == static_cast<int64_t>(dims.size());
+  if (block && x.is_contiguous()) {  // [outer, r, inner] view of the input, no copy
+    for (int64_t i = 0; i < dims.front(); ++i) outer *= x.sizes()[i];
+    for (int64_t d : dims) r *= x.sizes()[d];
+    for (int64_t i = dims.back() + 1; i < x.dim(); ++i) inner *= x.sizes()[i];
+  } else {  // move the reduced dims last: [kept..., reduced...] -> [outer, r, 1]
+    std::vector<int64_t> perm;
+    for (int64_t i = 0; i < x.dim(); ++i)
+      if (std::find(dims.begin(), dims.end(), i) == dims.end()) perm.push_back(i), outer *= x.sizes()[i];
+    for (int64_t d : dims) perm.push_back(d), r *= x.sizes()[d];
+    Shape sz, st;
+    for (int64_t p : perm) sz.push_back(x.sizes()[p]), st.push_back(x.strides()[p]);
+    src = detail::contiguous_raw(make_view(x, sz, st, x.storage_offset()));
+  }
+  dispatch(x.dtype(), [&]<class T>() {
+    if constexpr (std::is_floating_point_v<T> || is_half_v<T>)
+      cpu::sum_3d<T>(static_cast<const T*>(src.raw_data()), static_cast<T*>(out.raw_data()), outer, r, inner, scale);
+  });
+  return out;
+}
+
+Tensor reduce(const Tensor& x, const std::vector<int64_t>& dims_in, bool keepdim, bool is_mean) {
+  const char* op = is_mean ? "mean" : "sum";
+  detail::check_floating(x, op, "x");
+  const auto dims = detail::normalize_dims(dims_in, x.dim(), op);
+  int64_t count = 1;
+  for (int64_t d : dims) count *= x.sizes()[d];
+  const double scale = is_mean ? 1.0 / static_cast<double>(std::max<int64_t>(count, 1)) : 1.0;
+  if (is_mean) ATH_CHECK(count > 0 || x.numel() == 0, op, "mean over an empty dimension of ", x.describe());
+  Tensor out = sum_kernel(x, dims, keepdim, scale, op);
+  const Shape in = x.sizes(), kept = reduced_shape(in, dims, true);
+  return record(op, {x}, out, [in, kept, scale](const Node&, const Grads& g) {
+    Tensor gk = reshape(g[0], kept);  // put the reduced dims back as size 1, then broadcast
+    Tensor ge = contiguous(expand(gk, in));
+    return Grads{scale == 1.0 ? ge : mul(ge, scale)};
+  });
+}
+}  // namespace
+
+Tensor sum(const Tensor& x, const std::vector<int64_t>& dims, bool keepdim) { return reduce(x, dims, keepdim, false); }
+Tensor mean(const Tensor& x, const std::vector<int64_t>& dims, bool keepdim) { return reduce(x, dims, keepdim, true); }
+
+}  // namespace athanor

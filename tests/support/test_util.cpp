@@ -1,0 +1,143 @@
+#include "test_util.h"
+
+#include <cmath>
+#include <sstream>
+
+namespace athanor::testing {
+namespace {
+// Element offset (in elements, from the tensor's data pointer) of logical index `lin`.
+int64_t element_offset(const Tensor& t, int64_t lin) {
+  int64_t off = 0;
+  for (int64_t d = t.dim() - 1; d >= 0; --d) {
+    const int64_t c = lin % t.sizes()[d];
+    lin /= t.sizes()[d];
+    off += c * t.strides()[d];
+  }
+  return off;
+}
+
+double dot(const Tensor& a, const std::vector<double>& w) {
+  const auto v = a.to_vector();
+  double s = 0;
+  for (size_t i = 0; i < v.size(); ++i) s += v[i] * w[i];
+  return s;
+}
+}  // namespace
+
+Tensor randn64(const Shape& shape, uint64_t seed, bool requires_grad) {
+  Generator g(seed);
+  Tensor t = randn(shape, TensorOptions(DType::f64), g);
+  if (requires_grad) t.requires_grad_(true);
+  return t;
+}
+
+Tensor uniform64(const Shape& shape, double lo, double hi, uint64_t seed, bool requires_grad) {
+  Generator g(seed);
+  Tensor t = empty(shape, TensorOptions(DType::f64));
+  uniform_(t, lo, hi, g);
+  if (requires_grad) t.requires_grad_(true);
+  return t;
+}
+
+Tensor make_noncontiguous(const Tensor& t) {
+  Tensor v;
+  if (t.dim() >= 2) {
+    Shape rev(t.sizes().rbegin(), t.sizes().rend());
+    Tensor base = empty(rev, TensorOptions(t.dtype()));
+    Shape st(t.dim());
+    for (int64_t i = 0; i < t.dim(); ++i) st[i] = base.strides()[t.dim() - 1 - i];
+    v = make_view(base, t.sizes(), st, 0);
+  } else if (t.dim() == 1) {
+    Tensor base = empty({2 * t.size(0) + 1}, TensorOptions(t.dtype()));
+    v = make_view(base, t.sizes(), {2}, 1);
+  } else {
+    v = empty({}, TensorOptions(t.dtype()));
+  }
+  copy_into(v, t);
+  if (t.requires_grad()) v.requires_grad_(true);
+  return v;
+}
+
+::testing::AssertionResult gradcheck(const std::function<Tensor(const std::vector<Tensor>&)>& fn,
+                                     const std::vector<Tensor>& inputs, GradcheckOptions opts) {
+  for (const Tensor& in : inputs)
+    if (in.defined() && in.requires_grad() && in.dtype() != DType::f64)
+      return ::testing::AssertionFailure() << "gradcheck needs f64 inputs, got " << in.describe();
+  for (const Tensor& in : inputs)
+    if (in.defined() && in.requires_grad()) in.set_grad(Tensor());
+
+  Tensor out = fn(inputs);
+  if (!out.requires_grad()) return ::testing::AssertionFailure() << "output does not require grad";
+  Generator wg(12345);
+  Tensor w = randn(out.sizes(), TensorOptions(out.dtype()), wg);
+  const std::vector<double> wv = w.to_vector();
+  backward({out}, {w});
+
+  std::ostringstream failures;
+  int bad = 0;
+  for (size_t k = 0; k < inputs.size(); ++k) {
+    const Tensor& in = inputs[k];
+    if (!in.defined() || !in.requires_grad()) continue;
+    Tensor g = in.grad();
+    std::vector<double> analytic = g.defined() ? g.to_vector() : std::vector<double>(in.numel(), 0.0);
+    double* data = in.data_ptr<double>();
+    for (int64_t i = 0; i < in.numel(); ++i) {
+      const int64_t off = element_offset(in, i);
+      const double orig = data[off];
+      double fp, fm;
+      {
+        NoGradGuard ng;
+        data[off] = orig + opts.eps;
+        fp = dot(fn(inputs), wv);
+        data[off] = orig - opts.eps;
+        fm = dot(fn(inputs), wv);
+        data[off] = orig;
+      }
+      const double numeric = (fp - fm) / (2 * opts.eps);
+      const double diff = std::fabs(numeric - analytic[i]);
+      if (!(diff <= opts.atol + opts.rtol * std::fabs(numeric))) {
+        if (++bad <= 5)
+          failures << "\n  input " << k << " " << in.describe() << " element " << i << ": autograd " << analytic[i]
+                   << " vs finite difference " << numeric << " (diff " << diff << ")";
+      }
+    }
+  }
+  if (bad) return ::testing::AssertionFailure() << bad << " gradient element(s) differ:" << failures.str();
+  return ::testing::AssertionSuccess();
+}
+
+::testing::AssertionResult all_close(const Tensor& actual, const Tensor& expected, double atol, double rtol) {
+  if (actual.sizes() != expected.sizes())
+    return ::testing::AssertionFailure() << "shape " << actual.describe() << " != expected " << expected.describe();
+  const auto a = actual.to_vector(), e = expected.to_vector();
+  int64_t worst = -1, bad = 0;
+  double worst_excess = 0;
+  for (size_t i = 0; i < a.size(); ++i) {
+    const double tol = atol + rtol * std::fabs(e[i]);
+    const double d = std::fabs(a[i] - e[i]);
+    const bool same_nonfinite = (std::isnan(a[i]) && std::isnan(e[i])) || (std::isinf(a[i]) && a[i] == e[i]);
+    if (!same_nonfinite && !(d <= tol)) {
+      ++bad;
+      if (worst < 0 || d - tol > worst_excess || std::isnan(d)) worst = static_cast<int64_t>(i), worst_excess = d - tol;
+    }
+  }
+  if (bad == 0) return ::testing::AssertionSuccess();
+  return ::testing::AssertionFailure() << bad << " of " << a.size() << " elements differ (atol " << atol << ", rtol "
+                                       << rtol << "); worst at " << worst << ": " << a[worst] << " vs expected "
+                                       << e[worst];
+}
+
+std::string error_message(const std::function<void()>& fn) {
+  try {
+    fn();
+  } catch (const Error& e) {
+    return e.what();
+  } catch (const std::exception& e) {
+    ADD_FAILURE() << "expected athanor::Error, got another exception: " << e.what();
+    return e.what();
+  }
+  ADD_FAILURE() << "expected an athanor::Error, but nothing was thrown";
+  return "";
+}
+
+}  // namespace athanor::testing

@@ -1,0 +1,41 @@
+#pragma once
+// Shared test machinery:
+//  - gradcheck: autograd gradients vs central finite differences in f64;
+//  - make_noncontiguous: the same values in a strided (non-contiguous) layout;
+//  - expect_close: elementwise |a - b| <= atol + rtol * |b| with a report of the worst element.
+#include <gtest/gtest.h>
+
+#include <functional>
+#include <vector>
+
+#include "athanor/ops.h"
+
+namespace athanor::testing {
+
+struct GradcheckOptions {
+  double eps = 1e-6;   // finite-difference step
+  double atol = 1e-5;
+  double rtol = 1e-4;
+};
+
+// fn maps the inputs to one output. Inputs that require grad are checked: the
+// gradient of <w, fn(x)> for a random w, computed by autograd (backward with an
+// explicit gradient), is compared with central differences of the same function.
+::testing::AssertionResult gradcheck(const std::function<Tensor(const std::vector<Tensor>&)>& fn,
+                                     const std::vector<Tensor>& inputs, GradcheckOptions opts = {});
+
+// f64 leaf with N(0,1) values from `seed` (requires grad by default).
+Tensor randn64(const Shape& shape, uint64_t seed, bool requires_grad = true);
+// f64 leaf with uniform values in [lo, hi).
+Tensor uniform64(const Shape& shape, double lo, double hi, uint64_t seed, bool requires_grad = true);
+// Same values and requires_grad, laid out non-contiguously (dims reversed in
+// memory for >= 2-D, stride 2 for 1-D). A leaf.
+Tensor make_noncontiguous(const Tensor& t);
+
+::testing::AssertionResult all_close(const Tensor& actual, const Tensor& expected, double atol, double rtol);
+#define EXPECT_CLOSE(actual, expected, atol, rtol) EXPECT_TRUE(::athanor::testing::all_close((actual), (expected), (atol), (rtol)))
+
+// Runs fn and returns the athanor::Error message it throws (fails the test if it does not throw).
+std::string error_message(const std::function<void()>& fn);
+
+}  // namespace athanor::testing
