@@ -1,6 +1,7 @@
 #pragma once
 // Everything a user of the tensor library needs.
 #include "athanor/autograd/engine.h"
+#include "athanor/autograd/function.h"
 #include "athanor/autograd/grad_mode.h"
 #include "athanor/core/error.h"
 #include "athanor/core/rng.h"

@@ -1,0 +1,104 @@
+// matmul and linear: gradcheck over shapes (batched, broadcast, 1-D, transposed
+// views), the GEMM against the naive reference, and shape errors.
+#include "backend/cpu/gemm.h"
+#include "test_util.h"
+
+namespace athanor {
+using namespace athanor::testing;
+
+TEST(Matmul, GradcheckShapes) {
+  const std::vector<std::pair<Shape, Shape>> shapes = {
+      {{3, 4}, {4, 5}},       {{2, 3, 4}, {4, 5}},    {{2, 3, 4}, {2, 4, 5}}, {{1, 3, 4}, {2, 4, 5}},
+      {{2, 1, 3, 4}, {3, 4, 2}}, {{4}, {4, 5}},        {{3, 4}, {4}},          {{4}, {4}},
+      {{4}, {2, 4, 3}},
+  };
+  for (auto& [sa, sb] : shapes) {
+    SCOPED_TRACE(shape_str(sa) + " @ " + shape_str(sb));
+    EXPECT_TRUE(gradcheck([](const std::vector<Tensor>& x) { return matmul(x[0], x[1]); }, {randn64(sa, 1), randn64(sb, 2)}));
+  }
+}
+
+TEST(Matmul, TransposedAndNonContiguousOperands) {
+  Tensor a = randn64({4, 3}, 3), b = randn64({5, 4}, 4);
+  // a^T @ b^T via transposed views: the GEMM gets them with trans flags, no copy.
+  EXPECT_TRUE(gradcheck([](const std::vector<Tensor>& x) { return matmul(x[0].t(), x[1].t()); }, {a, b}));
+  Tensor c = make_noncontiguous(randn64({2, 3, 4}, 5)), d = make_noncontiguous(randn64({2, 4, 2}, 6));
+  EXPECT_TRUE(gradcheck([](const std::vector<Tensor>& x) { return matmul(x[0], x[1]); }, {c, d}));
+  // A strided slice-like layout that is neither N nor T for the GEMM (forces a copy).
+  Tensor base = randn64({6, 8}, 7, false);
+  Tensor e = make_view(base, {3, 4}, {16, 2}, 0);
+  e.requires_grad_(true);
+  EXPECT_TRUE(gradcheck([](const std::vector<Tensor>& x) { return matmul(x[0], x[1]); }, {e, randn64({4, 2}, 8)}));
+}
+
+TEST(Matmul, MatchesNaiveReferenceInF32) {
+  // f32 GEMM (oneDNN) vs a double-accumulating triple loop; K up to 300 so
+  // rounding differences stay below ~1e-4 relative.
+  Generator g(11);
+  for (auto [M, N, K] : std::vector<std::array<int64_t, 3>>{{1, 1, 1}, {7, 13, 300}, {64, 48, 96}, {130, 3, 257}}) {
+    for (bool ta : {false, true})
+      for (bool tb : {false, true}) {
+        SCOPED_TRACE(std::to_string(M) + "x" + std::to_string(N) + "x" + std::to_string(K) + (ta ? " ta" : "") + (tb ? " tb" : ""));
+        Tensor A = randn(ta ? Shape{K, M} : Shape{M, K}, {}, g), B = randn(tb ? Shape{N, K} : Shape{K, N}, {}, g);
+        Tensor fast = full({M, N}, 0.5), ref = full({M, N}, 0.5);
+        cpu::gemm(ta, tb, M, N, K, 1.5f, A.data_ptr<float>(), A.size(1), B.data_ptr<float>(), B.size(1), 0.25f,
+                  fast.data_ptr<float>(), N);
+        cpu::ref::gemm<float>(ta, tb, M, N, K, 1.5, A.data_ptr<float>(), A.size(1), B.data_ptr<float>(), B.size(1), 0.25,
+                              ref.data_ptr<float>(), N);
+        EXPECT_CLOSE(fast, ref, 1e-4, 1e-4);
+      }
+  }
+}
+
+TEST(Matmul, BatchedMatchesPerMatrixReference) {
+  Generator g(12);
+  Tensor a = randn({3, 1, 5, 7}, {}, g), b = randn({4, 7, 6}, {}, g);
+  Tensor c = matmul(a, b);
+  ASSERT_EQ(c.sizes(), (Shape{3, 4, 5, 6}));
+  for (int64_t i = 0; i < 3; ++i)
+    for (int64_t j = 0; j < 4; ++j) {
+      Tensor expect = empty({5, 6});
+      Tensor ai = make_view(a, {5, 7}, {7, 1}, i * 35), bj = make_view(b, {7, 6}, {6, 1}, j * 42);
+      cpu::ref::gemm<float>(false, false, 5, 6, 7, 1.0, ai.data_ptr<float>(), 7, bj.data_ptr<float>(), 6, 0.0,
+                            expect.data_ptr<float>(), 6);
+      Tensor got = make_view(c, {5, 6}, {6, 1}, c.storage_offset() + (i * 4 + j) * 30);
+      EXPECT_CLOSE(got, expect, 1e-5, 1e-5);
+    }
+}
+
+TEST(Matmul, ShapeErrorsNameTheOperands) {
+  const std::string msg = error_message([] { matmul(zeros({2, 3}), zeros({4, 5})); });
+  EXPECT_NE(msg.find("matmul"), std::string::npos) << msg;
+  EXPECT_NE(msg.find("[2, 3]"), std::string::npos) << msg;
+  EXPECT_NE(msg.find("[4, 5]"), std::string::npos) << msg;
+  EXPECT_NE(msg.find("hint:"), std::string::npos) << msg;
+  EXPECT_NE(error_message([] { matmul(zeros({2, 3}), zeros({3, 2}, DType::f64)); }).find("dtype mismatch"), std::string::npos);
+  EXPECT_NE(error_message([] { matmul(zeros({2, 3, 4}), zeros({3, 4, 5})); }).find("cannot be broadcast"), std::string::npos);
+}
+
+TEST(Linear, GradcheckWithAndWithoutBias) {
+  for (Shape xs : {Shape{5, 4}, Shape{2, 3, 4}, Shape{4}}) {
+    SCOPED_TRACE(shape_str(xs));
+    Tensor x = randn64(xs, 1), w = randn64({3, 4}, 2), b = randn64({3}, 3);
+    EXPECT_TRUE(gradcheck([](const std::vector<Tensor>& v) { return linear(v[0], v[1], v[2]); }, {x, w, b}));
+    EXPECT_TRUE(gradcheck([](const std::vector<Tensor>& v) { return linear(v[0], v[1]); }, {x, w}));
+  }
+  Tensor xn = make_noncontiguous(randn64({4, 6}, 4));
+  EXPECT_TRUE(gradcheck([](const std::vector<Tensor>& v) { return linear(v[0], v[1], v[2]); }, {xn, randn64({2, 6}, 5), randn64({2}, 6)}));
+}
+
+TEST(Linear, EqualsMatmulPlusBiasInF32) {
+  Generator g(13);
+  Tensor x = randn({33, 64}, {}, g), w = randn({48, 64}, {}, g), b = randn({48}, {}, g);
+  EXPECT_CLOSE(linear(x, w, b), add(matmul(x, w.t()), b), 1e-5, 1e-5);
+}
+
+TEST(Linear, ErrorsNameShapes) {
+  const std::string msg = error_message([] { linear(zeros({2, 5}), zeros({3, 4})); });
+  EXPECT_NE(msg.find("linear"), std::string::npos) << msg;
+  EXPECT_NE(msg.find("[2, 5]"), std::string::npos) << msg;
+  EXPECT_NE(msg.find("[3, 4]"), std::string::npos) << msg;
+  EXPECT_NE(error_message([] { linear(zeros({2, 4}), zeros({3, 4}), zeros({4})); }).find("bias"), std::string::npos);
+}
+
+}  // namespace athanor
