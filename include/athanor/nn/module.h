@@ -1,0 +1,91 @@
+#pragma once
+// nn::Module: a tree of named parameters, buffers and child modules.
+//
+//   class Block : public nn::Module {
+//    public:
+//     Block(int64_t d) {
+//       fc = register_module("fc", std::make_shared<nn::Linear>(d, d));
+//       scale = register_parameter("scale", ones({d}));
+//     }
+//     Tensor forward(const Tensor& x) {
+//       auto scope = enter();        // errors and autograd nodes now name this module's path
+//       return mul(fc->forward(x), scale);
+//     }
+//     std::shared_ptr<nn::Linear> fc;
+//     Tensor scale;
+//   };
+//
+// Names are hierarchical ("h.3.attn.c_attn.weight") and map 1:1 onto state-dict
+// and safetensors keys. Parameters are tagged MemTag::parameter and named, so
+// error messages and the doctor can say which one.
+#include <map>
+#include <memory>
+#include <string>
+#include <utility>
+#include <vector>
+
+#include "athanor/core/error.h"
+#include "athanor/core/tensor.h"
+
+namespace athanor::nn {
+
+using StateDict = std::vector<std::pair<std::string, Tensor>>;  // in registration order
+
+class Module : public std::enable_shared_from_this<Module> {
+ public:
+  Module() = default;
+  virtual ~Module() = default;
+  Module(const Module&) = delete;
+  Module& operator=(const Module&) = delete;
+
+  // ---- traversal (hierarchical names, registration order)
+  std::vector<std::pair<std::string, Tensor>> named_parameters(bool recurse = true) const;
+  std::vector<Tensor> parameters(bool recurse = true) const;
+  std::vector<std::pair<std::string, Tensor>> named_buffers(bool recurse = true) const;
+  std::vector<std::pair<std::string, std::shared_ptr<Module>>> named_children() const;
+  // Every module in the tree, this one first (with name "").
+  std::vector<std::pair<std::string, std::shared_ptr<Module>>> named_modules();
+  int64_t parameters_count() const;  // number of scalar parameters
+
+  // ---- mode
+  virtual void train(bool on = true);
+  void eval() { train(false); }
+  bool is_training() const { return training_; }
+
+  // ---- state
+  StateDict state_dict() const;  // parameters then buffers, per module, depth first
+  // strict: every key must match a parameter/buffer of the same shape and every
+  // parameter/buffer must be present; a failure lists all problems at once.
+  // Values are copied into the existing tensors (dtype converted).
+  void load_state_dict(const StateDict& state, bool strict = true);
+  void zero_grad();  // drops every parameter's .grad
+
+  // The module's name within its parent ("" for a root), and its full path once
+  // the tree is built (set by the parent on registration).
+  const std::string& local_name() const { return local_name_; }
+  // Pushes this module's name onto the module path for errors and autograd nodes.
+  ModuleScope enter() const { return ModuleScope(local_name_); }
+
+ protected:
+  Tensor& register_parameter(const std::string& name, Tensor value, bool requires_grad = true);
+  Tensor& register_buffer(const std::string& name, Tensor value);
+  template <class M> std::shared_ptr<M> register_module(const std::string& name, std::shared_ptr<M> module) {
+    add_child(name, module);
+    return module;
+  }
+  // Replace a registered child (e.g. to convert layers); the old one is dropped.
+  void replace_module(const std::string& name, std::shared_ptr<Module> module);
+
+ private:
+  void add_child(const std::string& name, std::shared_ptr<Module> module);
+  void check_new_name(const std::string& name) const;
+  void collect(const std::string& prefix, bool params, bool recurse, std::vector<std::pair<std::string, Tensor>>& out) const;
+
+  bool training_ = true;
+  std::string local_name_;
+  // std::map would reorder; registration order is part of the contract.
+  std::vector<std::pair<std::string, Tensor>> params_, buffers_;
+  std::vector<std::pair<std::string, std::shared_ptr<Module>>> children_;
+};
+
+}  // namespace athanor::nn
