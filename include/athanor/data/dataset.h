@@ -1,0 +1,42 @@
+#pragma once
+// Datasets yield samples by index; get() must be safe to call from several
+// loader threads at once.
+#include <cstdint>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "athanor/core/tensor.h"
+
+namespace athanor::data {
+
+struct Sample {
+  Tensor input;   // e.g. [1, 28, 28] f32 image, or [T] i64 tokens
+  Tensor target;  // e.g. [] i64 label, or [T] i64 next tokens
+};
+
+struct Batch {
+  Tensor input, target;              // samples stacked along a new dim 0
+  std::vector<int64_t> sample_ids;   // dataset indices, for diagnosis ("sample 1234 has a NaN")
+  int64_t num_targets = 0;           // targets that count (tokens for language models, samples for classifiers)
+};
+
+class Dataset {
+ public:
+  virtual ~Dataset() = default;
+  virtual int64_t size() const = 0;
+  virtual Sample get(int64_t index) const = 0;
+  virtual std::string describe() const = 0;  // for logs: "fashion-mnist train (60000 images)"
+};
+
+// Stacks samples into a batch (inputs and targets must agree in shape and dtype).
+Batch collate(const std::vector<Sample>& samples, const std::vector<int64_t>& ids, int64_t ignore_index = -100);
+
+// Fashion-MNIST from the gzipped IDX files of Debian's dataset-fashion-mnist
+// (default dir /usr/share/datasets/fashion-mnist). Images become [1, 28, 28] f32
+// scaled to [0, 1] then normalized with mean 0.2860, std 0.3530; labels i64.
+// A missing directory or file is an Error naming the path and the package to install.
+std::shared_ptr<Dataset> fashion_mnist(const std::string& dir, bool train);
+std::string default_fashion_mnist_dir();
+
+}  // namespace athanor::data

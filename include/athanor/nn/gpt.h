@@ -1,0 +1,52 @@
+#pragma once
+// GPT-2 (Radford et al. 2019) with Hugging Face's parameter names, so weights
+// move both ways: transformer.wte.weight, transformer.wpe.weight,
+// transformer.h.{i}.ln_1.{weight,bias}, transformer.h.{i}.attn.c_attn.{weight,bias},
+// transformer.h.{i}.attn.c_proj.{weight,bias}, transformer.h.{i}.ln_2.*,
+// transformer.h.{i}.mlp.c_fc.*, transformer.h.{i}.mlp.c_proj.*, transformer.ln_f.*.
+// (Weights are stored in athanor's Linear layout [out, in]; Hugging Face's Conv1D
+// stores [in, out] — the checkpoint layer transposes on import/export.)
+// The lm_head is tied to wte (no separate parameter).
+#include <cstdint>
+#include <vector>
+
+#include "athanor/core/rng.h"
+#include "athanor/nn/layers.h"
+
+namespace athanor::nn {
+
+struct GPTConfig {
+  int64_t n_layer = 12, n_head = 12, n_embd = 768, block_size = 1024, vocab_size = 50257;
+  double dropout = 0.0;
+  bool bias = true;
+  bool gradient_checkpointing = false;  // used by the mixed-precision/checkpointing issue
+};
+
+class GPTBlock;
+
+class GPT : public Module {
+ public:
+  // GPT-2 init: N(0, 0.02) for weights and embeddings, zero biases, unit LN
+  // weights; the residual projections (attn.c_proj, mlp.c_proj) N(0, 0.02/sqrt(2*n_layer)).
+  explicit GPT(GPTConfig config);
+  // ids [B, T] (T <= block_size) -> logits [B, T, vocab_size].
+  Tensor forward(const Tensor& ids);
+  // Mean cross-entropy of next-token prediction; targets [B, T] (ignore_index -100).
+  Tensor loss(const Tensor& ids, const Tensor& targets);
+  // Autoregressive sampling (eval mode, no grad): temperature > 0, top_k = 0 for all.
+  std::vector<int32_t> generate(const std::vector<int32_t>& prompt, int64_t max_new_tokens, double temperature = 1.0,
+                                int64_t top_k = 0, Generator& gen = default_generator());
+  // Model FLOPs per token for a training step (6N + attention), for MFU.
+  double flops_per_token(int64_t seq_len) const;
+  const GPTConfig& config() const { return config_; }
+
+ private:
+  GPTConfig config_;
+  std::shared_ptr<Module> transformer_;
+  std::shared_ptr<Embedding> wte_, wpe_;
+  std::shared_ptr<Dropout> drop_;
+  std::vector<std::shared_ptr<GPTBlock>> blocks_;
+  std::shared_ptr<LayerNorm> ln_f_;
+};
+
+}  // namespace athanor::nn

@@ -1,0 +1,19 @@
+#pragma once
+#include <string>
+#include <vector>
+
+#include "athanor/nn/layers.h"
+
+namespace athanor::nn {
+
+// sizes = {in, hidden..., out}; activation between layers (not after the last);
+// optional dropout after each activation. Input [N, ...] is flattened to [N, in].
+// Children: "layers" (a Sequential: "layers.0.weight", …).
+class MLP : public UnaryModule {
+ public:
+  MLP(std::vector<int64_t> sizes, const std::string& activation = "relu", double dropout = 0.0);
+  Tensor forward(const Tensor& x) override;
+  std::shared_ptr<Sequential> layers;
+};
+
+}  // namespace athanor::nn

@@ -1,0 +1,18 @@
+#pragma once
+#include <vector>
+
+#include "athanor/core/tensor.h"
+
+namespace athanor::optim {
+
+// Scales all gradients by min(1, max_norm / total_norm) and returns the total
+// L2 norm before clipping (computed in f64 over all parameters). If the norm is
+// not finite, no gradient is touched and the non-finite norm is returned, so the
+// caller can report or skip the step rather than spread NaN into every weight.
+double clip_grad_norm(const std::vector<Tensor>& params, double max_norm);
+// The global L2 norm of the gradients, without clipping.
+double grad_norm(const std::vector<Tensor>& params);
+// Clamps every gradient element to [-clip, clip].
+void clip_grad_value(const std::vector<Tensor>& params, double clip);
+
+}  // namespace athanor::optim

@@ -1,0 +1,79 @@
+#pragma once
+// Optimizers over named parameter groups. State is f32 (whatever the parameter
+// dtype), stored per parameter under logical names ("exp_avg.<param name>") so a
+// checkpoint is independent of parameter order and of how ranks shard it.
+//
+// Contract of step(): runs under no-grad; skips parameters whose .grad is
+// undefined; reads the group's current lr (set by the Scheduler); never changes
+// .grad. Gradient clipping, unscaling and skipping on non-finite gradients are
+// the Trainer's job, before step().
+#include <map>
+#include <memory>
+#include <string>
+#include <utility>
+#include <vector>
+
+#include "athanor/core/tensor.h"
+
+namespace athanor::optim {
+
+using NamedTensors = std::vector<std::pair<std::string, Tensor>>;
+
+struct ParamGroup {
+  std::string name;           // "decay" / "no_decay" or user-chosen
+  NamedTensors params;
+  double lr = 1e-3;           // current lr (the Scheduler overwrites it every step)
+  double base_lr = 1e-3;      // the lr the schedule scales
+  double weight_decay = 0.0;
+};
+
+// The default grouping: parameters with dim >= 2 (weights of linear/conv) decay;
+// biases, norm weights and (unless decay_embeddings) embeddings do not.
+// Embeddings are recognised by name: "wte", "wpe", "embed" in the path.
+std::vector<ParamGroup> default_param_groups(const NamedTensors& named, double lr, double weight_decay,
+                                             bool decay_embeddings = false);
+
+class Optimizer {
+ public:
+  explicit Optimizer(std::vector<ParamGroup> groups);
+  virtual ~Optimizer() = default;
+  virtual void step() = 0;
+  virtual std::string name() const = 0;
+  void zero_grad();  // sets every .grad to undefined
+  std::vector<ParamGroup>& param_groups() { return groups_; }
+  const std::vector<ParamGroup>& param_groups() const { return groups_; }
+  int64_t steps() const { return steps_; }
+
+  // State under logical names "<state>.<param name>" (f32 tensors), and scalars.
+  NamedTensors state_tensors() const;
+  std::map<std::string, double> state_scalars() const;  // "steps", per-group "lr.<group>"
+  // Loads state saved by any optimizer of the same kind over the same named
+  // parameters; a missing or mis-shaped state tensor is an Error naming it.
+  void load_state(const NamedTensors& tensors, const std::map<std::string, double>& scalars);
+
+ protected:
+  // The state tensor `state` of parameter `param` (created zero-filled, f32, tagged optimizer_state).
+  Tensor& state(const std::string& param, const std::string& state, const Shape& shape);
+  std::vector<ParamGroup> groups_;
+  int64_t steps_ = 0;
+
+ private:
+  std::map<std::string, std::map<std::string, Tensor>> state_;  // param -> state name -> tensor
+};
+
+struct SgdOptions { double momentum = 0, dampening = 0; bool nesterov = false; };
+struct RmspropOptions { double alpha = 0.99, eps = 1e-8, momentum = 0; bool centered = false; };
+struct AdamOptions { double beta1 = 0.9, beta2 = 0.999, eps = 1e-8; };
+struct LambOptions { double beta1 = 0.9, beta2 = 0.999, eps = 1e-6; };
+struct LarsOptions { double momentum = 0.9, trust_coefficient = 0.001, eps = 1e-8; };
+
+// weight_decay semantics: SGD/RMSprop/Adam/LARS add wd*param to the gradient (L2);
+// AdamW and LAMB decouple it (PyTorch / the LAMB paper).
+std::unique_ptr<Optimizer> make_sgd(std::vector<ParamGroup> groups, SgdOptions o = {});
+std::unique_ptr<Optimizer> make_rmsprop(std::vector<ParamGroup> groups, RmspropOptions o = {});
+std::unique_ptr<Optimizer> make_adam(std::vector<ParamGroup> groups, AdamOptions o = {});
+std::unique_ptr<Optimizer> make_adamw(std::vector<ParamGroup> groups, AdamOptions o = {});
+std::unique_ptr<Optimizer> make_lamb(std::vector<ParamGroup> groups, LambOptions o = {});
+std::unique_ptr<Optimizer> make_lars(std::vector<ParamGroup> groups, LarsOptions o = {});
+
+}  // namespace athanor::optim
