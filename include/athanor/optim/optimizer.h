@@ -7,6 +7,7 @@
 // undefined; reads the group's current lr (set by the Scheduler); never changes
 // .grad. Gradient clipping, unscaling and skipping on non-finite gradients are
 // the Trainer's job, before step().
+#include <functional>
 #include <map>
 #include <memory>
 #include <string>
@@ -52,13 +53,19 @@ class Optimizer {
   void load_state(const NamedTensors& tensors, const std::map<std::string, double>& scalars);
 
  protected:
-  // The state tensor `state` of parameter `param` (created zero-filled, f32, tagged optimizer_state).
-  Tensor& state(const std::string& param, const std::string& state, const Shape& shape);
+  // The state tensor `state` of parameter `param` (created zero-filled on first use,
+  // f32 — f64 for f64 parameters — tagged optimizer_state).
+  Tensor& state(const std::string& param, const std::string& state, const Tensor& like);
+  // Per-parameter step count (for bias correction / first-step momentum), incremented by the caller.
+  int64_t& param_step(const std::string& param) { return param_steps_[param]; }
+  // Calls fn(group, name, param, grad) for every parameter with a gradient; checks dtypes.
+  void for_each_param(const std::function<void(ParamGroup&, const std::string&, Tensor&, const Tensor&)>& fn);
   std::vector<ParamGroup> groups_;
   int64_t steps_ = 0;
 
  private:
   std::map<std::string, std::map<std::string, Tensor>> state_;  // param -> state name -> tensor
+  std::map<std::string, int64_t> param_steps_;
 };
 
 struct SgdOptions { double momentum = 0, dampening = 0; bool nesterov = false; };

@@ -1,0 +1,113 @@
+#include "athanor/optim/optimizer.h"
+
+#include <set>
+
+#include "athanor/autograd/grad_mode.h"
+#include "athanor/core/error.h"
+
+namespace athanor::optim {
+
+std::vector<ParamGroup> default_param_groups(const NamedTensors& named, double lr, double weight_decay,
+                                             bool decay_embeddings) {
+  ParamGroup decay{"decay", {}, lr, lr, weight_decay}, no_decay{"no_decay", {}, lr, lr, 0.0};
+  for (const auto& [name, p] : named) {
+    const bool embedding = name.find("wte") != std::string::npos || name.find("wpe") != std::string::npos ||
+                           name.find("embed") != std::string::npos;
+    const bool decays = p.dim() >= 2 && (decay_embeddings || !embedding);
+    (decays ? decay : no_decay).params.emplace_back(name, p);
+  }
+  std::vector<ParamGroup> out;
+  if (!decay.params.empty()) out.push_back(std::move(decay));
+  if (!no_decay.params.empty()) out.push_back(std::move(no_decay));
+  return out;
+}
+
+Optimizer::Optimizer(std::vector<ParamGroup> groups) : groups_(std::move(groups)) {
+  std::set<std::string> names;
+  for (const auto& g : groups_)
+    for (const auto& [name, p] : g.params) {
+      ATH_CHECK(names.insert(name).second, "optimizer", "parameter '", name, "' appears in more than one group");
+      ATH_CHECK(p.defined() && p.is_leaf(), "optimizer", "parameter '", name, "' must be a defined leaf tensor");
+      ATH_CHECK(p.dtype() == DType::f32 || p.dtype() == DType::f64, "optimizer", "parameter '", name, "' is ",
+                p.describe(), "; optimizers update f32 (or f64) master weights",
+                Hint{"keep parameters in f32 and use autocast (precision: bf16) for low-precision compute"});
+    }
+}
+
+void Optimizer::zero_grad() {
+  for (auto& g : groups_)
+    for (auto& [name, p] : g.params) p.set_grad(Tensor());
+}
+
+Tensor& Optimizer::state(const std::string& param, const std::string& name, const Tensor& like) {
+  Tensor& t = state_[param][name];
+  if (!t.defined()) {
+    const DType dt = like.dtype() == DType::f64 ? DType::f64 : DType::f32;
+    t = zeros(like.sizes(), TensorOptions(dt).with_tag(MemTag::optimizer_state));
+  }
+  return t;
+}
+
+void Optimizer::for_each_param(const std::function<void(ParamGroup&, const std::string&, Tensor&, const Tensor&)>& fn) {
+  NoGradGuard ng;
+  for (auto& g : groups_)
+    for (auto& [name, p] : g.params) {
+      Tensor grad = p.grad();
+      if (!grad.defined()) continue;
+      ATH_CHECK(grad.sizes() == p.sizes() && grad.dtype() == p.dtype() && grad.is_contiguous() && p.is_contiguous(),
+                "optimizer", "gradient of '", name, "' ", grad.describe(), " does not fit the parameter ", p.describe(),
+                Hint{"gradients must have the parameter's shape and dtype"});
+      fn(g, name, p, grad);
+      p.bump_version();
+    }
+}
+
+NamedTensors Optimizer::state_tensors() const {
+  NamedTensors out;
+  for (const auto& g : groups_)
+    for (const auto& [name, p] : g.params) {
+      auto it = state_.find(name);
+      if (it == state_.end()) continue;
+      for (const auto& [sname, t] : it->second) out.emplace_back(sname + "." + name, t);
+    }
+  return out;
+}
+
+std::map<std::string, double> Optimizer::state_scalars() const {
+  std::map<std::string, double> out{{"steps", static_cast<double>(steps_)}};
+  for (const auto& [name, n] : param_steps_) out["step." + name] = static_cast<double>(n);
+  for (const auto& g : groups_) out["lr." + g.name] = g.lr;
+  return out;
+}
+
+void Optimizer::load_state(const NamedTensors& tensors, const std::map<std::string, double>& scalars) {
+  std::map<std::string, const Tensor*> params;
+  for (const auto& g : groups_)
+    for (const auto& [name, p] : g.params) params[name] = &p;
+  // Validate everything first so that a bad checkpoint changes nothing.
+  for (const auto& [key, t] : tensors) {
+    const auto dot = key.find('.');
+    ATH_CHECK(dot != std::string::npos, "optimizer.load_state", "state key '", key, "' is not '<state>.<parameter>'");
+    const std::string pname = key.substr(dot + 1);
+    auto it = params.find(pname);
+    ATH_CHECK(it != params.end(), "optimizer.load_state", "state '", key, "' names parameter '", pname,
+              "' which this optimizer does not have", Hint{"the checkpoint was saved from a different model"});
+    ATH_CHECK(t.sizes() == it->second->sizes(), "optimizer.load_state", "state '", key, "' has shape ",
+              shape_str(t.sizes()), " but parameter '", pname, "' is ", it->second->describe());
+  }
+  for (const auto& [key, t] : tensors) {
+    const auto dot = key.find('.');
+    const std::string pname = key.substr(dot + 1);
+    Tensor& dst = state(pname, key.substr(0, dot), *params[pname]);
+    dst.copy_(t);
+  }
+  for (const auto& [k, v] : scalars) {
+    if (k == "steps") steps_ = static_cast<int64_t>(v);
+    else if (k.rfind("step.", 0) == 0) param_steps_[k.substr(5)] = static_cast<int64_t>(v);
+    else if (k.rfind("lr.", 0) == 0)
+      for (auto& g : groups_)
+        if (g.name == k.substr(3)) g.lr = v;
+  }
+}
+
+}  // namespace athanor::optim

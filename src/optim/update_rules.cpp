@@ -1,0 +1,218 @@
+// The update rules. Each optimizer is one fused pass per parameter over
+// (param, grad, state...) in its own dtype (f32 or f64), parallel over elements.
+// Formulas follow PyTorch's torch.optim (SGD, RMSprop, Adam, AdamW) and the
+// papers for LAMB (You et al. 2019, "Large Batch Optimization for Deep
+// Learning") and LARS (You et al. 2017, "Large Batch Training of Convolutional
+// Networks").
+#include <cmath>
+
+#include "athanor/core/error.h"
+#include "athanor/optim/optimizer.h"
+
+namespace athanor::optim {
+namespace {
+
+constexpr int64_t kGrain = 1 << 14;
+
+// Runs fn.template operator()<T>() for the parameter's dtype (f32 or f64).
+template <class Fn> void by_dtype(const Tensor& p, Fn&& fn) {
+  if (p.dtype() == DType::f64) fn.template operator()<double>();
+  else fn.template operator()<float>();
+}
+
+template <class T> T* ptr(const Tensor& t) { return static_cast<T*>(t.raw_data()); }
+
+template <class T> double sq_norm(const T* x, int64_t n) {
+  double s = 0;
+#pragma omp parallel for reduction(+ : s) if (n > kGrain)
+  for (int64_t i = 0; i < n; ++i) s += static_cast<double>(x[i]) * x[i];
+  return s;
+}
+
+class SGD final : public Optimizer {
+ public:
+  SGD(std::vector<ParamGroup> g, SgdOptions o) : Optimizer(std::move(g)), o_(o) {}
+  std::string name() const override { return "sgd"; }
+  void step() override {
+    for_each_param([&](ParamGroup& g, const std::string& name, Tensor& p, const Tensor& grad) {
+      const int64_t first = param_step(name)++ == 0;
+      Tensor buf = o_.momentum != 0 ? state(name, "momentum_buffer", p) : Tensor();
+      by_dtype(p, [&]<class T>() {
+        T* w = ptr<T>(p);
+        const T* gr = ptr<T>(grad);
+        T* b = buf.defined() ? ptr<T>(buf) : nullptr;
+        const T lr = g.lr, wd = g.weight_decay, mom = o_.momentum, damp = o_.dampening;
+        const bool nesterov = o_.nesterov;
+        const int64_t n = p.numel();
+#pragma omp parallel for if (n > kGrain)
+        for (int64_t i = 0; i < n; ++i) {
+          T d = gr[i] + wd * w[i];                                  // L2 weight decay enters the gradient
+          if (b) {
+            b[i] = first ? d : mom * b[i] + (T(1) - damp) * d;     // the first step seeds the buffer with d
+            d = nesterov ? d + mom * b[i] : b[i];
+          }
+          w[i] -= lr * d;
+        }
+      });
+    });
+    ++steps_;
+  }
+ private:
+  SgdOptions o_;
+};
+
+class RMSprop final : public Optimizer {
+ public:
+  RMSprop(std::vector<ParamGroup> g, RmspropOptions o) : Optimizer(std::move(g)), o_(o) {}
+  std::string name() const override { return "rmsprop"; }
+  void step() override {
+    for_each_param([&](ParamGroup& g, const std::string& name, Tensor& p, const Tensor& grad) {
+      ++param_step(name);
+      Tensor sq = state(name, "square_avg", p);
+      Tensor ga = o_.centered ? state(name, "grad_avg", p) : Tensor();
+      Tensor buf = o_.momentum > 0 ? state(name, "momentum_buffer", p) : Tensor();
+      by_dtype(p, [&]<class T>() {
+        T* w = ptr<T>(p);
+        const T* gr = ptr<T>(grad);
+        T *s = ptr<T>(sq), *a = ga.defined() ? ptr<T>(ga) : nullptr, *b = buf.defined() ? ptr<T>(buf) : nullptr;
+        const T lr = g.lr, wd = g.weight_decay, alpha = o_.alpha, eps = o_.eps, mom = o_.momentum;
+        const int64_t n = p.numel();
+#pragma omp parallel for if (n > kGrain)
+        for (int64_t i = 0; i < n; ++i) {
+          const T d = gr[i] + wd * w[i];
+          s[i] = alpha * s[i] + (T(1) - alpha) * d * d;             // running mean of g^2
+          T var = s[i];
+          if (a) {                                                   // centered: subtract (mean g)^2
+            a[i] = alpha * a[i] + (T(1) - alpha) * d;
+            var -= a[i] * a[i];
+          }
+          const T step = d / (std::sqrt(var) + eps);
+          if (b) {
+            b[i] = mom * b[i] + step;
+            w[i] -= lr * b[i];
+          } else {
+            w[i] -= lr * step;
+          }
+        }
+      });
+    });
+    ++steps_;
+  }
+ private:
+  RmspropOptions o_;
+};
+
+class Adam final : public Optimizer {
+ public:
+  Adam(std::vector<ParamGroup> g, AdamOptions o, bool decoupled) : Optimizer(std::move(g)), o_(o), decoupled_(decoupled) {}
+  std::string name() const override { return decoupled_ ? "adamw" : "adam"; }
+  void step() override {
+    for_each_param([&](ParamGroup& g, const std::string& name, Tensor& p, const Tensor& grad) {
+      const int64_t t = ++param_step(name);
+      Tensor m = state(name, "exp_avg", p), v = state(name, "exp_avg_sq", p);
+      by_dtype(p, [&]<class T>() {
+        T* w = ptr<T>(p);
+        const T* gr = ptr<T>(grad);
+        T *mm = ptr<T>(m), *vv = ptr<T>(v);
+        const double bc1 = 1.0 - std::pow(o_.beta1, static_cast<double>(t));  // bias corrections
+        const double bc2 = 1.0 - std::pow(o_.beta2, static_cast<double>(t));
+        const T b1 = o_.beta1, b2 = o_.beta2, eps = o_.eps, wd = g.weight_decay;
+        const T step_size = static_cast<T>(g.lr / bc1), inv_sqrt_bc2 = static_cast<T>(1.0 / std::sqrt(bc2));
+        const T decay = decoupled_ ? static_cast<T>(1.0 - g.lr * g.weight_decay) : T(1);
+        const bool l2 = !decoupled_;
+        const int64_t n = p.numel();
+#pragma omp parallel for simd if (n > kGrain)
+        for (int64_t i = 0; i < n; ++i) {
+          const T d = l2 ? gr[i] + wd * w[i] : gr[i];  // Adam: L2 in the gradient; AdamW: decay the weight
+          mm[i] = b1 * mm[i] + (T(1) - b1) * d;
+          vv[i] = b2 * vv[i] + (T(1) - b2) * d * d;
+          w[i] = w[i] * decay - step_size * mm[i] / (std::sqrt(vv[i]) * inv_sqrt_bc2 + eps);
+        }
+      });
+    });
+    ++steps_;
+  }
+ private:
+  AdamOptions o_;
+  bool decoupled_;
+};
+
+class LAMB final : public Optimizer {
+ public:
+  LAMB(std::vector<ParamGroup> g, LambOptions o) : Optimizer(std::move(g)), o_(o) {}
+  std::string name() const override { return "lamb"; }
+  void step() override {
+    for_each_param([&](ParamGroup& g, const std::string& name, Tensor& p, const Tensor& grad) {
+      const int64_t t = ++param_step(name);
+      Tensor m = state(name, "exp_avg", p), v = state(name, "exp_avg_sq", p);
+      Tensor upd = zeros(p.sizes(), TensorOptions(p.dtype()).with_tag(MemTag::workspace));
+      by_dtype(p, [&]<class T>() {
+        T* w = ptr<T>(p);
+        const T* gr = ptr<T>(grad);
+        T *mm = ptr<T>(m), *vv = ptr<T>(v), *u = ptr<T>(upd);
+        const T b1 = o_.beta1, b2 = o_.beta2, eps = o_.eps, wd = g.weight_decay;
+        const T bc1 = static_cast<T>(1.0 - std::pow(o_.beta1, double(t))), bc2 = static_cast<T>(1.0 - std::pow(o_.beta2, double(t)));
+        const int64_t n = p.numel();
+#pragma omp parallel for if (n > kGrain)
+        for (int64_t i = 0; i < n; ++i) {
+          mm[i] = b1 * mm[i] + (T(1) - b1) * gr[i];
+          vv[i] = b2 * vv[i] + (T(1) - b2) * gr[i] * gr[i];
+          u[i] = (mm[i] / bc1) / (std::sqrt(vv[i] / bc2) + eps) + wd * w[i];  // Adam direction + decoupled decay
+        }
+        // Layer-wise trust ratio ||w|| / ||update|| (1 where either norm is 0).
+        const double wn = std::sqrt(sq_norm(w, n)), un = std::sqrt(sq_norm(u, n));
+        const T trust = (wn > 0 && un > 0) ? static_cast<T>(wn / un) : T(1);
+        const T scale = static_cast<T>(g.lr) * trust;
+#pragma omp parallel for simd if (n > kGrain)
+        for (int64_t i = 0; i < n; ++i) w[i] -= scale * u[i];
+      });
+    });
+    ++steps_;
+  }
+ private:
+  LambOptions o_;
+};
+
+class LARS final : public Optimizer {
+ public:
+  LARS(std::vector<ParamGroup> g, LarsOptions o) : Optimizer(std::move(g)), o_(o) {}
+  std::string name() const override { return "lars"; }
+  void step() override {
+    for_each_param([&](ParamGroup& g, const std::string& name, Tensor& p, const Tensor& grad) {
+      ++param_step(name);
+      Tensor buf = state(name, "momentum_buffer", p);
+      by_dtype(p, [&]<class T>() {
+        T* w = ptr<T>(p);
+        const T* gr = ptr<T>(grad);
+        T* b = ptr<T>(buf);
+        const int64_t n = p.numel();
+        // Local lr = eta * ||w|| / (||g|| + wd ||w||): each layer moves by a fixed fraction of its norm.
+        const double wn = std::sqrt(sq_norm(w, n)), gn = std::sqrt(sq_norm(gr, n));
+        const double local = (wn > 0 && gn > 0) ? o_.trust_coefficient * wn / (gn + g.weight_decay * wn + o_.eps) : 1.0;
+        const T scaled = static_cast<T>(local * g.lr), wd = g.weight_decay, mom = o_.momentum;
+#pragma omp parallel for simd if (n > kGrain)
+        for (int64_t i = 0; i < n; ++i) {
+          b[i] = mom * b[i] + scaled * (gr[i] + wd * w[i]);
+          w[i] -= b[i];
+        }
+      });
+    });
+    ++steps_;
+  }
+ private:
+  LarsOptions o_;
+};
+
+}  // namespace
+
+std::unique_ptr<Optimizer> make_sgd(std::vector<ParamGroup> g, SgdOptions o) {
+  ATH_CHECK(!o.nesterov || (o.momentum > 0 && o.dampening == 0), "sgd", "nesterov needs momentum > 0 and dampening = 0");
+  return std::make_unique<SGD>(std::move(g), o);
+}
+std::unique_ptr<Optimizer> make_rmsprop(std::vector<ParamGroup> g, RmspropOptions o) { return std::make_unique<RMSprop>(std::move(g), o); }
+std::unique_ptr<Optimizer> make_adam(std::vector<ParamGroup> g, AdamOptions o) { return std::make_unique<Adam>(std::move(g), o, false); }
+std::unique_ptr<Optimizer> make_adamw(std::vector<ParamGroup> g, AdamOptions o) { return std::make_unique<Adam>(std::move(g), o, true); }
+std::unique_ptr<Optimizer> make_lamb(std::vector<ParamGroup> g, LambOptions o) { return std::make_unique<LAMB>(std::move(g), o); }
+std::unique_ptr<Optimizer> make_lars(std::vector<ParamGroup> g, LarsOptions o) { return std::make_unique<LARS>(std::move(g), o); }
+
+}  // namespace athanor::optim
