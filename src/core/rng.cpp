@@ -1,6 +1,7 @@
 #include "athanor/core/rng.h"
 
 #include <cmath>
+#include <limits>
 
 #include "athanor/core/convert.h"
 #include "athanor/core/error.h"
@@ -60,6 +61,23 @@ void check_float(const Tensor& t, const char* op) {
 }
 }  // namespace
 
+namespace {
+// The largest value of T strictly below hi: rounding lo + (hi-lo)*u to a short
+// type can land on hi itself, and uniform_ promises [lo, hi).
+template <class T> T largest_below(double hi) {
+  T r = cast_value<T>(hi);
+  for (int i = 0; i < 4 && cast_value<double>(r) >= hi; ++i) {
+    if constexpr (is_half_v<T>) {
+      const uint16_t b = r.bits;
+      r = T::from_bits((b & 0x7fffu) == 0 ? uint16_t{0x8001u} : (b & 0x8000u) ? uint16_t(b + 1) : uint16_t(b - 1));
+    } else {
+      r = std::nextafter(r, -std::numeric_limits<T>::infinity());
+    }
+  }
+  return r;
+}
+}  // namespace
+
 Tensor& uniform_(Tensor& t, double lo, double hi, Generator& gen) {
   check_float(t, "uniform_");
   const int64_t n = t.numel();
@@ -68,11 +86,15 @@ Tensor& uniform_(Tensor& t, double lo, double hi, Generator& gen) {
     if constexpr (std::is_floating_point_v<T> || is_half_v<T>) {
       T* d = static_cast<T*>(t.raw_data());
       const int64_t blocks = (n + 3) / 4;
+      const T top = largest_below<T>(hi);
 #pragma omp parallel for if (n > (1 << 15)) schedule(static)
       for (int64_t b = 0; b < blocks; ++b) {
         const auto r = philox4x32(s.seed, s.offset + b);
-        for (int64_t j = 0; j < 4 && 4 * b + j < n; ++j)
-          d[4 * b + j] = cast_value<T>(lo + (hi - lo) * static_cast<double>(uint_to_unit_float(r[j])));
+        for (int64_t j = 0; j < 4 && 4 * b + j < n; ++j) {
+          T v = cast_value<T>(lo + (hi - lo) * static_cast<double>(uint_to_unit_float(r[j])));
+          if (cast_value<double>(v) >= hi && hi > lo) v = top;
+          d[4 * b + j] = v;
+        }
       }
     }
   });

@@ -147,6 +147,24 @@ void Module::load_state_dict(const StateDict& state, bool strict) {
   for (auto& [dst, src] : copies) dst.copy_(src);
 }
 
+void Module::to(DType dtype) {
+  ATH_CHECK(is_floating(dtype), "Module::to", "target dtype must be floating, got ", dtype_name(dtype));
+  auto convert = [&](Tensor& t) {
+    if (!t.defined() || !is_floating(t.dtype()) || t.dtype() == dtype) return;
+    Tensor fresh = empty(t.sizes(), TensorOptions(dtype).with_tag(t.storage()->tag()));
+    copy_into(fresh, t);
+    TensorImpl* impl = t.impl();
+    impl->storage = fresh.storage();
+    impl->strides = fresh.strides();
+    impl->offset = 0;
+    impl->dtype = dtype;
+    if (impl->autograd) impl->autograd->grad.reset();
+  };
+  for (auto& [n, t] : params_) convert(t);
+  for (auto& [n, t] : buffers_) convert(t);
+  for (auto& [n, m] : children_) m->to(dtype);
+}
+
 void Module::zero_grad() {
   for (auto& [n, t] : named_parameters()) t.set_grad(Tensor());
 }

@@ -24,19 +24,61 @@ const std::vector<OpInfo>& op_table() {
       {"mul", "cpu::ref::binary", "cpu::binary_same/scalar/row", "binary.cpp: ga = sum_to(g*b), gb = sum_to(g*a)", C::promote},
       {"div", "cpu::ref::binary", "cpu::binary_same/scalar/row", "binary.cpp: ga = g/b, gb = -g*(a/b)/b", C::promote},
       {"neg", "composite: mul(x, -1)", "cpu::binary_scalar", "binary.cpp (via mul)", C::passthrough},
-      // reductions (src/ops/sum.cpp, kernels src/backend/cpu/reduce.cpp)
+      // unary math (src/ops/unary.cpp, kernels src/backend/cpu/unary.cpp, AVX-512 vec::exp/log)
+      {"exp", "cpu::ref::unary", "cpu::unary (vec::exp)", "unary.cpp: g*y", C::f32},
+      {"log", "cpu::ref::unary", "cpu::unary (vec::log)", "unary.cpp: g/x", C::f32},
+      {"sqrt", "cpu::ref::unary", "cpu::unary", "unary.cpp: g/(2y)", C::passthrough},
+      {"rsqrt", "cpu::ref::unary", "cpu::unary", "unary.cpp: -g*y^3/2", C::f32},
+      {"abs", "cpu::ref::unary", "cpu::unary + cpu::abs_backward", "unary.cpp: g*sign(x), sign(0)=0", C::passthrough},
+      {"square", "cpu::ref::unary", "cpu::unary", "unary.cpp: 2x*g", C::passthrough},
+      {"pow", "cpu::ref::pow", "cpu::pow_scalar / cpu::pow_tensor", "unary.cpp: g*p*x^(p-1); d/dy = x^y*ln(x)", C::f32},
+      {"clamp", "cpu::ref::clamp", "cpu::clamp + cpu::clamp_backward", "unary.cpp: g where lo <= x <= hi", C::passthrough},
+      {"where", "cpu::ref::where", "cpu::where", "where.cpp: cond ? g : 0 / cond ? 0 : g, sum_to", C::promote},
+      {"masked_fill", "cpu::ref::where", "cpu::where", "where.cpp: g where mask is false", C::passthrough},
+      // activations (src/ops/activation.cpp, kernels src/backend/cpu/activation.cpp)
+      {"tanh", "cpu::ref::activation_forward", "cpu::activation_forward/backward", "activation.cpp: g*(1-y^2)", C::passthrough},
+      {"sigmoid", "cpu::ref::activation_forward", "cpu::activation_forward/backward", "activation.cpp: g*y*(1-y)", C::passthrough},
+      {"relu", "cpu::ref::activation_forward", "cpu::activation_forward/backward", "activation.cpp: g*[y>0]", C::passthrough},
+      {"gelu", "cpu::ref::activation_forward", "cpu::activation_forward/backward (erf and tanh forms)", "activation.cpp: Phi(x)+x*phi(x) / tanh form", C::passthrough},
+      {"silu", "cpu::ref::activation_forward", "cpu::activation_forward/backward", "activation.cpp: s*(1+x*(1-s))", C::passthrough},
+      // reductions (src/ops/sum.cpp, minmax.cpp, var.cpp; kernels reduce.cpp, minmax.cpp)
       {"sum", "cpu::ref::sum_3d", "cpu::sum_3d", "sum.cpp: g broadcast back over the reduced dims", C::f32},
       {"mean", "cpu::ref::sum_3d", "cpu::sum_3d (scaled)", "sum.cpp: g/N broadcast back", C::f32},
-      // views and copies (src/ops/shape_views.cpp; no kernels but copy_into)
+      {"max", "cpu::ref::minmax_3d", "cpu::minmax_3d", "minmax.cpp: g to the first maximal element", C::passthrough},
+      {"min", "cpu::ref::minmax_3d", "cpu::minmax_3d", "minmax.cpp: g to the first minimal element", C::passthrough},
+      {"var", "cpu::ref::var_3d", "cpu::var_3d", "var.cpp: g*2(x-mean)/(N-correction)", C::f32},
+      // views and copies (src/ops/shape_views.cpp, slicing.cpp, concat.cpp)
       {"view", "-", "view (no copy)", "shape_views.cpp: reshape(g, input shape)", C::passthrough},
       {"permute", "-", "view (no copy)", "shape_views.cpp: permute(g, inverse)", C::passthrough},
       {"expand", "-", "view (stride 0)", "shape_views.cpp: sum_to(g, input shape)", C::passthrough},
       {"unsqueeze", "-", "view (no copy)", "shape_views.cpp: reshape(g, input shape)", C::passthrough},
       {"clone", "copy_into", "copy_into", "shape_views.cpp: identity", C::passthrough},
       {"cast", "copy_into", "copy_into", "shape_views.cpp: cast(g, input dtype)", C::passthrough},
+      {"slice", "-", "view (no copy)", "slicing.cpp: g into the sliced region of zeros", C::passthrough},
+      {"split", "-", "views, one node for all pieces", "slicing.cpp: each piece's g to its range", C::passthrough},
+      {"cat", "cpu::ref::copy_rows", "cpu::copy_rows", "concat.cpp: each input gets its block of g", C::passthrough},
+      // indexing (src/ops/indexing.cpp, embedding.cpp; kernels src/backend/cpu/index.cpp)
+      {"index_select", "cpu::ref::index_select_3d", "cpu::index_select_3d", "indexing.cpp: scatter-add (cpu::index_add_3d)", C::passthrough},
+      {"gather", "cpu::ref::gather_3d", "cpu::gather_3d", "indexing.cpp: scatter-add (cpu::scatter_add_3d)", C::passthrough},
+      {"embedding", "cpu::ref::index_select_3d", "cpu::index_select_3d", "embedding.cpp: scatter-add per id, padding row 0", C::passthrough},
       // linear algebra (src/ops/linalg.cpp, kernels src/backend/cpu/gemm.cpp)
       {"matmul", "cpu::ref::gemm", "cpu::gemm (oneDNN sgemm / OpenBLAS dgemm)", "linalg.cpp: dA = dC B^T, dB = A^T dC", C::lower_precision},
       {"linear", "cpu::ref::gemm", "cpu::gemm, bias fused as beta=1 init", "linalg.cpp: dx = dy W, dW = dy^T x, db = rowsum(dy)", C::lower_precision},
+      // normalization (src/ops/layer_norm.cpp, rms_norm.cpp, batch_norm.cpp; kernels src/backend/cpu/norm.cpp)
+      {"layer_norm", "cpu::ref::layer_norm_forward", "cpu::layer_norm_forward/backward (fused, cached mean/rstd)", "layer_norm.cpp: rstd*(dn - mean(dn) - xhat*mean(dn*xhat))", C::f32},
+      {"rms_norm", "cpu::ref::rms_norm_forward", "cpu::rms_norm_forward/backward (fused, cached rstd)", "rms_norm.cpp: rstd*(dn - xhat*mean(dn*xhat))", C::f32},
+      {"batch_norm", "cpu::ref::batch_norm_forward", "cpu::batch_norm_stats/forward/backward", "batch_norm.cpp: w*rstd*(g - mean(g) - xhat*mean(g*xhat))", C::f32},
+      // softmax and losses (src/ops/softmax.cpp, cross_entropy.cpp, mse_loss.cpp; kernels softmax.cpp, cross_entropy.cpp)
+      {"softmax", "cpu::ref::softmax_forward", "cpu::softmax_forward/backward (AVX-512 exp, one pass per row)", "softmax.cpp: y*(g - sum(g*y))", C::f32},
+      {"log_softmax", "cpu::ref::softmax_forward (log)", "cpu::softmax_forward/backward (log)", "softmax.cpp: g - exp(y)*sum(g)", C::f32},
+      {"cross_entropy", "cpu::ref::cross_entropy_forward", "cpu::cross_entropy_forward/backward (fused log-softmax + NLL, per-row lse)", "cross_entropy.cpp: (softmax - smoothed onehot)*g/count", C::f32},
+      {"mse_loss", "cpu::ref::mse_forward", "cpu::mse_forward/mse_backward", "mse_loss.cpp: 2(a-b)*g (/n for mean)", C::f32},
+      {"dropout", "philox4x32 per element (test)", "AVX-512 Philox, 16 blocks at a time", "dropout.cpp: g*mask/(1-p), mask rebuilt from (seed, offset)", C::passthrough},
+      // attention, convolution, pooling (src/ops/attention.cpp, conv.cpp, pool.cpp)
+      {"scaled_dot_product_attention", "cpu::ref::attention", "cpu::attention_forward/backward (flash: 64x64 tiles, online softmax)", "attention.cpp: FlashAttention-2 backward from saved O and lse", C::lower_precision},
+      {"conv2d", "cpu::ref::conv2d", "cpu::conv2d_forward/backward (im2col + GEMM; direct 1x1)", "conv.cpp: dx = col2im(W^T dY), dW = dY col^T, db = sum(dY)", C::lower_precision},
+      {"max_pool2d", "cpu::ref::max_pool2d", "cpu::max_pool2d_forward/backward (records argmax)", "pool.cpp: g to the first max of each window", C::passthrough},
+      {"avg_pool2d", "cpu::ref::avg_pool2d", "cpu::avg_pool2d_forward/backward", "pool.cpp: g/(kH*kW) over each window", C::passthrough},
   };
   return table;
 }

@@ -17,6 +17,7 @@ std::vector<int64_t> normalize_dims(const std::vector<int64_t>& dims, int64_t nd
     return out;
   }
   for (int64_t d : dims) out.push_back(wrap_dim(d, ndim, op));
+  if (ndim == 0) return {};  // a 0-d tensor accepts dim 0/-1, which reduces over nothing
   std::sort(out.begin(), out.end());
   ATH_CHECK(std::adjacent_find(out.begin(), out.end()) == out.end(), op, "a dimension appears twice in the dims list");
   return out;

@@ -173,6 +173,7 @@ Tensor expand(const Tensor& x, const Shape& shape) {
 
 Tensor squeeze(const Tensor& x, int64_t dim) {
   const int64_t d = wrap_dim(dim, x.dim(), "squeeze");
+  if (x.dim() == 0) return view(x, {});  // squeezing a scalar is the identity
   if (x.sizes()[d] != 1) return view(x, x.sizes());
   Shape sz = x.sizes();
   sz.erase(sz.begin() + d);

@@ -5,6 +5,8 @@
 #include "backend/cpu/reduce.h"
 #include "ops/op_utils.h"
 
+#include <cmath>
+
 namespace athanor {
 namespace {
 
@@ -52,8 +54,8 @@ Tensor reduce(const Tensor& x, const std::vector<int64_t>& dims_in, bool keepdim
   const auto dims = detail::normalize_dims(dims_in, x.dim(), op);
   int64_t count = 1;
   for (int64_t d : dims) count *= x.sizes()[d];
-  const double scale = is_mean ? 1.0 / static_cast<double>(std::max<int64_t>(count, 1)) : 1.0;
-  if (is_mean) ATH_CHECK(count > 0 || x.numel() == 0, op, "mean over an empty dimension of ", x.describe());
+  // The mean over an empty dimension is NaN (0/0), as in PyTorch.
+  const double scale = !is_mean ? 1.0 : count > 0 ? 1.0 / static_cast<double>(count) : std::nan("");
   Tensor out = sum_kernel(x, dims, keepdim, scale, op);
   const Shape in = x.sizes(), kept = reduced_shape(in, dims, true);
   return record(op, {x}, out, [in, kept, scale](const Node&, const Grads& g) {

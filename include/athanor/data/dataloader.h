@@ -45,7 +45,9 @@ class DataLoader {
   DataLoader(std::shared_ptr<Dataset> dataset, LoaderOptions options, std::shared_ptr<Sampler> sampler = nullptr);
   ~DataLoader();  // stops and joins workers
   // The next batch; at the end of an epoch it moves on to the next epoch (and
-  // reshuffles), so training can count steps rather than epochs.
+  // reshuffles), so training can count steps rather than epochs. A failure while
+  // building the batch (e.g. a Dataset::get that throws, in a worker or not) is
+  // thrown here as an Error naming the sample; the position then moves past it.
   Batch next();
   int64_t batches_per_epoch() const;
   LoaderPosition position() const;      // of the next batch next() returns

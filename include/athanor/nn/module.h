@@ -59,6 +59,9 @@ class Module : public std::enable_shared_from_this<Module> {
   // Values are copied into the existing tensors (dtype converted).
   void load_state_dict(const StateDict& state, bool strict = true);
   void zero_grad();  // drops every parameter's .grad
+  // Converts every floating parameter and buffer to `dtype` in place (every
+  // handle to them sees the change, as with PyTorch's module.to()); drops grads.
+  void to(DType dtype);
 
   // The module's name within its parent ("" for a root), and its full path once
   // the tree is built (set by the parent on registration).

@@ -1,0 +1,263 @@
+#include "backend/cpu/activation.h"
+
+#include <cmath>
+#include <vector>
+
+#include "athanor/core/error.h"
+#include "backend/cpu/unary.h"
+
+namespace athanor::cpu {
+
+const char* activation_name(Activation a) {
+  switch (a) {
+    case Activation::tanh: return "tanh";
+    case Activation::sigmoid: return "sigmoid";
+    case Activation::relu: return "relu";
+    case Activation::gelu: return "gelu";
+    case Activation::gelu_tanh: return "gelu_tanh";
+    case Activation::silu: return "silu";
+  }
+  return "?";
+}
+
+bool activation_backward_uses_output(Activation a) {
+  return a == Activation::tanh || a == Activation::sigmoid || a == Activation::relu;
+}
+
+namespace {
+constexpr double kSqrt2OverPi = 0.79788456080286535588;  // √(2/π)
+constexpr double kGeluC = 0.044715;
+constexpr double kInvSqrt2 = 0.70710678118654752440;
+constexpr double kInvSqrt2Pi = 0.39894228040143267794;  // 1/√(2π)
+
+// Scalar forms (f64 kernels, and f32 in builds without AVX-512).
+template <class C> C sigmoid_s(C x) {  // e^x/(1+e^x) for x < 0: no overflow, denormal tails kept
+  if (x < C(0)) {
+    const C e = std::exp(x);
+    return e / (C(1) + e);
+  }
+  return C(1) / (C(1) + std::exp(-x));
+}
+template <class C> C gelu_s(C x) { return C(0.5) * x * std::erfc(-x * C(kInvSqrt2)); }
+template <class C> C gelu_tanh_s(C x) {  // x/2 (1 + tanh u) = x / (1 + e^{-2u})
+  const C u = C(kSqrt2OverPi) * (x + C(kGeluC) * x * x * x);
+  return x / (C(1) + std::exp(C(-2) * u));
+}
+
+// ---- forward functors
+struct TanhF {
+#if ATHANOR_CPU_AVX512
+  __m512 vec(__m512 x) const { return vec::tanh(x); }
+#endif
+  template <class C> C scalar(C x) const { return std::tanh(x); }
+};
+struct SigmoidF {
+#if ATHANOR_CPU_AVX512
+  __m512 vec(__m512 x) const { return vec::sigmoid(x); }
+#endif
+  template <class C> C scalar(C x) const { return sigmoid_s(x); }
+};
+struct ReluF {
+#if ATHANOR_CPU_AVX512
+  // MAXPS returns its second operand when either is NaN: NaN inputs stay NaN.
+  __m512 vec(__m512 x) const { return _mm512_max_ps(_mm512_setzero_ps(), x); }
+#endif
+  template <class C> C scalar(C x) const { return x > C(0) ? x : (x != x ? x : C(0)); }
+};
+struct GeluF {
+#if ATHANOR_CPU_AVX512
+  __m512 vec(__m512 x) const { return _mm512_mul_ps(x, vec::normal_cdf(x, false).cdf); }
+#endif
+  template <class C> C scalar(C x) const { return gelu_s(x); }
+};
+struct GeluTanhF {
+#if ATHANOR_CPU_AVX512
+  // x/2 (1 + tanh u) = x sigmoid(2u): no cancellation for x < 0, no overflow.
+  __m512 vec(__m512 x) const {
+    const __m512 x3 = _mm512_mul_ps(_mm512_mul_ps(x, x), x);
+    const __m512 u = _mm512_mul_ps(_mm512_set1_ps(float(kSqrt2OverPi)), _mm512_fmadd_ps(_mm512_set1_ps(float(kGeluC)), x3, x));
+    const vec::Logistic l = vec::logistic(_mm512_add_ps(u, u));
+    return _mm512_div_ps(_mm512_mul_ps(x, l.num), _mm512_add_ps(_mm512_set1_ps(1.0f), l.e));
+  }
+#endif
+  template <class C> C scalar(C x) const { return gelu_tanh_s(x); }
+};
+struct SiluF {
+#if ATHANOR_CPU_AVX512
+  __m512 vec(__m512 x) const {  // x sigmoid(x)
+    const vec::Logistic l = vec::logistic(x);
+    return _mm512_div_ps(_mm512_mul_ps(x, l.num), _mm512_add_ps(_mm512_set1_ps(1.0f), l.e));
+  }
+#endif
+  template <class C> C scalar(C x) const { return x * sigmoid_s(x); }
+};
+
+// ---- backward functors: (saved, g) -> dx
+struct TanhB {  // d tanh = 1 - y²
+#if ATHANOR_CPU_AVX512
+  __m512 vec(__m512 y, __m512 g) const { return _mm512_mul_ps(g, _mm512_fnmadd_ps(y, y, _mm512_set1_ps(1.0f))); }
+#endif
+  template <class C> C scalar(C y, C g) const { return g * (C(1) - y * y); }
+};
+struct SigmoidB {  // d sigmoid = y (1 - y)
+#if ATHANOR_CPU_AVX512
+  __m512 vec(__m512 y, __m512 g) const {
+    return _mm512_mul_ps(g, _mm512_mul_ps(y, _mm512_sub_ps(_mm512_set1_ps(1.0f), y)));
+  }
+#endif
+  template <class C> C scalar(C y, C g) const { return g * y * (C(1) - y); }
+};
+struct ReluB {  // d relu = [y > 0]; 0 at the kink (y = 0), like PyTorch
+#if ATHANOR_CPU_AVX512
+  __m512 vec(__m512 y, __m512 g) const {
+    return _mm512_maskz_mov_ps(_mm512_cmp_ps_mask(y, _mm512_setzero_ps(), _CMP_GT_OQ), g);
+  }
+#endif
+  template <class C> C scalar(C y, C g) const { return y > C(0) ? g : C(0); }
+};
+struct GeluB {  // d (x Phi(x)) = Phi(x) + x phi(x)
+#if ATHANOR_CPU_AVX512
+  __m512 vec(__m512 x, __m512 g) const {
+    const vec::NormalCdfPdf c = vec::normal_cdf(x, true);
+    const __m512 pdf = _mm512_mul_ps(c.pdf_exp, _mm512_set1_ps(float(kInvSqrt2Pi)));
+    return _mm512_mul_ps(g, _mm512_fmadd_ps(x, pdf, c.cdf));
+  }
+#endif
+  template <class C> C scalar(C x, C g) const {
+    const C cdf = C(0.5) * std::erfc(-x * C(kInvSqrt2));
+    const C pdf = C(kInvSqrt2Pi) * std::exp(C(-0.5) * x * x);
+    return g * (cdf + x * pdf);
+  }
+};
+struct GeluTanhB {
+  // y = x s(2u) with s = sigmoid, since (1 + tanh u)/2 = s(2u); so
+  // dy/dx = s(2u) + x s'(2u) 2u' = s + 2x u' s(1 - s),  u' = √(2/π)(1 + 3·0.044715 x²)
+  // (equal to the textbook (1 + tanh u)/2 + x/2 (1 - tanh² u) u'); s and s(1 - s) come
+  // from the overflow-free logistic pieces.
+#if ATHANOR_CPU_AVX512
+  __m512 vec(__m512 x, __m512 g) const {
+    const __m512 one = _mm512_set1_ps(1.0f);
+    const __m512 x2 = _mm512_mul_ps(x, x);
+    const __m512 u = _mm512_mul_ps(_mm512_set1_ps(float(kSqrt2OverPi)),
+                                   _mm512_fmadd_ps(_mm512_mul_ps(_mm512_set1_ps(float(kGeluC)), x2), x, x));
+    const __m512 du = _mm512_mul_ps(_mm512_set1_ps(float(kSqrt2OverPi)), _mm512_fmadd_ps(_mm512_set1_ps(float(3 * kGeluC)), x2, one));
+    const vec::Logistic l = vec::logistic(_mm512_add_ps(u, u));
+    const __m512 ope = _mm512_add_ps(one, l.e);
+    const __m512 s = _mm512_div_ps(l.num, ope);
+    const __m512 q = _mm512_div_ps(l.e, _mm512_mul_ps(ope, ope));  // s (1 - s)
+    const __m512 d = _mm512_fmadd_ps(_mm512_mul_ps(_mm512_add_ps(x, x), du), q, s);
+    return _mm512_mul_ps(g, d);
+  }
+#endif
+  template <class C> C scalar(C x, C g) const {
+    const C u = C(kSqrt2OverPi) * (x + C(kGeluC) * x * x * x);
+    const C du = C(kSqrt2OverPi) * (C(1) + C(3 * kGeluC) * x * x);
+    const C t = std::tanh(u);
+    return g * (C(0.5) * (C(1) + t) + C(0.5) * x * (C(1) - t * t) * du);
+  }
+};
+struct SiluB {
+  // d (x s(x)) = s + x s (1 - s), s = sigmoid(x), from the overflow-free logistic pieces.
+#if ATHANOR_CPU_AVX512
+  __m512 vec(__m512 x, __m512 g) const {
+    const __m512 one = _mm512_set1_ps(1.0f);
+    const vec::Logistic l = vec::logistic(x);
+    const __m512 ope = _mm512_add_ps(one, l.e);
+    const __m512 s = _mm512_div_ps(l.num, ope);
+    const __m512 q = _mm512_div_ps(l.e, _mm512_mul_ps(ope, ope));
+    return _mm512_mul_ps(g, _mm512_fmadd_ps(x, q, s));
+  }
+#endif
+  template <class C> C scalar(C x, C g) const {
+    const C s = sigmoid_s(x);
+    return g * s * (C(1) + x * (C(1) - s));
+  }
+};
+}  // namespace
+
+template <class T> void activation_forward(Activation a, const T* x, T* y, int64_t n) {
+  constexpr int64_t heavy = vec::kGrainTranscendental, cheap = vec::kGrainCheap;
+  switch (a) {
+    case Activation::tanh: return vec::map1(x, y, n, heavy, TanhF{});
+    case Activation::sigmoid: return vec::map1(x, y, n, heavy, SigmoidF{});
+    case Activation::relu: return vec::map1(x, y, n, cheap, ReluF{});
+    case Activation::gelu: return vec::map1(x, y, n, heavy, GeluF{});
+    case Activation::gelu_tanh: return vec::map1(x, y, n, heavy, GeluTanhF{});
+    case Activation::silu: return vec::map1(x, y, n, heavy, SiluF{});
+  }
+}
+
+template <class T> void activation_backward(Activation a, const T* saved, const T* g, T* dx, int64_t n) {
+  constexpr int64_t heavy = vec::kGrainTranscendental, cheap = vec::kGrainCheap;
+  switch (a) {
+    case Activation::tanh: return vec::map2(saved, g, dx, n, cheap, TanhB{});
+    case Activation::sigmoid: return vec::map2(saved, g, dx, n, cheap, SigmoidB{});
+    case Activation::relu: return vec::map2(saved, g, dx, n, cheap, ReluB{});
+    case Activation::gelu: return vec::map2(saved, g, dx, n, heavy, GeluB{});
+    case Activation::gelu_tanh: return vec::map2(saved, g, dx, n, heavy, GeluTanhB{});
+    case Activation::silu: return vec::map2(saved, g, dx, n, heavy, SiluB{});
+  }
+}
+
+#define ATHANOR_INSTANTIATE_ACTIVATION(T)                                   \
+  template void activation_forward<T>(Activation, const T*, T*, int64_t); \
+  template void activation_backward<T>(Activation, const T*, const T*, T*, int64_t);
+ATHANOR_INSTANTIATE_ACTIVATION(float)
+ATHANOR_INSTANTIATE_ACTIVATION(double)
+ATHANOR_INSTANTIATE_ACTIVATION(bfloat16)
+ATHANOR_INSTANTIATE_ACTIVATION(float16)
+#undef ATHANOR_INSTANTIATE_ACTIVATION
+
+// ---------------------------------------------------------------------------
+namespace ref {
+// The textbook formulas, in double, one element at a time.
+Tensor activation_forward(Activation a, const Tensor& x) {
+  std::vector<double> v = x.to_vector();
+  for (double& e : v) {
+    const double t = e;
+    switch (a) {
+      case Activation::tanh: e = std::tanh(t); break;
+      case Activation::sigmoid: e = 1.0 / (1.0 + std::exp(-t)); break;
+      case Activation::relu: e = t > 0.0 ? t : (std::isnan(t) ? t : 0.0); break;
+      case Activation::gelu: e = 0.5 * t * std::erfc(-t * kInvSqrt2); break;  // = x/2 (1 + erf(x/√2)), no cancellation
+      case Activation::gelu_tanh:  // x/2 (1 + tanh u) = x / (1 + e^{-2u}): the same value without cancellation for x << 0
+        e = t / (1.0 + std::exp(-2.0 * kSqrt2OverPi * (t + kGeluC * t * t * t)));
+        break;
+      case Activation::silu: e = t / (1.0 + std::exp(-t)); break;
+    }
+  }
+  return from_vector(v, x.sizes(), TensorOptions(x.dtype()));
+}
+
+Tensor activation_backward(Activation a, const Tensor& saved, const Tensor& g) {
+  ATH_CHECK(saved.sizes() == g.sizes(), "ref::activation_backward", "shape mismatch ", saved.describe(), " vs ", g.describe());
+  const std::vector<double> sv = saved.to_vector();
+  std::vector<double> gv = g.to_vector();
+  for (size_t i = 0; i < gv.size(); ++i) {
+    const double s = sv[i];
+    double d = 0;
+    switch (a) {
+      case Activation::tanh: d = 1.0 - s * s; break;             // s = y
+      case Activation::sigmoid: d = s * (1.0 - s); break;        // s = y
+      case Activation::relu: d = s > 0.0 ? 1.0 : 0.0; break;     // s = y
+      case Activation::gelu:                                     // s = x
+        d = 0.5 * std::erfc(-s * kInvSqrt2) + s * kInvSqrt2Pi * std::exp(-0.5 * s * s);
+        break;
+      case Activation::gelu_tanh: {                              // s = x
+        const double th = std::tanh(kSqrt2OverPi * (s + kGeluC * s * s * s));
+        d = 0.5 * (1.0 + th) + 0.5 * s * (1.0 - th * th) * kSqrt2OverPi * (1.0 + 3.0 * kGeluC * s * s);
+        break;
+      }
+      case Activation::silu: {                                   // s = x
+        const double sg = 1.0 / (1.0 + std::exp(-s));
+        d = sg * (1.0 + s * (1.0 - sg));
+        break;
+      }
+    }
+    gv[i] *= d;
+  }
+  return from_vector(gv, saved.sizes(), TensorOptions(saved.dtype()));
+}
+}  // namespace ref
+
+}  // namespace athanor::cpu

@@ -1,0 +1,38 @@
+#pragma once
+// Activation kernels (tanh, sigmoid, relu, gelu exact / tanh-approximate, silu):
+// forward and fused backward, on contiguous buffers of one floating dtype.
+//
+// Invariants (as in unary.h): with AVX-512, f32 runs the vector-math kernels of
+// cpu::vec and bf16/f16 compute in f32 and round once; f64 (and every type in
+// builds without AVX-512) uses std:: math in double. The backward kernels take the tensor the op
+// saved: the output y for tanh, sigmoid and relu, the input x for gelu and silu.
+#include <cstdint>
+
+#include "athanor/core/tensor.h"
+
+namespace athanor::cpu {
+
+enum class Activation { tanh, sigmoid, relu, gelu, gelu_tanh, silu };
+const char* activation_name(Activation a);
+// True when the backward is computed from the output y (else from the input x).
+bool activation_backward_uses_output(Activation a);
+
+// y[i] = f(x[i]).
+template <class T> void activation_forward(Activation a, const T* x, T* y, int64_t n);
+// dx[i] = g[i] * f'(x[i]), with f' written in terms of `saved` (y or x, see above).
+template <class T> void activation_backward(Activation a, const T* saved, const T* g, T* dx, int64_t n);
+
+namespace ref {
+// Scalar loops in double over the logical elements; result in x's dtype.
+//   tanh      y = tanh x                            dy/dx = 1 - y²
+//   sigmoid   y = 1 / (1 + e^-x)                     dy/dx = y (1 - y)
+//   relu      y = max(x, 0)                          dy/dx = [y > 0]   (0 at x = 0)
+//   gelu      y = x Phi(x) = x/2 (1 + erf(x/√2))     dy/dx = Phi(x) + x phi(x)
+//   gelu_tanh y = x/2 (1 + tanh u), u = √(2/π)(x + 0.044715 x³)
+//                                                    dy/dx = (1 + tanh u)/2 + x/2 (1 - tanh² u) u'
+//   silu      y = x sigmoid(x)                       dy/dx = s (1 + x (1 - s)), s = sigmoid(x)
+Tensor activation_forward(Activation a, const Tensor& x);
+Tensor activation_backward(Activation a, const Tensor& saved, const Tensor& g);
+}  // namespace ref
+
+}  // namespace athanor::cpu

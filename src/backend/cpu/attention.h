@@ -1,0 +1,52 @@
+#pragma once
+// Scaled dot-product attention kernels (flash-attention style) on contiguous buffers:
+//   q [B, H, Tq, D], k [B, H, Tk, D], v [B, H, Tk, Dv] -> o [B, H, Tq, Dv], lse [B, H, Tq]
+//   o_i = sum_j softmax_j(s_ij) v_j,  s_ij = scale * q_i . k_j  (j <= i only when causal, top-left aligned)
+//   lse_i = log sum_j exp(s_ij)  (saved for the backward, which recomputes softmax from it)
+//
+// Invariants:
+//  - the Tq x Tk score matrix is never materialized: a thread holds one
+//    block_q x block_k score tile (plus its accumulators) at a time; scratch comes
+//    from the tagged allocator (MemTag::workspace), so memory reports see it;
+//  - forward is parallel over (batch, head, query tile); backward over (batch, head)
+//    pairs, so each thread owns the dq/dk/dv slices it writes (no races, deterministic);
+//  - compute type: f64 for f64, f32 for f32/bf16/f16 (half tiles are converted on load);
+//    lse has the compute type (f32 except for f64 inputs, where f64 keeps gradcheck exact);
+//  - causal key tiles that lie entirely above the diagonal are skipped.
+#include <array>
+#include <cstdint>
+#include <type_traits>
+
+#include "athanor/core/convert.h"
+#include "athanor/core/tensor.h"
+
+namespace athanor::cpu {
+
+struct AttentionDims {
+  int64_t B = 1, H = 1, Tq = 0, Tk = 0, D = 0, Dv = 0;
+};
+struct AttentionTiles {  // rows of q (resp. k) per tile; tests shrink them to cover tile edges
+  int64_t q = 64, k = 64;
+};
+// Accumulation type of the attention kernels for element type T.
+template <class T> using attn_acc_t = std::conditional_t<std::is_same_v<T, double>, double, float>;
+
+template <class T>
+void attention_forward(const T* q, const T* k, const T* v, T* o, attn_acc_t<T>* lse, const AttentionDims& d,
+                       bool causal, double scale, AttentionTiles tiles = {});
+// Gradients of all three inputs from dO, the saved output O and lse (FlashAttention-2 backward).
+template <class T>
+void attention_backward(const T* q, const T* k, const T* v, const T* o, const T* dout, const attn_acc_t<T>* lse,
+                        T* dq, T* dk, T* dv, const AttentionDims& d, bool causal, double scale,
+                        AttentionTiles tiles = {});
+
+namespace ref {
+// Naive: the full [Tq, Tk] score matrix per (b, h) in double, mask, softmax, matmul.
+// Inputs of any floating dtype and layout; results are f64 tensors.
+Tensor attention(const Tensor& q, const Tensor& k, const Tensor& v, bool causal, double scale);
+// Naive backward through the same materialized P: {dq, dk, dv} as f64 tensors.
+std::array<Tensor, 3> attention_backward(const Tensor& q, const Tensor& k, const Tensor& v, const Tensor& dout,
+                                         bool causal, double scale);
+}  // namespace ref
+
+}  // namespace athanor::cpu

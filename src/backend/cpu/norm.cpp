@@ -1,0 +1,473 @@
+#include "backend/cpu/norm.h"
+
+#include <omp.h>
+
+#include <cmath>
+#include <vector>
+
+#include "athanor/core/convert.h"
+#include "backend/cpu/softmax.h"  // row::to_f32 / row::from_f32
+
+namespace athanor::cpu {
+namespace {
+
+// A parameter vector (weight/bias) as S: the pointer itself for S-typed data, a
+// widened copy for 16-bit data, or `fill` repeated when the parameter is absent.
+template <class T, class S> const S* param_as(const T* p, std::vector<S>& buf, int64_t n, S fill) {
+  if constexpr (std::is_same_v<T, S>) {
+    if (p) return p;
+  } else {
+    if (p) {
+      buf.resize(n);
+      row::to_f32(p, buf.data(), n);
+      return buf.data();
+    }
+  }
+  buf.assign(n, fill);
+  return buf.data();
+}
+
+// Row ranges big enough to be worth a thread team.
+inline bool parallel_rows(int64_t rows, int64_t cols) { return rows > 1 && rows * cols >= (1 << 14); }
+
+// Per-thread partial sums of per-column gradients (dweight, dbias), added in
+// thread order at the end: deterministic for a fixed thread count.
+template <class S> struct ColumnPartials {
+  int nthreads;
+  int64_t cols;
+  std::vector<S> buf;
+  ColumnPartials(bool on, int64_t c) : nthreads(omp_get_max_threads()), cols(c), buf(on ? nthreads * c : 0, S(0)) {}
+  S* of(int tid) { return buf.empty() ? nullptr : buf.data() + tid * cols; }
+  template <class T> void reduce_into(T* out) const {
+    if (!out) return;
+    std::vector<S> acc(buf.begin(), buf.begin() + cols);
+    for (int t = 1; t < nthreads; ++t)
+      for (int64_t i = 0; i < cols; ++i) acc[i] += buf[t * cols + i];
+    for (int64_t i = 0; i < cols; ++i) out[i] = cast_value<T>(acc[i]);
+  }
+};
+
+// Per-thread views of one row as S: the data itself (f32/f64) or widened scratch (16-bit).
+template <class T> struct RowIO {
+  using S = norm_stat_t<T>;
+  static constexpr bool wide = std::is_same_v<T, S>;
+  std::vector<S> scratch;
+  int64_t cols;
+  RowIO(int nbuf, int64_t c) : scratch(wide ? 0 : nbuf * c), cols(c) {}
+  const S* in(const T* p, int slot) {
+    if constexpr (wide) return p;
+    else { row::to_f32(p, scratch.data() + slot * cols, cols); return scratch.data() + slot * cols; }
+  }
+  S* out(T* p, int slot) {
+    if constexpr (wide) return p;
+    else return scratch.data() + slot * cols;
+  }
+  void commit(const S* r, T* p) {
+    if constexpr (!wide) row::from_f32(r, p, cols);
+  }
+};
+
+}  // namespace
+
+// ---- LayerNorm ---------------------------------------------------------------------------
+
+template <class T>
+void layer_norm_forward(const T* x, const T* w, const T* b, T* y, norm_stat_t<T>* mean, norm_stat_t<T>* rstd,
+                        int64_t rows, int64_t cols, double eps) {
+  using S = norm_stat_t<T>;
+  std::vector<S> wbuf, bbuf;
+  const S* pw = param_as<T, S>(w, wbuf, cols, S(1));
+  const S* pb = param_as<T, S>(b, bbuf, cols, S(0));
+  const S inv_n = S(1) / static_cast<S>(cols), e = static_cast<S>(eps);
+#pragma omp parallel if (parallel_rows(rows, cols))
+  {
+    RowIO<T> io(2, cols);
+#pragma omp for schedule(static)
+    for (int64_t r = 0; r < rows; ++r) {
+      const S* xr = io.in(x + r * cols, 0);
+      S* yr = io.out(y + r * cols, 1);
+      S s = 0;
+#pragma omp simd reduction(+ : s)
+      for (int64_t i = 0; i < cols; ++i) s += xr[i];
+      const S m = s * inv_n;
+      S v = 0;  // second pass over the (cached) row: no cancellation from E[x^2] - E[x]^2
+#pragma omp simd reduction(+ : v)
+      for (int64_t i = 0; i < cols; ++i) v += (xr[i] - m) * (xr[i] - m);
+      const S rs = S(1) / std::sqrt(v * inv_n + e);
+#pragma omp simd
+      for (int64_t i = 0; i < cols; ++i) yr[i] = (xr[i] - m) * rs * pw[i] + pb[i];
+      mean[r] = m;
+      rstd[r] = rs;
+      io.commit(yr, y + r * cols);
+    }
+  }
+}
+
+template <class T>
+void layer_norm_backward(const T* dy, const T* x, const T* w, const norm_stat_t<T>* mean, const norm_stat_t<T>* rstd,
+                         T* dx, T* dw, T* db, int64_t rows, int64_t cols) {
+  using S = norm_stat_t<T>;
+  std::vector<S> wbuf;
+  const S* pw = param_as<T, S>(w, wbuf, cols, S(1));
+  ColumnPartials<S> pdw(dw != nullptr, cols), pdb(db != nullptr, cols);
+  const S inv_n = S(1) / static_cast<S>(cols);
+#pragma omp parallel if (parallel_rows(rows, cols))
+  {
+    RowIO<T> io(3, cols);
+    S* tdw = pdw.of(omp_get_thread_num());
+    S* tdb = pdb.of(omp_get_thread_num());
+#pragma omp for schedule(static)
+    for (int64_t r = 0; r < rows; ++r) {
+      const S* dyr = io.in(dy + r * cols, 0);
+      const S* xr = io.in(x + r * cols, 1);
+      const S m = mean[r], rs = rstd[r];
+      // y = xhat * w + b with xhat = (x - mean) * rstd, dnorm = dy * w = dL/dxhat.
+      S dn_mean = 0, dn_xhat_mean = 0;
+      if (tdw && tdb) {  // the common case, fused: one read of the row for all four sums
+#pragma omp simd reduction(+ : dn_mean, dn_xhat_mean)
+        for (int64_t i = 0; i < cols; ++i) {
+          const S xhat = (xr[i] - m) * rs, dn = dyr[i] * pw[i];
+          dn_mean += dn;
+          dn_xhat_mean += dn * xhat;
+          tdw[i] += dyr[i] * xhat;  // dL/dw = sum_rows dy * xhat
+          tdb[i] += dyr[i];         // dL/db = sum_rows dy
+        }
+      } else {
+#pragma omp simd reduction(+ : dn_mean, dn_xhat_mean)
+        for (int64_t i = 0; i < cols; ++i) {
+          const S xhat = (xr[i] - m) * rs, dn = dyr[i] * pw[i];
+          dn_mean += dn;
+          dn_xhat_mean += dn * xhat;
+        }
+        if (tdw) {
+#pragma omp simd
+          for (int64_t i = 0; i < cols; ++i) tdw[i] += dyr[i] * ((xr[i] - m) * rs);
+        }
+        if (tdb) {
+#pragma omp simd
+          for (int64_t i = 0; i < cols; ++i) tdb[i] += dyr[i];
+        }
+      }
+      dn_mean *= inv_n;
+      dn_xhat_mean *= inv_n;
+      if (dx) {
+        S* dxr = io.out(dx + r * cols, 2);
+        // dL/dx = rstd * (dnorm                  direct path through xhat
+        //                 - mean(dnorm)          through the mean
+        //                 - xhat * mean(dnorm * xhat))   through rstd
+#pragma omp simd
+        for (int64_t i = 0; i < cols; ++i) {
+          const S xhat = (xr[i] - m) * rs;
+          dxr[i] = rs * (dyr[i] * pw[i] - dn_mean - xhat * dn_xhat_mean);
+        }
+        io.commit(dxr, dx + r * cols);
+      }
+    }
+  }
+  pdw.reduce_into(dw);
+  pdb.reduce_into(db);
+}
+
+// ---- RMSNorm -----------------------------------------------------------------------------
+
+template <class T>
+void rms_norm_forward(const T* x, const T* w, T* y, norm_stat_t<T>* rstd, int64_t rows, int64_t cols, double eps) {
+  using S = norm_stat_t<T>;
+  std::vector<S> wbuf;
+  const S* pw = param_as<T, S>(w, wbuf, cols, S(1));
+  const S inv_n = S(1) / static_cast<S>(cols), e = static_cast<S>(eps);
+#pragma omp parallel if (parallel_rows(rows, cols))
+  {
+    RowIO<T> io(2, cols);
+#pragma omp for schedule(static)
+    for (int64_t r = 0; r < rows; ++r) {
+      const S* xr = io.in(x + r * cols, 0);
+      S* yr = io.out(y + r * cols, 1);
+      S ss = 0;
+#pragma omp simd reduction(+ : ss)
+      for (int64_t i = 0; i < cols; ++i) ss += xr[i] * xr[i];
+      const S rs = S(1) / std::sqrt(ss * inv_n + e);
+#pragma omp simd
+      for (int64_t i = 0; i < cols; ++i) yr[i] = xr[i] * rs * pw[i];
+      rstd[r] = rs;
+      io.commit(yr, y + r * cols);
+    }
+  }
+}
+
+template <class T>
+void rms_norm_backward(const T* dy, const T* x, const T* w, const norm_stat_t<T>* rstd, T* dx, T* dw, int64_t rows,
+                       int64_t cols) {
+  using S = norm_stat_t<T>;
+  std::vector<S> wbuf;
+  const S* pw = param_as<T, S>(w, wbuf, cols, S(1));
+  ColumnPartials<S> pdw(dw != nullptr, cols);
+  const S inv_n = S(1) / static_cast<S>(cols);
+#pragma omp parallel if (parallel_rows(rows, cols))
+  {
+    RowIO<T> io(3, cols);
+    S* tdw = pdw.of(omp_get_thread_num());
+#pragma omp for schedule(static)
+    for (int64_t r = 0; r < rows; ++r) {
+      const S* dyr = io.in(dy + r * cols, 0);
+      const S* xr = io.in(x + r * cols, 1);
+      const S rs = rstd[r];
+      S dn_xhat_mean = 0;  // mean(dnorm * xhat), dnorm = dy * w, xhat = x * rstd
+#pragma omp simd reduction(+ : dn_xhat_mean)
+      for (int64_t i = 0; i < cols; ++i) dn_xhat_mean += dyr[i] * pw[i] * (xr[i] * rs);
+      dn_xhat_mean *= inv_n;
+      if (tdw) {
+#pragma omp simd
+        for (int64_t i = 0; i < cols; ++i) tdw[i] += dyr[i] * (xr[i] * rs);  // dL/dw = sum_rows dy * xhat
+      }
+      if (dx) {
+        S* dxr = io.out(dx + r * cols, 2);
+        // dL/dx = rstd * (dnorm - xhat * mean(dnorm * xhat)): direct path, then through rstd
+#pragma omp simd
+        for (int64_t i = 0; i < cols; ++i) dxr[i] = rs * (dyr[i] * pw[i] - (xr[i] * rs) * dn_xhat_mean);
+        io.commit(dxr, dx + r * cols);
+      }
+    }
+  }
+  pdw.reduce_into(dw);
+}
+
+// ---- BatchNorm ---------------------------------------------------------------------------
+
+template <class T> void batch_norm_stats(const T* x, norm_stat_t<T>* mean, norm_stat_t<T>* var, int64_t N, int64_t C, int64_t L) {
+  using S = norm_stat_t<T>;
+  const S inv_m = S(1) / static_cast<S>(N * L);
+#pragma omp parallel for if (C > 1 && N * C * L >= (1 << 14)) schedule(static)
+  for (int64_t c = 0; c < C; ++c) {
+    S s = 0;
+    for (int64_t n = 0; n < N; ++n) {
+      const T* p = x + (n * C + c) * L;
+#pragma omp simd reduction(+ : s)
+      for (int64_t l = 0; l < L; ++l) s += cast_value<S>(p[l]);
+    }
+    const S m = s * inv_m;
+    S v = 0;
+    for (int64_t n = 0; n < N; ++n) {
+      const T* p = x + (n * C + c) * L;
+#pragma omp simd reduction(+ : v)
+      for (int64_t l = 0; l < L; ++l) {
+        const S d = cast_value<S>(p[l]) - m;
+        v += d * d;
+      }
+    }
+    mean[c] = m;
+    var[c] = v * inv_m;
+  }
+}
+
+template <class T>
+void batch_norm_forward(const T* x, const norm_stat_t<T>* mean, const norm_stat_t<T>* rstd, const T* w, const T* b, T* y,
+                        int64_t N, int64_t C, int64_t L) {
+  using S = norm_stat_t<T>;
+#pragma omp parallel for if (N * C > 1 && N * C * L >= (1 << 14)) schedule(static)
+  for (int64_t nc = 0; nc < N * C; ++nc) {
+    const int64_t c = nc % C;
+    // y = x * scale + shift with scale = rstd * w, shift = b - mean * scale
+    const S scale = rstd[c] * (w ? cast_value<S>(w[c]) : S(1));
+    const S shift = (b ? cast_value<S>(b[c]) : S(0)) - mean[c] * scale;
+    const T* p = x + nc * L;
+    T* q = y + nc * L;
+#pragma omp simd
+    for (int64_t l = 0; l < L; ++l) q[l] = cast_value<T>(cast_value<S>(p[l]) * scale + shift);
+  }
+}
+
+template <class T>
+void batch_norm_backward(const T* dy, const T* x, const norm_stat_t<T>* mean, const norm_stat_t<T>* rstd, const T* w,
+                         T* dx, T* dw, T* db, int64_t N, int64_t C, int64_t L, bool training) {
+  using S = norm_stat_t<T>;
+  const S inv_m = S(1) / static_cast<S>(N * L);
+#pragma omp parallel for if (C > 1 && N * C * L >= (1 << 14)) schedule(static)
+  for (int64_t c = 0; c < C; ++c) {
+    const S m = mean[c], rs = rstd[c], wc = w ? cast_value<S>(w[c]) : S(1);
+    S sdy = 0, sdy_xhat = 0;  // sum over (n, l) of dy and of dy * xhat
+    for (int64_t n = 0; n < N; ++n) {
+      const T* g = dy + (n * C + c) * L;
+      const T* p = x + (n * C + c) * L;
+#pragma omp simd reduction(+ : sdy, sdy_xhat)
+      for (int64_t l = 0; l < L; ++l) {
+        const S gl = cast_value<S>(g[l]);
+        sdy += gl;
+        sdy_xhat += gl * ((cast_value<S>(p[l]) - m) * rs);
+      }
+    }
+    if (dw) dw[c] = cast_value<T>(sdy_xhat);  // dL/dw = sum dy * xhat
+    if (db) db[c] = cast_value<T>(sdy);       // dL/db = sum dy
+    if (!dx) continue;
+    // training: dL/dx = w * rstd * (dy - mean(dy) - xhat * mean(dy * xhat))  (mean and var depend on x)
+    // eval:     dL/dx = w * rstd * dy                                        (running stats are constants)
+    const S k = wc * rs, a = training ? sdy * inv_m : S(0), bcoef = training ? sdy_xhat * inv_m : S(0);
+    for (int64_t n = 0; n < N; ++n) {
+      const T* g = dy + (n * C + c) * L;
+      const T* p = x + (n * C + c) * L;
+      T* q = dx + (n * C + c) * L;
+#pragma omp simd
+      for (int64_t l = 0; l < L; ++l) {
+        const S xhat = (cast_value<S>(p[l]) - m) * rs;
+        q[l] = cast_value<T>(k * (cast_value<S>(g[l]) - a - xhat * bcoef));
+      }
+    }
+  }
+}
+
+// ---- reference kernels: double, no threads, straight from the definitions ---------------
+namespace ref {
+namespace {
+template <class T> double at(const T* p, int64_t i) { return cast_value<double>(p[i]); }
+template <class T> double at_or(const T* p, int64_t i, double fill) { return p ? cast_value<double>(p[i]) : fill; }
+}  // namespace
+
+template <class T>
+void layer_norm_forward(const T* x, const T* w, const T* b, T* y, norm_stat_t<T>* mean, norm_stat_t<T>* rstd,
+                        int64_t rows, int64_t cols, double eps) {
+  for (int64_t r = 0; r < rows; ++r) {
+    const T* xr = x + r * cols;
+    double m = 0, v = 0;
+    for (int64_t i = 0; i < cols; ++i) m += at(xr, i);
+    m /= cols;
+    for (int64_t i = 0; i < cols; ++i) v += (at(xr, i) - m) * (at(xr, i) - m);
+    v /= cols;
+    const double rs = 1.0 / std::sqrt(v + eps);
+    for (int64_t i = 0; i < cols; ++i) y[r * cols + i] = cast_value<T>((at(xr, i) - m) * rs * at_or(w, i, 1) + at_or(b, i, 0));
+    mean[r] = static_cast<norm_stat_t<T>>(m);
+    rstd[r] = static_cast<norm_stat_t<T>>(rs);
+  }
+}
+
+template <class T>
+void layer_norm_backward(const T* dy, const T* x, const T* w, const norm_stat_t<T>* mean, const norm_stat_t<T>* rstd,
+                         T* dx, T* dw, T* db, int64_t rows, int64_t cols) {
+  std::vector<double> gw(cols, 0.0), gb(cols, 0.0);
+  for (int64_t r = 0; r < rows; ++r) {
+    const double m = mean[r], rs = rstd[r];
+    double s1 = 0, s2 = 0;
+    for (int64_t i = 0; i < cols; ++i) {
+      const double xhat = (at(x, r * cols + i) - m) * rs, g = at(dy, r * cols + i);
+      s1 += g * at_or(w, i, 1);
+      s2 += g * at_or(w, i, 1) * xhat;
+      gw[i] += g * xhat;
+      gb[i] += g;
+    }
+    for (int64_t i = 0; i < cols; ++i) {
+      const double xhat = (at(x, r * cols + i) - m) * rs;
+      if (dx) dx[r * cols + i] = cast_value<T>(rs * (at(dy, r * cols + i) * at_or(w, i, 1) - s1 / cols - xhat * s2 / cols));
+    }
+  }
+  for (int64_t i = 0; i < cols; ++i) {
+    if (dw) dw[i] = cast_value<T>(gw[i]);
+    if (db) db[i] = cast_value<T>(gb[i]);
+  }
+}
+
+template <class T>
+void rms_norm_forward(const T* x, const T* w, T* y, norm_stat_t<T>* rstd, int64_t rows, int64_t cols, double eps) {
+  for (int64_t r = 0; r < rows; ++r) {
+    double ss = 0;
+    for (int64_t i = 0; i < cols; ++i) ss += at(x, r * cols + i) * at(x, r * cols + i);
+    const double rs = 1.0 / std::sqrt(ss / cols + eps);
+    for (int64_t i = 0; i < cols; ++i) y[r * cols + i] = cast_value<T>(at(x, r * cols + i) * rs * at_or(w, i, 1));
+    rstd[r] = static_cast<norm_stat_t<T>>(rs);
+  }
+}
+
+template <class T>
+void rms_norm_backward(const T* dy, const T* x, const T* w, const norm_stat_t<T>* rstd, T* dx, T* dw, int64_t rows,
+                       int64_t cols) {
+  std::vector<double> gw(cols, 0.0);
+  for (int64_t r = 0; r < rows; ++r) {
+    const double rs = rstd[r];
+    double s = 0;
+    for (int64_t i = 0; i < cols; ++i) {
+      const double xhat = at(x, r * cols + i) * rs, g = at(dy, r * cols + i);
+      s += g * at_or(w, i, 1) * xhat;
+      gw[i] += g * xhat;
+    }
+    for (int64_t i = 0; i < cols; ++i) {
+      const double xhat = at(x, r * cols + i) * rs;
+      if (dx) dx[r * cols + i] = cast_value<T>(rs * (at(dy, r * cols + i) * at_or(w, i, 1) - xhat * s / cols));
+    }
+  }
+  if (dw)
+    for (int64_t i = 0; i < cols; ++i) dw[i] = cast_value<T>(gw[i]);
+}
+
+template <class T> void batch_norm_stats(const T* x, norm_stat_t<T>* mean, norm_stat_t<T>* var, int64_t N, int64_t C, int64_t L) {
+  for (int64_t c = 0; c < C; ++c) {
+    double s = 0, v = 0;
+    for (int64_t n = 0; n < N; ++n)
+      for (int64_t l = 0; l < L; ++l) s += at(x, (n * C + c) * L + l);
+    const double m = s / (N * L);
+    for (int64_t n = 0; n < N; ++n)
+      for (int64_t l = 0; l < L; ++l) v += (at(x, (n * C + c) * L + l) - m) * (at(x, (n * C + c) * L + l) - m);
+    mean[c] = static_cast<norm_stat_t<T>>(m);
+    var[c] = static_cast<norm_stat_t<T>>(v / (N * L));
+  }
+}
+
+template <class T>
+void batch_norm_forward(const T* x, const norm_stat_t<T>* mean, const norm_stat_t<T>* rstd, const T* w, const T* b, T* y,
+                        int64_t N, int64_t C, int64_t L) {
+  for (int64_t n = 0; n < N; ++n)
+    for (int64_t c = 0; c < C; ++c)
+      for (int64_t l = 0; l < L; ++l) {
+        const int64_t i = (n * C + c) * L + l;
+        y[i] = cast_value<T>((at(x, i) - mean[c]) * static_cast<double>(rstd[c]) * at_or(w, c, 1) + at_or(b, c, 0));
+      }
+}
+
+template <class T>
+void batch_norm_backward(const T* dy, const T* x, const norm_stat_t<T>* mean, const norm_stat_t<T>* rstd, const T* w,
+                         T* dx, T* dw, T* db, int64_t N, int64_t C, int64_t L, bool training) {
+  const double M = static_cast<double>(N * L);
+  for (int64_t c = 0; c < C; ++c) {
+    const double m = mean[c], rs = rstd[c];
+    double sg = 0, sgx = 0;
+    for (int64_t n = 0; n < N; ++n)
+      for (int64_t l = 0; l < L; ++l) {
+        const int64_t i = (n * C + c) * L + l;
+        sg += at(dy, i);
+        sgx += at(dy, i) * (at(x, i) - m) * rs;
+      }
+    if (dw) dw[c] = cast_value<T>(sgx);
+    if (db) db[c] = cast_value<T>(sg);
+    if (!dx) continue;
+    for (int64_t n = 0; n < N; ++n)
+      for (int64_t l = 0; l < L; ++l) {
+        const int64_t i = (n * C + c) * L + l;
+        const double xhat = (at(x, i) - m) * rs;
+        const double inner = training ? at(dy, i) - sg / M - xhat * sgx / M : at(dy, i);
+        dx[i] = cast_value<T>(at_or(w, c, 1) * rs * inner);
+      }
+  }
+}
+}  // namespace ref
+
+#define ATHANOR_INSTANTIATE_NORM_NS(NS, T)                                                                          \
+  template void NS::layer_norm_forward<T>(const T*, const T*, const T*, T*, norm_stat_t<T>*, norm_stat_t<T>*,       \
+                                          int64_t, int64_t, double);                                               \
+  template void NS::layer_norm_backward<T>(const T*, const T*, const T*, const norm_stat_t<T>*,                     \
+                                           const norm_stat_t<T>*, T*, T*, T*, int64_t, int64_t);                    \
+  template void NS::rms_norm_forward<T>(const T*, const T*, T*, norm_stat_t<T>*, int64_t, int64_t, double);        \
+  template void NS::rms_norm_backward<T>(const T*, const T*, const T*, const norm_stat_t<T>*, T*, T*, int64_t,      \
+                                         int64_t);                                                                 \
+  template void NS::batch_norm_stats<T>(const T*, norm_stat_t<T>*, norm_stat_t<T>*, int64_t, int64_t, int64_t);   \
+  template void NS::batch_norm_forward<T>(const T*, const norm_stat_t<T>*, const norm_stat_t<T>*, const T*,         \
+                                          const T*, T*, int64_t, int64_t, int64_t);                                \
+  template void NS::batch_norm_backward<T>(const T*, const T*, const norm_stat_t<T>*, const norm_stat_t<T>*,        \
+                                           const T*, T*, T*, T*, int64_t, int64_t, int64_t, bool);
+#define ATHANOR_INSTANTIATE_NORM(T)    \
+  ATHANOR_INSTANTIATE_NORM_NS(cpu, T) \
+  ATHANOR_INSTANTIATE_NORM_NS(ref, T)
+ATHANOR_INSTANTIATE_NORM(float)
+ATHANOR_INSTANTIATE_NORM(double)
+ATHANOR_INSTANTIATE_NORM(bfloat16)
+ATHANOR_INSTANTIATE_NORM(float16)
+#undef ATHANOR_INSTANTIATE_NORM
+#undef ATHANOR_INSTANTIATE_NORM_NS
+
+}  // namespace athanor::cpu

@@ -1,0 +1,79 @@
+// Fashion-MNIST (Xiao et al. 2017) from Debian's dataset-fashion-mnist: four
+// gzipped IDX files, read once into memory as u8. get() normalizes on the fly:
+// image [1, 28, 28] f32 = (x / 255 - 0.2860) / 0.3530, label [] i64 in 0..9.
+#include <cstring>
+#include <filesystem>
+
+#include "athanor/core/error.h"
+#include "athanor/data/dataset.h"
+#include "data/idx.h"
+
+namespace athanor::data {
+namespace {
+
+constexpr const char* kOp = "fashion_mnist";
+constexpr const char* kInstallHint = "install the data set: apt-get install dataset-fashion-mnist (or pass the directory that holds the four *-ubyte.gz files)";
+constexpr int64_t kRows = 28, kCols = 28;
+constexpr float kMean = 0.2860f, kStd = 0.3530f;
+
+class FashionMnist final : public Dataset {
+ public:
+  FashionMnist(const std::string& dir, bool train) : train_(train) {
+    namespace fs = std::filesystem;
+    ATH_CHECK(fs::is_directory(dir), kOp, "Fashion-MNIST directory not found: ", dir, Hint{kInstallHint});
+    const std::string prefix = train ? "train" : "t10k";
+    const std::string images_path = (fs::path(dir) / (prefix + "-images-idx3-ubyte.gz")).string();
+    const std::string labels_path = (fs::path(dir) / (prefix + "-labels-idx1-ubyte.gz")).string();
+    for (const auto& p : {images_path, labels_path})
+      ATH_CHECK(fs::exists(p), kOp, "Fashion-MNIST file not found: ", p, Hint{kInstallHint});
+
+    IdxArray images = read_idx_u8(images_path, 3);
+    IdxArray labels = read_idx_u8(labels_path, 1);
+    ATH_CHECK(images.dims[1] == kRows && images.dims[2] == kCols, kOp, images_path, " holds images of ", images.dims[1], "x",
+              images.dims[2], " pixels, expected 28x28", Hint{"this is not a Fashion-MNIST images file"});
+    ATH_CHECK(images.dims[0] == labels.dims[0], kOp, images_path, " has ", images.dims[0], " images but ", labels_path, " has ",
+              labels.dims[0], " labels", Hint{"the two files belong to different splits or one is damaged; reinstall the package"});
+    for (size_t i = 0; i < labels.data.size(); ++i)
+      ATH_CHECK(labels.data[i] <= 9, kOp, labels_path, ": label ", int(labels.data[i]), " at index ", i,
+                " is out of range 0..9", Hint{"the file is damaged; reinstall the package"});
+    count_ = images.dims[0];
+    pixels_ = std::move(images.data);
+    labels_ = std::move(labels.data);
+    for (int v = 0; v < 256; ++v) lut_[v] = (static_cast<float>(v) / 255.0f - kMean) / kStd;
+  }
+
+  int64_t size() const override { return count_; }
+
+  Sample get(int64_t index) const override {
+    ATH_CHECK(index >= 0 && index < count_, kOp, "index ", index, " is out of range for ", describe(),
+              Hint{"valid indices are 0 .. size()-1"});
+    Sample s;
+    s.input = empty({1, kRows, kCols}, DType::f32);
+    float* dst = s.input.data_ptr<float>();
+    const uint8_t* src = pixels_.data() + index * kRows * kCols;
+    for (int64_t i = 0; i < kRows * kCols; ++i) dst[i] = lut_[src[i]];
+    s.target = empty({}, DType::i64);
+    *s.target.data_ptr<int64_t>() = labels_[index];
+    return s;
+  }
+
+  std::string describe() const override {
+    return std::string("fashion-mnist ") + (train_ ? "train" : "test") + " (" + std::to_string(count_) + " images)";
+  }
+
+ private:
+  bool train_;
+  int64_t count_ = 0;
+  std::vector<uint8_t> pixels_, labels_;
+  float lut_[256];
+};
+
+}  // namespace
+
+std::string default_fashion_mnist_dir() { return "/usr/share/datasets/fashion-mnist"; }
+
+std::shared_ptr<Dataset> fashion_mnist(const std::string& dir, bool train) {
+  return std::make_shared<FashionMnist>(dir, train);
+}
+
+}  // namespace athanor::data

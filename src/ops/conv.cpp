@@ -1,0 +1,93 @@
+// conv2d: checks, the im2col + GEMM kernel (backend/cpu/conv) and its backward.
+// f32 and f64 run natively; bf16/f16 are computed in f32 and rounded once.
+#include <sstream>
+
+#include "athanor/ops/conv.h"
+#include "backend/cpu/conv.h"
+#include "ops/op_utils.h"
+
+namespace athanor {
+namespace {
+constexpr const char* kOp = "conv2d";
+
+std::string pair_str(Pair p) {
+  std::ostringstream s;
+  s << "(" << p[0] << ", " << p[1] << ")";
+  return s.str();
+}
+
+cpu::Conv2dGeom conv_geom(const Tensor& x, const Tensor& w, const Tensor& b, Pair stride, Pair padding, Pair dilation,
+                          int64_t groups) {
+  detail::check_floating(x, kOp, "input");
+  detail::check_floating(w, kOp, "weight");
+  detail::check_same_dtype(x, w, kOp);
+  ATH_CHECK(x.dim() == 4, kOp, "input must be 4-D [N, C_in, H, W], got ", x.describe(),
+            Hint{"add a batch dim with unsqueeze(x, 0) for a single image"});
+  ATH_CHECK(w.dim() == 4, kOp, "weight must be 4-D [C_out, C_in / groups, kH, kW], got ", w.describe());
+  ATH_CHECK(stride[0] >= 1 && stride[1] >= 1 && dilation[0] >= 1 && dilation[1] >= 1 && padding[0] >= 0 &&
+                padding[1] >= 0,
+            kOp, "stride and dilation must be >= 1 and padding >= 0, got stride ", pair_str(stride), ", padding ",
+            pair_str(padding), ", dilation ", pair_str(dilation));
+  ATH_CHECK(groups >= 1, kOp, "groups must be >= 1, got ", groups);
+  const int64_t C = x.size(1), OC = w.size(0);
+  ATH_CHECK(C % groups == 0 && OC % groups == 0, kOp, "input channels (", C, ") and output channels (", OC,
+            ") must both be divisible by groups = ", groups, "; input ", x.describe(), ", weight ", w.describe());
+  ATH_CHECK(w.size(1) * groups == C, kOp, "input ", x.describe(), " has ", C, " channels but weight ", w.describe(),
+            " with groups = ", groups, " expects ", w.size(1) * groups, " (weight.size(1) * groups)",
+            Hint{"weight is [C_out, C_in / groups, kH, kW]; check in_channels of the layer against the input"});
+  if (b.defined()) {
+    detail::check_same_dtype(x, b, kOp);
+    ATH_CHECK(b.dim() == 1 && b.size(0) == OC, kOp, "bias ", b.describe(), " must be 1-D of size C_out = ", OC,
+              " (weight ", w.describe(), ")");
+  }
+  cpu::Conv2dGeom g;
+  g.N = x.size(0), g.C = C, g.H = x.size(2), g.W = x.size(3), g.OC = OC, g.KH = w.size(2), g.KW = w.size(3);
+  g.sh = stride[0], g.sw = stride[1], g.ph = padding[0], g.pw = padding[1], g.dh = dilation[0], g.dw = dilation[1];
+  g.groups = groups;
+  g.OH = cpu::conv_out_size(g.H, g.KH, g.sh, g.ph, g.dh);
+  g.OW = cpu::conv_out_size(g.W, g.KW, g.sw, g.pw, g.dw);
+  ATH_CHECK(g.OH > 0 && g.OW > 0, kOp, "kernel ", g.KH, "x", g.KW, " with dilation ", pair_str(dilation),
+            " is larger than the padded input: input ", x.describe(), " with padding ", pair_str(padding),
+            ", weight ", w.describe(), Hint{"use a smaller kernel or dilation, more padding, or a larger input"});
+  return g;
+}
+}  // namespace
+
+Tensor conv2d(const Tensor& x, const Tensor& weight, const Tensor& bias, Pair stride, Pair padding, Pair dilation,
+              int64_t groups) {
+  const cpu::Conv2dGeom g = conv_geom(x, weight, bias, stride, padding, dilation, groups);
+  const DType dt = x.dtype(), ct = dt == DType::f64 ? DType::f64 : DType::f32;
+  Tensor y = empty({g.N, g.OC, g.OH, g.OW}, TensorOptions(ct));
+  {
+    const Tensor xc = detail::to_raw(x, ct), wc = detail::to_raw(weight, ct);
+    const Tensor bc = bias.defined() ? detail::to_raw(bias, ct) : Tensor();
+    dispatch(ct, [&]<class T>() {
+      if constexpr (std::is_floating_point_v<T>)
+        cpu::conv2d_forward<T>(xc.data_ptr<T>(), wc.data_ptr<T>(), bc.defined() ? bc.data_ptr<T>() : nullptr,
+                               y.data_ptr<T>(), g);
+    });
+  }
+  if (dt != ct) y = detail::to_raw(y, dt);
+  if (!any_requires_grad({x, weight, bias})) return y;
+  SavedTensor sx = save(x, "input"), sw = save(weight, "weight");
+  return record(kOp, {x, weight, bias}, y, [sx, sw, g, dt, ct](const Node& n, const Grads& grads) {
+    const Tensor xv = detail::to_raw(sx.unpack(n), ct), wv = detail::to_raw(sw.unpack(n), ct);
+    if (!grads[0].defined()) return Grads{Tensor(), Tensor(), Tensor()};
+    const Tensor dy = detail::to_raw(grads[0], ct);
+    Tensor dx, dw, db;
+    if (needs_grad(n, 0)) dx = empty(xv.sizes(), TensorOptions(ct));
+    if (needs_grad(n, 1)) dw = empty(wv.sizes(), TensorOptions(ct));
+    if (needs_grad(n, 2)) db = empty({g.OC}, TensorOptions(ct));
+    dispatch(ct, [&]<class T>() {
+      if constexpr (std::is_floating_point_v<T>) {
+        auto ptr = [](const Tensor& t) { return t.defined() ? t.data_ptr<T>() : nullptr; };
+        // dx = col2im(W^T dy), dw = sum_n dy col^T, db = sum dy (see backend/cpu/conv.h)
+        cpu::conv2d_backward<T>(xv.data_ptr<T>(), wv.data_ptr<T>(), dy.data_ptr<T>(), ptr(dx), ptr(dw), ptr(db), g);
+      }
+    });
+    auto back = [dt](const Tensor& t) { return t.defined() && t.dtype() != dt ? detail::to_raw(t, dt) : t; };
+    return Grads{back(dx), back(dw), back(db)};
+  });
+}
+
+}  // namespace athanor

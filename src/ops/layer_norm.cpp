@@ -1,0 +1,95 @@
+// layer_norm: normalizes each row (the trailing normalized_shape dims, flattened)
+// to zero mean and unit variance, then applies the optional weight and bias.
+// Forward caches per-row mean and rstd (f32; f64 for f64 inputs) for backward;
+// the backward is one fused pass over rows computing dx, dweight and dbias:
+//   xhat = (x - mean) * rstd,  dnorm = g * w
+//   dx = rstd * (dnorm - mean(dnorm) - xhat * mean(dnorm * xhat))
+//   dw = sum_rows g * xhat,    db = sum_rows g
+#include "athanor/ops/norm.h"
+
+#include "backend/cpu/norm.h"
+#include "ops/op_utils.h"
+
+namespace athanor {
+namespace {
+
+DType stat_dtype(DType dt) { return dt == DType::f64 ? DType::f64 : DType::f32; }
+
+void check_param(const Tensor& p, const char* which, const Tensor& x, const Shape& normalized_shape) {
+  if (!p.defined()) return;
+  detail::check_floating(p, "layer_norm", which);
+  detail::check_same_dtype(x, p, "layer_norm");
+  ATH_CHECK(p.sizes() == normalized_shape, "layer_norm", which, " has shape ", shape_str(p.sizes()),
+            " but normalized_shape is ", shape_str(normalized_shape),
+            Hint{std::string("give ") + which + " exactly the normalized_shape"});
+}
+
+template <class T> const T* ptr_or_null(const Tensor& t) { return t.defined() ? static_cast<const T*>(t.raw_data()) : nullptr; }
+template <class T> T* mut_or_null(const Tensor& t) { return t.defined() ? static_cast<T*>(t.raw_data()) : nullptr; }
+
+}  // namespace
+
+Tensor layer_norm(const Tensor& x, const Shape& normalized_shape, const Tensor& weight, const Tensor& bias, double eps) {
+  const char* op = "layer_norm";
+  detail::check_floating(x, op, "x");
+  const int64_t k = static_cast<int64_t>(normalized_shape.size());
+  bool match = k >= 1 && k <= x.dim();
+  for (int64_t i = 0; match && i < k; ++i) match = x.size(x.dim() - k + i) == normalized_shape[i];
+  ATH_CHECK(match, op, "normalized_shape ", shape_str(normalized_shape), " does not match the trailing dims of input ",
+            x.describe(),
+            Hint{"normalized_shape must equal the last dims of the input (e.g. {" +
+                 std::to_string(x.dim() > 0 ? x.size(-1) : 0) + "} to normalize over the last dim)"});
+  check_param(weight, "weight", x, normalized_shape);
+  check_param(bias, "bias", x, normalized_shape);
+
+  const int64_t cols = shape_numel(normalized_shape), rows = cols == 0 ? 0 : x.numel() / cols;
+  const Tensor xc = detail::contiguous_raw(x);
+  const Tensor wc = weight.defined() ? detail::contiguous_raw(weight) : Tensor();
+  const Tensor bc = bias.defined() ? detail::contiguous_raw(bias) : Tensor();
+  Tensor y = empty(x.sizes(), TensorOptions(x.dtype()));
+  Tensor mean = empty({rows}, TensorOptions(stat_dtype(x.dtype())));
+  Tensor rstd = empty({rows}, TensorOptions(stat_dtype(x.dtype())));
+  if (x.numel() > 0) {
+    dispatch(x.dtype(), [&]<class T>() {
+      if constexpr (is_float_type_v<T>) {
+        using S = cpu::norm_stat_t<T>;
+        cpu::layer_norm_forward<T>(static_cast<const T*>(xc.raw_data()), ptr_or_null<T>(wc), ptr_or_null<T>(bc),
+                                   static_cast<T*>(y.raw_data()), static_cast<S*>(mean.raw_data()),
+                                   static_cast<S*>(rstd.raw_data()), rows, cols, eps);
+      }
+    });
+  }
+  if (!any_requires_grad({x, weight, bias})) return y;
+
+  SavedTensor sx = save(x, "input"), sw = weight.defined() ? save(weight, "weight") : SavedTensor();
+  SavedTensor smean = save(mean, "mean"), srstd = save(rstd, "rstd");
+  const bool has_bias = bias.defined();
+  return record(op, {x, weight, bias}, y, [=](const Node& n, const Grads& g) {
+    const Tensor xv = detail::contiguous_raw(sx.unpack(n));
+    const Tensor wv = sw.defined() ? detail::contiguous_raw(sw.unpack(n)) : Tensor();
+    const Tensor gy = detail::to_raw(g[0], xv.dtype());
+    const Tensor mv = smean.unpack(n), rv = srstd.unpack(n);
+    Tensor dx = needs_grad(n, 0) ? empty(xv.sizes(), TensorOptions(xv.dtype())) : Tensor();
+    Tensor dw = wv.defined() && needs_grad(n, 1) ? empty(wv.sizes(), TensorOptions(wv.dtype())) : Tensor();
+    Tensor db = has_bias && needs_grad(n, 2) ? empty(wv.defined() ? wv.sizes() : Shape(normalized_shape),
+                                                     TensorOptions(xv.dtype()))
+                                             : Tensor();
+    if (xv.numel() == 0) {  // empty batch: parameter gradients are zero
+      if (dw.defined()) dw.zero_();
+      if (db.defined()) db.zero_();
+    } else {
+      dispatch(xv.dtype(), [&]<class T>() {
+        if constexpr (is_float_type_v<T>) {
+          using S = cpu::norm_stat_t<T>;
+          cpu::layer_norm_backward<T>(static_cast<const T*>(gy.raw_data()), static_cast<const T*>(xv.raw_data()),
+                                      ptr_or_null<T>(wv), static_cast<const S*>(mv.raw_data()),
+                                      static_cast<const S*>(rv.raw_data()), mut_or_null<T>(dx), mut_or_null<T>(dw),
+                                      mut_or_null<T>(db), rows, cols);
+        }
+      });
+    }
+    return Grads{dx, dw, db};
+  });
+}
+
+}  // namespace athanor

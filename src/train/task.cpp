@@ -1,0 +1,84 @@
+// Tasks: how a model turns a batch into a loss. Classifiers (MLP, ConvNet) use
+// cross-entropy over classes and count correct predictions; GPT uses next-token
+// cross-entropy averaged over the batch's (non-ignored) tokens.
+#include "athanor/nn/convnet.h"
+#include "athanor/nn/gpt.h"
+#include "athanor/nn/mlp.h"
+#include "athanor/ops.h"
+#include "athanor/train/trainer.h"
+
+namespace athanor::train {
+namespace {
+
+class ClassifierTask : public Task {
+ public:
+  explicit ClassifierTask(std::shared_ptr<nn::UnaryModule> m) : model_(std::move(m)) {}
+  nn::Module& module() override { return *model_; }
+  Tensor loss(const data::Batch& b) override { return cross_entropy(model_->forward(b.input), b.target); }
+  void evaluate(const data::Batch& b, double& loss_sum, int64_t& correct) override {
+    Tensor logits = model_->forward(b.input);
+    loss_sum += cross_entropy(logits, b.target, -100, 0.0, Reduction::sum).item();
+    const auto pred = argmax(logits, 1).to_vector(), tgt = b.target.to_vector();
+    for (size_t i = 0; i < pred.size(); ++i) correct += pred[i] == tgt[i];
+  }
+  bool is_classifier() const override { return true; }
+
+ private:
+  std::shared_ptr<nn::UnaryModule> model_;
+};
+
+class LanguageModelTask : public Task {
+ public:
+  explicit LanguageModelTask(std::shared_ptr<nn::GPT> m) : model_(std::move(m)) {}
+  nn::Module& module() override { return *model_; }
+  Tensor loss(const data::Batch& b) override { return model_->loss(b.input, b.target); }
+  void evaluate(const data::Batch& b, double& loss_sum, int64_t& correct) override {
+    Tensor logits = model_->forward(b.input);
+    const int64_t V = logits.size(-1);
+    loss_sum += cross_entropy(reshape(logits, {-1, V}), reshape(b.target, {-1}), -100, 0.0, Reduction::sum).item();
+  }
+  bool is_classifier() const override { return false; }
+  bool is_language_model() const override { return true; }
+  nn::GPT& gpt() { return *model_; }
+
+ private:
+  std::shared_ptr<nn::GPT> model_;
+};
+}  // namespace
+
+std::unique_ptr<Task> make_task(const Config& c) {
+  manual_seed(static_cast<uint64_t>(c.get_int("seed")));  // initialisation is a function of the seed
+  const std::string& type = c.get_string("model.type");
+  if (type == "mlp") {
+    ATH_CHECK(c.get_string("data.type") == "fashion_mnist", "config", "model.type mlp trains on data.type fashion_mnist",
+              Hint{"set data.type: fashion_mnist, or use model.type: gpt for text"});
+    return std::make_unique<ClassifierTask>(
+        std::make_shared<nn::MLP>(c.get_int_list("model.sizes"), c.get_string("model.activation"), c.get_float("model.dropout")));
+  }
+  if (type == "convnet") {
+    ATH_CHECK(c.get_string("data.type") == "fashion_mnist", "config", "model.type convnet trains on data.type fashion_mnist",
+              Hint{"set data.type: fashion_mnist"});
+    nn::ConvNetConfig cc;
+    cc.channels1 = c.get_int("model.channels1");
+    cc.channels2 = c.get_int("model.channels2");
+    cc.hidden = c.get_int("model.hidden");
+    cc.num_classes = c.get_int("model.num_classes");
+    cc.dropout = c.get_float("model.dropout");
+    return std::make_unique<ClassifierTask>(std::make_shared<nn::ConvNet>(cc));
+  }
+  ATH_CHECK(c.get_string("data.type") == "text", "config", "model.type gpt trains on data.type text",
+            Hint{"set data.type: text"});
+  ATH_CHECK(c.get_int("model.vocab_size") > 0, "config", "model.vocab_size is not known",
+            Hint{"it is taken from the tokenizer when the data is loaded; set it explicitly to build the model alone"});
+  nn::GPTConfig g;
+  g.n_layer = c.get_int("model.n_layer");
+  g.n_head = c.get_int("model.n_head");
+  g.n_embd = c.get_int("model.n_embd");
+  g.block_size = c.get_int("model.block_size");
+  g.vocab_size = c.get_int("model.vocab_size");
+  g.dropout = c.get_float("model.dropout");
+  g.bias = c.get_bool("model.bias");
+  return std::make_unique<LanguageModelTask>(std::make_shared<nn::GPT>(g));
+}
+
+}  // namespace athanor::train

@@ -1,0 +1,283 @@
+#include "athanor/train/trainer.h"
+
+#include <unistd.h>
+
+#include <chrono>
+#include <cmath>
+#include <filesystem>
+#include <fstream>
+#include <iomanip>
+#include <iostream>
+#include <sstream>
+
+#include "athanor/data/corpus.h"
+#include "athanor/data/token_shard.h"
+#include "athanor/nn/gpt.h"
+#include "athanor/ops.h"
+#include "athanor/optim/clip.h"
+
+namespace athanor::train {
+namespace fs = std::filesystem;
+
+namespace {
+double now_seconds() {
+  return std::chrono::duration<double>(std::chrono::steady_clock::now().time_since_epoch()).count();
+}
+
+std::string fmt_duration(double s) {
+  std::ostringstream o;
+  const int64_t t = static_cast<int64_t>(s);
+  if (t >= 3600) o << t / 3600 << "h" << std::setw(2) << std::setfill('0') << (t % 3600) / 60 << "m";
+  else if (t >= 60) o << t / 60 << "m" << std::setw(2) << std::setfill('0') << t % 60 << "s";
+  else o << t << "s";
+  return o.str();
+}
+
+std::unique_ptr<optim::Optimizer> make_optimizer(const Config& c, nn::Module& model, int64_t global_batch) {
+  double lr = c.get_float("optimizer.lr");
+  if (c.get_int("optimizer.lr_scaling_base_batch") > 0)
+    lr = optim::linear_scaled_lr(lr, global_batch, c.get_int("optimizer.lr_scaling_base_batch"));
+  auto groups = optim::default_param_groups(model.named_parameters(), lr, c.get_float("optimizer.weight_decay"),
+                                            c.get_bool("optimizer.decay_embeddings"));
+  const std::string& t = c.get_string("optimizer.type");
+  const double eps = c.get_float("optimizer.eps"), mom = c.get_float("optimizer.momentum");
+  if (t == "sgd") return optim::make_sgd(groups, {mom, c.get_float("optimizer.dampening"), c.get_bool("optimizer.nesterov")});
+  if (t == "rmsprop") return optim::make_rmsprop(groups, {c.get_float("optimizer.alpha"), eps, mom, c.get_bool("optimizer.centered")});
+  const optim::AdamOptions adam{c.get_float("optimizer.beta1"), c.get_float("optimizer.beta2"), eps};
+  if (t == "adam") return optim::make_adam(groups, adam);
+  if (t == "adamw") return optim::make_adamw(groups, adam);
+  if (t == "lamb") return optim::make_lamb(groups, {adam.beta1, adam.beta2, eps});
+  return optim::make_lars(groups, {mom, c.get_float("optimizer.trust_coefficient"), eps});
+}
+}  // namespace
+
+Trainer::Trainer(Config config) : config_(std::move(config)) {
+  out_ = [](const std::string& s) { std::cout << s << std::flush; };
+  tty_ = isatty(STDOUT_FILENO);
+  const Config& c = config_;
+  ATH_CHECK(c.get_int("trainer.batch_size") > 0, "config", "trainer.batch_size must be > 0");
+  ATH_CHECK(c.get_int("trainer.accum_steps") > 0, "config", "trainer.accum_steps must be > 0");
+  build_data();  // first: the text pipeline fixes the vocabulary size
+  task_ = make_task(config_);
+  const int64_t global_batch = c.get_int("trainer.batch_size") * c.get_int("trainer.accum_steps");
+  optimizer_ = make_optimizer(config_, task_->module(), global_batch);
+  max_steps_ = c.get_int("trainer.epochs") > 0
+                   ? c.get_int("trainer.epochs") * train_loader_->batches_per_epoch() / c.get_int("trainer.accum_steps")
+                   : c.get_int("trainer.max_steps");
+  ATH_CHECK(max_steps_ > 0, "config", "nothing to train: max_steps is ", max_steps_,
+            Hint{"raise trainer.max_steps/trainer.epochs, or lower trainer.batch_size × accum_steps below the dataset size"});
+  optim::ScheduleConfig s;
+  s.warmup_steps = c.get_int("schedule.warmup_steps");
+  s.warmup_start_factor = c.get_float("schedule.warmup_start_factor");
+  s.decay = c.get_string("schedule.decay");
+  s.total_steps = max_steps_;
+  s.min_lr_ratio = c.get_float("schedule.min_lr_ratio");
+  s.step_size = c.get_int("schedule.step_size");
+  s.gamma = c.get_float("schedule.gamma");
+  s.power = c.get_float("schedule.power");
+  s.t0 = c.get_int("schedule.t0");
+  s.t_mult = c.get_float("schedule.t_mult");
+  scheduler_ = std::make_unique<optim::Scheduler>(*optimizer_, optim::LRSchedule(s));
+
+  run_dir_ = (fs::path(c.get_string("out_dir")) / c.get_string("name")).string();
+  std::error_code ec;
+  fs::create_directories(run_dir_, ec);
+  ATH_CHECK(!ec, "trainer", "cannot create the run directory '", run_dir_, "': ", ec.message(),
+            Hint{"check out_dir and the permissions"});
+  std::ofstream(fs::path(run_dir_) / "config.yaml") << config_.resolved_yaml();
+  std::ofstream(fs::path(run_dir_) / "metrics.jsonl", std::ios::trunc);
+}
+
+Trainer::~Trainer() = default;
+
+void Trainer::build_data() {
+  Config& c = config_;
+  const uint64_t seed = static_cast<uint64_t>(c.get_int("seed"));
+  data::LoaderOptions lo;
+  lo.batch_size = c.get_int("trainer.batch_size");
+  lo.num_workers = static_cast<int>(c.get_int("data.num_workers"));
+  lo.prefetch = static_cast<int>(c.get_int("data.prefetch"));
+  lo.seed = seed;
+  if (c.get_string("data.type") == "fashion_mnist") {
+    const std::string dir = c.get_string("data.dir").empty() ? data::default_fashion_mnist_dir() : c.get_string("data.dir");
+    train_set_ = data::fashion_mnist(dir, true);
+    val_set_ = data::fashion_mnist(dir, false);
+  } else {
+    const std::string corpus = c.get_string("data.corpus"), tok = c.get_string("data.tokenizer");
+    tokenizer_ = data::make_tokenizer(tok, c.get_string("data.tokenizer_dir"));
+    if (c.get_int("model.vocab_size") == 0) c.set("model.vocab_size", tokenizer_->vocab_size());
+    ATH_CHECK(c.get_int("model.vocab_size") >= tokenizer_->vocab_size(), "config", "model.vocab_size (",
+              c.get_int("model.vocab_size"), ") is smaller than the tokenizer's vocabulary (", tokenizer_->vocab_size(), ")",
+              Hint{"set model.vocab_size: 0 to take the tokenizer's"});
+    // Tokenized shards are cached per (corpus, tokenizer) and reused.
+    const std::string stem = corpus == "brown" ? "brown" : fs::path(corpus).stem().string();
+    const fs::path dir = fs::path(c.get_string("data.cache_dir")) / (stem + "-" + tok);
+    if (!fs::exists(dir / "train.bin") || !fs::exists(dir / "val.bin")) {
+      std::string text_path = corpus;
+      if (corpus == "brown") {
+        fs::create_directories(c.get_string("data.cache_dir"));
+        text_path = (fs::path(c.get_string("data.cache_dir")) / "brown.txt").string();
+        if (!fs::exists(text_path)) std::ofstream(text_path) << data::brown_corpus_text(c.get_string("data.corpus_dir"));
+      }
+      out_("preparing " + dir.string() + " from " + text_path + " (" + tokenizer_->name() + " tokenizer)\n");
+      data::prepare_text(text_path, dir.string(), tok, c.get_string("data.tokenizer_dir"), c.get_float("data.val_fraction"));
+    }
+    const int64_t vocab = c.get_int("model.vocab_size"), T = c.get_int("model.block_size");
+    train_set_ = data::token_windows(std::make_shared<data::TokenShard>((dir / "train.bin").string(), vocab), T);
+    val_set_ = data::token_windows(std::make_shared<data::TokenShard>((dir / "val.bin").string(), vocab), T);
+  }
+  ATH_CHECK(train_set_->size() >= lo.batch_size, "data", train_set_->describe(), " has fewer samples than one batch (",
+            lo.batch_size, ")", Hint{"lower trainer.batch_size or use more data"});
+  train_loader_ = std::make_unique<data::DataLoader>(train_set_, lo);
+}
+
+bool Trainer::train_step() {
+  if (step_ >= max_steps_) return false;
+  const int64_t accum = config_.get_int("trainer.accum_steps");
+  nn::Module& model = task_->module();
+  model.train();
+  const double t0 = now_seconds();
+  StepMetrics m;
+  m.step = step_ + 1;
+  m.lr = scheduler_->lr();
+
+  // Fetch the step's micro-batches first: the loss weights need the total target count.
+  std::vector<data::Batch> batches;
+  for (int64_t k = 0; k < accum; ++k) batches.push_back(train_loader_->next());
+  m.data_seconds = now_seconds() - t0;
+  for (const auto& b : batches) m.targets += b.num_targets;
+  ATH_CHECK(m.targets > 0, "trainer", "step ", m.step, " has no targets to learn from (all ignored?)");
+
+  for (const auto& b : batches) {
+    MemTagScope tag(MemTag::activation);
+    Tensor loss = task_->loss(b);
+    const double w = static_cast<double>(b.num_targets) / static_cast<double>(m.targets);
+    m.loss += loss.item() * w;
+    mul(loss, w).backward();
+  }
+
+  const auto params = model.parameters();
+  const double clip = config_.get_float("optimizer.grad_clip");
+  if (config_.get_float("optimizer.clip_value") > 0) optim::clip_grad_value(params, config_.get_float("optimizer.clip_value"));
+  m.grad_norm = clip > 0 ? optim::clip_grad_norm(params, clip) : optim::grad_norm(params);
+  if (std::isfinite(m.grad_norm)) {
+    optimizer_->step();
+  } else {
+    m.skipped = true;
+    ++skipped_;
+    std::ostringstream o;
+    o << "step " << m.step << ": the gradient norm is " << m.grad_norm << " (loss " << m.loss
+      << "); the update was skipped. hint: lower optimizer.lr, add schedule.warmup_steps or optimizer.grad_clip\n";
+    out_(o.str());
+  }
+  scheduler_->step();
+  optimizer_->zero_grad();
+  ++step_;
+  m.step_seconds = now_seconds() - t0;
+  m.throughput = static_cast<double>(m.targets) / std::max(m.step_seconds, 1e-9);
+  history_.push_back(m);
+  log_step(m);
+  for (auto& cb : callbacks_) cb->on_step(m);
+  return true;
+}
+
+void Trainer::log_step(const StepMetrics& m) {
+  std::ostringstream j;
+  j << std::setprecision(8) << "{\"step\":" << m.step << ",\"loss\":" << m.loss << ",\"lr\":" << m.lr
+    << ",\"grad_norm\":" << (std::isfinite(m.grad_norm) ? m.grad_norm : -1) << ",\"skipped\":" << (m.skipped ? "true" : "false")
+    << ",\"targets\":" << m.targets << ",\"step_s\":" << m.step_seconds << ",\"data_s\":" << m.data_seconds
+    << ",\"throughput\":" << m.throughput << "}";
+  const int64_t every = std::max<int64_t>(1, config_.get_int("trainer.log_every"));
+  if (m.step % every == 0 || m.step == max_steps_ || m.step == 1) write_jsonl(j.str());
+
+  // The progress line: redrawn in a terminal, plain periodic lines otherwise.
+  double recent = 0;
+  int n = 0;
+  for (auto it = history_.rbegin(); it != history_.rend() && n < 20; ++it, ++n) recent += it->step_seconds;
+  const double eta = n ? recent / n * static_cast<double>(max_steps_ - m.step) : 0;
+  std::ostringstream o;
+  o << "step " << m.step << "/" << max_steps_ << " | loss " << std::fixed << std::setprecision(4) << m.loss << " | lr "
+    << std::scientific << std::setprecision(2) << m.lr << std::fixed << " | grad " << std::setprecision(3) << m.grad_norm
+    << " | " << std::setprecision(0) << m.throughput << (task_->is_language_model() ? " tok/s" : " samples/s") << " | ETA "
+    << fmt_duration(eta);
+  if (tty_) out_("\r" + o.str() + "\x1b[K" + (m.step == max_steps_ ? "\n" : ""));
+  else if (m.step % every == 0 || m.step == max_steps_ || m.step == 1) out_(o.str() + "\n");
+}
+
+void Trainer::write_jsonl(const std::string& line) {
+  std::ofstream(fs::path(run_dir_) / "metrics.jsonl", std::ios::app) << line << "\n";
+}
+
+EvalMetrics Trainer::evaluate() {
+  nn::Module& model = task_->module();
+  model.eval();
+  NoGradGuard ng;
+  data::LoaderOptions lo;
+  lo.batch_size = config_.get_int("trainer.batch_size");
+  lo.shuffle = false;
+  lo.drop_last = false;
+  lo.num_workers = static_cast<int>(config_.get_int("data.num_workers"));
+  data::DataLoader val(val_set_, lo, data::sequential_sampler(val_set_->size()));
+  const int64_t limit = config_.get_int("trainer.eval_batches");
+  const int64_t n = limit > 0 ? std::min(limit, val.batches_per_epoch()) : val.batches_per_epoch();
+  EvalMetrics e;
+  e.step = step_;
+  double loss_sum = 0;
+  int64_t correct = 0;
+  for (int64_t i = 0; i < n; ++i) {
+    data::Batch b = val.next();
+    task_->evaluate(b, loss_sum, correct);
+    e.count += b.num_targets;
+  }
+  e.loss = loss_sum / std::max<int64_t>(e.count, 1);
+  if (task_->is_classifier()) e.accuracy = static_cast<double>(correct) / std::max<int64_t>(e.count, 1);
+  model.train();
+  evals_.push_back(e);
+  std::ostringstream o, j;
+  o << "eval at step " << e.step << ": val loss " << std::fixed << std::setprecision(4) << e.loss;
+  if (e.accuracy >= 0) o << ", accuracy " << std::setprecision(2) << 100 * e.accuracy << "%";
+  o << " (" << e.count << (task_->is_language_model() ? " tokens)" : " samples)");
+  if (tty_) out_("\n");
+  out_(o.str() + "\n");
+  j << std::setprecision(8) << "{\"step\":" << e.step << ",\"val_loss\":" << e.loss;
+  if (e.accuracy >= 0) j << ",\"val_accuracy\":" << e.accuracy;
+  j << "}";
+  write_jsonl(j.str());
+  for (auto& cb : callbacks_) cb->on_eval(e);
+  return e;
+}
+
+std::string Trainer::sample(int64_t tokens) {
+  ATH_CHECK(task_->is_language_model() && tokenizer_, "sample", "only GPT models on text data can generate text");
+  auto& gpt = dynamic_cast<nn::GPT&>(task_->module());
+  std::vector<int32_t> prompt = tokenizer_->encode(config_.get_string("trainer.sample_prompt"));
+  if (prompt.empty()) prompt.push_back(0);
+  Generator gen(static_cast<uint64_t>(config_.get_int("seed")) + static_cast<uint64_t>(step_));
+  auto ids = gpt.generate(prompt, tokens, config_.get_float("trainer.sample_temperature"), config_.get_int("trainer.sample_top_k"), gen);
+  return tokenizer_->decode(ids);
+}
+
+void Trainer::fit() {
+  start_time_ = now_seconds();
+  out_("training " + task_->module().local_name() + std::to_string(task_->module().parameters_count()) + " parameters on " +
+       train_set_->describe() + " for " + std::to_string(max_steps_) + " steps (batch " +
+       std::to_string(config_.get_int("trainer.batch_size")) + " x accum " + std::to_string(config_.get_int("trainer.accum_steps")) +
+       "); run directory " + run_dir_ + "\n");
+  const int64_t eval_every = config_.get_int("trainer.eval_every"), sample_every = config_.get_int("trainer.sample_every");
+  const double limit = config_.get_float("trainer.time_limit_s");
+  while (train_step()) {
+    if (eval_every > 0 && step_ % eval_every == 0 && step_ < max_steps_) evaluate();
+    if (sample_every > 0 && step_ % sample_every == 0 && step_ < max_steps_ && task_->is_language_model())
+      out_("--- sample ---\n" + sample(config_.get_int("trainer.sample_tokens")) + "\n--------------\n");
+    if (limit > 0 && now_seconds() - start_time_ > limit) {
+      out_("\nstopping at step " + std::to_string(step_) + ": trainer.time_limit_s (" + std::to_string(limit) + " s) reached\n");
+      break;
+    }
+  }
+  evaluate();
+  if (task_->is_language_model())
+    out_("--- sample ---\n" + sample(config_.get_int("trainer.sample_tokens")) + "\n--------------\n");
+  for (auto& cb : callbacks_) cb->on_end();
+}
+
+}  // namespace athanor::train

@@ -1,0 +1,210 @@
+// layer_norm, rms_norm, batch_norm: gradcheck (f64, several shapes, weight/bias
+// present and absent, non-contiguous input, batch_norm train and eval), forward
+// against independent per-row computations, 16-bit dtypes, running statistics
+// against hand-computed values, and the shape errors.
+#include <cmath>
+
+#include "test_util.h"
+
+namespace athanor {
+using namespace athanor::testing;
+
+namespace {
+// Independent layer norm / rms norm of a [rows, cols] f64 vector.
+std::vector<double> layer_norm_expected(const std::vector<double>& x, int64_t cols, const std::vector<double>& w,
+                                        const std::vector<double>& b, double eps, bool rms) {
+  std::vector<double> y(x.size());
+  for (size_t r = 0; r < x.size() / cols; ++r) {
+    double m = 0, v = 0;
+    for (int64_t i = 0; i < cols; ++i) m += x[r * cols + i];
+    m = rms ? 0.0 : m / cols;
+    for (int64_t i = 0; i < cols; ++i) v += (x[r * cols + i] - m) * (x[r * cols + i] - m);
+    v /= cols;
+    for (int64_t i = 0; i < cols; ++i)
+      y[r * cols + i] = (x[r * cols + i] - m) / std::sqrt(v + eps) * (w.empty() ? 1 : w[i]) + (b.empty() ? 0 : b[i]);
+  }
+  return y;
+}
+}  // namespace
+
+// ---- layer_norm ----------------------------------------------------------------------------
+
+TEST(LayerNorm, GradcheckShapesWeightBias) {
+  struct Case { Shape x, norm; bool w, b; };
+  for (const Case& c : {Case{{4, 7}, {7}, true, true}, Case{{4, 7}, {7}, false, false}, Case{{2, 3, 5}, {3, 5}, true, false},
+                        Case{{3, 1}, {1}, true, true}, Case{{6}, {6}, false, true}}) {
+    SCOPED_TRACE(shape_str(c.x) + " over " + shape_str(c.norm));
+    Tensor x = randn64(c.x, 1);
+    Tensor w = c.w ? uniform64(c.norm, 0.5, 1.5, 2) : Tensor(), b = c.b ? randn64(c.norm, 3) : Tensor();
+    EXPECT_TRUE(gradcheck([&](const std::vector<Tensor>& in) { return layer_norm(in[0], c.norm, in[1], in[2]); }, {x, w, b}));
+  }
+}
+
+TEST(LayerNorm, GradcheckNonContiguous) {
+  Tensor x = make_noncontiguous(randn64({5, 6}, 4));
+  ASSERT_FALSE(x.is_contiguous());
+  Tensor w = make_noncontiguous(uniform64({6}, 0.5, 1.5, 5)), b = randn64({6}, 6);
+  EXPECT_TRUE(gradcheck([&](const std::vector<Tensor>& in) { return layer_norm(in[0], {6}, in[1], in[2]); }, {x, w, b}));
+}
+
+TEST(LayerNorm, OnlyWeightNeedsGrad) {
+  Tensor x = randn64({3, 4}, 7, false), w = uniform64({4}, 0.5, 1.5, 8);
+  EXPECT_TRUE(gradcheck([&](const std::vector<Tensor>& in) { return layer_norm(in[0], {4}, in[1]); }, {x, w}));
+}
+
+TEST(LayerNorm, ForwardMatchesDefinition) {
+  for (DType dt : {DType::f32, DType::f64}) {
+    Generator g(9);
+    Tensor x = randn({6, 13}, TensorOptions(dt), g) * 3.0 + 10.0, w = randn({13}, TensorOptions(dt), g), b = randn({13}, TensorOptions(dt), g);
+    const auto want = layer_norm_expected(x.to_vector(), 13, w.to_vector(), b.to_vector(), 1e-5, false);
+    EXPECT_CLOSE(layer_norm(x, {13}, w, b), from_vector(want, {6, 13}, TensorOptions(DType::f64)), 1e-5, 1e-5);
+    const auto want_plain = layer_norm_expected(x.to_vector(), 13, {}, {}, 1e-3, false);
+    EXPECT_CLOSE(layer_norm(x, {13}, Tensor(), Tensor(), 1e-3), from_vector(want_plain, {6, 13}, TensorOptions(DType::f64)), 1e-5, 1e-5);
+  }
+}
+
+TEST(LayerNorm, LowPrecisionDtypes) {
+  Generator g(10);
+  Tensor x = randn({4, 40}, {}, g), w = randn({40}, {}, g), b = randn({40}, {}, g);
+  const auto want = layer_norm_expected(x.to_vector(), 40, w.to_vector(), b.to_vector(), 1e-5, false);
+  for (DType dt : {DType::bf16, DType::f16}) {
+    SCOPED_TRACE(dtype_name(dt));
+    Tensor y = layer_norm(x.to(dt), {40}, w.to(dt), b.to(dt));
+    EXPECT_EQ(y.dtype(), dt);
+    // inputs rounded to 16 bits, then the output: a few ulps of bf16 (2^-8) relative
+    EXPECT_CLOSE(y, from_vector(want, {4, 40}, TensorOptions(DType::f64)), 0.05, 0.02);
+    Tensor xg = x.to(dt).requires_grad_(), wg = w.to(dt).requires_grad_();
+    layer_norm(xg, {40}, wg).sum().backward();
+    EXPECT_EQ(xg.grad().dtype(), dt);
+    EXPECT_EQ(wg.grad().dtype(), dt);
+    EXPECT_TRUE(all_finite(xg.grad()));
+  }
+}
+
+TEST(LayerNorm, ErrorsNameOpAndShapes) {
+  Tensor x = zeros({2, 3});
+  std::string msg = error_message([&] { layer_norm(x, {4}); });
+  EXPECT_NE(msg.find("layer_norm"), std::string::npos) << msg;
+  EXPECT_NE(msg.find("[4]"), std::string::npos) << msg;
+  EXPECT_NE(msg.find("[2, 3]"), std::string::npos) << msg;
+  msg = error_message([&] { layer_norm(x, {2, 3, 1}); });
+  EXPECT_NE(msg.find("[2, 3, 1]"), std::string::npos) << msg;
+  msg = error_message([&] { layer_norm(x, {3}, ones({4})); });
+  EXPECT_NE(msg.find("weight"), std::string::npos) << msg;
+  EXPECT_NE(msg.find("[4]"), std::string::npos) << msg;
+}
+
+// ---- rms_norm ------------------------------------------------------------------------------
+
+TEST(RmsNorm, GradcheckShapes) {
+  struct Case { Shape x, norm; bool w; };
+  for (const Case& c : {Case{{4, 7}, {7}, true}, Case{{4, 7}, {7}, false}, Case{{2, 3, 5}, {3, 5}, true}, Case{{5}, {5}, true}}) {
+    SCOPED_TRACE(shape_str(c.x) + " over " + shape_str(c.norm));
+    Tensor x = randn64(c.x, 11), w = c.w ? uniform64(c.norm, 0.5, 1.5, 12) : Tensor();
+    EXPECT_TRUE(gradcheck([&](const std::vector<Tensor>& in) { return rms_norm(in[0], c.norm, in[1]); }, {x, w}));
+  }
+  Tensor xn = make_noncontiguous(randn64({4, 6}, 13));
+  ASSERT_FALSE(xn.is_contiguous());
+  EXPECT_TRUE(gradcheck([&](const std::vector<Tensor>& in) { return rms_norm(in[0], {6}, in[1]); }, {xn, uniform64({6}, 0.5, 1.5, 14)}));
+}
+
+TEST(RmsNorm, ForwardMatchesDefinitionAndErrors) {
+  Generator g(15);
+  Tensor x = randn({5, 9}, {}, g), w = randn({9}, {}, g);
+  const auto want = layer_norm_expected(x.to_vector(), 9, w.to_vector(), {}, 1e-6, true);
+  EXPECT_CLOSE(rms_norm(x, {9}, w), from_vector(want, {5, 9}, TensorOptions(DType::f64)), 1e-5, 1e-5);
+  EXPECT_CLOSE(rms_norm(x.to(DType::bf16), {9}, w.to(DType::bf16)), from_vector(want, {5, 9}, TensorOptions(DType::f64)), 0.05, 0.02);
+  const std::string msg = error_message([&] { rms_norm(x, {5}); });
+  EXPECT_NE(msg.find("rms_norm"), std::string::npos) << msg;
+  EXPECT_NE(msg.find("[5, 9]"), std::string::npos) << msg;
+}
+
+// ---- batch_norm ----------------------------------------------------------------------------
+
+TEST(BatchNorm, GradcheckTraining) {
+  struct Case { Shape x; bool w, b; };
+  for (const Case& c : {Case{{4, 3}, true, true}, Case{{3, 2, 4}, true, true}, Case{{2, 3, 2, 2}, false, false}, Case{{5, 2}, true, false}}) {
+    SCOPED_TRACE(shape_str(c.x));
+    const int64_t C = c.x[1];
+    Tensor x = randn64(c.x, 21);
+    Tensor w = c.w ? uniform64({C}, 0.5, 1.5, 22) : Tensor(), b = c.b ? randn64({C}, 23) : Tensor();
+    Tensor rm = zeros({C}, DType::f64), rv = ones({C}, DType::f64);
+    EXPECT_TRUE(gradcheck([&](const std::vector<Tensor>& in) { return batch_norm(in[0], rm, rv, in[1], in[2], true); }, {x, w, b}));
+  }
+  Tensor xn = make_noncontiguous(randn64({6, 3}, 24));
+  ASSERT_FALSE(xn.is_contiguous());
+  EXPECT_TRUE(gradcheck([&](const std::vector<Tensor>& in) { return batch_norm(in[0], Tensor(), Tensor(), in[1], in[2], true); },
+                        {xn, uniform64({3}, 0.5, 1.5, 25), randn64({3}, 26)}));
+}
+
+TEST(BatchNorm, GradcheckEval) {
+  for (const Shape& s : {Shape{4, 3}, Shape{2, 3, 5}}) {
+    SCOPED_TRACE(shape_str(s));
+    Tensor x = randn64(s, 27), w = uniform64({3}, 0.5, 1.5, 28), b = randn64({3}, 29);
+    Tensor rm = randn64({3}, 30, false), rv = uniform64({3}, 0.5, 2.0, 31, false);
+    EXPECT_TRUE(gradcheck([&](const std::vector<Tensor>& in) { return batch_norm(in[0], rm, rv, in[1], in[2], false); }, {x, w, b}));
+  }
+}
+
+TEST(BatchNorm, RunningStatsMatchHandComputed) {
+  // x [4, 2]: channel 0 = {1, 2, 3, 6}, channel 1 = {-1, -1, 1, 1}
+  Tensor x = from_vector(std::vector<double>{1, -1, 2, -1, 3, 1, 6, 1}, {4, 2});
+  // channel 0: mean 3, biased var (4 + 1 + 0 + 9) / 4 = 3.5, unbiased 14/3
+  // channel 1: mean 0, biased var 1, unbiased 4/3
+  Tensor rm = from_vector(std::vector<double>{1, 2}, {2}), rv = from_vector(std::vector<double>{1, 1}, {2});
+  const uint64_t v0 = rm.version(), v1 = rv.version();
+  Tensor w = ones({2}).requires_grad_();
+  Tensor y = batch_norm(x, rm, rv, w, Tensor(), true, 0.1, 1e-5);
+  EXPECT_GT(rm.version(), v0);
+  EXPECT_GT(rv.version(), v1);
+  EXPECT_FALSE(rm.requires_grad());
+  // running = 0.9 * running + 0.1 * batch
+  EXPECT_CLOSE(rm, from_vector(std::vector<double>{0.9 * 1 + 0.1 * 3, 0.9 * 2 + 0.1 * 0}, {2}), 1e-6, 1e-6);
+  EXPECT_CLOSE(rv, from_vector(std::vector<double>{0.9 + 0.1 * 14.0 / 3.0, 0.9 + 0.1 * 4.0 / 3.0}, {2}), 1e-6, 1e-6);
+  // normalization uses the biased variance
+  const double s0 = 1 / std::sqrt(3.5 + 1e-5), s1 = 1 / std::sqrt(1 + 1e-5);
+  EXPECT_CLOSE(y, from_vector(std::vector<double>{-2 * s0, -s1, -1 * s0, -s1, 0, s1, 3 * s0, s1}, {4, 2}), 1e-6, 1e-6);
+  // a second step keeps averaging
+  batch_norm(x, rm, rv, Tensor(), Tensor(), true, 0.5);
+  EXPECT_CLOSE(rm, from_vector(std::vector<double>{0.5 * 1.2 + 0.5 * 3, 0.5 * 1.8}, {2}), 1e-6, 1e-6);
+  // eval: running statistics, not the batch's; running stats untouched
+  const uint64_t v2 = rm.version();
+  Tensor ye = batch_norm(x, rm, rv, Tensor(), Tensor(), false);
+  EXPECT_EQ(rm.version(), v2);
+  const auto rmv = rm.to_vector(), rvv = rv.to_vector(), xv = x.to_vector(), yv = ye.to_vector();
+  for (int i = 0; i < 8; ++i) EXPECT_NEAR(yv[i], (xv[i] - rmv[i % 2]) / std::sqrt(rvv[i % 2] + 1e-5), 1e-6) << i;
+}
+
+TEST(BatchNorm, SpatialDimsAndLowPrecision) {
+  // [N, C, L]: statistics over N and L per channel; compare with a hand loop.
+  Generator g(32);
+  Tensor x = randn({3, 2, 5}, {}, g) * 2.0 + 1.0;
+  const auto xv = x.to_vector();
+  std::vector<double> want(xv.size());
+  for (int c = 0; c < 2; ++c) {
+    double m = 0, v = 0;
+    for (int n = 0; n < 3; ++n)
+      for (int l = 0; l < 5; ++l) m += xv[(n * 2 + c) * 5 + l] / 15;
+    for (int n = 0; n < 3; ++n)
+      for (int l = 0; l < 5; ++l) v += std::pow(xv[(n * 2 + c) * 5 + l] - m, 2) / 15;
+    for (int n = 0; n < 3; ++n)
+      for (int l = 0; l < 5; ++l) want[(n * 2 + c) * 5 + l] = (xv[(n * 2 + c) * 5 + l] - m) / std::sqrt(v + 1e-5);
+  }
+  EXPECT_CLOSE(batch_norm(x, Tensor(), Tensor(), Tensor(), Tensor(), true), from_vector(want, {3, 2, 5}, TensorOptions(DType::f64)), 1e-5, 1e-5);
+  Tensor rm = zeros({2}), rv = ones({2});  // f32 running stats with bf16 input
+  Tensor yb = batch_norm(x.to(DType::bf16), rm, rv, Tensor(), Tensor(), true);
+  EXPECT_EQ(yb.dtype(), DType::bf16);
+  EXPECT_CLOSE(yb, from_vector(want, {3, 2, 5}, TensorOptions(DType::f64)), 0.05, 0.02);
+}
+
+TEST(BatchNorm, Errors) {
+  std::string msg = error_message([] { batch_norm(zeros({4}), Tensor(), Tensor(), Tensor(), Tensor(), true); });
+  EXPECT_NE(msg.find("batch_norm"), std::string::npos) << msg;
+  msg = error_message([] { batch_norm(zeros({4, 3}), zeros({2}), ones({2}), Tensor(), Tensor(), true); });
+  EXPECT_NE(msg.find("running_mean"), std::string::npos) << msg;
+  EXPECT_NE(msg.find("[4, 3]"), std::string::npos) << msg;
+  msg = error_message([] { batch_norm(zeros({1, 3}), Tensor(), Tensor(), Tensor(), Tensor(), true); });
+  EXPECT_NE(msg.find("more than 1 value per channel"), std::string::npos) << msg;
+}
+
+}  // namespace athanor
