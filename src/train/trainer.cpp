@@ -10,6 +10,7 @@
 #include <iostream>
 #include <sstream>
 
+#include "athanor/ckpt/safetensors.h"
 #include "athanor/data/corpus.h"
 #include "athanor/data/token_shard.h"
 #include "athanor/nn/gpt.h"
@@ -51,7 +52,7 @@ std::unique_ptr<optim::Optimizer> make_optimizer(const Config& c, nn::Module& mo
 }
 }  // namespace
 
-Trainer::Trainer(Config config) : config_(std::move(config)) {
+Trainer::Trainer(Config config, bool write_run_files) : config_(std::move(config)), write_files_(write_run_files) {
   out_ = [](const std::string& s) { std::cout << s << std::flush; };
   tty_ = isatty(STDOUT_FILENO);
   const Config& c = config_;
@@ -80,6 +81,7 @@ Trainer::Trainer(Config config) : config_(std::move(config)) {
   scheduler_ = std::make_unique<optim::Scheduler>(*optimizer_, optim::LRSchedule(s));
 
   run_dir_ = (fs::path(c.get_string("out_dir")) / c.get_string("name")).string();
+  if (!write_files_) return;
   std::error_code ec;
   fs::create_directories(run_dir_, ec);
   ATH_CHECK(!ec, "trainer", "cannot create the run directory '", run_dir_, "': ", ec.message(),
@@ -205,6 +207,7 @@ void Trainer::log_step(const StepMetrics& m) {
 }
 
 void Trainer::write_jsonl(const std::string& line) {
+  if (!write_files_) return;
   std::ofstream(fs::path(run_dir_) / "metrics.jsonl", std::ios::app) << line << "\n";
 }
 
@@ -247,14 +250,27 @@ EvalMetrics Trainer::evaluate() {
   return e;
 }
 
-std::string Trainer::sample(int64_t tokens) {
+std::string Trainer::sample(int64_t tokens) { return sample(tokens, config_.get_string("trainer.sample_prompt")); }
+
+std::string Trainer::sample(int64_t tokens, const std::string& prompt_text) {
   ATH_CHECK(task_->is_language_model() && tokenizer_, "sample", "only GPT models on text data can generate text");
   auto& gpt = dynamic_cast<nn::GPT&>(task_->module());
-  std::vector<int32_t> prompt = tokenizer_->encode(config_.get_string("trainer.sample_prompt"));
+  std::vector<int32_t> prompt = tokenizer_->encode(prompt_text);
   if (prompt.empty()) prompt.push_back(0);
   Generator gen(static_cast<uint64_t>(config_.get_int("seed")) + static_cast<uint64_t>(step_));
   auto ids = gpt.generate(prompt, tokens, config_.get_float("trainer.sample_temperature"), config_.get_int("trainer.sample_top_k"), gen);
   return tokenizer_->decode(ids);
+}
+
+void Trainer::save_weights(const std::string& path) {
+  ckpt::NamedTensors named;
+  for (auto& [n, t] : task_->module().state_dict()) named.emplace_back(n, t);
+  ckpt::save_safetensors(path, named, {{"format", "athanor"}, {"step", std::to_string(step_)}});
+}
+
+void Trainer::load_weights(const std::string& path) {
+  auto file = ckpt::load_safetensors(path);
+  task_->module().load_state_dict(nn::StateDict(file.tensors.begin(), file.tensors.end()));
 }
 
 void Trainer::fit() {
@@ -275,6 +291,7 @@ void Trainer::fit() {
     }
   }
   evaluate();
+  save_weights((fs::path(run_dir_) / "model.safetensors").string());
   if (task_->is_language_model())
     out_("--- sample ---\n" + sample(config_.get_int("trainer.sample_tokens")) + "\n--------------\n");
   for (auto& cb : callbacks_) cb->on_end();

@@ -66,12 +66,17 @@ class Task {
 
 class Trainer {
  public:
-  explicit Trainer(Config config);
+  // write_run_files = false: build everything but write nothing (eval/generate of an existing run).
+  explicit Trainer(Config config, bool write_run_files = true);
   ~Trainer();
   void fit();                                  // trains to trainer.max_steps (or the time limit)
   bool train_step();                           // one optimizer step; false when finished
   EvalMetrics evaluate();
   std::string sample(int64_t tokens);          // GPT only: a decoded sample from the prompt
+  std::string sample(int64_t tokens, const std::string& prompt);
+  // The model's weights as safetensors (fit() writes <run_dir>/model.safetensors at the end).
+  void save_weights(const std::string& path);
+  void load_weights(const std::string& path);  // strict: names and shapes must match the config's model
   void add_callback(std::shared_ptr<Callback> cb) { callbacks_.push_back(std::move(cb)); }
 
   Task& task() { return *task_; }
@@ -107,6 +112,7 @@ class Trainer {
   int64_t step_ = 0, max_steps_ = 0, skipped_ = 0;
   double start_time_ = 0;
   bool tty_ = false;
+  bool write_files_ = true;
 };
 
 // Builds the model and task of a config (used by train, eval and generate).

@@ -1,0 +1,37 @@
+#pragma once
+// safetensors (https://huggingface.co/docs/safetensors): an 8-byte little-endian
+// header length N, N bytes of JSON {name: {"dtype", "shape", "data_offsets":
+// [begin, end]}, "__metadata__": {string: string}} padded with spaces to a
+// multiple of 8, then the raw little-endian row-major data (offsets relative to
+// the start of the data block). Dtypes: F64 F32 F16 BF16 I64 I32 U16 U8 BOOL
+// (U16 loads as i32: athanor has no u16 tensors).
+//
+// The reader trusts nothing: header length bounds, JSON well-formedness, known
+// dtypes, non-negative shapes, byte lengths equal to numel x element size,
+// offsets inside the file, entries tiling the data block with no gap or overlap,
+// no duplicate names. Every failure is an Error naming the file and the entry.
+// The writer writes to "<path>.tmp", fsyncs, and renames over `path`.
+#include <map>
+#include <string>
+#include <utility>
+#include <vector>
+
+#include "athanor/core/tensor.h"
+
+namespace athanor::ckpt {
+
+using NamedTensors = std::vector<std::pair<std::string, Tensor>>;
+
+struct SafetensorsFile {
+  NamedTensors tensors;  // in file order (sorted by offset)
+  std::map<std::string, std::string> metadata;
+  const Tensor* find(const std::string& name) const;
+};
+
+void save_safetensors(const std::string& path, const NamedTensors& tensors,
+                      const std::map<std::string, std::string>& metadata = {});
+SafetensorsFile load_safetensors(const std::string& path);
+// Parses bytes already in memory (`source` names them in errors).
+SafetensorsFile parse_safetensors(const std::string& bytes, const std::string& source);
+
+}  // namespace athanor::ckpt

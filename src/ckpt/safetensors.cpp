@@ -1,0 +1,219 @@
+#include "athanor/ckpt/safetensors.h"
+
+#include <fcntl.h>
+#include <unistd.h>
+
+#include <algorithm>
+#include <bit>
+#include <cstring>
+#include <fstream>
+#include <iterator>
+#include <nlohmann/json.hpp>
+#include <set>
+
+#include "athanor/core/error.h"
+
+namespace athanor::ckpt {
+namespace {
+static_assert(std::endian::native == std::endian::little, "safetensors data is little-endian; big-endian hosts need byte swaps");
+
+constexpr uint64_t kMaxHeader = 100ull << 20;  // the reference implementation's bound
+
+const char* st_dtype(DType d) {
+  switch (d) {
+    case DType::f64: return "F64";
+    case DType::f32: return "F32";
+    case DType::f16: return "F16";
+    case DType::bf16: return "BF16";
+    case DType::i64: return "I64";
+    case DType::i32: return "I32";
+    case DType::u8: return "U8";
+    case DType::boolean: return "BOOL";
+  }
+  return "?";
+}
+
+struct StDtype {
+  DType dtype;
+  size_t bytes;
+  bool is_u16 = false;
+};
+bool from_st_dtype(const std::string& s, StDtype& out) {
+  static const std::map<std::string, StDtype> table = {
+      {"F64", {DType::f64, 8}}, {"F32", {DType::f32, 4}},   {"F16", {DType::f16, 2}}, {"BF16", {DType::bf16, 2}},
+      {"I64", {DType::i64, 8}}, {"I32", {DType::i32, 4}},   {"U16", {DType::i32, 2, true}},
+      {"U8", {DType::u8, 1}},   {"BOOL", {DType::boolean, 1}}};
+  auto it = table.find(s);
+  if (it == table.end()) return false;
+  out = it->second;
+  return true;
+}
+
+void write_all(int fd, const void* data, size_t n, const std::string& path) {
+  const char* p = static_cast<const char*>(data);
+  while (n > 0) {
+    const ssize_t w = ::write(fd, p, n);
+    if (w < 0 && errno == EINTR) continue;
+    ATH_CHECK(w > 0, "save_safetensors", path, ": write failed: ", std::strerror(errno), Hint{"check free disk space and permissions"});
+    p += w;
+    n -= static_cast<size_t>(w);
+  }
+}
+}  // namespace
+
+const Tensor* SafetensorsFile::find(const std::string& name) const {
+  for (const auto& [n, t] : tensors)
+    if (n == name) return &t;
+  return nullptr;
+}
+
+void save_safetensors(const std::string& path, const NamedTensors& tensors, const std::map<std::string, std::string>& metadata) {
+  nlohmann::json header = nlohmann::json::object();
+  std::set<std::string> names;
+  uint64_t offset = 0;
+  std::vector<Tensor> data;
+  for (const auto& [name, t] : tensors) {
+    ATH_CHECK(names.insert(name).second, "save_safetensors", path, ": tensor name '", name, "' appears twice");
+    ATH_CHECK(name != "__metadata__", "save_safetensors", path, ": '__metadata__' is reserved");
+    Tensor c = t.is_contiguous() ? t : t.contiguous();
+    const uint64_t n = c.nbytes();
+    header[name] = {{"dtype", st_dtype(c.dtype())}, {"shape", c.sizes()}, {"data_offsets", {offset, offset + n}}};
+    offset += n;
+    data.push_back(c);
+  }
+  if (!metadata.empty()) header["__metadata__"] = metadata;
+  std::string text = header.dump();
+  text.append((8 - text.size() % 8) % 8, ' ');
+  const uint64_t len = text.size();
+
+  const std::string tmp = path + ".tmp";
+  const int fd = ::open(tmp.c_str(), O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0644);
+  ATH_CHECK(fd >= 0, "save_safetensors", tmp, ": cannot create: ", std::strerror(errno), Hint{"check that the directory exists and is writable"});
+  try {
+    write_all(fd, &len, 8, tmp);
+    write_all(fd, text.data(), text.size(), tmp);
+    for (const Tensor& t : data) write_all(fd, t.raw_data(), t.nbytes(), tmp);
+    ATH_CHECK(::fsync(fd) == 0, "save_safetensors", tmp, ": fsync failed: ", std::strerror(errno));
+  } catch (...) {
+    ::close(fd);
+    ::unlink(tmp.c_str());
+    throw;
+  }
+  ::close(fd);
+  ATH_CHECK(::rename(tmp.c_str(), path.c_str()) == 0, "save_safetensors", "cannot rename ", tmp, " to ", path, ": ", std::strerror(errno));
+}
+
+SafetensorsFile parse_safetensors(const std::string& bytes, const std::string& src) {
+  const char* op = "load_safetensors";
+  ATH_CHECK(bytes.size() >= 8, op, src, ": file is ", bytes.size(), " bytes, too short for the 8-byte header length",
+            Hint{"the file is truncated or not a safetensors file"});
+  uint64_t len;
+  std::memcpy(&len, bytes.data(), 8);
+  ATH_CHECK(len <= kMaxHeader, op, src, ": header length ", len, " exceeds the 100 MiB limit", Hint{"the file is corrupt or not a safetensors file"});
+  ATH_CHECK(len <= bytes.size() - 8, op, src, ": header length ", len, " is larger than the file (", bytes.size(), " bytes)",
+            Hint{"the file is truncated or corrupt"});
+  // Parse with a callback that rejects duplicate top-level names (plain JSON parsing keeps the last).
+  std::set<std::string> seen;
+  std::string dup;
+  nlohmann::json header;
+  try {
+    header = nlohmann::json::parse(
+        bytes.begin() + 8, bytes.begin() + 8 + static_cast<std::ptrdiff_t>(len),
+        [&](int depth, nlohmann::json::parse_event_t ev, nlohmann::json& j) {
+          if (depth == 1 && ev == nlohmann::json::parse_event_t::key && !seen.insert(j.get<std::string>()).second && dup.empty())
+            dup = j.get<std::string>();
+          return true;
+        });
+  } catch (const nlohmann::json::exception& e) {
+    ATH_FAIL(op, src, ": the header is not valid JSON (", e.what(), ")", Hint{"the file is corrupt"});
+  }
+  ATH_CHECK(dup.empty(), op, src, ": tensor '", dup, "' appears twice in the header");
+  ATH_CHECK(header.is_object(), op, src, ": the header must be a JSON object");
+  const uint64_t data_size = bytes.size() - 8 - len;
+  const char* base = bytes.data() + 8 + len;
+
+  SafetensorsFile out;
+  struct Item {
+    uint64_t begin, end;
+    std::string name;
+    StDtype dt;
+    Shape shape;
+  };
+  std::vector<Item> items;
+  for (auto it = header.begin(); it != header.end(); ++it) {
+    const std::string& name = it.key();
+    const auto& e = it.value();
+    if (name == "__metadata__") {
+      ATH_CHECK(e.is_object(), op, src, ": __metadata__ must be an object of strings");
+      for (auto m = e.begin(); m != e.end(); ++m) {
+        ATH_CHECK(m.value().is_string(), op, src, ": __metadata__ value '", m.key(), "' is not a string");
+        out.metadata[m.key()] = m.value().get<std::string>();
+      }
+      continue;
+    }
+    ATH_CHECK(e.is_object() && e.contains("dtype") && e.contains("shape") && e.contains("data_offsets"), op, src, ": entry '",
+              name, "' needs dtype, shape and data_offsets");
+    Item item{0, 0, name, {}, {}};
+    ATH_CHECK(e["dtype"].is_string() && from_st_dtype(e["dtype"].get<std::string>(), item.dt), op, src, ": entry '", name,
+              "' has unsupported dtype ", e["dtype"].dump(), Hint{"supported: F64 F32 F16 BF16 I64 I32 U16 U8 BOOL"});
+    ATH_CHECK(e["shape"].is_array(), op, src, ": entry '", name, "' shape is not an array");
+    uint64_t numel = 1;
+    for (const auto& d : e["shape"]) {
+      ATH_CHECK(d.is_number_unsigned() || (d.is_number_integer() && d.get<int64_t>() >= 0), op, src, ": entry '", name,
+                "' has an invalid dimension ", d.dump());
+      const uint64_t v = d.get<uint64_t>();
+      ATH_CHECK(v == 0 || numel <= (1ull << 62) / v, op, src, ": entry '", name, "' shape overflows");
+      numel *= v;
+      item.shape.push_back(static_cast<int64_t>(v));
+    }
+    const auto& off = e["data_offsets"];
+    ATH_CHECK(off.is_array() && off.size() == 2 && off[0].is_number_unsigned() && off[1].is_number_unsigned(), op, src,
+              ": entry '", name, "' data_offsets must be [begin, end]");
+    item.begin = off[0].get<uint64_t>();
+    item.end = off[1].get<uint64_t>();
+    ATH_CHECK(item.begin <= item.end && item.end <= data_size, op, src, ": entry '", name, "' data_offsets [", item.begin, ", ",
+              item.end, "] fall outside the data block of ", data_size, " bytes", Hint{"the file is truncated or corrupt"});
+    ATH_CHECK(item.end - item.begin == numel * item.dt.bytes, op, src, ": entry '", name, "' has ", item.end - item.begin,
+              " bytes but shape ", shape_str(item.shape), " of ", e["dtype"].get<std::string>(), " needs ", numel * item.dt.bytes);
+    items.push_back(std::move(item));
+  }
+  std::sort(items.begin(), items.end(), [](const Item& a, const Item& b) { return a.begin < b.begin || (a.begin == b.begin && a.end < b.end); });
+  uint64_t expect = 0;
+  for (const Item& i : items) {
+    ATH_CHECK(i.begin == expect, op, src, ": entry '", i.name, "' starts at byte ", i.begin, " but the previous entry ends at ",
+              expect, i.begin < expect ? " (entries overlap)" : " (a gap)", Hint{"the file is corrupt"});
+    expect = i.end;
+  }
+  ATH_CHECK(expect == data_size, op, src, ": the entries cover ", expect, " bytes of a ", data_size, "-byte data block",
+            Hint{"the file has trailing bytes or is corrupt"});
+  for (const Item& i : items) {
+    Tensor t = empty(i.shape, TensorOptions(i.dt.dtype));
+    if (i.dt.is_u16) {
+      const uint16_t* s = reinterpret_cast<const uint16_t*>(base + i.begin);
+      int32_t* d = t.data_ptr<int32_t>();
+      for (int64_t k = 0; k < t.numel(); ++k) {
+        uint16_t v;
+        std::memcpy(&v, s + k, 2);
+        d[k] = v;
+      }
+    } else if (t.nbytes() > 0) {
+      std::memcpy(t.raw_data(), base + i.begin, t.nbytes());
+    }
+    if (i.dt.dtype == DType::boolean) {
+      const uint8_t* b = static_cast<const uint8_t*>(t.raw_data());
+      for (int64_t k = 0; k < t.numel(); ++k)
+        ATH_CHECK(b[k] <= 1, op, src, ": entry '", i.name, "' is BOOL but holds the byte ", int(b[k]));
+    }
+    out.tensors.emplace_back(i.name, t);
+  }
+  return out;
+}
+
+SafetensorsFile load_safetensors(const std::string& path) {
+  std::ifstream f(path, std::ios::binary);
+  ATH_CHECK(f.good(), "load_safetensors", "cannot open '", path, "'", Hint{"check the path"});
+  std::string bytes((std::istreambuf_iterator<char>(f)), std::istreambuf_iterator<char>());
+  return parse_safetensors(bytes, path);
+}
+
+}  // namespace athanor::ckpt
