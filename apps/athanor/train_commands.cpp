@@ -1,0 +1,68 @@
+// `athanor train | eval | generate | prepare`: the training system from the command line.
+#include "train_commands.h"
+
+#include <filesystem>
+#include <fstream>
+#include <iostream>
+
+#include "athanor/core/error.h"
+#include "athanor/data/corpus.h"
+#include "athanor/data/token_shard.h"
+#include "athanor/train/trainer.h"
+
+namespace athanor::cli {
+namespace fs = std::filesystem;
+
+namespace {
+// A finished run: its resolved config and final weights.
+train::Config run_config(const std::string& run_dir, const std::vector<std::string>& overrides) {
+  const fs::path cfg = fs::path(run_dir) / "config.yaml";
+  ATH_CHECK(fs::exists(cfg), "cli", "'", run_dir, "' is not a run directory (no config.yaml)",
+            Hint{"pass the directory a training run wrote, e.g. runs/gpt-char"});
+  return train::Config::load(cfg.string(), overrides);
+}
+void load_final_weights(train::Trainer& t, const std::string& run_dir) {
+  const fs::path w = fs::path(run_dir) / "model.safetensors";
+  ATH_CHECK(fs::exists(w), "cli", "'", run_dir, "' has no model.safetensors", Hint{"the run did not finish; train it to the end first"});
+  t.load_weights(w.string());
+}
+}  // namespace
+
+int train(const std::string& config_path, const std::vector<std::string>& overrides) {
+  train::Trainer t(train::Config::load(config_path, overrides));
+  t.fit();
+  const auto& e = t.evals().back();
+  std::cout << "done: " << t.step() << " steps, final val loss " << e.loss;
+  if (e.accuracy >= 0) std::cout << ", accuracy " << 100 * e.accuracy << "%";
+  std::cout << "; weights and metrics in " << t.run_dir() << "\n";
+  return 0;
+}
+
+int eval(const std::string& run_dir, const std::vector<std::string>& overrides) {
+  train::Trainer t(run_config(run_dir, overrides), /*write_run_files=*/false);
+  load_final_weights(t, run_dir);
+  t.evaluate();
+  return 0;
+}
+
+int generate(const std::string& run_dir, const std::string& prompt, int64_t tokens, const std::vector<std::string>& overrides) {
+  train::Trainer t(run_config(run_dir, overrides), /*write_run_files=*/false);
+  load_final_weights(t, run_dir);
+  std::cout << t.sample(tokens, prompt) << "\n";
+  return 0;
+}
+
+int prepare(const std::string& corpus, const std::string& out_dir, const std::string& tokenizer,
+            const std::string& tokenizer_dir, const std::string& corpus_dir, double val_fraction) {
+  std::string text = corpus;
+  if (corpus == "brown") {
+    fs::create_directories(out_dir);
+    text = (fs::path(out_dir) / "brown.txt").string();
+    std::ofstream(text) << data::brown_corpus_text(corpus_dir);
+  }
+  auto [train_path, val_path] = data::prepare_text(text, out_dir, tokenizer, tokenizer_dir, val_fraction);
+  std::cout << "wrote " << train_path << " and " << val_path << "\n";
+  return 0;
+}
+
+}  // namespace athanor::cli
