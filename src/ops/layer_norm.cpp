@@ -32,13 +32,7 @@ template <class T> T* mut_or_null(const Tensor& t) { return t.defined() ? static
 Tensor layer_norm(const Tensor& x, const Shape& normalized_shape, const Tensor& weight, const Tensor& bias, double eps) {
   const char* op = "layer_norm";
   detail::check_floating(x, op, "x");
-  const int64_t k = static_cast<int64_t>(normalized_shape.size());
-  bool match = k >= 1 && k <= x.dim();
-  for (int64_t i = 0; match && i < k; ++i) match = x.size(x.dim() - k + i) == normalized_shape[i];
-  ATH_CHECK(match, op, "normalized_shape ", shape_str(normalized_shape), " does not match the trailing dims of input ",
-            x.describe(),
-            Hint{"normalized_shape must equal the last dims of the input (e.g. {" +
-                 std::to_string(x.dim() > 0 ? x.size(-1) : 0) + "} to normalize over the last dim)"});
+  detail::check_normalized_shape(x, normalized_shape, op);
   check_param(weight, "weight", x, normalized_shape);
   check_param(bias, "bias", x, normalized_shape);
 

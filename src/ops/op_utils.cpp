@@ -23,6 +23,26 @@ std::vector<int64_t> normalize_dims(const std::vector<int64_t>& dims, int64_t nd
   return out;
 }
 
+Shape reduced_shape(const Shape& in, const std::vector<int64_t>& dims, bool keepdim) {
+  Shape out;
+  for (int64_t i = 0; i < static_cast<int64_t>(in.size()); ++i) {
+    const bool reduced = std::find(dims.begin(), dims.end(), i) != dims.end();
+    if (!reduced) out.push_back(in[i]);
+    else if (keepdim) out.push_back(1);
+  }
+  return out;
+}
+
+void check_normalized_shape(const Tensor& x, const Shape& normalized_shape, const char* op) {
+  const int64_t k = static_cast<int64_t>(normalized_shape.size());
+  bool match = k >= 1 && k <= x.dim();
+  for (int64_t i = 0; match && i < k; ++i) match = x.size(x.dim() - k + i) == normalized_shape[i];
+  ATH_CHECK(match, op, "normalized_shape ", shape_str(normalized_shape), " does not match the trailing dims of input ",
+            x.describe(),
+            Hint{"normalized_shape must equal the last dims of the input (e.g. {" +
+                 std::to_string(x.dim() > 0 ? x.size(-1) : 0) + "} to normalize over the last dim)"});
+}
+
 void check_defined(const Tensor& t, const char* op, const char* arg) {
   ATH_CHECK(t.defined(), op, "argument '", arg, "' is an undefined tensor");
 }

@@ -13,6 +13,10 @@ namespace athanor::detail {
 int64_t wrap_dim(int64_t dim, int64_t ndim, const char* op);
 // Sorted, unique, wrapped dims; empty input = all dims.
 std::vector<int64_t> normalize_dims(const std::vector<int64_t>& dims, int64_t ndim, const char* op);
+// The shape left after reducing `dims` (sorted) of `in`: removed, or kept as 1.
+Shape reduced_shape(const Shape& in, const std::vector<int64_t>& dims, bool keepdim);
+// normalized_shape must equal the trailing dims of x (layer_norm, rms_norm).
+void check_normalized_shape(const Tensor& x, const Shape& normalized_shape, const char* op);
 void check_defined(const Tensor& t, const char* op, const char* arg);
 void check_floating(const Tensor& t, const char* op, const char* arg);
 void check_same_dtype(const Tensor& a, const Tensor& b, const char* op);

@@ -15,13 +15,7 @@ namespace athanor {
 Tensor rms_norm(const Tensor& x, const Shape& normalized_shape, const Tensor& weight, double eps) {
   const char* op = "rms_norm";
   detail::check_floating(x, op, "x");
-  const int64_t k = static_cast<int64_t>(normalized_shape.size());
-  bool match = k >= 1 && k <= x.dim();
-  for (int64_t i = 0; match && i < k; ++i) match = x.size(x.dim() - k + i) == normalized_shape[i];
-  ATH_CHECK(match, op, "normalized_shape ", shape_str(normalized_shape), " does not match the trailing dims of input ",
-            x.describe(),
-            Hint{"normalized_shape must equal the last dims of the input (e.g. {" +
-                 std::to_string(x.dim() > 0 ? x.size(-1) : 0) + "} to normalize over the last dim)"});
+  detail::check_normalized_shape(x, normalized_shape, op);
   if (weight.defined()) {
     detail::check_floating(weight, op, "weight");
     detail::check_same_dtype(x, weight, op);

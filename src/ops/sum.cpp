@@ -10,20 +10,11 @@
 namespace athanor {
 namespace {
 
-Shape reduced_shape(const Shape& in, const std::vector<int64_t>& dims, bool keepdim) {
-  Shape out;
-  for (int64_t i = 0; i < static_cast<int64_t>(in.size()); ++i) {
-    const bool reduced = std::find(dims.begin(), dims.end(), i) != dims.end();
-    if (!reduced) out.push_back(in[i]);
-    else if (keepdim) out.push_back(1);
-  }
-  return out;
-}
 
 // Sum (times `scale`) of x over `dims` (sorted, unique), with keepdim semantics.
 Tensor sum_kernel(const Tensor& x, const std::vector<int64_t>& dims, bool keepdim, double scale, const char* op) {
   detail::check_floating(x, op, "x");
-  const Shape out_shape = reduced_shape(x.sizes(), dims, keepdim);
+  const Shape out_shape = detail::reduced_shape(x.sizes(), dims, keepdim);
   Tensor out = empty(out_shape, TensorOptions(x.dtype()));
   Tensor src = x;
   int64_t outer = 1, r = 1, inner = 1;
@@ -57,7 +48,7 @@ Tensor reduce(const Tensor& x, const std::vector<int64_t>& dims_in, bool keepdim
   // The mean over an empty dimension is NaN (0/0), as in PyTorch.
   const double scale = !is_mean ? 1.0 : count > 0 ? 1.0 / static_cast<double>(count) : std::nan("");
   Tensor out = sum_kernel(x, dims, keepdim, scale, op);
-  const Shape in = x.sizes(), kept = reduced_shape(in, dims, true);
+  const Shape in = x.sizes(), kept = detail::reduced_shape(in, dims, true);
   return record(op, {x}, out, [in, kept, scale](const Node&, const Grads& g) {
     Tensor gk = reshape(g[0], kept);  // put the reduced dims back as size 1, then broadcast
     Tensor ge = contiguous(expand(gk, in));

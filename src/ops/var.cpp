@@ -19,15 +19,6 @@
 namespace athanor {
 namespace {
 
-Shape reduced_shape(const Shape& in, const std::vector<int64_t>& dims, bool keepdim) {
-  Shape out;
-  for (int64_t i = 0; i < static_cast<int64_t>(in.size()); ++i) {
-    const bool reduced = std::find(dims.begin(), dims.end(), i) != dims.end();
-    if (!reduced) out.push_back(in[i]);
-    else if (keepdim) out.push_back(1);
-  }
-  return out;
-}
 
 }  // namespace
 
@@ -37,8 +28,8 @@ Tensor var(const Tensor& x, const std::vector<int64_t>& dims_in, int64_t correct
   ATH_CHECK(correction >= 0, op, "correction must be >= 0, got ", correction, " for ", x.describe(),
             Hint{"use correction=1 for the unbiased (sample) variance, 0 for the population variance"});
   const auto dims = detail::normalize_dims(dims_in, x.dim(), op);
-  const Shape out_shape = reduced_shape(x.sizes(), dims, keepdim);
-  const Shape kept = reduced_shape(x.sizes(), dims, true);
+  const Shape out_shape = detail::reduced_shape(x.sizes(), dims, keepdim);
+  const Shape kept = detail::reduced_shape(x.sizes(), dims, true);
 
   int64_t outer = 1, r = 1, inner = 1;
   Tensor src = x;

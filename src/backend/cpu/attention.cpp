@@ -12,28 +12,11 @@
 #include "athanor/core/allocator.h"
 #include "athanor/core/error.h"
 #include "backend/cpu/gemm.h"
+#include "backend/cpu/workspace.h"
 
 namespace athanor::cpu {
 namespace {
 
-// One block of workspace from the tagged allocator, freed on scope exit. Allocated
-// before a parallel region (allocation may throw; exceptions must not cross OpenMP).
-class Workspace {
- public:
-  explicit Workspace(std::size_t bytes) : n_(bytes) {
-    if (n_) p_ = Allocator::cpu().allocate(n_, MemTag::workspace);
-  }
-  ~Workspace() {
-    if (p_) Allocator::cpu().deallocate(p_, n_, MemTag::workspace);
-  }
-  Workspace(const Workspace&) = delete;
-  Workspace& operator=(const Workspace&) = delete;
-  template <class C> C* as() const { return static_cast<C*>(p_); }
-
- private:
-  std::size_t n_ = 0;
-  void* p_ = nullptr;
-};
 
 constexpr int64_t round16(int64_t n) { return (n + 15) / 16 * 16; }  // keeps per-thread slices 64-byte aligned
 
