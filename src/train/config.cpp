@@ -32,13 +32,17 @@ const ConfigKey* find_key(const std::string& path) {
 }
 
 std::string nearest_key(const std::string& path) {
+  // Candidates: the keys of the section the user wrote (they know the section,
+  // they mistyped the key), or every key when the section itself is unknown.
+  const auto dot = path.rfind('.');
+  const std::string section = dot == std::string::npos ? "" : path.substr(0, dot + 1);
+  bool section_known = false;
+  for (const auto& k : config_schema()) section_known = section_known || (!section.empty() && k.path.rfind(section, 0) == 0);
   std::string best;
   size_t best_d = SIZE_MAX;
   for (const auto& k : config_schema()) {
-    // Compare the full path and the last component, so "max_stpes" finds "trainer.max_steps".
-    const std::string leaf = k.path.substr(k.path.rfind('.') + 1);
-    const std::string given_leaf = path.substr(path.rfind('.') + 1);
-    const size_t d = std::min(edit_distance(path, k.path), edit_distance(given_leaf, leaf) + (path.find('.') == std::string::npos ? 0 : 1));
+    if (section_known && k.path.rfind(section, 0) != 0) continue;
+    const size_t d = edit_distance(path, k.path);
     if (d < best_d) best_d = d, best = k.path;
   }
   return best;

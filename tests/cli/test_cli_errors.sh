@@ -1,0 +1,72 @@
+#!/usr/bin/env bash
+# Bad input to `athanor train` gives one clear error naming the file or key and
+# what to do, and exits with status 1 (a user error, not a crash: no 134/139).
+#   test_cli_errors.sh /path/to/athanor
+set -u
+ATHANOR=$1
+WORK=$(mktemp -d)
+trap 'rm -rf "$WORK"' EXIT
+failures=0
+
+# expect_error NAME EXPECTED_STATUS NEEDLES COMMAND...
+#   NEEDLES: substrings the output must contain, separated by '|'.
+expect_error() {
+  local name=$1 want=$2 needles=$3
+  shift 3
+  local out status
+  out=$("$@" 2>&1)
+  status=$?
+  if [[ $status -ne $want ]]; then
+    echo "FAIL $name: exit status $status, expected $want"; echo "$out" | sed 's/^/    /'; failures=$((failures + 1)); return
+  fi
+  local needle
+  IFS='|' read -ra list <<< "$needles"
+  for needle in "${list[@]}"; do
+    if [[ "$out" != *"$needle"* ]]; then
+      echo "FAIL $name: output lacks '$needle'"; echo "$out" | sed 's/^/    /'; failures=$((failures + 1)); return
+    fi
+  done
+  echo "ok   $name"
+}
+
+printf 'trainer:\n  max_stpes: 3\n' > "$WORK/unknown_key.yaml"
+expect_error unknown-key 1 "unknown_key.yaml: unknown key 'trainer.max_stpes'|hint: did you mean 'trainer.max_steps'?" \
+  "$ATHANOR" train "$WORK/unknown_key.yaml"
+
+printf 'trainer:\n  batch_size: lots\n' > "$WORK/wrong_type.yaml"
+expect_error wrong-type 1 "key 'trainer.batch_size' must be an integer, got 'lots'" "$ATHANOR" train "$WORK/wrong_type.yaml"
+
+expect_error missing-config 1 "cannot open config file '$WORK/nope.yaml'|hint:" "$ATHANOR" train "$WORK/nope.yaml"
+
+printf 'seed: 1\n' > "$WORK/ok.yaml"
+expect_error bad-override 1 "unknown key 'optimizer.weight_decy'|did you mean 'optimizer.weight_decay'" "$ATHANOR" train "$WORK/ok.yaml" "optimizer.weight_decy=0.1"
+
+printf 'model: {type: mlp}\ndata: {type: fashion_mnist, dir: %s/fmnist}\nout_dir: %s/runs\n' "$WORK" "$WORK" > "$WORK/no_dataset.yaml"
+expect_error missing-dataset 1 "$WORK/fmnist|dataset-fashion-mnist" "$ATHANOR" train "$WORK/no_dataset.yaml"
+
+# Token shards in llm.c's format: 256 x i32 header (magic, version 1 = u16 tokens, count), then tokens.
+write_shard() {  # path count tokens...
+  /usr/bin/python3 -c '
+import struct, sys
+path, count, toks = sys.argv[1], int(sys.argv[2]), [int(t) for t in sys.argv[3:]]
+with open(path, "wb") as f:
+    f.write(struct.pack("<256i", *([20240520, 1, count] + [0] * 253)))
+    f.write(struct.pack("<%dH" % len(toks), *toks))
+' "$@"
+}
+mkdir -p "$WORK/cache/book-byte"
+write_shard "$WORK/cache/book-byte/train.bin" 40 $(seq 65 104 | sed 's/^84$/300/')   # token 300 at position 19
+write_shard "$WORK/cache/book-byte/val.bin" 40 $(seq 65 104)
+printf 'model: {type: gpt, n_layer: 1, n_head: 1, n_embd: 8, block_size: 8}\ndata: {type: text, corpus: %s/book.txt, cache_dir: %s/cache}\ntrainer: {batch_size: 2}\nout_dir: %s/runs\n' \
+  "$WORK" "$WORK" "$WORK" > "$WORK/bad_token.yaml"
+expect_error token-out-of-vocab 1 "$WORK/cache/book-byte/train.bin|300" "$ATHANOR" train "$WORK/bad_token.yaml"
+
+write_shard "$WORK/cache/book-byte/train.bin" 1000 $(seq 65 74)   # claims 1000 tokens, holds 10
+expect_error truncated-shard 1 "$WORK/cache/book-byte/train.bin" "$ATHANOR" train "$WORK/bad_token.yaml"
+
+expect_error unknown-command 2 "unknown command 'trian'" "$ATHANOR" trian
+expect_error eval-not-a-run 1 "is not a run directory" "$ATHANOR" eval "$WORK"
+
+if [[ $failures -eq 0 ]]; then echo "cli errors: all cases passed"; exit 0; fi
+echo "cli errors: $failures case(s) failed"
+exit 1
