@@ -5,6 +5,8 @@
 //   athanor eval RUN_DIR                      evaluate a finished run's weights on its validation data
 //   athanor generate RUN_DIR [--prompt S]     sample text from a finished GPT run
 //   athanor prepare --corpus C --out DIR      tokenize a text corpus into train/val token shards
+//   athanor train CONFIG --resume             continue from the newest valid checkpoint of the run
+//   athanor inspect PATH                      a .safetensors file or checkpoint: tensors, state, manifest check
 // Usage errors (an unknown command or option) print the usage and exit with 2.
 #include <omp.h>
 
@@ -20,6 +22,10 @@
 #include "athanor/ops/op_table.h"
 #include "backend/cpu/gemm.h"
 #include "train_commands.h"
+
+namespace athanor::cli {
+int inspect(const std::string& path);  // inspect_command.cpp
+}  // namespace athanor::cli
 
 namespace {
 
@@ -83,6 +89,11 @@ int main(int argc, char** argv) {
   CLI::App* train = app.add_subcommand("train", "Train a model from a YAML config");
   train->add_option("config", config_path, "YAML config (see examples/*.yaml)")->required();
   train->add_option("overrides", overrides, "key.path=value overrides, e.g. trainer.max_steps=100");
+  bool resume = false;
+  train->add_flag("--resume", resume, "Continue from the newest valid checkpoint in <run_dir>/checkpoints (= resume=auto)");
+  std::string inspect_path;
+  CLI::App* inspect = app.add_subcommand("inspect", "Show a .safetensors file or a checkpoint (tensors, state, manifest check)");
+  inspect->add_option("path", inspect_path, "a .safetensors file, a checkpoint directory, or a run directory")->required();
   CLI::App* eval = app.add_subcommand("eval", "Evaluate a finished run (its config.yaml and model.safetensors)");
   eval->add_option("run_dir", run_dir, "run directory, e.g. runs/gpt-char")->required();
   eval->add_option("overrides", overrides, "key.path=value overrides");
@@ -127,7 +138,10 @@ int main(int argc, char** argv) {
     } else if (*ops) {
       print_ops();
     } else if (*train) {
+      if (resume) overrides.push_back("resume=auto");
       return athanor::cli::train(config_path, overrides);
+    } else if (*inspect) {
+      return athanor::cli::inspect(inspect_path);
     } else if (*eval) {
       return athanor::cli::eval(run_dir, overrides);
     } else if (*generate) {

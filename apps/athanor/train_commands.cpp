@@ -31,9 +31,12 @@ void load_final_weights(train::Trainer& t, const std::string& run_dir) {
 int train(const std::string& config_path, const std::vector<std::string>& overrides) {
   train::Trainer t(train::Config::load(config_path, overrides));
   t.fit();
-  const auto& e = t.evals().back();
-  std::cout << "done: " << t.step() << " steps, final val loss " << e.loss;
-  if (e.accuracy >= 0) std::cout << ", accuracy " << 100 * e.accuracy << "%";
+  std::cout << "done: " << t.step() << " steps";
+  if (!t.evals().empty()) {
+    const auto& e = t.evals().back();
+    std::cout << ", final val loss " << e.loss;
+    if (e.accuracy >= 0) std::cout << ", accuracy " << 100 * e.accuracy << "%";
+  }
   std::cout << "; weights and metrics in " << t.run_dir() << "\n";
   return 0;
 }

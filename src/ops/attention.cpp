@@ -6,6 +6,7 @@
 #include <cmath>
 
 #include "athanor/ops/attention.h"
+#include "athanor/ops/autocast.h"
 #include "backend/cpu/attention.h"
 #include "ops/op_utils.h"
 
@@ -38,6 +39,9 @@ void check_inputs(const Tensor& q, const Tensor& k, const Tensor& v) {
 
 Tensor scaled_dot_product_attention(const Tensor& q_in, const Tensor& k_in, const Tensor& v_in, bool is_causal,
                                     std::optional<double> scale_opt) {
+  if (const char* ac = "scaled_dot_product_attention"; autocast_needs_cast(ac, {q_in, k_in, v_in}))
+    return scaled_dot_product_attention(autocast_input(q_in, ac), autocast_input(k_in, ac), autocast_input(v_in, ac),
+                                        is_causal, scale_opt);
   check_inputs(q_in, k_in, v_in);
   const cpu::AttentionDims d{q_in.size(0), q_in.size(1), q_in.size(2), k_in.size(2), q_in.size(3), v_in.size(3)};
   const double scale = scale_opt ? *scale_opt : 1.0 / std::sqrt(static_cast<double>(std::max<int64_t>(d.D, 1)));

@@ -3,6 +3,7 @@
 #include <sstream>
 
 #include "athanor/ops/conv.h"
+#include "athanor/ops/autocast.h"
 #include "backend/cpu/conv.h"
 #include "ops/op_utils.h"
 
@@ -55,6 +56,9 @@ cpu::Conv2dGeom conv_geom(const Tensor& x, const Tensor& w, const Tensor& b, Pai
 
 Tensor conv2d(const Tensor& x, const Tensor& weight, const Tensor& bias, Pair stride, Pair padding, Pair dilation,
               int64_t groups) {
+  if (autocast_needs_cast("conv2d", {x, weight, bias}))
+    return conv2d(autocast_input(x, "conv2d"), autocast_input(weight, "conv2d"), autocast_input(bias, "conv2d"), stride,
+                  padding, dilation, groups);
   const cpu::Conv2dGeom g = conv_geom(x, weight, bias, stride, padding, dilation, groups);
   const DType dt = x.dtype(), ct = dt == DType::f64 ? DType::f64 : DType::f32;
   Tensor y = empty({g.N, g.OC, g.OH, g.OW}, TensorOptions(ct));

@@ -14,6 +14,7 @@
 #include <memory>
 
 #include "athanor/ops/loss.h"
+#include "athanor/ops/autocast.h"
 #include "backend/cpu/cross_entropy.h"
 #include "ops/op_utils.h"
 
@@ -22,6 +23,8 @@ namespace athanor {
 Tensor cross_entropy(const Tensor& logits, const Tensor& target, int64_t ignore_index, double label_smoothing,
                      Reduction reduction) {
   const char* op = "cross_entropy";
+  if (autocast_needs_cast(op, {logits}))
+    return cross_entropy(autocast_input(logits, op), target, ignore_index, label_smoothing, reduction);
   detail::check_floating(logits, op, "logits");
   detail::check_defined(target, op, "target");
   ATH_CHECK(logits.dim() == 1 || logits.dim() == 2, op, "logits must be [N, C] or [C], got ", logits.describe(),

@@ -7,6 +7,7 @@
 //   dw = sum_rows g * xhat,    db = sum_rows g
 #include "athanor/ops/norm.h"
 
+#include "athanor/ops/autocast.h"
 #include "backend/cpu/norm.h"
 #include "ops/op_utils.h"
 
@@ -31,6 +32,8 @@ template <class T> T* mut_or_null(const Tensor& t) { return t.defined() ? static
 
 Tensor layer_norm(const Tensor& x, const Shape& normalized_shape, const Tensor& weight, const Tensor& bias, double eps) {
   const char* op = "layer_norm";
+  if (autocast_needs_cast(op, {x, weight, bias}))
+    return layer_norm(autocast_input(x, op), normalized_shape, autocast_input(weight, op), autocast_input(bias, op), eps);
   detail::check_floating(x, op, "x");
   detail::check_normalized_shape(x, normalized_shape, op);
   check_param(weight, "weight", x, normalized_shape);

@@ -2,6 +2,7 @@
 // (GEMM with the bias fused into the output initialisation).
 #include "athanor/ops/linalg.h"
 
+#include "athanor/ops/autocast.h"
 #include "athanor/ops/reduction.h"
 #include "athanor/ops/shape.h"
 #include "backend/cpu/gemm.h"
@@ -102,6 +103,7 @@ Tensor matmul_nd(const Tensor& a, const Tensor& b) {
 }  // namespace
 
 Tensor matmul(const Tensor& a, const Tensor& b) {
+  if (autocast_needs_cast("matmul", {a, b})) return matmul(autocast_input(a, "matmul"), autocast_input(b, "matmul"));
   detail::check_floating(a, "matmul", "a");
   detail::check_floating(b, "matmul", "b");
   detail::check_same_dtype(a, b, "matmul");
@@ -119,6 +121,8 @@ Tensor matmul(const Tensor& a, const Tensor& b) {
 }
 
 Tensor linear(const Tensor& x, const Tensor& weight, const Tensor& bias) {
+  if (autocast_needs_cast("linear", {x, weight, bias}))
+    return linear(autocast_input(x, "linear"), autocast_input(weight, "linear"), autocast_input(bias, "linear"));
   detail::check_floating(x, "linear", "x");
   detail::check_floating(weight, "linear", "weight");
   detail::check_same_dtype(x, weight, "linear");

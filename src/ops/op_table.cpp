@@ -62,8 +62,8 @@ const std::vector<OpInfo>& op_table() {
       {"gather", "cpu::ref::gather_3d", "cpu::gather_3d", "indexing.cpp: scatter-add (cpu::scatter_add_3d)", C::passthrough},
       {"embedding", "cpu::ref::index_select_3d", "cpu::index_select_3d", "embedding.cpp: scatter-add per id, padding row 0", C::passthrough},
       // linear algebra (src/ops/linalg.cpp, kernels src/backend/cpu/gemm.cpp)
-      {"matmul", "cpu::ref::gemm", "cpu::gemm (oneDNN sgemm / OpenBLAS dgemm)", "linalg.cpp: dA = dC B^T, dB = A^T dC", C::lower_precision},
-      {"linear", "cpu::ref::gemm", "cpu::gemm, bias fused as beta=1 init", "linalg.cpp: dx = dy W, dW = dy^T x, db = rowsum(dy)", C::lower_precision},
+      {"matmul", "cpu::ref::gemm", "cpu::gemm (oneDNN sgemm f32, oneDNN matmul bf16, OpenBLAS dgemm f64)", "linalg.cpp: dA = dC B^T, dB = A^T dC", C::lower_precision},
+      {"linear", "cpu::ref::gemm", "cpu::gemm (oneDNN f32/bf16), bias fused as beta=1 init", "linalg.cpp: dx = dy W, dW = dy^T x, db = rowsum(dy)", C::lower_precision},
       // normalization (src/ops/layer_norm.cpp, rms_norm.cpp, batch_norm.cpp; kernels src/backend/cpu/norm.cpp)
       {"layer_norm", "cpu::ref::layer_norm_forward", "cpu::layer_norm_forward/backward (fused, cached mean/rstd)", "layer_norm.cpp: rstd*(dn - mean(dn) - xhat*mean(dn*xhat))", C::f32},
       {"rms_norm", "cpu::ref::rms_norm_forward", "cpu::rms_norm_forward/backward (fused, cached rstd)", "rms_norm.cpp: rstd*(dn - xhat*mean(dn*xhat))", C::f32},

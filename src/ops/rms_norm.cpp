@@ -7,6 +7,7 @@
 //   dw = sum_rows g * xhat
 #include "athanor/ops/norm.h"
 
+#include "athanor/ops/autocast.h"
 #include "backend/cpu/norm.h"
 #include "ops/op_utils.h"
 
@@ -14,6 +15,8 @@ namespace athanor {
 
 Tensor rms_norm(const Tensor& x, const Shape& normalized_shape, const Tensor& weight, double eps) {
   const char* op = "rms_norm";
+  if (autocast_needs_cast(op, {x, weight}))
+    return rms_norm(autocast_input(x, op), normalized_shape, autocast_input(weight, op), eps);
   detail::check_floating(x, op, "x");
   detail::check_normalized_shape(x, normalized_shape, op);
   if (weight.defined()) {

@@ -6,6 +6,7 @@
 //   log_softmax: dx = g - exp(y) * sum(g)      (Jacobian I - 1 softmax^T applied to g)
 #include "athanor/ops/softmax.h"
 
+#include "athanor/ops/autocast.h"
 #include "backend/cpu/softmax.h"
 #include "ops/op_utils.h"
 
@@ -58,6 +59,7 @@ Tensor softmax_bwd(const Tensor& g, const Tensor& y, int64_t dim, bool log) {
 }
 
 Tensor softmax_op(const char* name, const Tensor& x, int64_t dim_in, bool log) {
+  if (autocast_needs_cast(name, {x})) return softmax_op(name, autocast_input(x, name), dim_in, log);
   detail::check_floating(x, name, "x");
   const int64_t dim = detail::wrap_dim(dim_in, x.dim(), name);
   Tensor y = softmax_fwd(x, dim, log);

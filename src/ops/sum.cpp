@@ -1,4 +1,5 @@
 // sum and mean over a set of dims; backward broadcasts the gradient back.
+#include "athanor/ops/autocast.h"
 #include "athanor/ops/elementwise.h"
 #include "athanor/ops/reduction.h"
 #include "athanor/ops/shape.h"
@@ -41,6 +42,7 @@ Tensor sum_kernel(const Tensor& x, const std::vector<int64_t>& dims, bool keepdi
 
 Tensor reduce(const Tensor& x, const std::vector<int64_t>& dims_in, bool keepdim, bool is_mean) {
   const char* op = is_mean ? "mean" : "sum";
+  if (autocast_needs_cast(op, {x})) return reduce(autocast_input(x, op), dims_in, keepdim, is_mean);
   detail::check_floating(x, op, "x");
   const auto dims = detail::normalize_dims(dims_in, x.dim(), op);
   int64_t count = 1;

@@ -79,6 +79,13 @@ const std::vector<ConfigKey>& config_schema() {
       {"trainer.sample_top_k", int64_t{0}, "sample only from the k most likely tokens (0 = all)"},
       {"trainer.precision", std::string("f32"), "compute precision", "", {"f32"}},
       {"trainer.time_limit_s", 0.0, "stop training after this many seconds (0 = no limit)"},
+
+      {"checkpoint.every", int64_t{0},
+       "save a checkpoint to <run_dir>/checkpoints every N optimizer steps and at the end (0 = off; SIGTERM/SIGINT still save)"},
+      {"checkpoint.keep_last", int64_t{3}, "keep the newest K checkpoints (0 = keep all)"},
+      {"checkpoint.keep_every", int64_t{0}, "also keep every checkpoint whose step is a multiple of M (0 = none)"},
+      {"resume", std::string("off"), "'auto': continue from the newest valid checkpoint in <run_dir>/checkpoints, if any",
+       "", {"off", "auto"}},
   };
   return schema;
 }

@@ -2,25 +2,88 @@
 
 #include <unistd.h>
 
+#include <atomic>
 #include <chrono>
+#include <csignal>
 #include <cmath>
 #include <filesystem>
 #include <fstream>
 #include <iomanip>
 #include <iostream>
+#include <set>
 #include <sstream>
 
+#include "athanor/ckpt/checkpoint.h"
 #include "athanor/ckpt/safetensors.h"
+#include "athanor/core/rng.h"
 #include "athanor/data/corpus.h"
 #include "athanor/data/token_shard.h"
 #include "athanor/nn/gpt.h"
 #include "athanor/ops.h"
 #include "athanor/optim/clip.h"
+#include "ckpt/sha256.h"
+
+#include <nlohmann/json.hpp>
 
 namespace athanor::train {
 namespace fs = std::filesystem;
 
 namespace {
+std::atomic<bool> g_stop_requested{false};
+extern "C" void athanor_stop_handler(int) { g_stop_requested.store(true); }
+
+// Installs the SIGTERM/SIGINT handler for the duration of fit() and restores the previous ones.
+class StopSignalScope {
+ public:
+  StopSignalScope() {
+    struct sigaction sa {};
+    sa.sa_handler = athanor_stop_handler;
+    sigemptyset(&sa.sa_mask);
+    sigaction(SIGTERM, &sa, &old_term_);
+    sigaction(SIGINT, &sa, &old_int_);
+  }
+  ~StopSignalScope() {
+    sigaction(SIGTERM, &old_term_, nullptr);
+    sigaction(SIGINT, &old_int_, nullptr);
+  }
+
+ private:
+  struct sigaction old_term_ {}, old_int_ {};
+};
+
+// The config keys that fix the model's parameter names and shapes (all applicable model.*
+// keys but dropout), as "key" -> canonical value text.
+bool key_applies(const Config& c, const ConfigKey& k) {
+  if (k.applies_to.empty()) return true;
+  const auto eq = k.applies_to.find('=');
+  const std::string allowed = "|" + k.applies_to.substr(eq + 1) + "|";
+  return allowed.find("|" + c.get_string(k.applies_to.substr(0, eq)) + "|") != std::string::npos;
+}
+std::string value_text(const Config& c, const ConfigKey& k) {
+  std::ostringstream o;
+  o << std::setprecision(17);
+  switch (k.default_value.index()) {
+    case 0: o << c.get_int(k.path); break;
+    case 1: o << c.get_float(k.path); break;
+    case 2: o << (c.get_bool(k.path) ? "true" : "false"); break;
+    case 3: o << c.get_string(k.path); break;
+    case 4: for (auto v : c.get_int_list(k.path)) o << v << ","; break;
+    default: for (auto v : c.get_float_list(k.path)) o << v << ","; break;
+  }
+  return o.str();
+}
+std::map<std::string, std::string> model_shape(const Config& c) {
+  std::map<std::string, std::string> out;
+  for (const auto& k : config_schema())
+    if (k.path.rfind("model.", 0) == 0 && k.path != "model.dropout" && key_applies(c, k)) out[k.path] = value_text(c, k);
+  return out;
+}
+std::string shape_hash(const std::map<std::string, std::string>& shape) {
+  std::string canon;
+  for (const auto& [k, v] : shape) canon += k + "=" + v + "\n";
+  return ckpt::sha256_hex(canon);
+}
+
 double now_seconds() {
   return std::chrono::duration<double>(std::chrono::steady_clock::now().time_since_epoch()).count();
 }
@@ -87,7 +150,9 @@ Trainer::Trainer(Config config, bool write_run_files) : config_(std::move(config
   ATH_CHECK(!ec, "trainer", "cannot create the run directory '", run_dir_, "': ", ec.message(),
             Hint{"check out_dir and the permissions"});
   std::ofstream(fs::path(run_dir_) / "config.yaml") << config_.resolved_yaml();
-  std::ofstream(fs::path(run_dir_) / "metrics.jsonl", std::ios::trunc);
+  // metrics.jsonl is truncated by the first line written, unless a resume keeps it up to the checkpoint.
+  std::ofstream(fs::path(run_dir_) / "metrics.jsonl", std::ios::app);
+  if (c.get_string("resume") == "auto") resume_latest();
 }
 
 Trainer::~Trainer() = default;
@@ -208,6 +273,8 @@ void Trainer::log_step(const StepMetrics& m) {
 
 void Trainer::write_jsonl(const std::string& line) {
   if (!write_files_) return;
+  if (!metrics_started_) std::ofstream(fs::path(run_dir_) / "metrics.jsonl", std::ios::trunc);
+  metrics_started_ = true;
   std::ofstream(fs::path(run_dir_) / "metrics.jsonl", std::ios::app) << line << "\n";
 }
 
@@ -273,8 +340,119 @@ void Trainer::load_weights(const std::string& path) {
   task_->module().load_state_dict(nn::StateDict(file.tensors.begin(), file.tensors.end()));
 }
 
+std::string Trainer::checkpoints_dir() const { return (fs::path(run_dir_) / "checkpoints").string(); }
+
+void Trainer::request_stop() { g_stop_requested.store(true); }
+
+std::string Trainer::save_checkpoint() {
+  ckpt::NamedTensors model_tensors, optim_tensors;
+  for (auto& [n, t] : task_->module().state_dict()) model_tensors.emplace_back(n, t);
+  for (auto& [n, t] : optimizer_->state_tensors()) optim_tensors.emplace_back(n, t);
+  const auto shape = model_shape(config_);
+  const data::LoaderPosition pos = train_loader_->position();
+  const GeneratorState rng = default_generator().state();
+  nlohmann::json j;
+  j["format"] = "athanor-train-state";
+  j["version"] = ATHANOR_VERSION;
+  j["step"] = step_;
+  j["skipped_steps"] = skipped_;
+  j["max_steps"] = max_steps_;
+  j["epoch"] = pos.epoch;
+  j["loader"] = {{"epoch", pos.epoch}, {"batch", pos.batch}};
+  j["rng"] = {{"default", {{"seed", rng.seed}, {"offset", rng.offset}}}};
+  j["scheduler_step"] = scheduler_->current_step();
+  j["optimizer"] = {{"type", optimizer_->name()}, {"scalars", optimizer_->state_scalars()}};
+  j["model_shape"] = shape;
+  j["config_hash"] = shape_hash(shape);
+  j["seed"] = config_.get_int("seed");
+  const std::map<std::string, std::string> meta{{"format", "athanor"}, {"step", std::to_string(step_)}};
+  const std::string dir = ckpt::save_checkpoint(checkpoints_dir(), step_,
+                                                {{"model.safetensors", model_tensors, meta}, {"optimizer.safetensors", optim_tensors, meta}},
+                                                {{"state.json", j.dump(2) + "\n"}});
+  last_checkpoint_step_ = step_;
+  ckpt::apply_retention(checkpoints_dir(), config_.get_int("checkpoint.keep_last"), config_.get_int("checkpoint.keep_every"));
+  return dir;
+}
+
+void Trainer::resume_from(const std::string& dir) {
+  ckpt::verify_checkpoint(dir);
+  const fs::path state_path = fs::path(dir) / "state.json";
+  nlohmann::json j;
+  try {
+    std::ifstream f(state_path);
+    j = nlohmann::json::parse(f);
+  } catch (const nlohmann::json::exception& e) {
+    ATH_FAIL("resume", "'", state_path.string(), "' is not valid JSON: ", e.what(), Hint{"use an earlier checkpoint"});
+  }
+  try {
+    ATH_CHECK(j.value("format", "") == "athanor-train-state", "resume", "'", state_path.string(), "' is not an athanor training state");
+    // The model shape must match: the weights would not fit otherwise.
+    const auto saved = j.at("model_shape").get<std::map<std::string, std::string>>();
+    const auto now = model_shape(config_);
+    if (j.at("config_hash").get<std::string>() != shape_hash(now)) {
+      std::string diff;
+      std::set<std::string> keys;
+      for (const auto& [k, v] : saved) keys.insert(k);
+      for (const auto& [k, v] : now) keys.insert(k);
+      for (const auto& k : keys) {
+        const auto a = saved.count(k) ? saved.at(k) : std::string("(unset)");
+        const auto b = now.count(k) ? now.at(k) : std::string("(unset)");
+        if (a != b) diff += (diff.empty() ? "" : ", ") + k + " (checkpoint " + a + ", config " + b + ")";
+      }
+      ATH_FAIL("resume", "cannot resume from '", dir, "': the config changes the model shape: ", diff.empty() ? "hash differs" : diff,
+               Hint{"restore those model.* keys, or start a new run (another name, or resume: off)"});
+    }
+    const std::string opt = j.at("optimizer").at("type").get<std::string>();
+    ATH_CHECK(opt == optimizer_->name(), "resume", "cannot resume from '", dir, "': it holds ", opt, " optimizer state but optimizer.type makes ",
+              optimizer_->name(), Hint{"restore optimizer.type, or start a new run"});
+    auto model_file = ckpt::load_safetensors((fs::path(dir) / "model.safetensors").string());
+    auto optim_file = ckpt::load_safetensors((fs::path(dir) / "optimizer.safetensors").string());
+    task_->module().load_state_dict(nn::StateDict(model_file.tensors.begin(), model_file.tensors.end()));
+    optimizer_->load_state(optim_file.tensors, j.at("optimizer").at("scalars").get<std::map<std::string, double>>());
+    step_ = j.at("step").get<int64_t>();
+    skipped_ = j.at("skipped_steps").get<int64_t>();
+    scheduler_->set_step(j.at("scheduler_step").get<int64_t>());
+    train_loader_->set_position({j.at("loader").at("epoch").get<int64_t>(), j.at("loader").at("batch").get<int64_t>()});
+    default_generator().set_state({j.at("rng").at("default").at("seed").get<uint64_t>(), j.at("rng").at("default").at("offset").get<uint64_t>()});
+  } catch (const nlohmann::json::exception& e) {
+    ATH_FAIL("resume", "'", state_path.string(), "' lacks a field or has a wrong type: ", e.what(), Hint{"use an earlier checkpoint"});
+  }
+  last_checkpoint_step_ = step_;
+  history_.clear();
+  // metrics.jsonl: keep the lines up to the checkpoint, so the log reads as one run.
+  if (write_files_) {
+    const fs::path mp = fs::path(run_dir_) / "metrics.jsonl";
+    std::ifstream in(mp);
+    std::string line, kept;
+    while (std::getline(in, line)) {
+      const auto at = line.find("\"step\":");
+      if (at != std::string::npos && std::strtoll(line.c_str() + at + 7, nullptr, 10) > step_) continue;
+      kept += line + "\n";
+    }
+    in.close();
+    std::ofstream(mp, std::ios::trunc) << kept;
+    metrics_started_ = true;
+  }
+  out_("resumed from " + dir + " at step " + std::to_string(step_) + "\n");
+}
+
+bool Trainer::resume_latest() {
+  const auto found = ckpt::find_latest_valid(checkpoints_dir());
+  for (const auto& s : found.skipped) out_("skipping damaged checkpoint " + s + "\n");
+  if (found.path.empty()) {
+    if (!found.skipped.empty()) out_("no valid checkpoint in " + checkpoints_dir() + "; starting from scratch\n");
+    return false;
+  }
+  resume_from(found.path);
+  return true;
+}
+
 void Trainer::fit() {
   start_time_ = now_seconds();
+  g_stop_requested.store(false);
+  stopped_by_signal_ = false;
+  StopSignalScope signals;
+  const int64_t ckpt_every = config_.get_int("checkpoint.every");
   out_("training " + task_->module().local_name() + std::to_string(task_->module().parameters_count()) + " parameters on " +
        train_set_->describe() + " for " + std::to_string(max_steps_) + " steps (batch " +
        std::to_string(config_.get_int("trainer.batch_size")) + " x accum " + std::to_string(config_.get_int("trainer.accum_steps")) +
@@ -282,6 +460,13 @@ void Trainer::fit() {
   const int64_t eval_every = config_.get_int("trainer.eval_every"), sample_every = config_.get_int("trainer.sample_every");
   const double limit = config_.get_float("trainer.time_limit_s");
   while (train_step()) {
+    if (g_stop_requested.load()) {
+      stopped_by_signal_ = true;
+      out_("\nstop requested (SIGTERM/SIGINT): saving a checkpoint at step " + std::to_string(step_) + "\n");
+      if (write_files_) out_("saved " + save_checkpoint() + "\n");
+      break;
+    }
+    if (write_files_ && ckpt_every > 0 && step_ % ckpt_every == 0) save_checkpoint();
     if (eval_every > 0 && step_ % eval_every == 0 && step_ < max_steps_) evaluate();
     if (sample_every > 0 && step_ % sample_every == 0 && step_ < max_steps_ && task_->is_language_model())
       out_("--- sample ---\n" + sample(config_.get_int("trainer.sample_tokens")) + "\n--------------\n");
@@ -290,8 +475,19 @@ void Trainer::fit() {
       break;
     }
   }
+  if (!stopped_by_signal_ && g_stop_requested.load()) {  // a signal during the last step
+    stopped_by_signal_ = true;
+    if (write_files_ && last_checkpoint_step_ != step_) out_("saved " + save_checkpoint() + "\n");
+  }
+  if (write_files_ && ckpt_every > 0 && last_checkpoint_step_ != step_) save_checkpoint();
+  if (stopped_by_signal_) {  // leave quickly: no sample; evaluate only if nothing was evaluated yet
+    if (evals_.empty()) evaluate();
+    if (write_files_) save_weights((fs::path(run_dir_) / "model.safetensors").string());
+    for (auto& cb : callbacks_) cb->on_end();
+    return;
+  }
   evaluate();
-  save_weights((fs::path(run_dir_) / "model.safetensors").string());
+  if (write_files_) save_weights((fs::path(run_dir_) / "model.safetensors").string());
   if (task_->is_language_model())
     out_("--- sample ---\n" + sample(config_.get_int("trainer.sample_tokens")) + "\n--------------\n");
   for (auto& cb : callbacks_) cb->on_end();

@@ -79,6 +79,25 @@ class Trainer {
   void load_weights(const std::string& path);  // strict: names and shapes must match the config's model
   void add_callback(std::shared_ptr<Callback> cb) { callbacks_.push_back(std::move(cb)); }
 
+  // Checkpoints (include/athanor/ckpt/checkpoint.h): <run_dir>/checkpoints/step-NNNNNN/ with
+  // model.safetensors, optimizer.safetensors (states under logical names), state.json (step,
+  // loader position, RNG state, scheduler step, optimizer scalars, model-shape config and its
+  // hash, version) and MANIFEST.json. fit() saves every checkpoint.every steps and at the end
+  // (when checkpoint.every > 0), and on SIGTERM/SIGINT: the step in flight finishes, a
+  // checkpoint is saved and fit() returns. Resuming restores all of it, so N steps straight and
+  // N/2 + resume + N/2 give bitwise-identical weights and losses.
+  std::string save_checkpoint();               // returns the checkpoint directory
+  // Restores a checkpoint directory (verified first). A config whose model shape differs from
+  // the checkpoint's is refused, naming the differing keys; other keys (max_steps, lr...) may change.
+  void resume_from(const std::string& checkpoint_dir);
+  // Resumes from the newest valid checkpoint of the run directory; false when there is none.
+  // Damaged newer checkpoints are reported through the output and skipped.
+  bool resume_latest();
+  std::string checkpoints_dir() const;
+  // What a signal handler calls: stop after the current step (fit() saves a checkpoint and returns).
+  static void request_stop();
+  bool stopped_by_signal() const { return stopped_by_signal_; }
+
   Task& task() { return *task_; }
   optim::Optimizer& optimizer() { return *optimizer_; }
   optim::Scheduler& scheduler() { return *scheduler_; }
@@ -110,6 +129,9 @@ class Trainer {
   std::function<void(const std::string&)> out_;
   std::string run_dir_;
   int64_t step_ = 0, max_steps_ = 0, skipped_ = 0;
+  int64_t last_checkpoint_step_ = -1;
+  bool stopped_by_signal_ = false;
+  bool metrics_started_ = false;  // metrics.jsonl truncated (fresh run) or filtered (resume)
   double start_time_ = 0;
   bool tty_ = false;
   bool write_files_ = true;

@@ -2,7 +2,12 @@
 
 #include <cblas.h>
 #include <oneapi/dnnl/dnnl.h>
+#include <oneapi/dnnl/dnnl.hpp>
 
+#include <map>
+#include <mutex>
+#include <optional>
+#include <tuple>
 #include <vector>
 
 #include "athanor/core/convert.h"
@@ -24,9 +29,12 @@ void gemm(bool ta, bool tb, int64_t M, int64_t N, int64_t K, double alpha, const
               ldb, beta, C, ldc);
 }
 
-template <class T>
-void gemm_lowp(bool ta, bool tb, int64_t M, int64_t N, int64_t K, float alpha, const T* A, int64_t lda, const T* B,
-               int64_t ldb, float beta, T* C, int64_t ldc) {
+namespace {
+
+// f16 (and the bf16 fallback): convert to f32, run the f32 GEMM, convert back.
+template <class T, class TC>
+void gemm_via_f32(bool ta, bool tb, int64_t M, int64_t N, int64_t K, float alpha, const T* A, int64_t lda, const T* B,
+                  int64_t ldb, float beta, TC* C, int64_t ldc) {
   const int64_t ar = ta ? K : M, ac = ta ? M : K, br = tb ? N : K, bc = tb ? K : N;
   std::vector<float> a(ar * ac), b(br * bc), c(M * N);
   for (int64_t i = 0; i < ar; ++i)
@@ -38,17 +46,99 @@ void gemm_lowp(bool ta, bool tb, int64_t M, int64_t N, int64_t K, float alpha, c
       for (int64_t j = 0; j < N; ++j) c[i * N + j] = static_cast<float>(C[i * ldc + j]);
   gemm(ta, tb, M, N, K, alpha, a.data(), ac, b.data(), bc, beta, c.data(), N);
   for (int64_t i = 0; i < M; ++i)
-    for (int64_t j = 0; j < N; ++j) C[i * ldc + j] = T(c[i * N + j]);
+    for (int64_t j = 0; j < N; ++j) C[i * ldc + j] = TC(c[i * N + j]);
+}
+
+// bf16 x bf16 -> bf16/f32 through oneDNN's matmul primitive (AVX512_BF16 dot
+// products, f32 accumulation). Transposes are expressed as strides of the
+// memory descriptors (no copies); alpha is an output scale, beta a sum post-op.
+// Primitives are cached by everything that defines them.
+using MatmulKey = std::tuple<bool, bool, int64_t, int64_t, int64_t, int64_t, int64_t, int64_t, float, float, bool>;
+
+struct DnnlState {
+  dnnl::engine engine{dnnl::engine::kind::cpu, 0};
+  std::mutex mu;
+  std::map<MatmulKey, std::optional<dnnl::matmul>> cache;  // nullopt: oneDNN has no bf16 matmul for this key
+};
+DnnlState& dnnl_state() {
+  static DnnlState s;
+  return s;
+}
+
+// Returns false when oneDNN has no bf16 matmul here (the caller then converts to f32).
+template <class TC>
+bool gemm_bf16_dnnl(bool ta, bool tb, int64_t M, int64_t N, int64_t K, float alpha, const bfloat16* A, int64_t lda,
+                    const bfloat16* B, int64_t ldb, float beta, TC* C, int64_t ldc) {
+  using dt = dnnl::memory::data_type;
+  constexpr bool out_f32 = std::is_same_v<TC, float>;
+  DnnlState& st = dnnl_state();
+  const dnnl::memory::desc a_md({M, K}, dt::bf16, ta ? dnnl::memory::dims{1, lda} : dnnl::memory::dims{lda, 1});
+  const dnnl::memory::desc b_md({K, N}, dt::bf16, tb ? dnnl::memory::dims{1, ldb} : dnnl::memory::dims{ldb, 1});
+  const dnnl::memory::desc c_md({M, N}, out_f32 ? dt::f32 : dt::bf16, dnnl::memory::dims{ldc, 1});
+  dnnl::matmul prim;
+  {
+    std::lock_guard<std::mutex> lock(st.mu);
+    const MatmulKey key{ta, tb, M, N, K, lda, ldb, ldc, alpha, beta, out_f32};
+    auto it = st.cache.find(key);
+    if (it == st.cache.end()) {
+      try {
+        dnnl::primitive_attr attr;
+        if (alpha != 1.0f) attr.set_output_scales(0, {alpha});
+        if (beta != 0.0f) {
+          dnnl::post_ops po;
+          po.append_sum(beta);
+          attr.set_post_ops(po);
+        }
+        const dnnl::matmul::desc d(a_md, b_md, c_md);
+        const dnnl::matmul::primitive_desc pd(d, attr, st.engine);
+        it = st.cache.emplace(key, dnnl::matmul(pd)).first;
+      } catch (const dnnl::error&) {  // no implementation (old ISA, unsupported strides): the f32 path
+        it = st.cache.emplace(key, std::nullopt).first;
+      }
+    }
+    if (!it->second) return false;
+    prim = *it->second;
+  }
+  thread_local dnnl::stream stream(dnnl_state().engine);
+  dnnl::memory am(a_md, st.engine, const_cast<bfloat16*>(A)), bm(b_md, st.engine, const_cast<bfloat16*>(B)),
+      cm(c_md, st.engine, C);
+  prim.execute(stream, {{DNNL_ARG_SRC, am}, {DNNL_ARG_WEIGHTS, bm}, {DNNL_ARG_DST, cm}});
+  stream.wait();
+  return true;
+}
+
+}  // namespace
+
+template <class T>
+void gemm_lowp(bool ta, bool tb, int64_t M, int64_t N, int64_t K, float alpha, const T* A, int64_t lda, const T* B,
+               int64_t ldb, float beta, T* C, int64_t ldc) {
+  if (M == 0 || N == 0) return;
+  if constexpr (std::is_same_v<T, bfloat16>) {
+    if (K > 0 && gemm_bf16_dnnl<bfloat16>(ta, tb, M, N, K, alpha, A, lda, B, ldb, beta, C, ldc)) return;
+  }
+  gemm_via_f32<T, T>(ta, tb, M, N, K, alpha, A, lda, B, ldb, beta, C, ldc);
 }
 template void gemm_lowp<bfloat16>(bool, bool, int64_t, int64_t, int64_t, float, const bfloat16*, int64_t,
                                   const bfloat16*, int64_t, float, bfloat16*, int64_t);
 template void gemm_lowp<float16>(bool, bool, int64_t, int64_t, int64_t, float, const float16*, int64_t,
                                  const float16*, int64_t, float, float16*, int64_t);
 
+void gemm_bf16_f32out(bool ta, bool tb, int64_t M, int64_t N, int64_t K, float alpha, const bfloat16* A, int64_t lda,
+                      const bfloat16* B, int64_t ldb, float beta, float* C, int64_t ldc) {
+  if (M == 0 || N == 0) return;
+  if (K > 0 && gemm_bf16_dnnl<float>(ta, tb, M, N, K, alpha, A, lda, B, ldb, beta, C, ldc)) return;
+  gemm_via_f32<bfloat16, float>(ta, tb, M, N, K, alpha, A, lda, B, ldb, beta, C, ldc);
+}
+
+size_t gemm_bf16_cached_primitives() {
+  std::lock_guard<std::mutex> lock(dnnl_state().mu);
+  return dnnl_state().cache.size();
+}
+
 std::string gemm_backend_name() {
   const dnnl_version_t* v = dnnl_version();
   return "oneDNN " + std::to_string(v->major) + "." + std::to_string(v->minor) + "." + std::to_string(v->patch) +
-         " (f32 sgemm, JIT " + std::string(v->cpu_runtime == DNNL_RUNTIME_OMP ? "OpenMP" : "other runtime") +
+         " (f32 sgemm, bf16 matmul, JIT " + std::string(v->cpu_runtime == DNNL_RUNTIME_OMP ? "OpenMP" : "other runtime") +
          "), OpenBLAS (f64)";
 }
 

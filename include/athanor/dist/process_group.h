@@ -1,0 +1,173 @@
+#pragma once
+// Multi-process collectives on CPU tensors, over Open MPI.
+//
+// Processes are started by an existing launcher (`mpirun -np N prog`); there
+// is no home-made transport. init_from_mpi() initialises MPI once per process
+// and returns the world group; DeviceMesh splits the world into dp/tp/pp groups.
+//
+// Invariants:
+//  - every collective on a group gets the next sequence number of that group
+//    (the same number on every rank, as long as every rank calls the same
+//    collectives in the same order, which MPI requires anyway) and an entry in
+//    the rank's ledger (op, bytes, dtype, group, call site);
+//  - blocking calls are the asynchronous ones followed by wait(); waiting polls
+//    MPI_Test against a deadline (the group's timeout, default 300 s, or
+//    ATHANOR_DIST_TIMEOUT_S). On timeout the rank probes the other ranks of the
+//    group over a separate (duplicated) communicator with nonblocking
+//    point-to-point messages, with a deadline of its own; a rank that is itself
+//    waiting in any collective answers with the last sequence number it posted.
+//    Ranks that posted an older sequence number, or did not answer (busy outside
+//    any collective, hung or dead), are "not arrived". The rank then prints
+//      collective all_reduce #17 on group dp (bytes 4096, f32, called at f.cpp:12)
+//      timed out after 5.0s; ranks not arrived: [1]
+//    to stderr and calls MPI_Abort, which makes mpirun terminate every rank;
+//  - a rank that dies (signal, exit without MPI_Finalize) is noticed by mpirun,
+//    which kills the remaining ranks itself with its own message ("mpirun
+//    noticed that process rank 1 … exited on signal 9"); ranks that are still
+//    waiting would otherwise hit the timeout above, so either way no rank hangs;
+//  - tensors may be non-contiguous (staged through a contiguous copy); bf16/f16
+//    reductions are done in f32 (converted before, rounded once after); avg on
+//    integer tensors is the truncating integer division of the sum;
+//  - MPI progress: Open MPI progresses nonblocking collectives inside MPI calls,
+//    so an asynchronous collective advances while this rank waits, tests or
+//    launches another one (DDP tests its pending buckets whenever it launches).
+//
+// Threading: MPI_Init_thread asks for MPI_THREAD_MULTIPLE and accepts whatever
+// the library provides (Open MPI 4 built with UCX/ob1 gives MULTIPLE; otherwise
+// FUNNELED or SERIALIZED). athanor itself only calls MPI from the thread that
+// called init_from_mpi() (the training thread: autograd hooks run on it), so
+// FUNNELED is sufficient; thread_level_name() reports what was granted.
+#include <chrono>
+#include <cstdint>
+#include <memory>
+#include <source_location>
+#include <string>
+#include <vector>
+
+#include "athanor/core/tensor.h"
+
+namespace athanor::dist {
+
+enum class ReduceOp { sum, avg, max };
+const char* reduce_op_name(ReduceOp op);
+
+class ProcessGroup;
+
+// Initialises MPI (idempotent) and returns the world group ("world").
+std::shared_ptr<ProcessGroup> init_from_mpi(int* argc = nullptr, char*** argv = nullptr);
+bool is_initialized();
+// MPI_Finalize, once every rank is done (call it before returning from main:
+// a process that exits without it is treated by mpirun as failed, and mpirun
+// then terminates the whole job). Idempotent; groups still alive become inert.
+void finalize();
+int rank();         // in MPI_COMM_WORLD
+int world_size();
+// Rank among the processes on this host: OMPI_COMM_WORLD_LOCAL_RANK when set,
+// else the rank in MPI_Comm_split_type(MPI_COMM_TYPE_SHARED).
+int local_rank();
+const char* thread_level_name();  // "MPI_THREAD_MULTIPLE", …
+std::shared_ptr<ProcessGroup> world();
+
+// One ledger entry per operation a rank posted.
+struct LedgerEntry {
+  uint64_t seq = 0;          // per-group collective sequence number (p2p: per-group p2p number)
+  std::string op;            // "all_reduce", "broadcast", "send", …
+  std::string group;
+  std::size_t bytes = 0;
+  DType dtype = DType::f32;
+  int peer = -1;             // send/recv/broadcast root, else -1
+  std::string call_site;     // "file.cpp:123 (function)"
+  bool completed = false;
+};
+
+// Handle on an asynchronous operation. wait() blocks (with the group's timeout)
+// and then finishes the operation (copies a staged result back, divides for avg).
+class Work {
+ public:
+  struct Impl;
+  explicit Work(std::unique_ptr<Impl> impl);
+  ~Work();  // an unwaited Work is waited on destruction (an MPI request must not be dropped)
+  Work(const Work&) = delete;
+  Work& operator=(const Work&) = delete;
+  void wait();
+  bool test();  // nonblocking: true once completed (and finished)
+  bool completed() const;
+  uint64_t seq() const;
+  const std::string& op() const;
+
+ private:
+  std::unique_ptr<Impl> impl_;
+};
+using WorkPtr = std::shared_ptr<Work>;
+
+class ProcessGroup {
+ public:
+  struct Impl;
+  explicit ProcessGroup(std::unique_ptr<Impl> impl);
+  ~ProcessGroup();
+  ProcessGroup(const ProcessGroup&) = delete;
+  ProcessGroup& operator=(const ProcessGroup&) = delete;
+
+  int rank() const;   // within this group
+  int size() const;
+  const std::string& name() const;
+  int world_rank_of(int group_rank) const;  // for messages
+  void set_timeout(std::chrono::milliseconds t);
+  std::chrono::milliseconds timeout() const;
+
+  using Loc = std::source_location;
+  // ---- asynchronous (MPI_I*); the tensors must stay alive until wait()
+  WorkPtr all_reduce_async(const Tensor& t, ReduceOp op = ReduceOp::sum, Loc loc = Loc::current());
+  // in: [size() * n] elements (any shape), out: n elements; out gets this rank's chunk of the reduction.
+  WorkPtr reduce_scatter_async(const Tensor& out, const Tensor& in, ReduceOp op = ReduceOp::sum, Loc loc = Loc::current());
+  // out: size() * in.numel() elements; rank r's input lands at [r * n, (r+1) * n).
+  WorkPtr all_gather_async(const Tensor& out, const Tensor& in, Loc loc = Loc::current());
+  WorkPtr broadcast_async(const Tensor& t, int root = 0, Loc loc = Loc::current());
+  WorkPtr send_async(const Tensor& t, int dst, int tag = 0, Loc loc = Loc::current());
+  WorkPtr recv_async(const Tensor& t, int src, int tag = 0, Loc loc = Loc::current());
+  WorkPtr barrier_async(Loc loc = Loc::current());
+
+  // ---- blocking
+  void all_reduce(const Tensor& t, ReduceOp op = ReduceOp::sum, Loc loc = Loc::current()) { all_reduce_async(t, op, loc)->wait(); }
+  void reduce_scatter(const Tensor& out, const Tensor& in, ReduceOp op = ReduceOp::sum, Loc loc = Loc::current()) {
+    reduce_scatter_async(out, in, op, loc)->wait();
+  }
+  void all_gather(const Tensor& out, const Tensor& in, Loc loc = Loc::current()) { all_gather_async(out, in, loc)->wait(); }
+  void broadcast(const Tensor& t, int root = 0, Loc loc = Loc::current()) { broadcast_async(t, root, loc)->wait(); }
+  void send(const Tensor& t, int dst, int tag = 0, Loc loc = Loc::current()) { send_async(t, dst, tag, loc)->wait(); }
+  void recv(const Tensor& t, int src, int tag = 0, Loc loc = Loc::current()) { recv_async(t, src, tag, loc)->wait(); }
+  void barrier(Loc loc = Loc::current()) { barrier_async(loc)->wait(); }
+
+  // ---- ledger
+  uint64_t last_posted_seq() const;     // 0 before the first collective
+  uint64_t last_completed_seq() const;
+  std::vector<LedgerEntry> ledger() const;  // the most recent entries (bounded), oldest first
+
+  Impl& impl() { return *impl_; }
+
+ private:
+  std::unique_ptr<Impl> impl_;
+};
+
+// world = dp * tp * pp ranks; tp varies fastest, then dp, then pp:
+//   world_rank = (pp_i * dp + dp_i) * tp + tp_i
+// Each axis' group holds the ranks that differ only in that axis' index.
+class DeviceMesh {
+ public:
+  DeviceMesh(int dp, int tp = 1, int pp = 1, std::shared_ptr<ProcessGroup> world = nullptr);
+  const std::shared_ptr<ProcessGroup>& dp() const { return dp_; }
+  const std::shared_ptr<ProcessGroup>& tp() const { return tp_; }
+  const std::shared_ptr<ProcessGroup>& pp() const { return pp_; }
+  int dp_size() const { return dp_n_; }
+  int tp_size() const { return tp_n_; }
+  int pp_size() const { return pp_n_; }
+  int dp_index() const { return dp_i_; }
+  int tp_index() const { return tp_i_; }
+  int pp_index() const { return pp_i_; }
+
+ private:
+  int dp_n_, tp_n_, pp_n_, dp_i_ = 0, tp_i_ = 0, pp_i_ = 0;
+  std::shared_ptr<ProcessGroup> dp_, tp_, pp_;
+};
+
+}  // namespace athanor::dist

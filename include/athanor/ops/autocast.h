@@ -1,0 +1,59 @@
+#pragma once
+// Automatic mixed precision: the autocast region.
+// It lives in the ops layer because it intercepts op inputs (as PyTorch's
+// dispatcher does); the amp layer above holds the GradScaler.
+//
+//   { athanor::autocast ac(DType::bf16);   // or DType::f16
+//     loss = model(batch); }               // GEMM-bound ops run in bf16, the rest as the op table says
+//   loss.backward();                       // outside the region, as in PyTorch
+//
+// Inside a region each op runs at the precision of its op-table category
+// (athanor/ops/op_table.h): `lower_precision` ops (matmul, linear, conv2d,
+// scaled_dot_product_attention) cast f32/bf16/f16 inputs to the autocast dtype;
+// `f32` ops (softmax, log_softmax, layer_norm, rms_norm, cross_entropy, sum,
+// mean, …) cast bf16/f16 inputs to f32; `promote` ops already run in the widest
+// input dtype; `passthrough` ops keep theirs. f64 inputs are never touched.
+//
+// Invariants:
+//  - state is thread-local; guards nest (an inner guard may switch dtype or
+//    disable autocast) and restore the outer state on exit;
+//  - the casts are differentiable (`cast`), so gradients reach f32 parameters
+//    in f32;
+//  - a leaf that requires grad (a parameter) is cast once per region and dtype:
+//    the cast is cached under (TensorImpl*, version, dtype, grad mode) and
+//    reused by every later op; an in-place update bumps the version and misses
+//    the cache. The cache is cleared when the outermost guard exits.
+#include <cstddef>
+#include <initializer_list>
+
+#include "athanor/core/tensor.h"
+
+namespace athanor {
+
+class autocast {
+ public:
+  explicit autocast(DType dtype = DType::bf16, bool enabled = true);
+  ~autocast();
+  autocast(const autocast&) = delete;
+  autocast& operator=(const autocast&) = delete;
+
+ private:
+  bool prev_enabled_;
+  DType prev_dtype_;
+};
+
+bool autocast_enabled();
+DType autocast_dtype();  // the innermost region's dtype (bf16 outside any region)
+
+// The dtype `op` runs at for an input of dtype `in` under the current state
+// (`in` itself when autocast is off or the op keeps it).
+DType autocast_target(const char* op, DType in);
+// True when autocast is on and some defined input of `op` would be cast: op
+// entry points test this and, if so, call themselves again on autocast_input()s.
+bool autocast_needs_cast(const char* op, std::initializer_list<Tensor> inputs);
+// `t` cast to the dtype `op` runs at (undefined and non-floating tensors pass through).
+Tensor autocast_input(const Tensor& t, const char* op);
+
+std::size_t autocast_cache_size();  // cached weight casts in this thread's region (tests, debugging)
+
+}  // namespace athanor

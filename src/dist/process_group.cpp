@@ -1,0 +1,574 @@
+// ProcessGroup over an MPI communicator: nonblocking collectives with a
+// per-group sequence number, a ledger, a deadline on every wait, and the
+// timeout diagnosis (see include/athanor/dist/process_group.h for the contract).
+#include "athanor/dist/process_group.h"
+
+#include <mpi.h>
+
+#include <algorithm>
+#include <array>
+#include <cstdio>
+#include <cstdlib>
+#include <deque>
+#include <functional>
+#include <iomanip>
+#include <list>
+#include <mutex>
+#include <sstream>
+#include <thread>
+#include <type_traits>
+
+#include "athanor/core/error.h"
+
+namespace athanor::dist {
+
+namespace {
+
+using Clock = std::chrono::steady_clock;
+
+constexpr int kTagProbe = 7001;   // on a group's diagnosis communicator: "what did you post last?"
+constexpr int kTagReply = 7002;   // answer: {last posted seq, last completed seq, world rank}
+constexpr std::size_t kLedgerCap = 256;
+
+bool g_initialized = false;
+bool g_we_initialized = false;
+int g_thread_level = MPI_THREAD_SINGLE;
+std::shared_ptr<ProcessGroup> g_world;
+std::vector<ProcessGroup::Impl*> g_groups;  // live groups: their diagnosis communicators are serviced while waiting
+
+std::chrono::milliseconds default_timeout() {
+  if (const char* s = std::getenv("ATHANOR_DIST_TIMEOUT_S")) {
+    char* end = nullptr;
+    const double v = std::strtod(s, &end);
+    if (end != s && v > 0) return std::chrono::milliseconds(static_cast<int64_t>(v * 1000.0));
+  }
+  return std::chrono::milliseconds(300'000);
+}
+
+std::string call_site(const std::source_location& loc) {
+  std::string f = loc.file_name();
+  // keep the last two path components: "dist/ddp.cpp"
+  auto p = f.rfind('/');
+  if (p != std::string::npos && p > 0) {
+    auto q = f.rfind('/', p - 1);
+    if (q != std::string::npos) f = f.substr(q + 1);
+  }
+  std::ostringstream os;
+  os << f << ":" << loc.line();
+  return os.str();
+}
+
+MPI_Datatype mpi_type(DType dt) {
+  switch (dt) {
+    case DType::f32: return MPI_FLOAT;
+    case DType::f64: return MPI_DOUBLE;
+    case DType::bf16:
+    case DType::f16: return MPI_UINT16_T;  // data movement only; reductions are staged in f32
+    case DType::i32: return MPI_INT32_T;
+    case DType::i64: return MPI_INT64_T;
+    case DType::u8: return MPI_UINT8_T;
+    case DType::boolean: return MPI_C_BOOL;
+  }
+  return MPI_BYTE;
+}
+
+void check_mpi(int rc, const char* what) {
+  if (rc == MPI_SUCCESS) return;
+  char buf[MPI_MAX_ERROR_STRING];
+  int len = 0;
+  MPI_Error_string(rc, buf, &len);
+  ATH_FAIL("dist", what, " failed: ", std::string(buf, len));
+}
+
+void check_init(const char* op) {
+  ATH_CHECK(g_initialized, op, "MPI is not initialised", Hint{"call athanor::dist::init_from_mpi() first and start the program with mpirun"});
+}
+
+}  // namespace
+
+// ---------------------------------------------------------------------------
+struct ProcessGroup::Impl {
+  MPI_Comm comm = MPI_COMM_NULL;
+  MPI_Comm diag = MPI_COMM_NULL;  // duplicate of comm: timeout probes never mix with user traffic
+  bool owns_comm = false;
+  std::string name;
+  int rank = 0, size = 1;
+  std::vector<int> world_ranks;
+  std::chrono::milliseconds timeout = default_timeout();
+  uint64_t posted = 0, completed = 0, p2p_posted = 0;
+  std::deque<LedgerEntry> ledger;
+  // outstanding replies to other ranks' probes: buffer + request
+  std::list<std::pair<std::array<int64_t, 3>, MPI_Request>> replies;
+
+  LedgerEntry& add_entry(LedgerEntry e) {
+    ledger.push_back(std::move(e));
+    if (ledger.size() > kLedgerCap) ledger.pop_front();
+    return ledger.back();
+  }
+  void mark_completed(const std::string& op, uint64_t seq, bool p2p) {
+    if (!p2p) completed = std::max(completed, seq);
+    for (auto it = ledger.rbegin(); it != ledger.rend(); ++it)
+      if (it->seq == seq && it->op == op) { it->completed = true; break; }
+  }
+  // Answers every pending probe on this group's diagnosis communicator.
+  void service_probes() {
+    if (diag == MPI_COMM_NULL) return;
+    for (;;) {
+      int flag = 0;
+      MPI_Status st;
+      MPI_Iprobe(MPI_ANY_SOURCE, kTagProbe, diag, &flag, &st);
+      if (!flag) break;
+      int64_t asked = 0;
+      MPI_Recv(&asked, 1, MPI_INT64_T, st.MPI_SOURCE, kTagProbe, diag, MPI_STATUS_IGNORE);
+      replies.push_back({{static_cast<int64_t>(posted), static_cast<int64_t>(completed), world_ranks[rank]}, MPI_REQUEST_NULL});
+      auto& r = replies.back();
+      MPI_Isend(r.first.data(), 3, MPI_INT64_T, st.MPI_SOURCE, kTagReply, diag, &r.second);
+    }
+    for (auto it = replies.begin(); it != replies.end();) {
+      int done = 0;
+      MPI_Test(&it->second, &done, MPI_STATUS_IGNORE);
+      it = done ? replies.erase(it) : std::next(it);
+    }
+  }
+  [[noreturn]] void timeout_abort(const LedgerEntry& e, double waited_s);
+};
+
+namespace {
+void service_all_probes() {
+  for (auto* g : g_groups) g->service_probes();
+}
+
+std::string describe_entry(const LedgerEntry& e) {
+  std::ostringstream os;
+  os << e.op << " #" << e.seq << " on group " << e.group << " (bytes " << e.bytes << ", " << dtype_name(e.dtype);
+  if (e.peer >= 0) os << (e.op == "broadcast" ? ", root " : ", peer ") << e.peer;
+  os << ", called at " << e.call_site << ")";
+  return os.str();
+}
+}  // namespace
+
+void ProcessGroup::Impl::timeout_abort(const LedgerEntry& e, double waited_s) {
+  const bool p2p = e.op == "send" || e.op == "recv";
+  std::vector<int> not_arrived;
+  std::vector<std::string> details;
+  if (p2p) {
+    not_arrived.push_back(e.peer);
+  } else {
+    // Probe every other rank; its own deadline, short next to the collective's.
+    const auto probe_budget = std::clamp(timeout / 4, std::chrono::milliseconds(500), std::chrono::milliseconds(10'000));
+    std::vector<int64_t> ask(size, static_cast<int64_t>(e.seq));
+    std::vector<std::array<int64_t, 3>> answer(size);
+    std::vector<MPI_Request> sreq(size, MPI_REQUEST_NULL), rreq(size, MPI_REQUEST_NULL);
+    std::vector<bool> got(size, false);
+    for (int r = 0; r < size; ++r) {
+      if (r == rank) continue;
+      MPI_Irecv(answer[r].data(), 3, MPI_INT64_T, r, kTagReply, diag, &rreq[r]);
+      MPI_Isend(&ask[r], 1, MPI_INT64_T, r, kTagProbe, diag, &sreq[r]);
+    }
+    got[rank] = true;
+    answer[rank] = {static_cast<int64_t>(posted), static_cast<int64_t>(completed), world_ranks[rank]};
+    const auto deadline = Clock::now() + probe_budget;
+    for (;;) {
+      bool all = true;
+      for (int r = 0; r < size; ++r) {
+        if (got[r]) continue;
+        int flag = 0;
+        MPI_Test(&rreq[r], &flag, MPI_STATUS_IGNORE);
+        if (flag) got[r] = true; else all = false;
+      }
+      service_all_probes();  // other ranks that timed out probe us too
+      if (all || Clock::now() > deadline) break;
+      std::this_thread::sleep_for(std::chrono::microseconds(200));
+    }
+    const double budget_s = probe_budget.count() / 1000.0;
+    for (int r = 0; r < size; ++r) {
+      std::ostringstream os;
+      if (!got[r]) {
+        not_arrived.push_back(r);
+        os << "  rank " << r << " (world " << world_ranks[r] << "): no answer to the probe within " << budget_s
+           << "s (busy outside any collective, hung or dead)";
+        details.push_back(os.str());
+      } else if (answer[r][0] < static_cast<int64_t>(e.seq)) {
+        not_arrived.push_back(r);
+        os << "  rank " << r << " (world " << world_ranks[r] << "): waiting in a collective of another group; last posted #"
+           << answer[r][0] << " on this group";
+        details.push_back(os.str());
+      }
+    }
+  }
+  std::ostringstream msg;
+  msg << "[athanor.dist rank " << world_ranks[rank] << "] collective " << describe_entry(e) << " timed out after "
+      << std::fixed << std::setprecision(1) << waited_s << "s; ranks not arrived: [";
+  for (std::size_t i = 0; i < not_arrived.size(); ++i) msg << (i ? ", " : "") << not_arrived[i];
+  msg << "]\n";
+  for (auto& d : details) msg << d << "\n";
+  if (!p2p && not_arrived.empty())
+    msg << "  every rank posted #" << e.seq << ": the ranks called different collectives (op, size or order); compare the ledgers\n";
+  msg << "  last operations of this rank:\n";
+  const std::size_t first = ledger.size() > 5 ? ledger.size() - 5 : 0;
+  for (std::size_t i = first; i < ledger.size(); ++i)
+    msg << "    " << describe_entry(ledger[i]) << (ledger[i].completed ? " done" : " PENDING") << "\n";
+  msg << "hint: every rank of a group must call the same collectives in the same order; set the timeout with "
+         "ATHANOR_DIST_TIMEOUT_S or ProcessGroup::set_timeout. Aborting every rank (MPI_Abort).\n";
+  const std::string s = msg.str();
+  std::fwrite(s.data(), 1, s.size(), stderr);
+  std::fflush(stderr);
+  std::fflush(stdout);
+  MPI_Abort(MPI_COMM_WORLD, 3);
+  std::_Exit(3);
+}
+
+// ---------------------------------------------------------------------------
+struct Work::Impl {
+  ProcessGroup::Impl* g = nullptr;
+  MPI_Request req = MPI_REQUEST_NULL;
+  LedgerEntry entry;
+  bool p2p = false;
+  bool done = false;
+  std::function<void()> finish;  // after the request completed: copy back, divide, …
+
+  void complete() {
+    done = true;
+    g->mark_completed(entry.op, entry.seq, p2p);
+    if (finish) finish();
+    finish = nullptr;  // drops the tensors it kept alive
+  }
+};
+
+Work::Work(std::unique_ptr<Impl> impl) : impl_(std::move(impl)) {}
+Work::~Work() {
+  if (impl_ && !impl_->done) {
+    int fin = 0;
+    MPI_Finalized(&fin);
+    if (!fin) {
+      try { wait(); } catch (...) {}
+    }
+  }
+}
+bool Work::completed() const { return impl_->done; }
+uint64_t Work::seq() const { return impl_->entry.seq; }
+const std::string& Work::op() const { return impl_->entry.op; }
+
+bool Work::test() {
+  if (impl_->done) return true;
+  int flag = 0;
+  check_mpi(MPI_Test(&impl_->req, &flag, MPI_STATUS_IGNORE), "MPI_Test");
+  if (flag) impl_->complete();
+  return impl_->done;
+}
+
+void Work::wait() {
+  if (impl_->done) return;
+  const auto start = Clock::now();
+  const auto deadline = start + impl_->g->timeout;
+  int spins = 0;
+  for (;;) {
+    int flag = 0;
+    check_mpi(MPI_Test(&impl_->req, &flag, MPI_STATUS_IGNORE), "MPI_Test");
+    if (flag) break;
+    service_all_probes();
+    const auto now = Clock::now();
+    if (now > deadline)
+      impl_->g->timeout_abort(impl_->entry, std::chrono::duration<double>(now - start).count());
+    // spin briefly for latency, then back off (ranks are often oversubscribed on the cores)
+    if (++spins < 200) std::this_thread::yield();
+    else std::this_thread::sleep_for(std::chrono::microseconds(spins < 2000 ? 20 : 200));
+  }
+  impl_->complete();
+}
+
+// ---------------------------------------------------------------------------
+namespace {
+
+std::shared_ptr<ProcessGroup> make_group(MPI_Comm comm, std::string name, bool owns) {
+  auto impl = std::make_unique<ProcessGroup::Impl>();
+  impl->comm = comm;
+  impl->owns_comm = owns;
+  impl->name = std::move(name);
+  MPI_Comm_rank(comm, &impl->rank);
+  MPI_Comm_size(comm, &impl->size);
+  MPI_Comm_dup(comm, &impl->diag);
+  MPI_Group wg, gg;
+  MPI_Comm_group(MPI_COMM_WORLD, &wg);
+  MPI_Comm_group(comm, &gg);
+  std::vector<int> mine(impl->size);
+  for (int i = 0; i < impl->size; ++i) mine[i] = i;
+  impl->world_ranks.resize(impl->size);
+  MPI_Group_translate_ranks(gg, impl->size, mine.data(), wg, impl->world_ranks.data());
+  MPI_Group_free(&wg);
+  MPI_Group_free(&gg);
+  g_groups.push_back(impl.get());
+  return std::make_shared<ProcessGroup>(std::move(impl));
+}
+
+bool reducible(DType dt) { return dt != DType::boolean; }
+
+// A contiguous tensor of dtype `dt` holding t's values (t itself when it already is one).
+Tensor staged(const Tensor& t, DType dt, bool copy_values) {
+  if (t.is_contiguous() && t.dtype() == dt) return t;
+  Tensor s = empty(t.sizes(), TensorOptions(dt));
+  if (copy_values) copy_into(s, t);
+  return s;
+}
+
+void divide_by(const Tensor& t, int n) {
+  if (n == 1) return;
+  dispatch(t.dtype(), [&]<class T>() {
+    if constexpr (std::is_same_v<T, float> || std::is_same_v<T, double> ||
+                  (std::is_integral_v<T> && !std::is_same_v<T, bool>)) {
+      T* p = static_cast<T*>(t.raw_data());
+      const int64_t k = t.numel();
+      for (int64_t i = 0; i < k; ++i) p[i] = static_cast<T>(p[i] / static_cast<T>(n));
+    } else {
+      ATH_ASSERT(false);
+    }
+  });
+}
+
+DType reduce_dtype(DType dt) { return is_low_precision(dt) ? DType::f32 : dt; }
+MPI_Op mpi_op(ReduceOp op) { return op == ReduceOp::max ? MPI_MAX : MPI_SUM; }
+
+void check_cpu(const Tensor& t, const char* op) {
+  ATH_CHECK(t.defined(), op, "got an undefined tensor");
+  ATH_CHECK(t.device().is_cpu(), op, "CPU collectives need CPU tensors; got ", t.describe(), " on ", t.device().str(),
+            Hint{"CUDA tensors go through NCCL (not built yet); copy to the CPU first"});
+}
+
+}  // namespace
+
+ProcessGroup::ProcessGroup(std::unique_ptr<Impl> impl) : impl_(std::move(impl)) {}
+ProcessGroup::~ProcessGroup() {
+  std::erase(g_groups, impl_.get());
+  int fin = 0;
+  MPI_Finalized(&fin);
+  if (!fin) {
+    for (auto& r : impl_->replies) MPI_Request_free(&r.second);
+    if (impl_->diag != MPI_COMM_NULL) MPI_Comm_free(&impl_->diag);
+    if (impl_->owns_comm && impl_->comm != MPI_COMM_NULL) MPI_Comm_free(&impl_->comm);
+  }
+}
+int ProcessGroup::rank() const { return impl_->rank; }
+int ProcessGroup::size() const { return impl_->size; }
+const std::string& ProcessGroup::name() const { return impl_->name; }
+int ProcessGroup::world_rank_of(int r) const { return impl_->world_ranks.at(r); }
+void ProcessGroup::set_timeout(std::chrono::milliseconds t) { impl_->timeout = t; }
+std::chrono::milliseconds ProcessGroup::timeout() const { return impl_->timeout; }
+uint64_t ProcessGroup::last_posted_seq() const { return impl_->posted; }
+uint64_t ProcessGroup::last_completed_seq() const { return impl_->completed; }
+std::vector<LedgerEntry> ProcessGroup::ledger() const { return {impl_->ledger.begin(), impl_->ledger.end()}; }
+
+namespace {
+// Posts one operation: ledger entry, MPI call (which fills the request), Work.
+template <class Post>
+WorkPtr post(ProcessGroup::Impl& g, const char* op, std::size_t bytes, DType dt, int peer, const std::source_location& loc,
+             bool p2p, Post&& post_fn, std::function<void()> finish) {
+  check_init(op);
+  auto w = std::make_unique<Work::Impl>();
+  w->g = &g;
+  w->p2p = p2p;
+  LedgerEntry e;
+  e.seq = p2p ? ++g.p2p_posted : ++g.posted;
+  e.op = op;
+  e.group = g.name;
+  e.bytes = bytes;
+  e.dtype = dt;
+  e.peer = peer;
+  e.call_site = call_site(loc);
+  w->entry = g.add_entry(e);
+  w->finish = std::move(finish);
+  check_mpi(post_fn(&w->req), op);
+  return std::make_shared<Work>(std::move(w));
+}
+}  // namespace
+
+WorkPtr ProcessGroup::all_reduce_async(const Tensor& t, ReduceOp op, Loc loc) {
+  check_cpu(t, "all_reduce");
+  ATH_CHECK(reducible(t.dtype()), "all_reduce", "cannot reduce a ", dtype_name(t.dtype()), " tensor");
+  Tensor buf = staged(t, reduce_dtype(t.dtype()), true);
+  const int n = impl_->size;
+  return post(*impl_, "all_reduce", t.nbytes(), t.dtype(), -1, loc, false,
+              [&](MPI_Request* r) {
+                return MPI_Iallreduce(MPI_IN_PLACE, buf.raw_data(), static_cast<int>(buf.numel()), mpi_type(buf.dtype()),
+                                      mpi_op(op), impl_->comm, r);
+              },
+              [t, buf, op, n] {
+                if (op == ReduceOp::avg) divide_by(buf, n);
+                if (!buf.is_same(t)) copy_into(t, buf);
+                t.bump_version();
+              });
+}
+
+WorkPtr ProcessGroup::reduce_scatter_async(const Tensor& out, const Tensor& in, ReduceOp op, Loc loc) {
+  check_cpu(out, "reduce_scatter");
+  check_cpu(in, "reduce_scatter");
+  ATH_CHECK(reducible(in.dtype()), "reduce_scatter", "cannot reduce a ", dtype_name(in.dtype()), " tensor");
+  ATH_CHECK(in.dtype() == out.dtype(), "reduce_scatter", "input ", in.describe(), " and output ", out.describe(), " differ in dtype");
+  ATH_CHECK(in.numel() == out.numel() * impl_->size, "reduce_scatter", "input ", in.describe(), " must hold group size (",
+            impl_->size, ") x output ", out.describe(), " elements");
+  const DType rd = reduce_dtype(in.dtype());
+  Tensor ibuf = staged(in, rd, true), obuf = staged(out, rd, false);
+  const int n = impl_->size;
+  return post(*impl_, "reduce_scatter", in.nbytes(), in.dtype(), -1, loc, false,
+              [&](MPI_Request* r) {
+                return MPI_Ireduce_scatter_block(ibuf.raw_data(), obuf.raw_data(), static_cast<int>(obuf.numel()),
+                                                 mpi_type(rd), mpi_op(op), impl_->comm, r);
+              },
+              [out, ibuf, obuf, op, n] {
+                if (op == ReduceOp::avg) divide_by(obuf, n);
+                if (!obuf.is_same(out)) copy_into(out, obuf);
+                out.bump_version();
+              });
+}
+
+WorkPtr ProcessGroup::all_gather_async(const Tensor& out, const Tensor& in, Loc loc) {
+  check_cpu(out, "all_gather");
+  check_cpu(in, "all_gather");
+  ATH_CHECK(in.dtype() == out.dtype(), "all_gather", "input ", in.describe(), " and output ", out.describe(), " differ in dtype");
+  ATH_CHECK(out.numel() == in.numel() * impl_->size, "all_gather", "output ", out.describe(), " must hold group size (",
+            impl_->size, ") x input ", in.describe(), " elements");
+  Tensor ibuf = staged(in, in.dtype(), true), obuf = staged(out, out.dtype(), false);
+  return post(*impl_, "all_gather", out.nbytes(), in.dtype(), -1, loc, false,
+              [&](MPI_Request* r) {
+                return MPI_Iallgather(ibuf.raw_data(), static_cast<int>(ibuf.numel()), mpi_type(in.dtype()), obuf.raw_data(),
+                                      static_cast<int>(ibuf.numel()), mpi_type(in.dtype()), impl_->comm, r);
+              },
+              [out, ibuf, obuf] {
+                if (!obuf.is_same(out)) copy_into(out, obuf);
+                out.bump_version();
+              });
+}
+
+WorkPtr ProcessGroup::broadcast_async(const Tensor& t, int root, Loc loc) {
+  check_cpu(t, "broadcast");
+  ATH_CHECK(root >= 0 && root < impl_->size, "broadcast", "root ", root, " is not a rank of group ", impl_->name, " (size ", impl_->size, ")");
+  Tensor buf = staged(t, t.dtype(), impl_->rank == root);
+  return post(*impl_, "broadcast", t.nbytes(), t.dtype(), root, loc, false,
+              [&](MPI_Request* r) {
+                return MPI_Ibcast(buf.raw_data(), static_cast<int>(buf.numel()), mpi_type(t.dtype()), root, impl_->comm, r);
+              },
+              [t, buf] {
+                if (!buf.is_same(t)) copy_into(t, buf);
+                t.bump_version();
+              });
+}
+
+WorkPtr ProcessGroup::send_async(const Tensor& t, int dst, int tag, Loc loc) {
+  check_cpu(t, "send");
+  ATH_CHECK(dst >= 0 && dst < impl_->size && dst != impl_->rank, "send", "bad destination rank ", dst, " in group ", impl_->name);
+  Tensor buf = staged(t, t.dtype(), true);
+  return post(*impl_, "send", t.nbytes(), t.dtype(), dst, loc, true,
+              [&](MPI_Request* r) {
+                return MPI_Isend(buf.raw_data(), static_cast<int>(buf.numel()), mpi_type(t.dtype()), dst, tag, impl_->comm, r);
+              },
+              [buf] {});
+}
+
+WorkPtr ProcessGroup::recv_async(const Tensor& t, int src, int tag, Loc loc) {
+  check_cpu(t, "recv");
+  ATH_CHECK(src >= 0 && src < impl_->size && src != impl_->rank, "recv", "bad source rank ", src, " in group ", impl_->name);
+  Tensor buf = staged(t, t.dtype(), false);
+  return post(*impl_, "recv", t.nbytes(), t.dtype(), src, loc, true,
+              [&](MPI_Request* r) {
+                return MPI_Irecv(buf.raw_data(), static_cast<int>(buf.numel()), mpi_type(t.dtype()), src, tag, impl_->comm, r);
+              },
+              [t, buf] {
+                if (!buf.is_same(t)) copy_into(t, buf);
+                t.bump_version();
+              });
+}
+
+WorkPtr ProcessGroup::barrier_async(Loc loc) {
+  return post(*impl_, "barrier", 0, DType::u8, -1, loc, false,
+              [&](MPI_Request* r) { return MPI_Ibarrier(impl_->comm, r); }, nullptr);
+}
+
+// ---------------------------------------------------------------------------
+const char* reduce_op_name(ReduceOp op) {
+  switch (op) {
+    case ReduceOp::sum: return "sum";
+    case ReduceOp::avg: return "avg";
+    case ReduceOp::max: return "max";
+  }
+  return "?";
+}
+
+std::shared_ptr<ProcessGroup> init_from_mpi(int* argc, char*** argv) {
+  if (g_initialized) return g_world;
+  int already = 0;
+  MPI_Initialized(&already);
+  if (!already) {
+    int provided = MPI_THREAD_SINGLE;
+    check_mpi(MPI_Init_thread(argc, argv, MPI_THREAD_MULTIPLE, &provided), "MPI_Init_thread");
+    g_we_initialized = true;
+  }
+  MPI_Query_thread(&g_thread_level);
+  g_initialized = true;
+  g_world = make_group(MPI_COMM_WORLD, "world", false);
+  return g_world;
+}
+
+bool is_initialized() { return g_initialized; }
+
+void finalize() {
+  if (!g_initialized) return;
+  g_world.reset();
+  int fin = 0;
+  MPI_Finalized(&fin);
+  if (!fin && g_we_initialized) MPI_Finalize();
+  g_initialized = false;
+}
+
+int rank() {
+  check_init("dist::rank");
+  return g_world->rank();
+}
+int world_size() {
+  check_init("dist::world_size");
+  return g_world->size();
+}
+int local_rank() {
+  check_init("dist::local_rank");
+  if (const char* s = std::getenv("OMPI_COMM_WORLD_LOCAL_RANK")) return std::atoi(s);
+  MPI_Comm node;
+  MPI_Comm_split_type(MPI_COMM_WORLD, MPI_COMM_TYPE_SHARED, 0, MPI_INFO_NULL, &node);
+  int r = 0;
+  MPI_Comm_rank(node, &r);
+  MPI_Comm_free(&node);
+  return r;
+}
+const char* thread_level_name() {
+  switch (g_thread_level) {
+    case MPI_THREAD_SINGLE: return "MPI_THREAD_SINGLE";
+    case MPI_THREAD_FUNNELED: return "MPI_THREAD_FUNNELED";
+    case MPI_THREAD_SERIALIZED: return "MPI_THREAD_SERIALIZED";
+    case MPI_THREAD_MULTIPLE: return "MPI_THREAD_MULTIPLE";
+  }
+  return "?";
+}
+std::shared_ptr<ProcessGroup> world() {
+  check_init("dist::world");
+  return g_world;
+}
+
+// ---------------------------------------------------------------------------
+DeviceMesh::DeviceMesh(int dp, int tp, int pp, std::shared_ptr<ProcessGroup> w) : dp_n_(dp), tp_n_(tp), pp_n_(pp) {
+  if (!w) w = world();
+  ATH_CHECK(dp >= 1 && tp >= 1 && pp >= 1 && dp * tp * pp == w->size(), "DeviceMesh", "dp x tp x pp = ", dp, " x ", tp, " x ", pp,
+            " does not match the ", w->size(), " ranks of group ", w->name(),
+            Hint{"choose sizes whose product is the number of processes (mpirun -np)"});
+  const int r = w->rank();
+  tp_i_ = r % tp;
+  dp_i_ = (r / tp) % dp;
+  pp_i_ = r / (tp * dp);
+  MPI_Comm parent = w->impl().comm;
+  auto split = [&](int color, int key, const char* name) {
+    MPI_Comm c;
+    check_mpi(MPI_Comm_split(parent, color, key, &c), "MPI_Comm_split");
+    return make_group(c, name, true);
+  };
+  dp_ = split(pp_i_ * tp + tp_i_, dp_i_, "dp");
+  tp_ = split(pp_i_ * dp + dp_i_, tp_i_, "tp");
+  pp_ = split(dp_i_ * tp + tp_i_, pp_i_, "pp");
+}
+
+}  // namespace athanor::dist

@@ -1,0 +1,234 @@
+// Resuming training: N steps straight and N/2 + checkpoint + resume (a new
+// Trainer) + N/2 give bitwise-identical weights and identical per-step losses
+// (dropout on, two loader workers); resume: auto picks the newest valid
+// checkpoint and skips a damaged one; a config that changes the model shape is
+// refused naming the key; changing max_steps is allowed; SIGTERM saves and stops.
+#include <csignal>
+#include <cstring>
+#include <filesystem>
+#include <fstream>
+
+#include "athanor/ckpt/checkpoint.h"
+#include "athanor/train/trainer.h"
+#include "test_util.h"
+
+namespace athanor {
+using namespace athanor::testing;
+namespace fs = std::filesystem;
+
+namespace {
+std::string tmp_dir(const std::string& name) {
+  const fs::path p = fs::temp_directory_path() / ("athanor_resume_test_" + name);
+  fs::remove_all(p);
+  fs::create_directories(p);
+  return p.string();
+}
+
+std::string write_text(const std::string& dir) {
+  std::string text;
+  for (int i = 0; i < 400; ++i) text += "the quick brown fox jumps over the lazy dog " + std::to_string(i % 17) + ". ";
+  const std::string path = dir + "/tiny.txt";
+  std::ofstream(path) << text;
+  return path;
+}
+
+train::Config gpt_config(const std::string& dir, const std::string& text, std::vector<std::string> overrides) {
+  overrides.push_back("out_dir=" + dir);
+  return train::Config::parse(
+      "model: {type: gpt, n_layer: 1, n_head: 2, n_embd: 16, block_size: 16, dropout: 0.1}\n"
+      "data: {type: text, tokenizer: byte, corpus: " + text + ", cache_dir: " + dir + "/cache, num_workers: 2}\n"
+      "optimizer: {type: adamw, lr: 0.01, weight_decay: 0.1}\n"
+      "schedule: {warmup_steps: 1, decay: cosine}\n"
+      "trainer: {max_steps: 8, batch_size: 4, eval_every: 0, eval_batches: 1, sample_tokens: 4, log_every: 1}\n",
+      "resume.yaml", overrides);
+}
+
+// Raw bytes of every tensor of the state dict: bitwise comparison.
+std::vector<std::string> weight_bytes(train::Trainer& t) {
+  std::vector<std::string> out;
+  for (auto& [n, p] : t.task().module().state_dict()) {
+    Tensor c = p.contiguous();
+    out.emplace_back(static_cast<const char*>(c.raw_data()), static_cast<size_t>(c.nbytes()));
+  }
+  return out;
+}
+std::vector<double> losses(const std::vector<train::StepMetrics>& h) {
+  std::vector<double> out;
+  for (const auto& m : h) out.push_back(m.loss);
+  return out;
+}
+void quiet(train::Trainer& t) { t.set_output([](const std::string&) {}); }
+
+// Sends this process SIGTERM after optimizer step `at`: fit() finishes the step, saves and returns.
+struct RaiseAt : train::Callback {
+  explicit RaiseAt(int64_t at) : at(at) {}
+  int64_t at;
+  void on_step(const train::StepMetrics& m) override {
+    if (m.step == at) std::raise(SIGTERM);
+  }
+};
+}  // namespace
+
+TEST(Resume, BitExactContinuation) {
+  const std::string dir = tmp_dir("bitexact");
+  const std::string text = write_text(dir);
+  // Straight: 8 steps.
+  std::vector<std::string> straight_w;
+  std::vector<double> straight_l;
+  {
+    train::Trainer t(gpt_config(dir, text, {"name=straight"}));
+    quiet(t);
+    t.fit();
+    ASSERT_EQ(t.step(), 8);
+    straight_w = weight_bytes(t);
+    straight_l = losses(t.history());
+  }
+  // 4 steps, checkpoint (the end of fit), then a new Trainer resumes and trains to 8.
+  std::string ckpt_dir;
+  std::vector<double> first_l;
+  {
+    train::Trainer t(gpt_config(dir, text, {"name=split", "checkpoint.every=3"}));
+    quiet(t);
+    t.add_callback(std::make_shared<RaiseAt>(4));
+    t.fit();
+    EXPECT_TRUE(t.stopped_by_signal());
+    ASSERT_EQ(t.step(), 4);
+    first_l = losses(t.history());
+    ckpt_dir = ckpt::find_latest_valid(t.checkpoints_dir()).path;
+    ASSERT_EQ(fs::path(ckpt_dir).filename().string(), "step-000004");
+  }
+  // Scramble the global RNG in between, as another run in the same process would.
+  manual_seed(999);
+  {
+    train::Trainer t(gpt_config(dir, text, {"name=split", "checkpoint.every=3"}));
+    quiet(t);
+    t.resume_from(ckpt_dir);
+    EXPECT_EQ(t.step(), 4);
+    t.fit();
+    ASSERT_EQ(t.step(), 8);
+    std::vector<double> all = first_l;
+    for (double l : losses(t.history())) all.push_back(l);
+    ASSERT_EQ(all.size(), straight_l.size());
+    for (size_t i = 0; i < all.size(); ++i) EXPECT_EQ(all[i], straight_l[i]) << "loss of step " << i + 1;
+    const auto w = weight_bytes(t);
+    ASSERT_EQ(w.size(), straight_w.size());
+    for (size_t i = 0; i < w.size(); ++i) EXPECT_TRUE(w[i] == straight_w[i]) << "tensor " << i << " differs";
+  }
+  // The split run's metrics.jsonl reads as one run: steps 1..8 once each.
+  std::ifstream mf(fs::path(dir) / "split" / "metrics.jsonl");
+  std::string line;
+  int train_lines = 0;
+  while (std::getline(mf, line))
+    if (line.find("\"loss\"") != std::string::npos) ++train_lines;
+  EXPECT_EQ(train_lines, 8);
+}
+
+TEST(Resume, SplitWithoutResumeDiffers) {
+  // The test above can fail: without restoring the state the weights differ.
+  const std::string dir = tmp_dir("differs");
+  const std::string text = write_text(dir);
+  train::Trainer a(gpt_config(dir, text, {"name=a", "trainer.max_steps=2"}));
+  quiet(a);
+  a.fit();
+  train::Trainer b(gpt_config(dir, text, {"name=b", "trainer.max_steps=4"}));
+  quiet(b);
+  b.load_weights((fs::path(dir) / "a" / "model.safetensors").string());  // weights only: no optimizer, RNG or loader state
+  for (int i = 0; i < 2; ++i) b.train_step();
+  train::Trainer c(gpt_config(dir, text, {"name=c", "trainer.max_steps=4"}));
+  quiet(c);
+  for (int i = 0; i < 4; ++i) c.train_step();
+  EXPECT_NE(weight_bytes(b), weight_bytes(c));
+}
+
+TEST(Resume, AutoUsesNewestValidAndSkipsDamaged) {
+  const std::string dir = tmp_dir("auto");
+  const std::string text = write_text(dir);
+  {
+    train::Trainer t(gpt_config(dir, text, {"name=r", "trainer.max_steps=6", "checkpoint.every=2", "checkpoint.keep_last=0"}));
+    quiet(t);
+    t.fit();
+  }
+  const fs::path cdir = fs::path(dir) / "r" / "checkpoints";
+  ASSERT_TRUE(fs::exists(cdir / "step-000006"));
+  ASSERT_TRUE(fs::exists(cdir / "step-000002"));
+  // Damage the newest.
+  {
+    std::fstream f(cdir / "step-000006" / "optimizer.safetensors", std::ios::in | std::ios::out | std::ios::binary);
+    f.seekp(-1, std::ios::end);
+    f.put('\x7f');
+  }
+  std::string log;
+  train::Config c = gpt_config(dir, text, {"name=r", "trainer.max_steps=10", "resume=auto"});
+  // The constructor resumes (messages go to stdout before set_output): check the outcome.
+  train::Trainer t(c);
+  EXPECT_EQ(t.step(), 4);
+  EXPECT_EQ(t.max_steps(), 10);  // max_steps may change
+  t.set_output([&](const std::string& s) { log += s; });
+  EXPECT_TRUE(t.resume_latest());
+  EXPECT_NE(log.find("step-000006"), std::string::npos) << log;
+  EXPECT_NE(log.find("optimizer.safetensors"), std::string::npos) << log;
+  EXPECT_NE(log.find("step-000004"), std::string::npos) << log;
+}
+
+TEST(Resume, RefusesAChangedModelShape) {
+  const std::string dir = tmp_dir("shape");
+  const std::string text = write_text(dir);
+  std::string ck;
+  {
+    train::Trainer t(gpt_config(dir, text, {"name=s", "trainer.max_steps=2", "checkpoint.every=2"}));
+    quiet(t);
+    t.fit();
+    ck = ckpt::find_latest_valid(t.checkpoints_dir()).path;
+  }
+  ASSERT_FALSE(ck.empty());
+  train::Trainer wider(gpt_config(dir, text, {"name=s", "model.n_embd=32"}));
+  quiet(wider);
+  const std::string msg = error_message([&] { wider.resume_from(ck); });
+  EXPECT_NE(msg.find("model.n_embd"), std::string::npos) << msg;
+  EXPECT_NE(msg.find("16"), std::string::npos) << msg;
+  EXPECT_NE(msg.find("32"), std::string::npos) << msg;
+  // Dropout and max_steps are not shape: allowed.
+  train::Trainer ok(gpt_config(dir, text, {"name=s", "model.dropout=0.2", "trainer.max_steps=3"}));
+  quiet(ok);
+  EXPECT_NO_THROW(ok.resume_from(ck));
+  EXPECT_EQ(ok.step(), 2);
+  EXPECT_TRUE(ok.train_step());
+  EXPECT_FALSE(ok.train_step());
+}
+
+TEST(Resume, CheckpointLayoutUsesLogicalNamesAndFullState) {
+  const std::string dir = tmp_dir("layout");
+  const std::string text = write_text(dir);
+  train::Trainer t(gpt_config(dir, text, {"name=l", "trainer.max_steps=2"}));
+  quiet(t);
+  for (int i = 0; i < 2; ++i) t.train_step();
+  const fs::path ck = t.save_checkpoint();
+  EXPECT_EQ(ck.filename().string(), "step-000002");
+  const auto optim = ckpt::load_safetensors((ck / "optimizer.safetensors").string());
+  EXPECT_NE(optim.find("exp_avg.transformer.h.0.attn.c_attn.weight"), nullptr);
+  EXPECT_NE(optim.find("exp_avg_sq.transformer.h.0.attn.c_attn.weight"), nullptr);
+  std::ifstream f(ck / "state.json");
+  const std::string state((std::istreambuf_iterator<char>(f)), std::istreambuf_iterator<char>());
+  for (const char* key : {"\"step\": 2", "\"loader\"", "\"rng\"", "\"scheduler_step\": 2", "\"scalars\"", "\"config_hash\"",
+                          "\"version\"", "\"model.n_embd\": \"16\""})
+    EXPECT_NE(state.find(key), std::string::npos) << key << " not in state.json:\n" << state;
+  const auto m = ckpt::verify_checkpoint(ck.string());
+  EXPECT_EQ(m.files.size(), 3u);
+}
+
+TEST(Resume, SigtermFinishesTheStepSavesAndReturns) {
+  const std::string dir = tmp_dir("sigterm");
+  const std::string text = write_text(dir);
+  train::Trainer t(gpt_config(dir, text, {"name=t"}));  // checkpoint.every = 0: the signal still saves
+  quiet(t);
+  t.add_callback(std::make_shared<RaiseAt>(3));
+  t.fit();
+  EXPECT_TRUE(t.stopped_by_signal());
+  EXPECT_EQ(t.step(), 3);
+  const auto found = ckpt::find_latest_valid(t.checkpoints_dir());
+  EXPECT_EQ(found.step, 3);
+  EXPECT_EQ(ckpt::read_latest(t.checkpoints_dir()), "step-000003");
+  EXPECT_FALSE(t.evals().empty());  // the CLI reports the last evaluation
+}
+
+}  // namespace athanor
