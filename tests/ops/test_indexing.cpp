@@ -14,21 +14,7 @@ using namespace athanor::testing;
 
 namespace {
 
-double at(const std::vector<double>& v, const Shape& s, const Shape& c) {
-  int64_t lin = 0;
-  for (size_t d = 0; d < s.size(); ++d) lin = lin * s[d] + c[d];
-  return v[lin];
-}
 
-void for_each_index(const Shape& s, const std::function<void(const Shape&)>& fn) {
-  const int64_t n = shape_numel(s);
-  Shape c(s.size(), 0);
-  for (int64_t lin = 0; lin < n; ++lin) {
-    int64_t rem = lin;
-    for (int64_t d = static_cast<int64_t>(s.size()) - 1; d >= 0; --d) c[d] = rem % s[d], rem /= s[d];
-    fn(c);
-  }
-}
 
 Tensor iota(const Shape& s) { return arange(0, shape_numel(s), DType::f64).reshape(s); }
 Tensor idx64(const std::vector<int64_t>& v, const Shape& s) { return from_vector(v, s, DType::i64); }

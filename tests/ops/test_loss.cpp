@@ -31,13 +31,6 @@ std::vector<double> ce_rows(const Tensor& logits, const std::vector<int64_t>& t,
   return out;
 }
 
-std::vector<float> random_floats(int64_t n, uint64_t seed, double scale) {
-  Generator g(seed);
-  Tensor t = randn({n}, {}, g);
-  std::vector<float> v(n);
-  for (int64_t i = 0; i < n; ++i) v[i] = static_cast<float>(scale * t.data_ptr<float>()[i]);
-  return v;
-}
 }  // namespace
 
 // ---- cross_entropy ---------------------------------------------------------------------------

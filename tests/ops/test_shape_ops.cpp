@@ -16,23 +16,7 @@ namespace {
 
 using Fn = std::function<Tensor(const std::vector<Tensor>&)>;
 
-// Value at logical coordinates `c` of a row-major vector of shape s.
-double at(const std::vector<double>& v, const Shape& s, const Shape& c) {
-  int64_t lin = 0;
-  for (size_t d = 0; d < s.size(); ++d) lin = lin * s[d] + c[d];
-  return v[lin];
-}
 
-// Calls fn(coords) for every coordinate of shape s, in row-major order.
-void for_each_index(const Shape& s, const std::function<void(const Shape&)>& fn) {
-  const int64_t n = shape_numel(s);
-  Shape c(s.size(), 0);
-  for (int64_t lin = 0; lin < n; ++lin) {
-    int64_t rem = lin;
-    for (int64_t d = static_cast<int64_t>(s.size()) - 1; d >= 0; --d) c[d] = rem % s[d], rem /= s[d];
-    fn(c);
-  }
-}
 
 Tensor f64(const std::vector<double>& v, const Shape& s) { return from_vector(v, s, DType::f64); }
 

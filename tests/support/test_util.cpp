@@ -140,4 +140,28 @@ std::string error_message(const std::function<void()>& fn) {
   return "";
 }
 
+double at(const std::vector<double>& v, const Shape& s, const Shape& c) {
+  int64_t lin = 0;
+  for (size_t d = 0; d < s.size(); ++d) lin = lin * s[d] + c[d];
+  return v[lin];
+}
+
+void for_each_index(const Shape& s, const std::function<void(const Shape&)>& fn) {
+  const int64_t n = shape_numel(s);
+  Shape c(s.size(), 0);
+  for (int64_t lin = 0; lin < n; ++lin) {
+    int64_t rem = lin;
+    for (int64_t d = static_cast<int64_t>(s.size()) - 1; d >= 0; --d) c[d] = rem % s[d], rem /= s[d];
+    fn(c);
+  }
+}
+
+std::vector<float> random_floats(int64_t n, uint64_t seed, double scale) {
+  Generator g(seed);
+  Tensor t = randn({n}, {}, g);
+  std::vector<float> v(n);
+  for (int64_t i = 0; i < n; ++i) v[i] = static_cast<float>(scale * t.data_ptr<float>()[i]);
+  return v;
+}
+
 }  // namespace athanor::testing

@@ -38,4 +38,12 @@ Tensor make_noncontiguous(const Tensor& t);
 // Runs fn and returns the athanor::Error message it throws (fails the test if it does not throw).
 std::string error_message(const std::function<void()>& fn);
 
+// Naive-reference helpers for tests that index by coordinates:
+// the value at logical coordinates `c` of a row-major vector of shape `s`,
+double at(const std::vector<double>& v, const Shape& s, const Shape& c);
+// and fn(coords) for every coordinate of shape `s`, in row-major order.
+void for_each_index(const Shape& s, const std::function<void(const Shape&)>& fn);
+// n values scale * N(0, 1) from `seed`, as f32.
+std::vector<float> random_floats(int64_t n, uint64_t seed, double scale);
+
 }  // namespace athanor::testing
