@@ -33,6 +33,25 @@ Shape reduced_shape(const Shape& in, const std::vector<int64_t>& dims, bool keep
   return out;
 }
 
+ReduceLayout reduce_layout(const Tensor& x, const std::vector<int64_t>& dims) {
+  ReduceLayout l{x};
+  const bool block = !dims.empty() && dims.back() - dims.front() + 1 == static_cast<int64_t>(dims.size());
+  if (block && x.is_contiguous()) {
+    for (int64_t i = 0; i < dims.front(); ++i) l.outer *= x.sizes()[i];
+    for (int64_t d : dims) l.r *= x.sizes()[d];
+    for (int64_t i = dims.back() + 1; i < x.dim(); ++i) l.inner *= x.sizes()[i];
+    return l;
+  }
+  std::vector<int64_t> perm;
+  for (int64_t i = 0; i < x.dim(); ++i)
+    if (std::find(dims.begin(), dims.end(), i) == dims.end()) perm.push_back(i), l.outer *= x.sizes()[i];
+  for (int64_t d : dims) perm.push_back(d), l.r *= x.sizes()[d];
+  Shape sz, st;
+  for (int64_t p : perm) sz.push_back(x.sizes()[p]), st.push_back(x.strides()[p]);
+  l.src = contiguous_raw(make_view(x, sz, st, x.storage_offset()));
+  return l;
+}
+
 void check_normalized_shape(const Tensor& x, const Shape& normalized_shape, const char* op) {
   const int64_t k = static_cast<int64_t>(normalized_shape.size());
   bool match = k >= 1 && k <= x.dim();

@@ -15,6 +15,15 @@ int64_t wrap_dim(int64_t dim, int64_t ndim, const char* op);
 std::vector<int64_t> normalize_dims(const std::vector<int64_t>& dims, int64_t ndim, const char* op);
 // The shape left after reducing `dims` (sorted) of `in`: removed, or kept as 1.
 Shape reduced_shape(const Shape& in, const std::vector<int64_t>& dims, bool keepdim);
+// x seen as [outer, r, inner] with the reduced dims (sorted, unique) in the
+// middle: a view when they form one block of adjacent dims of a contiguous x,
+// else a copy permuted to [kept..., reduced...] (inner = 1). Used by the
+// reduction kernels (sum/mean, var), which all take this form.
+struct ReduceLayout {
+  Tensor src;
+  int64_t outer = 1, r = 1, inner = 1;
+};
+ReduceLayout reduce_layout(const Tensor& x, const std::vector<int64_t>& dims);
 // normalized_shape must equal the trailing dims of x (layer_norm, rms_norm).
 void check_normalized_shape(const Tensor& x, const Shape& normalized_shape, const char* op);
 void check_defined(const Tensor& t, const char* op, const char* arg);

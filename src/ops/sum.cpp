@@ -17,22 +17,7 @@ Tensor sum_kernel(const Tensor& x, const std::vector<int64_t>& dims, bool keepdi
   detail::check_floating(x, op, "x");
   const Shape out_shape = detail::reduced_shape(x.sizes(), dims, keepdim);
   Tensor out = empty(out_shape, TensorOptions(x.dtype()));
-  Tensor src = x;
-  int64_t outer = 1, r = 1, inner = 1;
-  const bool block = !dims.empty() && dims.back() - dims.front() + 1 == static_cast<int64_t>(dims.size());
-  if (block && x.is_contiguous()) {  // [outer, r, inner] view of the input, no copy
-    for (int64_t i = 0; i < dims.front(); ++i) outer *= x.sizes()[i];
-    for (int64_t d : dims) r *= x.sizes()[d];
-    for (int64_t i = dims.back() + 1; i < x.dim(); ++i) inner *= x.sizes()[i];
-  } else {  // move the reduced dims last: [kept..., reduced...] -> [outer, r, 1]
-    std::vector<int64_t> perm;
-    for (int64_t i = 0; i < x.dim(); ++i)
-      if (std::find(dims.begin(), dims.end(), i) == dims.end()) perm.push_back(i), outer *= x.sizes()[i];
-    for (int64_t d : dims) perm.push_back(d), r *= x.sizes()[d];
-    Shape sz, st;
-    for (int64_t p : perm) sz.push_back(x.sizes()[p]), st.push_back(x.strides()[p]);
-    src = detail::contiguous_raw(make_view(x, sz, st, x.storage_offset()));
-  }
+  const auto [src, outer, r, inner] = detail::reduce_layout(x, dims);
   dispatch(x.dtype(), [&]<class T>() {
     if constexpr (std::is_floating_point_v<T> || is_half_v<T>)
       cpu::sum_3d<T>(static_cast<const T*>(src.raw_data()), static_cast<T*>(out.raw_data()), outer, r, inner, scale);

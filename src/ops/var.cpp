@@ -31,23 +31,7 @@ Tensor var(const Tensor& x, const std::vector<int64_t>& dims_in, int64_t correct
   const Shape out_shape = detail::reduced_shape(x.sizes(), dims, keepdim);
   const Shape kept = detail::reduced_shape(x.sizes(), dims, true);
 
-  int64_t outer = 1, r = 1, inner = 1;
-  Tensor src = x;
-  const bool block = !dims.empty() && dims.back() - dims.front() + 1 == static_cast<int64_t>(dims.size());
-  if (x.dim() == 0) {  // a scalar: one element, nothing to move
-  } else if (block && x.is_contiguous()) {  // [outer, r, inner] view of the input, no copy
-    for (int64_t i = 0; i < dims.front(); ++i) outer *= x.sizes()[i];
-    for (int64_t d : dims) r *= x.sizes()[d];
-    for (int64_t i = dims.back() + 1; i < x.dim(); ++i) inner *= x.sizes()[i];
-  } else {  // reduced dims last: [kept..., reduced...] -> [outer, r, 1]
-    std::vector<int64_t> perm;
-    for (int64_t i = 0; i < x.dim(); ++i)
-      if (std::find(dims.begin(), dims.end(), i) == dims.end()) perm.push_back(i), outer *= x.sizes()[i];
-    for (int64_t d : dims) perm.push_back(d), r *= x.sizes()[d];
-    Shape sz, st;
-    for (int64_t p : perm) sz.push_back(x.sizes()[p]), st.push_back(x.strides()[p]);
-    src = detail::contiguous_raw(make_view(x, sz, st, x.storage_offset()));
-  }
+  const auto [src, outer, r, inner] = detail::reduce_layout(x, dims);
 
   // The mean is kept in the accumulation dtype (f32 for f32/bf16/f16, f64 for f64).
   const DType acc = x.dtype() == DType::f64 ? DType::f64 : DType::f32;

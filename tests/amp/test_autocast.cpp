@@ -13,12 +13,6 @@ namespace athanor {
 using namespace athanor::testing;
 
 namespace {
-Tensor param(const Shape& s, uint64_t seed) {
-  Generator g(seed);
-  Tensor t = randn(s, {}, g);
-  t.requires_grad_(true);
-  return t;
-}
 double rel_err(const Tensor& a, const Tensor& b) {  // ||a - b|| / ||b||
   const auto va = a.to_vector(), vb = b.to_vector();
   double num = 0, den = 0;
@@ -29,7 +23,7 @@ double rel_err(const Tensor& a, const Tensor& b) {  // ||a - b|| / ||b||
 
 TEST(Autocast, OpCategories) {
   Generator g(1);
-  Tensor x = randn({4, 8}, {}, g), w = param({6, 8}, 2), b = param({6}, 3);
+  Tensor x = randn({4, 8}, {}, g), w = random_leaf({6, 8}, 2), b = random_leaf({6}, 3);
   {
     autocast ac(DType::bf16);
     EXPECT_TRUE(autocast_enabled());
@@ -48,7 +42,7 @@ TEST(Autocast, OpCategories) {
     EXPECT_EQ(cross_entropy(y, from_vector(std::vector<int64_t>{0, 1, 2, 3}, {4})).dtype(), DType::f32);
     Tensor q = randn({1, 2, 4, 8}, {}, g);
     EXPECT_EQ(scaled_dot_product_attention(q, q, q, true).dtype(), DType::bf16);
-    Tensor img = randn({1, 2, 5, 5}, {}, g), k = param({3, 2, 3, 3}, 12);
+    Tensor img = randn({1, 2, 5, 5}, {}, g), k = random_leaf({3, 2, 3, 3}, 12);
     EXPECT_EQ(autocast_target("conv2d", DType::f32), DType::bf16);
     EXPECT_TRUE(conv2d(img, k).dtype() == DType::bf16);
     Tensor x64 = randn({2, 3}, DType::f64, g);
@@ -60,7 +54,7 @@ TEST(Autocast, OpCategories) {
 
 TEST(Autocast, MatchesF32WithinBf16Rounding) {
   Generator g(4);
-  Tensor x = randn({16, 64}, {}, g), w = param({32, 64}, 5);
+  Tensor x = randn({16, 64}, {}, g), w = random_leaf({32, 64}, 5);
   Tensor ref = linear(x, w, Tensor());
   Tensor y;
   {
@@ -95,7 +89,7 @@ TEST(Autocast, NestingRestoresState) {
 
 TEST(Autocast, WeightCastIsCachedPerRegion) {
   Generator g(7);
-  Tensor x = randn({3, 8}, {}, g), w = param({5, 8}, 8);
+  Tensor x = randn({3, 8}, {}, g), w = random_leaf({5, 8}, 8);
   {
     autocast ac(DType::bf16);
     const Tensor c1 = autocast_input(w, "linear"), c2 = autocast_input(w, "linear");
@@ -124,7 +118,7 @@ TEST(Autocast, WeightCastIsCachedPerRegion) {
 
 TEST(Autocast, GradientsReachF32ParametersInF32) {
   Generator g(9);
-  Tensor x = randn({6, 8}, {}, g), w = param({8, 8}, 10), b = param({8}, 11);
+  Tensor x = randn({6, 8}, {}, g), w = random_leaf({8, 8}, 10), b = random_leaf({8}, 11);
   x.requires_grad_(true);
   auto run = [&](bool amp) {
     w.set_grad(Tensor()), b.set_grad(Tensor()), x.set_grad(Tensor());

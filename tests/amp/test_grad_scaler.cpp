@@ -11,15 +11,6 @@
 namespace athanor {
 using namespace athanor::testing;
 
-namespace {
-Tensor param(const Shape& s, uint64_t seed) {
-  Generator g(seed);
-  Tensor t = randn(s, {}, g);
-  t.requires_grad_(true);
-  return t;
-}
-}  // namespace
-
 TEST(GradScaler, RecoversF16GradientsThatUnderflowWithoutScaling) {
   // loss = sum(1e-8 * x W^T), the product in f32. Under f16 autocast the linear
   // runs in f16, so its output gradient dL/dy = 1e-8 reaches it in f16, where anything below 2^-25
@@ -27,7 +18,7 @@ TEST(GradScaler, RecoversF16GradientsThatUnderflowWithoutScaling) {
   // normal f16 and dW survives; unscaling in f32 gives the true gradient.
   Generator g(31);
   const Tensor x = randn({8, 16}, {}, g);
-  Tensor w = param({4, 16}, 32);
+  Tensor w = random_leaf({4, 16}, 32);
   const Tensor tiny = full({8, 4}, 1e-8);  // an f32 tensor: mul promotes the f16 linear output to f32
   auto loss_fn = [&] { return sum(mul(linear(x, w, Tensor()), tiny), {}, false); };
 
@@ -71,7 +62,7 @@ TEST(GradScaler, InfSkipsStepNamesParameterHalvesScaleAndGrowsBack) {
   o.init_scale = 1024;
   o.growth_interval = 3;
   GradScaler scaler(o);
-  Tensor a = param({3}, 41), b = param({2, 2}, 42);
+  Tensor a = random_leaf({3}, 41), b = random_leaf({2, 2}, 42);
   const GradScaler::NamedTensors params = {{"layer.a", a}, {"layer.b", b}};
   auto step = [&](bool inject_inf) {
     a.set_grad(Tensor()), b.set_grad(Tensor());
@@ -110,7 +101,7 @@ TEST(GradScaler, InfSkipsStepNamesParameterHalvesScaleAndGrowsBack) {
 
 TEST(GradScaler, RecordsNonFiniteLoss) {
   GradScaler scaler;
-  Tensor p = param({2}, 43);
+  Tensor p = random_leaf({2}, 43);
   Tensor loss = sum(mul(p, std::numeric_limits<double>::infinity()), {}, false);
   scaler.scale(loss).backward();
   EXPECT_TRUE(scaler.loss_nonfinite());
@@ -132,7 +123,7 @@ TEST(GradScaler, StateDictRoundTripAndMisuse) {
   EXPECT_EQ(s2.growth_tracker(), 2);
   EXPECT_FALSE(error_message([&] { s2.load_state_dict({{"scale", scalar_tensor(1.0, DType::f64)}}); }).empty());
 
-  Tensor p = param({2}, 44);
+  Tensor p = random_leaf({2}, 44);
   sum(p, {}, false).backward();
   s2.unscale(std::vector<Tensor>{p});
   const std::string msg = error_message([&] { s2.unscale(std::vector<Tensor>{p}); });
@@ -142,7 +133,7 @@ TEST(GradScaler, StateDictRoundTripAndMisuse) {
   GradScalerOptions off;
   off.enabled = false;
   GradScaler s3(off);
-  Tensor q = param({2}, 45);
+  Tensor q = random_leaf({2}, 45);
   Tensor l = sum(q, {}, false);
   EXPECT_TRUE(s3.scale(l).is_same(l));
   l.backward();

@@ -15,12 +15,8 @@ using namespace athanor::testing;
 namespace fs = std::filesystem;
 
 namespace {
-std::string tmp_dir(const std::string& name) {
-  const fs::path p = fs::temp_directory_path() / ("athanor_ckpt_test_" + name);
-  fs::remove_all(p);
-  fs::create_directories(p);
-  return p.string();
-}
+// Per-file prefix: test files run in parallel under ctest.
+std::string tmp_dir(const std::string& name) { return testing::fresh_temp_dir("ckpt_" + name); }
 
 std::string save_step(const std::string& dir, int64_t step) {
   Tensor w = from_vector(std::vector<float>{1.f * step, 2.f, 3.f, 4.f}, {2, 2});

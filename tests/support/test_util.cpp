@@ -1,6 +1,8 @@
 #include "test_util.h"
 
 #include <cmath>
+#include <filesystem>
+#include <fstream>
 #include <sstream>
 
 namespace athanor::testing {
@@ -154,6 +156,28 @@ void for_each_index(const Shape& s, const std::function<void(const Shape&)>& fn)
     for (int64_t d = static_cast<int64_t>(s.size()) - 1; d >= 0; --d) c[d] = rem % s[d], rem /= s[d];
     fn(c);
   }
+}
+
+Tensor random_leaf(const Shape& shape, uint64_t seed) {
+  Generator g(seed);
+  Tensor t = randn(shape, {}, g);
+  t.requires_grad_(true);
+  return t;
+}
+
+std::string fresh_temp_dir(const std::string& name) {
+  const std::filesystem::path p = std::filesystem::temp_directory_path() / ("athanor_test_" + name);
+  std::filesystem::remove_all(p);
+  std::filesystem::create_directories(p);
+  return p.string();
+}
+
+std::string write_tiny_text(const std::string& dir) {
+  std::string text;
+  for (int i = 0; i < 400; ++i) text += "the quick brown fox jumps over the lazy dog " + std::to_string(i % 17) + ". ";
+  const std::string path = dir + "/tiny.txt";
+  std::ofstream(path) << text;
+  return path;
 }
 
 std::vector<float> random_floats(int64_t n, uint64_t seed, double scale) {

@@ -43,6 +43,12 @@ std::string error_message(const std::function<void()>& fn);
 double at(const std::vector<double>& v, const Shape& s, const Shape& c);
 // and fn(coords) for every coordinate of shape `s`, in row-major order.
 void for_each_index(const Shape& s, const std::function<void(const Shape&)>& fn);
+// An f32 leaf that requires grad, N(0, 1) from `seed` (a parameter for op tests).
+Tensor random_leaf(const Shape& shape, uint64_t seed);
+// An empty directory <tmp>/athanor_test_<name> (removed first if it exists).
+std::string fresh_temp_dir(const std::string& name);
+// A small English-like text file in `dir` for language-model runs (no npm data needed).
+std::string write_tiny_text(const std::string& dir);
 // n values scale * N(0, 1) from `seed`, as f32.
 std::vector<float> random_floats(int64_t n, uint64_t seed, double scale);
 

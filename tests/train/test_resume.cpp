@@ -17,20 +17,9 @@ using namespace athanor::testing;
 namespace fs = std::filesystem;
 
 namespace {
-std::string tmp_dir(const std::string& name) {
-  const fs::path p = fs::temp_directory_path() / ("athanor_resume_test_" + name);
-  fs::remove_all(p);
-  fs::create_directories(p);
-  return p.string();
-}
+// Per-file prefix: test files run in parallel under ctest.
+std::string tmp_dir(const std::string& name) { return testing::fresh_temp_dir("resume_" + name); }
 
-std::string write_text(const std::string& dir) {
-  std::string text;
-  for (int i = 0; i < 400; ++i) text += "the quick brown fox jumps over the lazy dog " + std::to_string(i % 17) + ". ";
-  const std::string path = dir + "/tiny.txt";
-  std::ofstream(path) << text;
-  return path;
-}
 
 train::Config gpt_config(const std::string& dir, const std::string& text, std::vector<std::string> overrides) {
   overrides.push_back("out_dir=" + dir);
@@ -71,7 +60,7 @@ struct RaiseAt : train::Callback {
 
 TEST(Resume, BitExactContinuation) {
   const std::string dir = tmp_dir("bitexact");
-  const std::string text = write_text(dir);
+  const std::string text = testing::write_tiny_text(dir);
   // Straight: 8 steps.
   std::vector<std::string> straight_w;
   std::vector<double> straight_l;
@@ -126,7 +115,7 @@ TEST(Resume, BitExactContinuation) {
 TEST(Resume, SplitWithoutResumeDiffers) {
   // The test above can fail: without restoring the state the weights differ.
   const std::string dir = tmp_dir("differs");
-  const std::string text = write_text(dir);
+  const std::string text = testing::write_tiny_text(dir);
   train::Trainer a(gpt_config(dir, text, {"name=a", "trainer.max_steps=2"}));
   quiet(a);
   a.fit();
@@ -142,7 +131,7 @@ TEST(Resume, SplitWithoutResumeDiffers) {
 
 TEST(Resume, AutoUsesNewestValidAndSkipsDamaged) {
   const std::string dir = tmp_dir("auto");
-  const std::string text = write_text(dir);
+  const std::string text = testing::write_tiny_text(dir);
   {
     train::Trainer t(gpt_config(dir, text, {"name=r", "trainer.max_steps=6", "checkpoint.every=2", "checkpoint.keep_last=0"}));
     quiet(t);
@@ -172,7 +161,7 @@ TEST(Resume, AutoUsesNewestValidAndSkipsDamaged) {
 
 TEST(Resume, RefusesAChangedModelShape) {
   const std::string dir = tmp_dir("shape");
-  const std::string text = write_text(dir);
+  const std::string text = testing::write_tiny_text(dir);
   std::string ck;
   {
     train::Trainer t(gpt_config(dir, text, {"name=s", "trainer.max_steps=2", "checkpoint.every=2"}));
@@ -198,7 +187,7 @@ TEST(Resume, RefusesAChangedModelShape) {
 
 TEST(Resume, CheckpointLayoutUsesLogicalNamesAndFullState) {
   const std::string dir = tmp_dir("layout");
-  const std::string text = write_text(dir);
+  const std::string text = testing::write_tiny_text(dir);
   train::Trainer t(gpt_config(dir, text, {"name=l", "trainer.max_steps=2"}));
   quiet(t);
   for (int i = 0; i < 2; ++i) t.train_step();
@@ -218,7 +207,7 @@ TEST(Resume, CheckpointLayoutUsesLogicalNamesAndFullState) {
 
 TEST(Resume, SigtermFinishesTheStepSavesAndReturns) {
   const std::string dir = tmp_dir("sigterm");
-  const std::string text = write_text(dir);
+  const std::string text = testing::write_tiny_text(dir);
   train::Trainer t(gpt_config(dir, text, {"name=t"}));  // checkpoint.every = 0: the signal still saves
   quiet(t);
   t.add_callback(std::make_shared<RaiseAt>(3));

@@ -15,14 +15,10 @@ using namespace athanor::testing;
 namespace fs = std::filesystem;
 
 namespace {
+// Per-file prefix: test files run in parallel under ctest.
+std::string tmp_dir(const std::string& name) { return testing::fresh_temp_dir("trainer_" + name); }
 bool have_fashion() { return fs::exists(data::default_fashion_mnist_dir() + "/train-images-idx3-ubyte.gz"); }
 
-std::string tmp_dir(const std::string& name) {
-  const fs::path p = fs::temp_directory_path() / ("athanor_trainer_test_" + name);
-  fs::remove_all(p);
-  fs::create_directories(p);
-  return p.string();
-}
 
 train::Config mlp_config(const std::string& out, std::vector<std::string> overrides) {
   overrides.push_back("out_dir=" + out);
@@ -43,14 +39,6 @@ std::vector<double> flat_params(train::Trainer& t) {
   return out;
 }
 
-// A small text file for language-model runs (no npm packages needed).
-std::string write_text(const std::string& dir) {
-  std::string text;
-  for (int i = 0; i < 400; ++i) text += "the quick brown fox jumps over the lazy dog " + std::to_string(i % 17) + ". ";
-  const std::string path = dir + "/tiny.txt";
-  std::ofstream(path) << text;
-  return path;
-}
 }  // namespace
 
 TEST(Trainer, AccumulationEqualsOneLargeBatch) {
@@ -81,7 +69,7 @@ TEST(Trainer, AccumulationEqualsOneLargeBatch) {
 
 TEST(Trainer, TokenWeightedAccumulationForLanguageModels) {
   const std::string dir = tmp_dir("lm");
-  const std::string text = write_text(dir);
+  const std::string text = testing::write_tiny_text(dir);
   auto cfg = [&](const std::string& name, int b, int k) {
     return train::Config::parse(
         "model: {type: gpt, n_layer: 1, n_head: 2, n_embd: 16, block_size: 16}\n"
