@@ -14,7 +14,8 @@ PACKAGES=(
   libopenmpi-dev openmpi-bin
   dataset-fashion-mnist
   clang libclang-rt-14-dev
-  python3
+  python3 python3-protobuf  # python3-protobuf: the independent TensorBoard decoder in tests
+  chromium fonts-dejavu-core  # headless screenshot test of report.html
 )
 
 missing=()

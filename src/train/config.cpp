@@ -176,7 +176,8 @@ bool applies(const ConfigKey& k, const std::map<std::string, ConfigValue>& value
   if (k.applies_to.empty()) return true;
   const auto eq = k.applies_to.find('=');
   const std::string key = k.applies_to.substr(0, eq), allowed = "|" + k.applies_to.substr(eq + 1) + "|";
-  const auto& v = std::get<std::string>(values.at(key));
+  const ConfigValue& cv = values.at(key);  // a string choice or a bool ("profile.enabled=true")
+  const std::string v = std::holds_alternative<bool>(cv) ? (std::get<bool>(cv) ? "true" : "false") : std::get<std::string>(cv);
   return allowed.find("|" + v + "|") != std::string::npos;
 }
 }  // namespace
@@ -211,7 +212,9 @@ Config Config::parse(const std::string& text, const std::string& source, const s
     if (c.user_set_.count(k.path) && !applies(k, c.values_)) {
       const std::string key = k.applies_to.substr(0, k.applies_to.find('='));
       ATH_FAIL("config", source, ": key '", k.path, "' does not apply when ", key, " is '",
-               std::get<std::string>(c.values_.at(key)), "' (it applies to ", k.applies_to, ")",
+               (std::holds_alternative<bool>(c.values_.at(key)) ? (std::get<bool>(c.values_.at(key)) ? "true" : "false")
+                                                                          : std::get<std::string>(c.values_.at(key))),
+               "' (it applies to ", k.applies_to, ")",
                Hint{"remove it, or change " + key});
     }
   return c;

@@ -1,0 +1,89 @@
+#pragma once
+// What a training run reports, step by step: the records every sink (terminal,
+// metrics.jsonl, TensorBoard, report.html, the doctor) reads.
+//
+// metrics.jsonl holds one JSON object per line, written by the Trainer:
+//   step lines:   {"step", "loss", "lr", "grad_norm", "grad_norm_clipped", "skipped",
+//                  "skipped_total", "loss_scale" (only with the f16 scaler), "targets",
+//                  "throughput", "step_s", "data_s", "forward_s", "backward_s",
+//                  "optimizer_s", "comm_s", "mfu" (fraction, omitted when unknown),
+//                  "mem": {"<tag>": {"cur": bytes, "peak": bytes}, …},
+//                  "nonfinite_params": [names] (only when non-empty),
+//                  "layers": {"<param name>": {"grad": norm, "param": norm}, …} (observe.layer_norms)}
+//   eval lines:   {"step", "val_loss", "val_accuracy" (classifiers)}
+// health.jsonl (same directory) holds one HealthEvent per line:
+//   {"step", "kind", "severity", "message", "suggestions": [..], "details": {k: v}}
+// Non-finite numbers are written as null (JSON has no inf/nan).
+#include <cstdint>
+#include <map>
+#include <string>
+#include <vector>
+
+namespace athanor::observe {
+
+struct TagMemory {
+  std::string tag;       // "parameter", "gradient", "optimizer_state", "activation", "workspace", "other"
+  int64_t current = 0;   // bytes at the end of the step
+  int64_t peak = 0;      // high-water mark during the step
+};
+
+struct LayerNorms {
+  std::string name;      // parameter name, e.g. "transformer.h.3.attn.c_attn.weight"
+  double grad_norm = 0;  // L2 norm of its (unscaled, pre-clip) gradient
+  double param_norm = 0; // L2 norm of the parameter before the update
+};
+
+struct StepMetrics {
+  int64_t step = 0;               // optimizer steps completed, counting this one
+  double loss = 0;                // token/sample-weighted mean over the step's micro-batches
+  double lr = 0;                  // lr used by this step
+  double grad_norm = 0;           // global L2 norm before clipping (unscaled)
+  double grad_norm_clipped = 0;   // after clipping (= grad_norm when not clipped)
+  bool skipped = false;           // update skipped (non-finite gradient or loss)
+  int64_t skipped_total = 0;      // skipped steps so far in the run
+  double loss_scale = 0;          // GradScaler scale used by this step (0 = no scaler)
+  int64_t targets = 0;            // tokens (LM) or samples (classifier) in the step
+  double throughput = 0;          // targets per second
+  double step_seconds = 0;        // wall time of the whole step
+  double data_seconds = 0;        // waiting for batches
+  double forward_seconds = 0;
+  double backward_seconds = 0;
+  double optimizer_seconds = 0;   // unscale + clip + optimizer step + zero_grad
+  double comm_seconds = 0;        // waiting for gradient reduction (distributed only)
+  double flops = 0;               // model FLOPs of the step (forward + backward), 0 = unknown
+  double mfu = -1;                // flops / step_seconds / peak; -1 = unknown
+  std::vector<TagMemory> memory;  // by allocator tag
+  std::vector<std::string> nonfinite_params;  // parameters whose gradient was non-finite
+  bool loss_nonfinite = false;
+  std::vector<LayerNorms> layers; // only with observe.layer_norms
+};
+
+struct EvalMetrics {
+  int64_t step = 0;
+  double loss = 0;
+  double accuracy = -1;  // classifiers only (-1 otherwise)
+  int64_t count = 0;     // targets evaluated
+};
+
+// Something a person should know about the run, with what to do about it.
+struct HealthEvent {
+  int64_t step = 0;
+  std::string kind;      // "loss_spike", "grad_spike", "exploding_gradients", "vanishing_gradients",
+                         // "nonfinite", "nan_origin", "skipped_step", "scale_collapse", "rollback"
+  std::string severity;  // "info", "warning", "error"
+  std::string message;   // a plain-language diagnosis
+  std::vector<std::string> suggestions;  // concrete things to try, drawn from standard practice
+  std::map<std::string, std::string> details;  // op, module, shapes, stats, sample ids, file saved …
+};
+
+// Where records go. The Trainer calls these on rank 0; every method may be left as is.
+class MetricsSink {
+ public:
+  virtual ~MetricsSink() = default;
+  virtual void on_step(const StepMetrics&) {}
+  virtual void on_eval(const EvalMetrics&) {}
+  virtual void on_health(const HealthEvent&) {}
+  virtual void on_end() {}
+};
+
+}  // namespace athanor::observe
