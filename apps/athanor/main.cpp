@@ -21,6 +21,7 @@
 #include "athanor/core/error.h"
 #include "athanor/ops/op_table.h"
 #include "backend/cpu/gemm.h"
+#include "backend/cpu/thread_env.h"
 #include "command_registry.h"
 #include "train_commands.h"
 
@@ -41,7 +42,7 @@ void print_version() {
   std::cout << "athanor " << ATHANOR_VERSION << "\n"
             << "  gemm:    " << athanor::cpu::gemm_backend_name() << "\n"
             << "  isa:     " << athanor::cpu::cpu_isa_name() << "\n"
-            << "  openmp:  " << omp_get_max_threads() << " threads\n"
+            << "  openmp:  " << omp_get_max_threads() << " threads, wait policy " << athanor::cpu::openmp_wait_policy() << "\n"
             << "  cuda:    " << cuda << "\n";
 }
 
@@ -77,6 +78,8 @@ void print_ops() {
 }  // namespace
 
 int main(int argc, char** argv) {
+  // Before any OpenMP region: idle workers must not spin between regions (thread_env.h).
+  athanor::cpu::ensure_passive_openmp_wait(argv);
   CLI::App app{"athanor: a C++20 deep-learning training engine", "athanor"};
   bool version = false;
   app.add_flag("--version", version, "Print the version and build facts, then exit");

@@ -8,6 +8,7 @@
 #include "athanor/autograd/grad_mode.h"
 #include "athanor/autograd/node.h"
 #include "athanor/core/error.h"
+#include "athanor/observe/profiler.h"
 #include "grad_buffer.h"
 
 namespace athanor {
@@ -101,10 +102,17 @@ void backward(const std::vector<Tensor>& roots, const std::vector<Tensor>& grad_
         if (r.defined()) grads[slot] = r;
       }
     }
-    std::vector<Tensor> in_grads = node->apply(std::move(grads));
-    if (anomaly_mode_enabled())
+    const bool anomaly = anomaly_mode_enabled();
+    std::vector<Tensor> incoming;  // anomaly mode reports the gradients that flowed into the failing node
+    if (anomaly) incoming = grads;
+    std::vector<Tensor> in_grads;
+    {
+      observe::BackwardNodeTimer timer(node->name());  // free when the profiler is off
+      in_grads = node->apply(std::move(grads));
+    }
+    if (anomaly)
       for (size_t i = 0; i < in_grads.size(); ++i)
-        if (in_grads[i].defined()) check_finite("backward", node->name(), {}, in_grads[i], i, node->module_path);
+        if (in_grads[i].defined()) check_finite("backward", node->name(), incoming, in_grads[i], i, node->module_path);
     if (!retain_graph) node->release();
     ATH_CHECK(in_grads.size() == node->next_edges.size() || in_grads.empty(), node->name(), "backward returned ",
               in_grads.size(), " gradients for ", node->next_edges.size(), " inputs",

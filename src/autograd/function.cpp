@@ -4,8 +4,10 @@
 #include <limits>
 #include <sstream>
 
+#include "athanor/autograd/anomaly.h"
 #include "athanor/core/convert.h"
 #include "athanor/core/error.h"
+#include "athanor/observe/profiler.h"
 
 namespace athanor {
 
@@ -75,6 +77,42 @@ std::string tensor_stats(const Tensor& t) {
   return o.str();
 }
 
+namespace {
+// First anomaly since clear_anomaly(), per thread (anomaly.h).
+thread_local std::optional<AnomalyReport> t_anomaly;
+
+// Copies (not views) so a later in-place op cannot change what the doctor replays.
+// (copy_into, not clone(): clone is an op, and anomaly mode would check its non-finite output again.)
+Tensor snapshot(const Tensor& t) {
+  if (!t.defined()) return Tensor();
+  Tensor c = empty(t.sizes(), TensorOptions(t.dtype()));
+  copy_into(c, t);
+  return c;
+}
+
+void note_anomaly(const char* phase, const std::string& op, const std::vector<Tensor>& inputs, const Tensor& out,
+                  size_t out_index, const std::string& module_path, const std::string& message) {
+  if (t_anomaly) return;  // keep the origin of a cascade
+  AnomalyReport r;
+  r.phase = phase;
+  r.op = op;
+  r.module_path = module_path;
+  r.output_index = out_index;
+  r.output = snapshot(out);
+  r.output_stats = tensor_stats(out);
+  for (const Tensor& in : inputs) {
+    r.inputs.push_back(snapshot(in));
+    r.input_shapes.push_back(in.defined() ? in.describe() : "undefined");
+    r.input_stats.push_back(in.defined() ? tensor_stats(in) : "undefined");
+  }
+  r.message = message;
+  t_anomaly = std::move(r);
+}
+}  // namespace
+
+std::optional<AnomalyReport> last_anomaly() { return t_anomaly; }
+void clear_anomaly() { t_anomaly.reset(); }
+
 void check_finite(const char* phase, const std::string& op, const std::vector<Tensor>& inputs, const Tensor& out,
                   size_t out_index, const std::string& module_path) {
   if (!out.defined() || !is_floating(out.dtype()) || all_finite(out)) return;
@@ -83,14 +121,17 @@ void check_finite(const char* phase, const std::string& op, const std::vector<Te
     << (std::string(phase) == "backward" ? "the gradient for input " : "output ") << out_index << " (" << tensor_stats(out) << ")";
   for (size_t i = 0; i < inputs.size(); ++i)
     if (inputs[i].defined()) o << "\n  input " << i << ": " << tensor_stats(inputs[i]);
-  throw Error(op, o.str(),
-              "this is the first op that produced NaN/Inf: check its inputs' ranges (log or sqrt of values <= 0, "
+  const std::string hint =
+      "this is the first op that produced NaN/Inf: check its inputs' ranges (log or sqrt of values <= 0, "
               "division by zero, exp overflow); lower the learning rate, add warmup or gradient clipping if values grew "
-              "over training",
-              module_path, phase);
+              "over training";
+  Error err(op, o.str(), hint, module_path, phase);
+  note_anomaly(phase, op, inputs, out, out_index, module_path, err.what());
+  throw err;
 }
 
 Tensor record(const char* op, const std::vector<Tensor>& inputs, Tensor output, OpBackward backward) {
+  observe::Profiler::note_op(op);  // the op ends here (profiler.h explains the timing)
   if (anomaly_mode_enabled()) check_finite("forward", op, inputs, output, 0, current_module_path());
   if (!any_requires_grad(inputs)) return output;
   std::vector<Tensor> outs{output};
@@ -100,6 +141,7 @@ Tensor record(const char* op, const std::vector<Tensor>& inputs, Tensor output, 
 
 std::vector<Tensor> record_multi(const char* op, const std::vector<Tensor>& inputs, std::vector<Tensor> outputs,
                                  OpBackward backward) {
+  observe::Profiler::note_op(op);
   if (anomaly_mode_enabled())
     for (size_t i = 0; i < outputs.size(); ++i) check_finite("forward", op, inputs, outputs[i], i, current_module_path());
   if (!any_requires_grad(inputs)) return outputs;

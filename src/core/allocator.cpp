@@ -1,5 +1,6 @@
 #include "athanor/core/allocator.h"
 
+#include <malloc.h>
 #include <sys/mman.h>
 
 #include <bit>
@@ -11,6 +12,20 @@
 
 namespace athanor {
 namespace {
+
+// Memory that libraries allocate with malloc must stay mapped between steps, too.
+// oneDNN's sgemm mallocs its packing buffers on every call and glibc hands freed
+// top-of-heap memory back to the kernel (brk shrink, munmap of thread arenas), so
+// every step re-faults those pages: ~1,600 minor faults per step for a small GPT at
+// ~10 us each on this machine (bench/RESULTS.md, tests/train/test_no_page_faults.cpp).
+// Keeping freed memory in the process (no trimming, one arena, a generous top pad)
+// makes steady-state steps fault-free. Runs before main(), before any thread exists.
+__attribute__((constructor)) void keep_malloc_memory_mapped() {
+  mallopt(M_ARENA_MAX, 1);
+  mallopt(M_TRIM_THRESHOLD, 1 << 30);
+  mallopt(M_TOP_PAD, 64 << 20);
+  mallopt(M_MMAP_THRESHOLD, 32 << 20);  // glibc's maximum; larger blocks are mmapped
+}
 constexpr std::size_t kAlign = 64;
 constexpr std::size_t kHugeThreshold = std::size_t{2} << 20;
 thread_local MemTag tls_tag = MemTag::other;

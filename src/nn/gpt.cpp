@@ -2,11 +2,14 @@
 //   x = wte[ids] + wpe[0..T)            (dropout)
 //   for each block: x = x + attn(ln_1(x)); x = x + mlp(ln_2(x))
 //   logits = ln_f(x) @ wte^T            (lm_head tied to the token embedding)
+// With gradient_checkpointing each block runs inside checkpoint(): only block
+// inputs are kept for backward, and each block's forward is recomputed there.
 #include "athanor/nn/gpt.h"
 
 #include <algorithm>
 #include <cmath>
 
+#include "athanor/autograd/checkpoint.h"
 #include "athanor/ops.h"
 
 namespace athanor::nn {
@@ -90,8 +93,6 @@ GPT::GPT(GPTConfig c) : config_(c) {
   ATH_CHECK(c.n_embd % c.n_head == 0, op, "n_embd (", c.n_embd, ") must be divisible by n_head (", c.n_head, ")",
             Hint{"e.g. n_embd 768 with n_head 12 (head size 64)"});
   ATH_CHECK(c.dropout >= 0 && c.dropout < 1, op, "dropout must be in [0, 1), got ", c.dropout);
-  ATH_CHECK(!c.gradient_checkpointing, op, "gradient_checkpointing is not available yet",
-            Hint{"set gradient_checkpointing: false (activation checkpointing arrives with the mixed-precision work)"});
   auto tr = std::make_shared<Container>();
   transformer_ = register_module("transformer", tr);
   wte_ = tr->add("wte", std::make_shared<Embedding>(c.vocab_size, c.n_embd));
@@ -126,7 +127,13 @@ Tensor GPT::forward(const Tensor& ids) {
     x = drop_->forward(add(wte_->forward(ids), wpe_->forward(pos)));
     for (auto& b : blocks_) {
       auto hs = ModuleScope("h");
-      x = b->forward(x);
+      if (config_.gradient_checkpointing && grad_enabled()) {
+        // Keep only each block's input; its intermediates are recomputed in backward (one extra block forward).
+        GPTBlock* block = b.get();
+        x = checkpoint([block](const Tensor& in) { return block->forward(in); }, x);
+      } else {
+        x = b->forward(x);
+      }
     }
     x = ln_f_->forward(x);
   }

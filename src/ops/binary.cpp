@@ -29,6 +29,27 @@ bool is_row_of(const Shape& b, const Shape& out) {
   return true;
 }
 
+bool is_lowp(DType d) { return d == DType::bf16 || d == DType::f16; }
+
+// f32 op bf16/f16 of one shape (the autocast residual add): the kernel widens the
+// 16-bit operand in registers instead of materializing an f32 copy of it.
+// Returns an undefined tensor when the case does not apply.
+Tensor mixed_same_shape(BinaryOp op, const Tensor& a, const Tensor& b, const Shape& out_shape, DType dt) {
+  if (dt != DType::f32 || a.sizes() != out_shape || b.sizes() != out_shape) return Tensor();
+  const bool low_is_a = is_lowp(a.dtype()) && b.dtype() == DType::f32;
+  const bool low_is_b = is_lowp(b.dtype()) && a.dtype() == DType::f32;
+  if (!low_is_a && !low_is_b) return Tensor();
+  const Tensor full = detail::contiguous_raw(low_is_a ? b : a), low = detail::contiguous_raw(low_is_a ? a : b);
+  Tensor out = empty(out_shape, TensorOptions(DType::f32));
+  const float* f = static_cast<const float*>(full.raw_data());
+  float* o = static_cast<float*>(out.raw_data());
+  if (low.dtype() == DType::bf16)
+    cpu::binary_same_mixed<bfloat16>(op, f, static_cast<const bfloat16*>(low.raw_data()), o, out.numel(), low_is_a);
+  else
+    cpu::binary_same_mixed<float16>(op, f, static_cast<const float16*>(low.raw_data()), o, out.numel(), low_is_a);
+  return out;
+}
+
 Tensor binary_kernel(BinaryOp op, const Tensor& a_in, const Tensor& b_in) {
   const char* name = op_name(op);
   detail::check_defined(a_in, name, "a");
@@ -39,6 +60,7 @@ Tensor binary_kernel(BinaryOp op, const Tensor& a_in, const Tensor& b_in) {
             Hint{"convert bool/u8 tensors to a floating dtype with .to(DType::f32) first"});
   const Shape out_shape = broadcast_shapes(a_in.sizes(), b_in.sizes(), name);
   const DType dt = promote_types(a_in.dtype(), b_in.dtype());
+  if (Tensor mixed = mixed_same_shape(op, a_in, b_in, out_shape, dt); mixed.defined()) return mixed;
   Tensor a = detail::to_raw(a_in, dt), b = detail::to_raw(b_in, dt);
   Tensor out = empty(out_shape, TensorOptions(dt));
   const int64_t n = out.numel();

@@ -23,7 +23,13 @@ namespace athanor {
 Tensor cross_entropy(const Tensor& logits, const Tensor& target, int64_t ignore_index, double label_smoothing,
                      Reduction reduction) {
   const char* op = "cross_entropy";
-  if (autocast_needs_cast(op, {logits}))
+  // Under autocast, bf16/f16 logits are read directly: the kernel widens each row in
+  // registers and computes in f32 (the f32 category), so the full f32 copy of the
+  // [N, vocab] logits is never made. The loss is f32 and dlogits is written in the
+  // logits' dtype (what the cast's backward would have produced from f32 dlogits).
+  const bool lowp_logits = logits.defined() && (logits.dtype() == DType::bf16 || logits.dtype() == DType::f16);
+  const bool read_lowp_directly = autocast_enabled() && lowp_logits;
+  if (!read_lowp_directly && autocast_needs_cast(op, {logits}))
     return cross_entropy(autocast_input(logits, op), target, ignore_index, label_smoothing, reduction);
   detail::check_floating(logits, op, "logits");
   detail::check_defined(target, op, "target");
@@ -67,14 +73,15 @@ Tensor cross_entropy(const Tensor& logits, const Tensor& target, int64_t ignore_
       }
     });
   }
+  const DType out_dtype = read_lowp_directly ? DType::f32 : logits.dtype();
   Tensor out;
   if (reduction == Reduction::none) {
-    out = from_vector(loss, want, TensorOptions(logits.dtype()));
+    out = from_vector(loss, want, TensorOptions(out_dtype));
   } else {
     double total = 0;
     for (double l : loss) total += l;
     if (reduction == Reduction::mean) total = count > 0 ? total / static_cast<double>(count) : std::numeric_limits<double>::quiet_NaN();
-    out = scalar_tensor(total, TensorOptions(logits.dtype()));
+    out = scalar_tensor(total, TensorOptions(out_dtype));
   }
   if (!any_requires_grad({logits})) return out;
 

@@ -5,6 +5,10 @@
 //   xhat = (x - mean) * rstd,  dnorm = g * w
 //   dx = rstd * (dnorm - mean(dnorm) - xhat * mean(dnorm * xhat))
 //   dw = sum_rows g * xhat,    db = sum_rows g
+// Under autocast (layer_norm is an f32-category op) a bf16/f16 x is read directly by
+// the kernel with f32 weight/bias and an f32 output, rather than cast to f32 first:
+// the same numbers without a full-size f32 copy of the activation; dx comes back in
+// x's dtype.
 #include "athanor/ops/norm.h"
 
 #include "athanor/ops/autocast.h"
@@ -28,10 +32,70 @@ void check_param(const Tensor& p, const char* which, const Tensor& x, const Shap
 template <class T> const T* ptr_or_null(const Tensor& t) { return t.defined() ? static_cast<const T*>(t.raw_data()) : nullptr; }
 template <class T> T* mut_or_null(const Tensor& t) { return t.defined() ? static_cast<T*>(t.raw_data()) : nullptr; }
 
+bool is_lowp(DType d) { return d == DType::bf16 || d == DType::f16; }
+
+// x bf16/f16, weight/bias f32 (or absent), y f32: see the file comment.
+Tensor layer_norm_lowp_input(const Tensor& x, const Shape& normalized_shape, const Tensor& weight, const Tensor& bias,
+                             double eps) {
+  const char* op = "layer_norm";
+  detail::check_normalized_shape(x, normalized_shape, op);
+  for (const Tensor* p : {&weight, &bias})
+    if (p->defined())
+      ATH_CHECK(p->sizes() == normalized_shape, op, p == &weight ? "weight" : "bias", " has shape ",
+                shape_str(p->sizes()), " but normalized_shape is ", shape_str(normalized_shape),
+                Hint{"give weight and bias exactly the normalized_shape"});
+  const int64_t cols = shape_numel(normalized_shape), rows = cols == 0 ? 0 : x.numel() / cols;
+  const Tensor xc = detail::contiguous_raw(x);
+  const Tensor wc = weight.defined() ? detail::contiguous_raw(weight) : Tensor();
+  const Tensor bc = bias.defined() ? detail::contiguous_raw(bias) : Tensor();
+  Tensor y = empty(x.sizes(), TensorOptions(DType::f32));
+  Tensor mean = empty({rows}, TensorOptions(DType::f32)), rstd = empty({rows}, TensorOptions(DType::f32));
+  auto with_lowp = [&](const Tensor& t, auto&& fn) {  // fn(L*) for t's 16-bit storage type
+    if (t.dtype() == DType::bf16) fn(static_cast<bfloat16*>(t.raw_data()));
+    else fn(static_cast<float16*>(t.raw_data()));
+  };
+  if (x.numel() > 0)
+    with_lowp(xc, [&](auto* xp) {
+      cpu::layer_norm_forward_lowp_input(xp, ptr_or_null<float>(wc), ptr_or_null<float>(bc), y.data_ptr<float>(),
+                                         mean.data_ptr<float>(), rstd.data_ptr<float>(), rows, cols, eps);
+    });
+  if (!any_requires_grad({x, weight, bias})) return y;
+
+  SavedTensor sx = save(x, "input"), sw = weight.defined() ? save(weight, "weight") : SavedTensor();
+  SavedTensor smean = save(mean, "mean"), srstd = save(rstd, "rstd");
+  const bool has_bias = bias.defined();
+  return record(op, {x, weight, bias}, y, [=](const Node& n, const Grads& g) {
+    const Tensor xv = detail::contiguous_raw(sx.unpack(n));
+    const Tensor wv = sw.defined() ? detail::contiguous_raw(sw.unpack(n)) : Tensor();
+    const Tensor gy = detail::to_raw(g[0], DType::f32);
+    const Tensor mv = smean.unpack(n), rv = srstd.unpack(n);
+    Tensor dx = needs_grad(n, 0) ? empty(xv.sizes(), TensorOptions(xv.dtype())) : Tensor();
+    Tensor dw = wv.defined() && needs_grad(n, 1) ? empty(wv.sizes(), TensorOptions(DType::f32)) : Tensor();
+    Tensor db = has_bias && needs_grad(n, 2) ? empty(Shape(normalized_shape), TensorOptions(DType::f32)) : Tensor();
+    if (xv.numel() == 0) {
+      if (dw.defined()) dw.zero_();
+      if (db.defined()) db.zero_();
+    } else {
+      with_lowp(xv, [&](auto* xp) {
+        using L = std::remove_cv_t<std::remove_pointer_t<decltype(xp)>>;
+        cpu::layer_norm_backward_lowp_input<L>(gy.data_ptr<float>(), xp, ptr_or_null<float>(wv), mv.data_ptr<float>(),
+                                               rv.data_ptr<float>(), dx.defined() ? static_cast<L*>(dx.raw_data()) : nullptr,
+                                               mut_or_null<float>(dw), mut_or_null<float>(db), rows, cols);
+      });
+    }
+    return Grads{dx, dw, db};
+  });
+}
+
 }  // namespace
 
 Tensor layer_norm(const Tensor& x, const Shape& normalized_shape, const Tensor& weight, const Tensor& bias, double eps) {
   const char* op = "layer_norm";
+  if (autocast_enabled() && x.defined() && is_lowp(x.dtype())) {
+    const Tensor w = autocast_input(weight, op), b = autocast_input(bias, op);  // f32 parameters stay as they are
+    if ((!w.defined() || w.dtype() == DType::f32) && (!b.defined() || b.dtype() == DType::f32))
+      return layer_norm_lowp_input(x, normalized_shape, w, b, eps);
+  }
   if (autocast_needs_cast(op, {x, weight, bias}))
     return layer_norm(autocast_input(x, op), normalized_shape, autocast_input(weight, op), autocast_input(bias, op), eps);
   detail::check_floating(x, op, "x");

@@ -19,7 +19,7 @@ const std::vector<OpInfo>& op_table() {
   using C = AutocastCategory;
   static const std::vector<OpInfo> table = {
       // elementwise arithmetic (src/ops/binary.cpp, kernels src/backend/cpu/binary.cpp)
-      {"add", "cpu::ref::binary", "cpu::binary_same/scalar/row", "binary.cpp: ga = sum_to(g), gb = sum_to(g)", C::promote},
+      {"add", "cpu::ref::binary", "cpu::binary_same/scalar/row; f32 op bf16/f16 same shape: cpu::binary_same_mixed (16-bit operand widened in registers)", "binary.cpp: ga = sum_to(g), gb = sum_to(g)", C::promote},
       {"sub", "cpu::ref::binary", "cpu::binary_same/scalar/row", "binary.cpp: ga = sum_to(g), gb = -sum_to(g)", C::promote},
       {"mul", "cpu::ref::binary", "cpu::binary_same/scalar/row", "binary.cpp: ga = sum_to(g*b), gb = sum_to(g*a)", C::promote},
       {"div", "cpu::ref::binary", "cpu::binary_same/scalar/row", "binary.cpp: ga = g/b, gb = -g*(a/b)/b", C::promote},
@@ -65,13 +65,13 @@ const std::vector<OpInfo>& op_table() {
       {"matmul", "cpu::ref::gemm", "cpu::gemm (oneDNN sgemm f32, oneDNN matmul bf16, OpenBLAS dgemm f64)", "linalg.cpp: dA = dC B^T, dB = A^T dC", C::lower_precision},
       {"linear", "cpu::ref::gemm", "cpu::gemm (oneDNN f32/bf16), bias fused as beta=1 init", "linalg.cpp: dx = dy W, dW = dy^T x, db = rowsum(dy)", C::lower_precision},
       // normalization (src/ops/layer_norm.cpp, rms_norm.cpp, batch_norm.cpp; kernels src/backend/cpu/norm.cpp)
-      {"layer_norm", "cpu::ref::layer_norm_forward", "cpu::layer_norm_forward/backward (fused, cached mean/rstd)", "layer_norm.cpp: rstd*(dn - mean(dn) - xhat*mean(dn*xhat))", C::f32},
+      {"layer_norm", "cpu::ref::layer_norm_forward", "cpu::layer_norm_forward/backward (fused, cached mean/rstd); under autocast a bf16/f16 x is read directly (cpu::layer_norm_*_lowp_input, f32 out)", "layer_norm.cpp: rstd*(dn - mean(dn) - xhat*mean(dn*xhat))", C::f32},
       {"rms_norm", "cpu::ref::rms_norm_forward", "cpu::rms_norm_forward/backward (fused, cached rstd)", "rms_norm.cpp: rstd*(dn - xhat*mean(dn*xhat))", C::f32},
       {"batch_norm", "cpu::ref::batch_norm_forward", "cpu::batch_norm_stats/forward/backward", "batch_norm.cpp: w*rstd*(g - mean(g) - xhat*mean(g*xhat))", C::f32},
       // softmax and losses (src/ops/softmax.cpp, cross_entropy.cpp, mse_loss.cpp; kernels softmax.cpp, cross_entropy.cpp)
       {"softmax", "cpu::ref::softmax_forward", "cpu::softmax_forward/backward (AVX-512 exp, one pass per row)", "softmax.cpp: y*(g - sum(g*y))", C::f32},
       {"log_softmax", "cpu::ref::softmax_forward (log)", "cpu::softmax_forward/backward (log)", "softmax.cpp: g - exp(y)*sum(g)", C::f32},
-      {"cross_entropy", "cpu::ref::cross_entropy_forward", "cpu::cross_entropy_forward/backward (fused log-softmax + NLL, per-row lse)", "cross_entropy.cpp: (softmax - smoothed onehot)*g/count", C::f32},
+      {"cross_entropy", "cpu::ref::cross_entropy_forward", "cpu::cross_entropy_forward/backward (fused log-softmax + NLL, per-row lse; bf16/f16 logits read directly under autocast)", "cross_entropy.cpp: (softmax - smoothed onehot)*g/count", C::f32},
       {"mse_loss", "cpu::ref::mse_forward", "cpu::mse_forward/mse_backward", "mse_loss.cpp: 2(a-b)*g (/n for mean)", C::f32},
       {"dropout", "philox4x32 per element (test)", "AVX-512 Philox, 16 blocks at a time", "dropout.cpp: g*mask/(1-p), mask rebuilt from (seed, offset)", C::passthrough},
       // attention, convolution, pooling (src/ops/attention.cpp, conv.cpp, pool.cpp)

@@ -1,10 +1,15 @@
 // The update rules. Each optimizer is one fused pass per parameter over
-// (param, grad, state...) in its own dtype (f32 or f64), parallel over elements.
+// (param, grad, state...) in its own dtype (f32 or f64), parallel over elements;
+// SGD and Adam/AdamW run all f32 parameters as one multi-tensor pass
+// (over_all_chunks: one parallel region for the whole model).
 // Formulas follow PyTorch's torch.optim (SGD, RMSprop, Adam, AdamW) and the
 // papers for LAMB (You et al. 2019, "Large Batch Optimization for Deep
 // Learning") and LARS (You et al. 2017, "Large Batch Training of Convolutional
 // Networks").
+#include <algorithm>
 #include <cmath>
+#include <utility>
+#include <vector>
 
 #include "athanor/core/error.h"
 #include "athanor/optim/optimizer.h"
@@ -29,35 +34,74 @@ template <class T> double sq_norm(const T* x, int64_t n) {
   return s;
 }
 
+// Multi-tensor driver: runs body(k, begin, end) over every parameter k's elements,
+// cut into fixed chunks and spread over ONE OpenMP region for all parameters, so the
+// many small tensors of a model (biases, norm weights) cost neither a parallel region
+// each nor an idle second thread. Each element is updated exactly as in a per-tensor
+// loop, so results do not depend on the chunking or the thread count.
+template <class Body> void over_all_chunks(const std::vector<int64_t>& sizes, const Body& body) {
+  constexpr int64_t kChunk = 1 << 13;
+  std::vector<std::pair<int, int64_t>> chunks;  // (parameter, first element)
+  int64_t total = 0;
+  for (int k = 0; k < static_cast<int>(sizes.size()); ++k) {
+    for (int64_t b = 0; b < sizes[k]; b += kChunk) chunks.emplace_back(k, b);
+    total += sizes[k];
+  }
+  const int64_t nc = static_cast<int64_t>(chunks.size());
+#pragma omp parallel for schedule(static) if (total > kGrain)
+  for (int64_t c = 0; c < nc; ++c) {
+    const auto [k, b] = chunks[c];
+    body(k, b, std::min(sizes[k], b + kChunk));
+  }
+}
+
 class SGD final : public Optimizer {
  public:
   SGD(std::vector<ParamGroup> g, SgdOptions o) : Optimizer(std::move(g)), o_(o) {}
   std::string name() const override { return "sgd"; }
   void step() override {
+    // f32 parameters in one multi-tensor pass, f64 ones per tensor (see over_all_chunks).
+    std::vector<Work<float>> f32;
+    std::vector<int64_t> sizes;
     for_each_param([&](ParamGroup& g, const std::string& name, Tensor& p, const Tensor& grad) {
-      const int64_t first = param_step(name)++ == 0;
+      const bool first = param_step(name)++ == 0;
       Tensor buf = o_.momentum != 0 ? state(name, "momentum_buffer", p) : Tensor();
       by_dtype(p, [&]<class T>() {
-        T* w = ptr<T>(p);
-        const T* gr = ptr<T>(grad);
-        T* b = buf.defined() ? ptr<T>(buf) : nullptr;
-        const T lr = g.lr, wd = g.weight_decay, mom = o_.momentum, damp = o_.dampening;
-        const bool nesterov = o_.nesterov;
-        const int64_t n = p.numel();
+        const Work<T> wk{ptr<T>(p), ptr<T>(grad), buf.defined() ? ptr<T>(buf) : nullptr, static_cast<T>(g.lr),
+                         static_cast<T>(g.weight_decay), static_cast<T>(o_.momentum), static_cast<T>(o_.dampening),
+                         o_.nesterov, first};
+        if constexpr (std::is_same_v<T, float>) {
+          f32.push_back(wk);
+          sizes.push_back(p.numel());
+        } else {
+          const int64_t n = p.numel();
 #pragma omp parallel for if (n > kGrain)
-        for (int64_t i = 0; i < n; ++i) {
-          T d = gr[i] + wd * w[i];                                  // L2 weight decay enters the gradient
-          if (b) {
-            b[i] = first ? d : mom * b[i] + (T(1) - damp) * d;     // the first step seeds the buffer with d
-            d = nesterov ? d + mom * b[i] : b[i];
-          }
-          w[i] -= lr * d;
+          for (int64_t i = 0; i < n; ++i) update(wk, i);
         }
       });
     });
+    over_all_chunks(sizes, [&](int k, int64_t begin, int64_t end) {
+      for (int64_t i = begin; i < end; ++i) update(f32[k], i);
+    });
     ++steps_;
   }
+
  private:
+  template <class T> struct Work {
+    T* w;
+    const T* gr;
+    T* b;  // momentum buffer, or null
+    T lr, wd, mom, damp;
+    bool nesterov, first;
+  };
+  template <class T> static inline void update(const Work<T>& k, int64_t i) {
+    T d = k.gr[i] + k.wd * k.w[i];  // L2 weight decay enters the gradient
+    if (k.b) {
+      k.b[i] = k.first ? d : k.mom * k.b[i] + (T(1) - k.damp) * d;  // the first step seeds the buffer with d
+      d = k.nesterov ? d + k.mom * k.b[i] : k.b[i];
+    }
+    k.w[i] -= k.lr * d;
+  }
   SgdOptions o_;
 };
 
@@ -107,32 +151,58 @@ class Adam final : public Optimizer {
   Adam(std::vector<ParamGroup> g, AdamOptions o, bool decoupled) : Optimizer(std::move(g)), o_(o), decoupled_(decoupled) {}
   std::string name() const override { return decoupled_ ? "adamw" : "adam"; }
   void step() override {
+    // f32 parameters are gathered and updated in one multi-tensor pass; f64 ones
+    // (gradchecks, tests) keep a loop per tensor.
+    std::vector<Work<float>> f32;
+    std::vector<int64_t> sizes;
     for_each_param([&](ParamGroup& g, const std::string& name, Tensor& p, const Tensor& grad) {
       const int64_t t = ++param_step(name);
       Tensor m = state(name, "exp_avg", p), v = state(name, "exp_avg_sq", p);
       by_dtype(p, [&]<class T>() {
-        T* w = ptr<T>(p);
-        const T* gr = ptr<T>(grad);
-        T *mm = ptr<T>(m), *vv = ptr<T>(v);
-        const double bc1 = 1.0 - std::pow(o_.beta1, static_cast<double>(t));  // bias corrections
-        const double bc2 = 1.0 - std::pow(o_.beta2, static_cast<double>(t));
-        const T b1 = o_.beta1, b2 = o_.beta2, eps = o_.eps, wd = g.weight_decay;
-        const T step_size = static_cast<T>(g.lr / bc1), inv_sqrt_bc2 = static_cast<T>(1.0 / std::sqrt(bc2));
-        const T decay = decoupled_ ? static_cast<T>(1.0 - g.lr * g.weight_decay) : T(1);
-        const bool l2 = !decoupled_;
-        const int64_t n = p.numel();
+        const Work<T> wk = make_work<T>(g, t, p, grad, m, v);
+        if constexpr (std::is_same_v<T, float>) {
+          f32.push_back(wk);
+          sizes.push_back(p.numel());
+        } else {
+          const int64_t n = p.numel();
 #pragma omp parallel for simd if (n > kGrain)
-        for (int64_t i = 0; i < n; ++i) {
-          const T d = l2 ? gr[i] + wd * w[i] : gr[i];  // Adam: L2 in the gradient; AdamW: decay the weight
-          mm[i] = b1 * mm[i] + (T(1) - b1) * d;
-          vv[i] = b2 * vv[i] + (T(1) - b2) * d * d;
-          w[i] = w[i] * decay - step_size * mm[i] / (std::sqrt(vv[i]) * inv_sqrt_bc2 + eps);
+          for (int64_t i = 0; i < n; ++i) update(wk, i);
         }
       });
     });
+    over_all_chunks(sizes, [&](int k, int64_t begin, int64_t end) {
+      const Work<float>& wk = f32[k];
+#pragma omp simd
+      for (int64_t i = begin; i < end; ++i) update(wk, i);
+    });
     ++steps_;
   }
+
  private:
+  // One parameter's update: its buffers and the step's constants.
+  template <class T> struct Work {
+    T* w;
+    const T* gr;
+    T *mm, *vv;
+    T b1, b2, eps, wd, step_size, inv_sqrt_bc2, decay;
+    bool l2;
+  };
+  template <class T>
+  Work<T> make_work(const ParamGroup& g, int64_t t, const Tensor& p, const Tensor& grad, const Tensor& m,
+                    const Tensor& v) const {
+    const double bc1 = 1.0 - std::pow(o_.beta1, static_cast<double>(t));  // bias corrections
+    const double bc2 = 1.0 - std::pow(o_.beta2, static_cast<double>(t));
+    return Work<T>{ptr<T>(p), ptr<T>(grad), ptr<T>(m), ptr<T>(v), static_cast<T>(o_.beta1), static_cast<T>(o_.beta2),
+                   static_cast<T>(o_.eps), static_cast<T>(g.weight_decay), static_cast<T>(g.lr / bc1),
+                   static_cast<T>(1.0 / std::sqrt(bc2)),
+                   decoupled_ ? static_cast<T>(1.0 - g.lr * g.weight_decay) : T(1), !decoupled_};
+  }
+  template <class T> static inline void update(const Work<T>& k, int64_t i) {
+    const T d = k.l2 ? k.gr[i] + k.wd * k.w[i] : k.gr[i];  // Adam: L2 in the gradient; AdamW: decay the weight
+    k.mm[i] = k.b1 * k.mm[i] + (T(1) - k.b1) * d;
+    k.vv[i] = k.b2 * k.vv[i] + (T(1) - k.b2) * d * d;
+    k.w[i] = k.w[i] * k.decay - k.step_size * k.mm[i] / (std::sqrt(k.vv[i]) * k.inv_sqrt_bc2 + k.eps);
+  }
   AdamOptions o_;
   bool decoupled_;
 };

@@ -12,7 +12,11 @@ namespace {
 
 class ClassifierTask : public Task {
  public:
-  explicit ClassifierTask(std::shared_ptr<nn::UnaryModule> m) : model_(std::move(m)) {}
+  // gemm_flops_per_sample: multiply-adds ×2 of the model's GEMMs/convolutions for one sample (forward).
+  ClassifierTask(std::shared_ptr<nn::UnaryModule> m, double gemm_flops_per_sample)
+      : model_(std::move(m)), fwd_flops_(gemm_flops_per_sample) {}
+  // Backward costs two GEMMs per forward GEMM (input and weight gradients): ×3.
+  double train_flops(const data::Batch& b) const override { return 3.0 * fwd_flops_ * static_cast<double>(b.input.size(0)); }
   nn::Module& module() override { return *model_; }
   Tensor loss(const data::Batch& b) override { return cross_entropy(model_->forward(b.input), b.target); }
   void evaluate(const data::Batch& b, double& loss_sum, int64_t& correct) override {
@@ -25,11 +29,21 @@ class ClassifierTask : public Task {
 
  private:
   std::shared_ptr<nn::UnaryModule> model_;
+  double fwd_flops_;
 };
 
 class LanguageModelTask : public Task {
  public:
   explicit LanguageModelTask(std::shared_ptr<nn::GPT> m) : model_(std::move(m)) {}
+  // 6·N per token for the weight GEMMs (fwd 2N + bwd 4N) plus attention scores and values,
+  // 12·n_layer·n_embd·T per token (fwd+bwd); recomputing each block in backward adds a forward: ×4/3.
+  double train_flops(const data::Batch& b) const override {
+    const auto& g = model_->config();
+    const double tokens = static_cast<double>(b.input.numel());
+    const double per_token = 6.0 * static_cast<double>(model_->parameters_count()) +
+                             12.0 * static_cast<double>(g.n_layer * g.n_embd * b.input.size(-1));
+    return per_token * tokens * (g.gradient_checkpointing ? 4.0 / 3.0 : 1.0);
+  }
   nn::Module& module() override { return *model_; }
   Tensor loss(const data::Batch& b) override { return model_->loss(b.input, b.target); }
   void evaluate(const data::Batch& b, double& loss_sum, int64_t& correct) override {
@@ -52,8 +66,11 @@ std::unique_ptr<Task> make_task(const Config& c) {
   if (type == "mlp") {
     ATH_CHECK(c.get_string("data.type") == "fashion_mnist", "config", "model.type mlp trains on data.type fashion_mnist",
               Hint{"set data.type: fashion_mnist, or use model.type: gpt for text"});
+    const auto sizes = c.get_int_list("model.sizes");
+    double flops = 0;
+    for (size_t i = 0; i + 1 < sizes.size(); ++i) flops += 2.0 * static_cast<double>(sizes[i] * sizes[i + 1]);
     return std::make_unique<ClassifierTask>(
-        std::make_shared<nn::MLP>(c.get_int_list("model.sizes"), c.get_string("model.activation"), c.get_float("model.dropout")));
+        std::make_shared<nn::MLP>(sizes, c.get_string("model.activation"), c.get_float("model.dropout")), flops);
   }
   if (type == "convnet") {
     ATH_CHECK(c.get_string("data.type") == "fashion_mnist", "config", "model.type convnet trains on data.type fashion_mnist",
@@ -64,7 +81,10 @@ std::unique_ptr<Task> make_task(const Config& c) {
     cc.hidden = c.get_int("model.hidden");
     cc.num_classes = c.get_int("model.num_classes");
     cc.dropout = c.get_float("model.dropout");
-    return std::make_unique<ClassifierTask>(std::make_shared<nn::ConvNet>(cc));
+    // Two 3×3 same-padded convolutions (28×28, then 14×14 after pooling) and two Linear layers.
+    const double flops = 2.0 * 9 * (28.0 * 28 * cc.in_channels * cc.channels1 + 14.0 * 14 * cc.channels1 * cc.channels2) +
+                         2.0 * (cc.channels2 * 49.0 * cc.hidden + static_cast<double>(cc.hidden * cc.num_classes));
+    return std::make_unique<ClassifierTask>(std::make_shared<nn::ConvNet>(cc), flops);
   }
   ATH_CHECK(c.get_string("data.type") == "text", "config", "model.type gpt trains on data.type text",
             Hint{"set data.type: text"});
@@ -78,6 +98,7 @@ std::unique_ptr<Task> make_task(const Config& c) {
   g.vocab_size = c.get_int("model.vocab_size");
   g.dropout = c.get_float("model.dropout");
   g.bias = c.get_bool("model.bias");
+  g.gradient_checkpointing = c.get_bool("model.gradient_checkpointing");
   return std::make_unique<LanguageModelTask>(std::make_shared<nn::GPT>(g));
 }
 

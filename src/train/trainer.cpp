@@ -20,7 +20,11 @@
 #include "athanor/data/token_shard.h"
 #include "athanor/nn/gpt.h"
 #include "athanor/ops.h"
+#include "athanor/observe/report.h"
+#include "athanor/observe/tensorboard.h"
+#include "athanor/ops/autocast.h"
 #include "athanor/optim/clip.h"
+#include <optional>
 #include "ckpt/sha256.h"
 
 #include <nlohmann/json.hpp>
@@ -56,8 +60,13 @@ class StopSignalScope {
 bool key_applies(const Config& c, const ConfigKey& k) {
   if (k.applies_to.empty()) return true;
   const auto eq = k.applies_to.find('=');
-  const std::string allowed = "|" + k.applies_to.substr(eq + 1) + "|";
-  return allowed.find("|" + c.get_string(k.applies_to.substr(0, eq)) + "|") != std::string::npos;
+  // Model keys depend on model.type (a string choice): "|a|b|" contains "|value|".
+  std::string allowed = "|", value = "|";
+  allowed += k.applies_to.substr(eq + 1);
+  allowed += "|";
+  value += c.get_string(k.applies_to.substr(0, eq));
+  value += "|";
+  return allowed.find(value) != std::string::npos;
 }
 std::string value_text(const Config& c, const ConfigKey& k) {
   std::ostringstream o;
@@ -88,15 +97,6 @@ double now_seconds() {
   return std::chrono::duration<double>(std::chrono::steady_clock::now().time_since_epoch()).count();
 }
 
-std::string fmt_duration(double s) {
-  std::ostringstream o;
-  const int64_t t = static_cast<int64_t>(s);
-  if (t >= 3600) o << t / 3600 << "h" << std::setw(2) << std::setfill('0') << (t % 3600) / 60 << "m";
-  else if (t >= 60) o << t / 60 << "m" << std::setw(2) << std::setfill('0') << t % 60 << "s";
-  else o << t << "s";
-  return o.str();
-}
-
 std::unique_ptr<optim::Optimizer> make_optimizer(const Config& c, nn::Module& model, int64_t global_batch) {
   double lr = c.get_float("optimizer.lr");
   if (c.get_int("optimizer.lr_scaling_base_batch") > 0)
@@ -118,11 +118,26 @@ std::unique_ptr<optim::Optimizer> make_optimizer(const Config& c, nn::Module& mo
 Trainer::Trainer(Config config, bool write_run_files) : config_(std::move(config)), write_files_(write_run_files) {
   out_ = [](const std::string& s) { std::cout << s << std::flush; };
   tty_ = isatty(STDOUT_FILENO);
-  const Config& c = config_;
-  ATH_CHECK(c.get_int("trainer.batch_size") > 0, "config", "trainer.batch_size must be > 0");
-  ATH_CHECK(c.get_int("trainer.accum_steps") > 0, "config", "trainer.accum_steps must be > 0");
+  ATH_CHECK(config_.get_int("trainer.batch_size") > 0, "config", "trainer.batch_size must be > 0");
+  ATH_CHECK(config_.get_int("trainer.accum_steps") > 0, "config", "trainer.accum_steps must be > 0");
   build_data();  // first: the text pipeline fixes the vocabulary size
   task_ = make_task(config_);
+  init(write_run_files);
+}
+
+Trainer::Trainer(Config config, std::unique_ptr<Task> task, bool write_run_files)
+    : config_(std::move(config)), task_(std::move(task)), write_files_(write_run_files) {
+  out_ = [](const std::string& s) { std::cout << s << std::flush; };
+  tty_ = isatty(STDOUT_FILENO);
+  ATH_CHECK(task_ != nullptr, "trainer", "the task is null", Hint{"pass std::make_unique<YourTask>(...)"});
+  ATH_CHECK(config_.get_int("trainer.batch_size") > 0, "config", "trainer.batch_size must be > 0");
+  ATH_CHECK(config_.get_int("trainer.accum_steps") > 0, "config", "trainer.accum_steps must be > 0");
+  build_data();
+  init(write_run_files);
+}
+
+void Trainer::init(bool /*write_run_files: in write_files_*/) {
+  const Config& c = config_;
   const int64_t global_batch = c.get_int("trainer.batch_size") * c.get_int("trainer.accum_steps");
   optimizer_ = make_optimizer(config_, task_->module(), global_batch);
   max_steps_ = c.get_int("trainer.epochs") > 0
@@ -142,6 +157,25 @@ Trainer::Trainer(Config config, bool write_run_files) : config_(std::move(config
   s.t0 = c.get_int("schedule.t0");
   s.t_mult = c.get_float("schedule.t_mult");
   scheduler_ = std::make_unique<optim::Scheduler>(*optimizer_, optim::LRSchedule(s));
+  for (const auto& g : optimizer_->param_groups()) initial_base_lrs_.push_back(g.base_lr);
+
+  // Precision: f16 scales the loss dynamically; bf16 and f32 keep a disabled scaler, which
+  // still reports non-finite gradients by parameter name.
+  precision_ = dtype_from_name(c.get_string("trainer.precision"));
+  GradScalerOptions so;
+  so.enabled = precision_ == DType::f16;
+  if (so.enabled) {
+    so.init_scale = c.get_float("scaler.init_scale");
+    so.growth_factor = c.get_float("scaler.growth_factor");
+    so.backoff_factor = c.get_float("scaler.backoff_factor");
+    so.growth_interval = c.get_int("scaler.growth_interval");
+  }
+  scaler_ = std::make_unique<GradScaler>(so);
+  observe::HealthOptions ho;
+  ho.spike_window = c.get_int("health.spike_window");
+  ho.loss_spike_z = c.get_float("health.loss_spike_z");
+  ho.grad_spike_z = c.get_float("health.grad_spike_z");
+  health_monitor_ = std::make_unique<observe::HealthMonitor>(ho);
 
   run_dir_ = (fs::path(c.get_string("out_dir")) / c.get_string("name")).string();
   if (!write_files_) return;
@@ -149,7 +183,12 @@ Trainer::Trainer(Config config, bool write_run_files) : config_(std::move(config
   fs::create_directories(run_dir_, ec);
   ATH_CHECK(!ec, "trainer", "cannot create the run directory '", run_dir_, "': ", ec.message(),
             Hint{"check out_dir and the permissions"});
-  std::ofstream(fs::path(run_dir_) / "config.yaml") << config_.resolved_yaml();
+  std::string resolved = config_.resolved_yaml();
+  if (precision_ != DType::f16)
+    resolved += "# scaler: off (dynamic loss scaling is used only with trainer.precision f16; this run uses " +
+                c.get_string("trainer.precision") + ")\n";
+  std::ofstream(fs::path(run_dir_) / "config.yaml") << resolved;
+  if (c.get_bool("observe.tensorboard")) add_sink(std::make_shared<observe::TensorBoardSink>(run_dir_));
   // metrics.jsonl is truncated by the first line written, unless a resume keeps it up to the checkpoint.
   std::ofstream(fs::path(run_dir_) / "metrics.jsonl", std::ios::app);
   if (c.get_string("resume") == "auto") resume_latest();
@@ -198,86 +237,6 @@ void Trainer::build_data() {
   train_loader_ = std::make_unique<data::DataLoader>(train_set_, lo);
 }
 
-bool Trainer::train_step() {
-  if (step_ >= max_steps_) return false;
-  const int64_t accum = config_.get_int("trainer.accum_steps");
-  nn::Module& model = task_->module();
-  model.train();
-  const double t0 = now_seconds();
-  StepMetrics m;
-  m.step = step_ + 1;
-  m.lr = scheduler_->lr();
-
-  // Fetch the step's micro-batches first: the loss weights need the total target count.
-  std::vector<data::Batch> batches;
-  for (int64_t k = 0; k < accum; ++k) batches.push_back(train_loader_->next());
-  m.data_seconds = now_seconds() - t0;
-  for (const auto& b : batches) m.targets += b.num_targets;
-  ATH_CHECK(m.targets > 0, "trainer", "step ", m.step, " has no targets to learn from (all ignored?)");
-
-  for (const auto& b : batches) {
-    MemTagScope tag(MemTag::activation);
-    Tensor loss = task_->loss(b);
-    const double w = static_cast<double>(b.num_targets) / static_cast<double>(m.targets);
-    m.loss += loss.item() * w;
-    mul(loss, w).backward();
-  }
-
-  const auto params = model.parameters();
-  const double clip = config_.get_float("optimizer.grad_clip");
-  if (config_.get_float("optimizer.clip_value") > 0) optim::clip_grad_value(params, config_.get_float("optimizer.clip_value"));
-  m.grad_norm = clip > 0 ? optim::clip_grad_norm(params, clip) : optim::grad_norm(params);
-  if (std::isfinite(m.grad_norm)) {
-    optimizer_->step();
-  } else {
-    m.skipped = true;
-    ++skipped_;
-    std::ostringstream o;
-    o << "step " << m.step << ": the gradient norm is " << m.grad_norm << " (loss " << m.loss
-      << "); the update was skipped. hint: lower optimizer.lr, add schedule.warmup_steps or optimizer.grad_clip\n";
-    out_(o.str());
-  }
-  scheduler_->step();
-  optimizer_->zero_grad();
-  ++step_;
-  m.step_seconds = now_seconds() - t0;
-  m.throughput = static_cast<double>(m.targets) / std::max(m.step_seconds, 1e-9);
-  history_.push_back(m);
-  log_step(m);
-  for (auto& cb : callbacks_) cb->on_step(m);
-  return true;
-}
-
-void Trainer::log_step(const StepMetrics& m) {
-  std::ostringstream j;
-  j << std::setprecision(8) << "{\"step\":" << m.step << ",\"loss\":" << m.loss << ",\"lr\":" << m.lr
-    << ",\"grad_norm\":" << (std::isfinite(m.grad_norm) ? m.grad_norm : -1) << ",\"skipped\":" << (m.skipped ? "true" : "false")
-    << ",\"targets\":" << m.targets << ",\"step_s\":" << m.step_seconds << ",\"data_s\":" << m.data_seconds
-    << ",\"throughput\":" << m.throughput << "}";
-  const int64_t every = std::max<int64_t>(1, config_.get_int("trainer.log_every"));
-  if (m.step % every == 0 || m.step == max_steps_ || m.step == 1) write_jsonl(j.str());
-
-  // The progress line: redrawn in a terminal, plain periodic lines otherwise.
-  double recent = 0;
-  int n = 0;
-  for (auto it = history_.rbegin(); it != history_.rend() && n < 20; ++it, ++n) recent += it->step_seconds;
-  const double eta = n ? recent / n * static_cast<double>(max_steps_ - m.step) : 0;
-  std::ostringstream o;
-  o << "step " << m.step << "/" << max_steps_ << " | loss " << std::fixed << std::setprecision(4) << m.loss << " | lr "
-    << std::scientific << std::setprecision(2) << m.lr << std::fixed << " | grad " << std::setprecision(3) << m.grad_norm
-    << " | " << std::setprecision(0) << m.throughput << (task_->is_language_model() ? " tok/s" : " samples/s") << " | ETA "
-    << fmt_duration(eta);
-  if (tty_) out_("\r" + o.str() + "\x1b[K" + (m.step == max_steps_ ? "\n" : ""));
-  else if (m.step % every == 0 || m.step == max_steps_ || m.step == 1) out_(o.str() + "\n");
-}
-
-void Trainer::write_jsonl(const std::string& line) {
-  if (!write_files_) return;
-  if (!metrics_started_) std::ofstream(fs::path(run_dir_) / "metrics.jsonl", std::ios::trunc);
-  metrics_started_ = true;
-  std::ofstream(fs::path(run_dir_) / "metrics.jsonl", std::ios::app) << line << "\n";
-}
-
 EvalMetrics Trainer::evaluate() {
   nn::Module& model = task_->module();
   model.eval();
@@ -296,6 +255,8 @@ EvalMetrics Trainer::evaluate() {
   int64_t correct = 0;
   for (int64_t i = 0; i < n; ++i) {
     data::Batch b = val.next();
+    std::optional<autocast> ac;
+    if (precision_ != DType::f32) ac.emplace(precision_);
     task_->evaluate(b, loss_sum, correct);
     e.count += b.num_targets;
   }
@@ -303,17 +264,15 @@ EvalMetrics Trainer::evaluate() {
   if (task_->is_classifier()) e.accuracy = static_cast<double>(correct) / std::max<int64_t>(e.count, 1);
   model.train();
   evals_.push_back(e);
-  std::ostringstream o, j;
+  std::ostringstream o;
   o << "eval at step " << e.step << ": val loss " << std::fixed << std::setprecision(4) << e.loss;
   if (e.accuracy >= 0) o << ", accuracy " << std::setprecision(2) << 100 * e.accuracy << "%";
   o << " (" << e.count << (task_->is_language_model() ? " tokens)" : " samples)");
   if (tty_) out_("\n");
   out_(o.str() + "\n");
-  j << std::setprecision(8) << "{\"step\":" << e.step << ",\"val_loss\":" << e.loss;
-  if (e.accuracy >= 0) j << ",\"val_accuracy\":" << e.accuracy;
-  j << "}";
-  write_jsonl(j.str());
+  write_jsonl(observe::to_json(e));
   for (auto& cb : callbacks_) cb->on_eval(e);
+  for (auto& s : sinks_) s->on_eval(e);
   return e;
 }
 
@@ -365,6 +324,9 @@ std::string Trainer::save_checkpoint() {
   j["model_shape"] = shape;
   j["config_hash"] = shape_hash(shape);
   j["seed"] = config_.get_int("seed");
+  j["lr_factor"] = lr_factor_;
+  if (scaler_->enabled())
+    j["scaler"] = {{"scale", scaler_->get_scale()}, {"growth_tracker", scaler_->growth_tracker()}, {"skipped_steps", scaler_->skipped_steps()}};
   const std::map<std::string, std::string> meta{{"format", "athanor"}, {"step", std::to_string(step_)}};
   const std::string dir = ckpt::save_checkpoint(checkpoints_dir(), step_,
                                                 {{"model.safetensors", model_tensors, meta}, {"optimizer.safetensors", optim_tensors, meta}},
@@ -413,6 +375,12 @@ void Trainer::resume_from(const std::string& dir) {
     skipped_ = j.at("skipped_steps").get<int64_t>();
     scheduler_->set_step(j.at("scheduler_step").get<int64_t>());
     train_loader_->set_position({j.at("loader").at("epoch").get<int64_t>(), j.at("loader").at("batch").get<int64_t>()});
+    lr_factor_ = j.value("lr_factor", 1.0);
+    apply_lr_factor();
+    if (scaler_->enabled() && j.contains("scaler"))
+      scaler_->load_state_dict({{"scale", scalar_tensor(j.at("scaler").at("scale").get<double>(), {DType::f64})},
+                                {"growth_tracker", scalar_tensor(static_cast<double>(j.at("scaler").at("growth_tracker").get<int64_t>()),
+                                                                 {DType::f64})}});
     default_generator().set_state({j.at("rng").at("default").at("seed").get<uint64_t>(), j.at("rng").at("default").at("offset").get<uint64_t>()});
   } catch (const nlohmann::json::exception& e) {
     ATH_FAIL("resume", "'", state_path.string(), "' lacks a field or has a wrong type: ", e.what(), Hint{"use an earlier checkpoint"});
@@ -453,6 +421,16 @@ void Trainer::fit() {
   stopped_by_signal_ = false;
   StopSignalScope signals;
   const int64_t ckpt_every = config_.get_int("checkpoint.every");
+  measure_peak_flops();
+  {
+    std::ostringstream o;
+    o << "precision " << dtype_name(precision_);
+    if (scaler_->enabled()) o << " with dynamic loss scaling (init scale " << scaler_->get_scale() << ")";
+    o << "; peak " << std::fixed << std::setprecision(1) << peak_flops_ / 1e9 << " GFLOP/s for MFU ("
+      << (config_.get_float("observe.peak_gflops") > 0 ? "observe.peak_gflops" : std::string(dtype_name(precision_)) + " GEMM probe")
+      << "); non-finite policy " << nonfinite_policy() << "\n";
+    out_(o.str());
+  }
   out_("training " + task_->module().local_name() + std::to_string(task_->module().parameters_count()) + " parameters on " +
        train_set_->describe() + " for " + std::to_string(max_steps_) + " steps (batch " +
        std::to_string(config_.get_int("trainer.batch_size")) + " x accum " + std::to_string(config_.get_int("trainer.accum_steps")) +
@@ -484,13 +462,22 @@ void Trainer::fit() {
     if (evals_.empty()) evaluate();
     if (write_files_) save_weights((fs::path(run_dir_) / "model.safetensors").string());
     for (auto& cb : callbacks_) cb->on_end();
+    for (auto& s : sinks_) s->on_end();
     return;
   }
   evaluate();
   if (write_files_) save_weights((fs::path(run_dir_) / "model.safetensors").string());
+  if (write_files_ && config_.get_bool("observe.report")) {
+    try {
+      out_("report: " + observe::write_report(run_dir_) + "\n");
+    } catch (const Error& e) {  // the run itself succeeded: say so and go on
+      out_(std::string("could not write report.html: ") + e.what() + "\n");
+    }
+  }
   if (task_->is_language_model())
     out_("--- sample ---\n" + sample(config_.get_int("trainer.sample_tokens")) + "\n--------------\n");
   for (auto& cb : callbacks_) cb->on_end();
+  for (auto& s : sinks_) s->on_end();
 }
 
 }  // namespace athanor::train

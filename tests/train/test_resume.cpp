@@ -58,43 +58,52 @@ struct RaiseAt : train::Callback {
 };
 }  // namespace
 
-TEST(Resume, BitExactContinuation) {
-  const std::string dir = tmp_dir("bitexact");
+// `extra`: overrides of both runs (precision, scaler). Also checks the GradScaler state.
+void check_bit_exact_continuation(const std::string& name, const std::vector<std::string>& extra) {
+  const std::string dir = tmp_dir(name);
+  auto with = [&](std::vector<std::string> o) {
+    o.insert(o.end(), extra.begin(), extra.end());
+    return o;
+  };
   const std::string text = testing::write_tiny_text(dir);
   // Straight: 8 steps.
   std::vector<std::string> straight_w;
   std::vector<double> straight_l;
+  double straight_scale = 0;
+  int64_t straight_growth = 0;
   {
-    train::Trainer t(gpt_config(dir, text, {"name=straight"}));
+    train::Trainer t(gpt_config(dir, text, with({"name=straight"})));
     quiet(t);
     t.fit();
-    ASSERT_EQ(t.step(), 8);
+    EXPECT_EQ(t.step(), 8);
     straight_w = weight_bytes(t);
     straight_l = losses(t.history());
+    straight_scale = t.scaler().get_scale();
+    straight_growth = t.scaler().growth_tracker();
   }
   // 4 steps, checkpoint (the end of fit), then a new Trainer resumes and trains to 8.
   std::string ckpt_dir;
   std::vector<double> first_l;
   {
-    train::Trainer t(gpt_config(dir, text, {"name=split", "checkpoint.every=3"}));
+    train::Trainer t(gpt_config(dir, text, with({"name=split", "checkpoint.every=3"})));
     quiet(t);
     t.add_callback(std::make_shared<RaiseAt>(4));
     t.fit();
     EXPECT_TRUE(t.stopped_by_signal());
-    ASSERT_EQ(t.step(), 4);
+    EXPECT_EQ(t.step(), 4);
     first_l = losses(t.history());
     ckpt_dir = ckpt::find_latest_valid(t.checkpoints_dir()).path;
-    ASSERT_EQ(fs::path(ckpt_dir).filename().string(), "step-000004");
+    EXPECT_EQ(fs::path(ckpt_dir).filename().string(), "step-000004");
   }
   // Scramble the global RNG in between, as another run in the same process would.
   manual_seed(999);
   {
-    train::Trainer t(gpt_config(dir, text, {"name=split", "checkpoint.every=3"}));
+    train::Trainer t(gpt_config(dir, text, with({"name=split", "checkpoint.every=3"})));
     quiet(t);
     t.resume_from(ckpt_dir);
     EXPECT_EQ(t.step(), 4);
     t.fit();
-    ASSERT_EQ(t.step(), 8);
+    EXPECT_EQ(t.step(), 8);
     std::vector<double> all = first_l;
     for (double l : losses(t.history())) all.push_back(l);
     ASSERT_EQ(all.size(), straight_l.size());
@@ -102,6 +111,8 @@ TEST(Resume, BitExactContinuation) {
     const auto w = weight_bytes(t);
     ASSERT_EQ(w.size(), straight_w.size());
     for (size_t i = 0; i < w.size(); ++i) EXPECT_TRUE(w[i] == straight_w[i]) << "tensor " << i << " differs";
+    EXPECT_EQ(t.scaler().get_scale(), straight_scale);
+    EXPECT_EQ(t.scaler().growth_tracker(), straight_growth);
   }
   // The split run's metrics.jsonl reads as one run: steps 1..8 once each.
   std::ifstream mf(fs::path(dir) / "split" / "metrics.jsonl");
@@ -110,6 +121,13 @@ TEST(Resume, BitExactContinuation) {
   while (std::getline(mf, line))
     if (line.find("\"loss\"") != std::string::npos) ++train_lines;
   EXPECT_EQ(train_lines, 8);
+}
+
+TEST(Resume, BitExactContinuation) { check_bit_exact_continuation("bitexact", {}); }
+TEST(Resume, BitExactContinuationBf16) { check_bit_exact_continuation("bitexact_bf16", {"trainer.precision=bf16"}); }
+// f16: scale 2^10 growing ×2 every 3 clean steps, so the split at step 4 falls inside a growth interval.
+TEST(Resume, BitExactContinuationF16) {
+  check_bit_exact_continuation("bitexact_f16", {"trainer.precision=f16", "scaler.init_scale=1024", "scaler.growth_interval=3"});
 }
 
 TEST(Resume, SplitWithoutResumeDiffers) {

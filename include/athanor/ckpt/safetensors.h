@@ -11,6 +11,14 @@
 // offsets inside the file, entries tiling the data block with no gap or overlap,
 // no duplicate names. Every failure is an Error naming the file and the entry.
 // The writer writes to "<path>.tmp", fsyncs, and renames over `path`.
+//
+// Files of kSafetensorsMmapThreshold bytes or more are memory-mapped (private,
+// copy-on-write) and their tensors view the map without copying when the entry
+// is suitably aligned (U16 and misaligned entries are copied out of the map);
+// the map lives as long as any such tensor. Smaller files are read() whole.
+// (A mapped file truncated by another process while its tensors live would
+// raise SIGBUS on access; checkpoints are never rewritten in place.)
+#include <cstddef>
 #include <map>
 #include <string>
 #include <utility>
@@ -19,6 +27,8 @@
 #include "athanor/core/tensor.h"
 
 namespace athanor::ckpt {
+
+inline constexpr std::size_t kSafetensorsMmapThreshold = std::size_t{1} << 20;
 
 using NamedTensors = std::vector<std::pair<std::string, Tensor>>;
 
@@ -31,7 +41,8 @@ struct SafetensorsFile {
 void save_safetensors(const std::string& path, const NamedTensors& tensors,
                       const std::map<std::string, std::string>& metadata = {});
 SafetensorsFile load_safetensors(const std::string& path);
-// Parses bytes already in memory (`source` names them in errors).
+// Parses bytes already in memory (`source` names them in errors); the tensors
+// own copies. The same validation as load_safetensors (the fuzz target's entry).
 SafetensorsFile parse_safetensors(const std::string& bytes, const std::string& source);
 
 }  // namespace athanor::ckpt

@@ -77,6 +77,12 @@ struct HealthEvent {
 };
 
 // Where records go. The Trainer calls these on rank 0; every method may be left as is.
+// The JSON encodings of the records, one line each (no trailing newline), fields as
+// documented at the top of this file; non-finite numbers become null (src/observe/metrics.cpp).
+std::string to_json(const StepMetrics& m);
+std::string to_json(const EvalMetrics& e);
+std::string to_json(const HealthEvent& e);
+
 class MetricsSink {
  public:
   virtual ~MetricsSink() = default;

@@ -2,15 +2,21 @@
 // The Trainer owns the order of a training step (DESIGN.md, "The training step"):
 //
 //   for each micro-batch k of accum_steps:
-//       loss_k = model(batch_k) * n_k / N        (n_k counted targets; N over all k: token-weighted)
-//       loss_k.backward()
+//       { autocast(bf16|f16) unless f32: loss_k = model(batch_k) }      (forward only)
+//       (scaler.scale(loss_k * n_k / N)).backward()   (n_k counted targets; N over all k: token-weighted;
+//                                                      the scaler is the identity except in f16)
+//   found_inf = scaler.unscale(named params) or loss non-finite          (before clipping)
 //   grad_norm = clip(grads)                      (pre-clip norm; computed even without clipping)
-//   if grad_norm is finite: optimizer.step()     (else the update is skipped and counted)
-//   scheduler.step(); zero_grad()                (the schedule counts optimizer steps only)
+//   if !found_inf and grad_norm finite: optimizer.step()
+//   else: the non-finite policy (f16 overflow: skip; otherwise diagnose under anomaly mode,
+//         then stop | skip | rollback — trainer_health.cpp)
+//   scaler.update(found_inf); scheduler.step(); zero_grad()   (the schedule counts step attempts)
 //
-// so no user can get the order wrong. It builds the model, data, optimizer and
-// schedule from a Config, evaluates periodically, samples text from GPTs, and
-// writes <out_dir>/<name>/config.yaml (resolved) and metrics.jsonl.
+// so no user can get the order wrong. Parameters, gradients and optimizer state stay f32.
+// It builds the model (or takes a Task), data, optimizer and schedule from a Config,
+// evaluates periodically, samples text from GPTs, and writes <out_dir>/<name>/config.yaml
+// (resolved), metrics.jsonl and health.jsonl (observe/metrics.h), TensorBoard events,
+// report.html and, with profile.enabled, trace.json.
 #include <cstdint>
 #include <functional>
 #include <memory>
@@ -22,27 +28,17 @@
 #include "athanor/nn/module.h"
 #include "athanor/optim/lr_schedule.h"
 #include "athanor/optim/optimizer.h"
+#include "athanor/amp/grad_scaler.h"
+#include "athanor/core/rng.h"
+#include "athanor/observe/health.h"
+#include "athanor/observe/metrics.h"
 #include "athanor/train/config.h"
 
 namespace athanor::train {
 
-struct StepMetrics {
-  int64_t step = 0;            // optimizer steps completed
-  double loss = 0;             // token/sample-weighted mean over the step's micro-batches
-  double lr = 0;               // lr used by this step
-  double grad_norm = 0;        // global L2 norm before clipping
-  bool skipped = false;        // update skipped (non-finite gradient)
-  int64_t targets = 0;         // tokens (LM) or samples (classifier) in the step
-  double step_seconds = 0, data_seconds = 0;
-  double throughput = 0;       // targets per second
-};
-
-struct EvalMetrics {
-  int64_t step = 0;
-  double loss = 0;
-  double accuracy = -1;        // classifiers only (-1 otherwise)
-  int64_t count = 0;           // targets evaluated
-};
+// The records of a run (include/athanor/observe/metrics.h); the old train:: names stay valid.
+using StepMetrics = observe::StepMetrics;
+using EvalMetrics = observe::EvalMetrics;
 
 class Callback {
  public:
@@ -62,12 +58,17 @@ class Task {
   virtual void evaluate(const data::Batch& batch, double& loss_sum, int64_t& correct) = 0;
   virtual bool is_classifier() const = 0;
   virtual bool is_language_model() const { return false; }
+  // Model FLOPs (forward + backward) of training on this micro-batch; 0 = unknown (no MFU).
+  virtual double train_flops(const data::Batch&) const { return 0; }
 };
 
 class Trainer {
  public:
   // write_run_files = false: build everything but write nothing (eval/generate of an existing run).
   explicit Trainer(Config config, bool write_run_files = true);
+  // Trains a caller's model/loss with the config's data, optimizer, schedule and policies
+  // (the config's model.* keys are ignored for building; data.* still builds the loaders).
+  Trainer(Config config, std::unique_ptr<Task> task, bool write_run_files = true);
   ~Trainer();
   void fit();                                  // trains to trainer.max_steps (or the time limit)
   bool train_step();                           // one optimizer step; false when finished
@@ -78,6 +79,8 @@ class Trainer {
   void save_weights(const std::string& path);
   void load_weights(const std::string& path);  // strict: names and shapes must match the config's model
   void add_callback(std::shared_ptr<Callback> cb) { callbacks_.push_back(std::move(cb)); }
+  // Every step/eval/health record and the end of the run also go to these (TensorBoard, report…).
+  void add_sink(std::shared_ptr<observe::MetricsSink> sink) { sinks_.push_back(std::move(sink)); }
 
   // Checkpoints (include/athanor/ckpt/checkpoint.h): <run_dir>/checkpoints/step-NNNNNN/ with
   // model.safetensors, optimizer.safetensors (states under logical names), state.json (step,
@@ -109,13 +112,32 @@ class Trainer {
   const std::string& run_dir() const { return run_dir_; }
   const std::vector<StepMetrics>& history() const { return history_; }
   const std::vector<EvalMetrics>& evals() const { return evals_; }
+  const std::vector<observe::HealthEvent>& health_events() const { return health_; }
+  DType precision() const { return precision_; }       // f32, bf16 or f16 (compute dtype of the forward)
+  const GradScaler& scaler() const { return *scaler_; }  // enabled only for f16
+  double lr_factor() const { return lr_factor_; }        // cumulative rollback lr multiplier
+  double peak_flops() const { return peak_flops_; }      // FLOP/s used for MFU (0 = unknown)
   // Optional: where progress and messages go (default: stdout).
   void set_output(std::function<void(const std::string&)> out) { out_ = std::move(out); }
 
  private:
+  void init(bool write_run_files);  // everything after the task exists
   void build_data();
   void log_step(const StepMetrics& m);
   void write_jsonl(const std::string& json_line);
+  void measure_peak_flops();
+  void memory_report(const StepMetrics& m);
+  void profile_window(int64_t step, bool at_start);  // profile.*: start/stop the profiler, print the table, write trace.json
+  // Runs the step's micro-batches: forward under autocast, (scaled) backward; fills loss/timings.
+  void forward_backward(const std::vector<data::Batch>& batches, StepMetrics& m);
+  // The non-finite policy (trainer_health.cpp), after the update was skipped: diagnose, then
+  // skip (false), roll back (true: the state is a checkpoint's now) or stop (throws).
+  std::string nonfinite_policy() const;  // auto resolved to skip/stop
+  bool handle_nonfinite(const std::vector<data::Batch>& batches, const GeneratorState& rng_at_start, StepMetrics& m);
+  observe::HealthEvent diagnose_nonfinite(const std::vector<data::Batch>& batches, const GeneratorState& rng_at_start,
+                                          const StepMetrics& m);
+  void emit_health(const observe::HealthEvent& e);  // health.jsonl + a line to the output + sinks
+  void apply_lr_factor();                          // base lr = initial base lr × lr_factor_
   Config config_;
   std::unique_ptr<Task> task_;
   std::unique_ptr<data::Tokenizer> tokenizer_;
@@ -124,6 +146,17 @@ class Trainer {
   std::unique_ptr<optim::Optimizer> optimizer_;
   std::unique_ptr<optim::Scheduler> scheduler_;
   std::vector<std::shared_ptr<Callback>> callbacks_;
+  std::vector<std::shared_ptr<observe::MetricsSink>> sinks_;
+  std::vector<observe::HealthEvent> health_;
+  std::unique_ptr<GradScaler> scaler_;
+  std::unique_ptr<observe::HealthMonitor> health_monitor_;  // spikes, exploding/vanishing gradients
+  DType precision_ = DType::f32;
+  std::vector<double> initial_base_lrs_;
+  double lr_factor_ = 1.0;
+  double peak_flops_ = 0;
+  bool memory_reported_ = false;
+  int64_t rollbacks_in_a_row_ = 0;  // rollbacks that did not get past the failing step
+  int64_t last_rollback_step_ = -1;
   std::vector<StepMetrics> history_;
   std::vector<EvalMetrics> evals_;
   std::function<void(const std::string&)> out_;

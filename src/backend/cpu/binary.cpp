@@ -2,6 +2,7 @@
 
 #include "athanor/core/convert.h"
 #include "athanor/core/error.h"
+#include "backend/cpu/unary.h"
 
 namespace athanor::cpu {
 namespace {
@@ -61,6 +62,43 @@ template <class T> void binary_row(BinaryOp op, const T* a, const T* b, T* out, 
     }
   }
 }
+
+namespace {
+template <class L, BinaryOp OP> void mixed_impl(const float* full, const L* low, float* out, int64_t n, bool low_is_a) {
+  vec::parallel_blocks(n, kParallelGrain, [&](int64_t begin, int64_t end) {
+#if ATHANOR_CPU_AVX512
+    for (int64_t i = begin; i < end; i += 16) {
+      const __mmask16 m = vec::tail_mask(end - i);
+      const __m512 f = vec::load16(full + i, m), l = vec::load16(low + i, m);  // widening bf16/f16 -> f32 is exact
+      const __m512 x = low_is_a ? l : f, y = low_is_a ? f : l;
+      __m512 r;
+      if constexpr (OP == BinaryOp::add) r = _mm512_add_ps(x, y);
+      else if constexpr (OP == BinaryOp::sub) r = _mm512_sub_ps(x, y);
+      else if constexpr (OP == BinaryOp::mul) r = _mm512_mul_ps(x, y);
+      else r = _mm512_div_ps(x, y);
+      vec::store16(out + i, m, r);
+    }
+#else
+    for (int64_t i = begin; i < end; ++i) {
+      const float l = cast_value<float>(low[i]);
+      out[i] = low_is_a ? apply<float>(OP, l, full[i]) : apply<float>(OP, full[i], l);
+    }
+#endif
+  });
+}
+}  // namespace
+
+template <class L>
+void binary_same_mixed(BinaryOp op, const float* full, const L* low, float* out, int64_t n, bool low_is_a) {
+  switch (op) {
+    case BinaryOp::add: return mixed_impl<L, BinaryOp::add>(full, low, out, n, low_is_a);
+    case BinaryOp::sub: return mixed_impl<L, BinaryOp::sub>(full, low, out, n, low_is_a);
+    case BinaryOp::mul: return mixed_impl<L, BinaryOp::mul>(full, low, out, n, low_is_a);
+    case BinaryOp::div: return mixed_impl<L, BinaryOp::div>(full, low, out, n, low_is_a);
+  }
+}
+template void binary_same_mixed<bfloat16>(BinaryOp, const float*, const bfloat16*, float*, int64_t, bool);
+template void binary_same_mixed<float16>(BinaryOp, const float*, const float16*, float*, int64_t, bool);
 
 #define ATHANOR_INSTANTIATE_BINARY(T)                                                         \
   template void binary_same<T>(BinaryOp, const T*, const T*, T*, int64_t);                   \

@@ -71,21 +71,27 @@ template <class T> struct RowIO {
 
 // ---- LayerNorm ---------------------------------------------------------------------------
 
-template <class T>
-void layer_norm_forward(const T* x, const T* w, const T* b, T* y, norm_stat_t<T>* mean, norm_stat_t<T>* rstd,
-                        int64_t rows, int64_t cols, double eps) {
-  using S = norm_stat_t<T>;
+namespace {
+// x (and dx) of type TX; weight, bias, y (and dy, dweight, dbias) of type TY. TX == TY
+// is the plain kernel; TX = bf16/f16 with TY = f32 reads a 16-bit input directly and
+// writes f32 (layer_norm under autocast), with no f32 copy of x.
+template <class TX, class TY>
+void layer_norm_forward_impl(const TX* x, const TY* w, const TY* b, TY* y, norm_stat_t<TX>* mean, norm_stat_t<TX>* rstd,
+                             int64_t rows, int64_t cols, double eps) {
+  using S = norm_stat_t<TX>;
+  static_assert(std::is_same_v<S, norm_stat_t<TY>>);
   std::vector<S> wbuf, bbuf;
-  const S* pw = param_as<T, S>(w, wbuf, cols, S(1));
-  const S* pb = param_as<T, S>(b, bbuf, cols, S(0));
+  const S* pw = param_as<TY, S>(w, wbuf, cols, S(1));
+  const S* pb = param_as<TY, S>(b, bbuf, cols, S(0));
   const S e = static_cast<S>(eps);
 #pragma omp parallel if (parallel_rows(rows, cols))
   {
-    RowIO<T> io(2, cols);
+    RowIO<TX> iox(1, cols);
+    RowIO<TY> ioy(1, cols);
 #pragma omp for schedule(static)
     for (int64_t r = 0; r < rows; ++r) {
-      const S* xr = io.in(x + r * cols, 0);
-      S* yr = io.out(y + r * cols, 1);
+      const S* xr = iox.in(x + r * cols, 0);
+      S* yr = ioy.out(y + r * cols, 0);
       // Row statistics accumulate in f64: their accuracy must not depend on how
       // the compiler vectorizes the sum (an f32 sum of 5000 values differs by
       // ~1e-6 relative between vectorized and scalar code).
@@ -101,28 +107,29 @@ void layer_norm_forward(const T* x, const T* w, const T* b, T* y, norm_stat_t<T>
       for (int64_t i = 0; i < cols; ++i) yr[i] = (xr[i] - m) * rs * pw[i] + pb[i];
       mean[r] = m;
       rstd[r] = rs;
-      io.commit(yr, y + r * cols);
+      ioy.commit(yr, y + r * cols);
     }
   }
 }
 
-template <class T>
-void layer_norm_backward(const T* dy, const T* x, const T* w, const norm_stat_t<T>* mean, const norm_stat_t<T>* rstd,
-                         T* dx, T* dw, T* db, int64_t rows, int64_t cols) {
-  using S = norm_stat_t<T>;
+template <class TX, class TY>
+void layer_norm_backward_impl(const TY* dy, const TX* x, const TY* w, const norm_stat_t<TX>* mean,
+                              const norm_stat_t<TX>* rstd, TX* dx, TY* dw, TY* db, int64_t rows, int64_t cols) {
+  using S = norm_stat_t<TX>;
   std::vector<S> wbuf;
-  const S* pw = param_as<T, S>(w, wbuf, cols, S(1));
+  const S* pw = param_as<TY, S>(w, wbuf, cols, S(1));
   ColumnPartials<S> pdw(dw != nullptr, cols), pdb(db != nullptr, cols);
   const S inv_n = S(1) / static_cast<S>(cols);
 #pragma omp parallel if (parallel_rows(rows, cols))
   {
-    RowIO<T> io(3, cols);
+    RowIO<TX> iox(2, cols);
+    RowIO<TY> ioy(1, cols);
     S* tdw = pdw.of(omp_get_thread_num());
     S* tdb = pdb.of(omp_get_thread_num());
 #pragma omp for schedule(static)
     for (int64_t r = 0; r < rows; ++r) {
-      const S* dyr = io.in(dy + r * cols, 0);
-      const S* xr = io.in(x + r * cols, 1);
+      const S* dyr = ioy.in(dy + r * cols, 0);
+      const S* xr = iox.in(x + r * cols, 0);
       const S m = mean[r], rs = rstd[r];
       // y = xhat * w + b with xhat = (x - mean) * rstd, dnorm = dy * w = dL/dxhat.
       S dn_mean = 0, dn_xhat_mean = 0;
@@ -154,7 +161,7 @@ void layer_norm_backward(const T* dy, const T* x, const T* w, const norm_stat_t<
       dn_mean *= inv_n;
       dn_xhat_mean *= inv_n;
       if (dx) {
-        S* dxr = io.out(dx + r * cols, 2);
+        S* dxr = iox.out(dx + r * cols, 1);
         // dL/dx = rstd * (dnorm                  direct path through xhat
         //                 - mean(dnorm)          through the mean
         //                 - xhat * mean(dnorm * xhat))   through rstd
@@ -163,13 +170,44 @@ void layer_norm_backward(const T* dy, const T* x, const T* w, const norm_stat_t<
           const S xhat = (xr[i] - m) * rs;
           dxr[i] = rs * (dyr[i] * pw[i] - dn_mean - xhat * dn_xhat_mean);
         }
-        io.commit(dxr, dx + r * cols);
+        iox.commit(dxr, dx + r * cols);
       }
     }
   }
   pdw.reduce_into(dw);
   pdb.reduce_into(db);
 }
+
+}  // namespace
+
+template <class T>
+void layer_norm_forward(const T* x, const T* w, const T* b, T* y, norm_stat_t<T>* mean, norm_stat_t<T>* rstd,
+                        int64_t rows, int64_t cols, double eps) {
+  layer_norm_forward_impl<T, T>(x, w, b, y, mean, rstd, rows, cols, eps);
+}
+template <class T>
+void layer_norm_backward(const T* dy, const T* x, const T* w, const norm_stat_t<T>* mean, const norm_stat_t<T>* rstd,
+                         T* dx, T* dw, T* db, int64_t rows, int64_t cols) {
+  layer_norm_backward_impl<T, T>(dy, x, w, mean, rstd, dx, dw, db, rows, cols);
+}
+template <class L>
+void layer_norm_forward_lowp_input(const L* x, const float* w, const float* b, float* y, float* mean, float* rstd,
+                                   int64_t rows, int64_t cols, double eps) {
+  layer_norm_forward_impl<L, float>(x, w, b, y, mean, rstd, rows, cols, eps);
+}
+template <class L>
+void layer_norm_backward_lowp_input(const float* dy, const L* x, const float* w, const float* mean, const float* rstd,
+                                    L* dx, float* dw, float* db, int64_t rows, int64_t cols) {
+  layer_norm_backward_impl<L, float>(dy, x, w, mean, rstd, dx, dw, db, rows, cols);
+}
+#define ATHANOR_INSTANTIATE_LN_LOWP(L)                                                                           \
+  template void layer_norm_forward_lowp_input<L>(const L*, const float*, const float*, float*, float*, float*, \
+                                                 int64_t, int64_t, double);                                    \
+  template void layer_norm_backward_lowp_input<L>(const float*, const L*, const float*, const float*,          \
+                                                  const float*, L*, float*, float*, int64_t, int64_t);
+ATHANOR_INSTANTIATE_LN_LOWP(bfloat16)
+ATHANOR_INSTANTIATE_LN_LOWP(float16)
+#undef ATHANOR_INSTANTIATE_LN_LOWP
 
 // ---- RMSNorm -----------------------------------------------------------------------------
 

@@ -27,6 +27,16 @@ void layer_norm_forward(const T* x, const T* w, const T* b, T* y, norm_stat_t<T>
 template <class T>
 void layer_norm_backward(const T* dy, const T* x, const T* w, const norm_stat_t<T>* mean, const norm_stat_t<T>* rstd,
                          T* dx, T* dw, T* db, int64_t rows, int64_t cols);
+// The same with a bf16/f16 input x (and its gradient dx) but f32 weight, bias, y, dy,
+// dweight, dbias: layer_norm under autocast (an f32-category op) reads the 16-bit
+// activation directly, widening each row in registers, instead of from an f32 copy.
+// L: bfloat16 or float16. Numerically identical to the f32 kernel on x widened to f32.
+template <class L>
+void layer_norm_forward_lowp_input(const L* x, const float* w, const float* b, float* y, float* mean, float* rstd,
+                                   int64_t rows, int64_t cols, double eps);
+template <class L>
+void layer_norm_backward_lowp_input(const float* dy, const L* x, const float* w, const float* mean, const float* rstd,
+                                    L* dx, float* dw, float* db, int64_t rows, int64_t cols);
 
 // y = x * rstd * w,  rstd = 1 / sqrt(avg(x^2) + eps)
 template <class T>

@@ -1,0 +1,175 @@
+#!/usr/bin/python3
+"""Side by side: athanor vs PyTorch (out of the box and tuned) on the same model,
+batch, optimizer and precision, in one invocation (issue 7).
+
+    /usr/bin/python3 bench/compare_pytorch.py                   # all configs, f32 and bf16
+    /usr/bin/python3 bench/compare_pytorch.py --quick --configs tiny-gpt mlp
+    /usr/bin/python3 bench/compare_pytorch.py --configs gpt2-124m --precisions bf16 --repeats 5 --steps 5
+
+For each config and precision, each repeat runs the three engines one after the
+other, each in its own subprocess and environment, rotating the order between
+repeats so that the machine's noise is spread over all of them:
+  athanor        `athanor bench CONFIG trainer.precision=P --json` (oneDNN; the
+                 environment as it is, OMP_NUM_THREADS=2)
+  torch-default  bench/pytorch_step.py with the environment as it is (this workplace
+                 presets OPENBLAS_CORETYPE=Haswell), torch.set_num_threads(2)
+  torch-tuned    the same with what an expert sets: OPENBLAS_CORETYPE=SkylakeX,
+                 OMP_WAIT_POLICY=PASSIVE, glibc malloc kept from returning memory
+                 (MALLOC_TRIM_THRESHOLD_, MALLOC_MMAP_THRESHOLD_ at its 32 MiB maximum,
+                 MALLOC_TOP_PAD_), ATEN_CPU_CAPABILITY=avx512 (--tuned-capability)
+Each run reports the throughput at its median step time; the table gives, per engine,
+the median over repeats with min-max, and the ratios athanor/torch computed per
+repeat (paired runs) with their median and range. MFU uses the peak athanor's GEMM
+probe measured in the same repeat at that precision, for all three engines.
+Prints a Markdown table for bench/RESULTS.md; --out FILE keeps every raw result.
+"""
+import argparse
+import json
+import os
+import statistics
+import subprocess
+import sys
+import time
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+ROOT = os.path.dirname(HERE)
+ALL_CONFIGS = ["tiny-gpt", "small-gpt", "gpt2-124m", "mlp"]
+ENGINES = ["athanor", "torch-default", "torch-tuned"]
+# Register-level peaks measured for issue 7 on this machine (2-core Zen 5): the MFU denominator
+# of the table. The GEMM probe of `athanor bench` is kept in the raw results, but on a busy
+# machine it moves with the load and makes MFU meaningless.
+REGISTER_PEAK = {"f32": 454.0, "bf16": 909.0}
+
+
+def environments(threads, capability):
+    base = dict(os.environ)
+    base["OMP_NUM_THREADS"] = str(threads)
+    tuned = dict(base)
+    tuned.update({
+        "OPENBLAS_CORETYPE": "SkylakeX",
+        "OMP_WAIT_POLICY": "PASSIVE",
+        "MALLOC_TRIM_THRESHOLD_": str(1 << 40),   # never trim the heap top
+        "MALLOC_MMAP_THRESHOLD_": str(32 << 20),  # glibc's maximum: blocks below stay on the reused heap
+        "MALLOC_TOP_PAD_": str(1 << 30),          # grow the heap in large steps
+    })
+    if capability:
+        tuned["ATEN_CPU_CAPABILITY"] = capability
+    # Diagnostic (--athanor-env): athanor under the settings the library should apply itself
+    # (passive OpenMP waiting; glibc keeping freed memory) - what fixing issue 7's findings gives.
+    athanor_env = dict(base)
+    athanor_env.update({"OMP_WAIT_POLICY": "PASSIVE", "MALLOC_ARENA_MAX": "1", "MALLOC_TRIM_THRESHOLD_": str(1 << 40),
+                        "MALLOC_MMAP_THRESHOLD_": str(32 << 20), "MALLOC_TOP_PAD_": str(64 << 20)})
+    return {"athanor": base, "athanor-env": athanor_env, "torch-default": base, "torch-tuned": tuned}
+
+
+def run_one(engine, cfg_path, precision, args, envs):
+    if engine.startswith("athanor"):
+        cmd = [args.athanor, "bench", cfg_path, f"trainer.precision={precision}", "--json",
+               "--steps", str(args.steps), "--warmup", str(args.warmup)]
+    else:
+        cmd = [sys.executable, os.path.join(HERE, "pytorch_step.py"), cfg_path, "--precision", precision,
+               "--steps", str(args.steps), "--warmup", str(args.warmup), "--threads", str(args.threads),
+               "--label", engine]
+    t0 = time.time()
+    p = subprocess.run(cmd, cwd=ROOT, env=envs[engine], capture_output=True, text=True, timeout=args.timeout)
+    if p.returncode != 0:
+        raise SystemExit(f"{engine} failed on {cfg_path} ({precision}), exit {p.returncode}:\n"
+                         f"  {' '.join(cmd)}\n{p.stdout[-2000:]}{p.stderr[-4000:]}")
+    lines = [l for l in p.stdout.splitlines() if l.startswith("{")]
+    if not lines:
+        raise SystemExit(f"{engine} printed no JSON on {cfg_path}:\n{p.stdout[-2000:]}{p.stderr[-2000:]}")
+    r = json.loads(lines[-1])
+    r["engine"] = engine
+    r["wall_s"] = time.time() - t0
+    return r
+
+
+def fmt_rate(v):
+    return f"{v:,.0f}" if v >= 100 else f"{v:.1f}"
+
+
+def spread(values):
+    return statistics.median(values), min(values), max(values)
+
+
+def main():
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--configs", nargs="+", default=None, help=f"names in bench/configs (default: {' '.join(ALL_CONFIGS)})")
+    ap.add_argument("--precisions", nargs="+", default=["f32", "bf16"], choices=["f32", "bf16"])
+    ap.add_argument("--repeats", type=int, default=3)
+    ap.add_argument("--steps", type=int, default=10)
+    ap.add_argument("--warmup", type=int, default=3)
+    ap.add_argument("--threads", type=int, default=2)
+    ap.add_argument("--quick", action="store_true", help="2 repeats of 3 steps after 2 warm-up steps (tiny GPT and MLP by default)")
+    ap.add_argument("--athanor", default=os.path.join(ROOT, "build", "apps", "athanor", "athanor"))
+    ap.add_argument("--tuned-capability", default="avx512", help="ATEN_CPU_CAPABILITY for torch-tuned ('' = leave unset)")
+    ap.add_argument("--timeout", type=int, default=1800, help="seconds per subprocess")
+    ap.add_argument("--athanor-env", action="store_true",
+                    help="also run athanor with OMP_WAIT_POLICY=PASSIVE and glibc malloc tuning (diagnostic column)")
+    ap.add_argument("--peak-f32", type=float, default=REGISTER_PEAK["f32"], help="MFU denominator, GFLOP/s (0 = athanor's probe)")
+    ap.add_argument("--peak-bf16", type=float, default=REGISTER_PEAK["bf16"], help="MFU denominator, GFLOP/s (0 = athanor's probe)")
+    ap.add_argument("--out", default=None, help="write every raw result as JSON here")
+    args = ap.parse_args()
+    if args.quick:
+        args.repeats, args.steps, args.warmup = 2, 3, 2
+        args.configs = args.configs or ["tiny-gpt", "mlp"]
+    args.configs = args.configs or ALL_CONFIGS
+    if not os.access(args.athanor, os.X_OK):
+        raise SystemExit(f"no athanor binary at {args.athanor}; build it (cmake --build build) or pass --athanor PATH")
+    envs = environments(args.threads, args.tuned_capability)
+    engines = ENGINES + (["athanor-env"] if args.athanor_env else [])
+
+    raw, rows = [], []
+    for name in args.configs:
+        cfg_path = os.path.join("bench", "configs", name + ".yaml")
+        if not os.path.exists(os.path.join(ROOT, cfg_path)):
+            raise SystemExit(f"no config {cfg_path}; choose from {', '.join(ALL_CONFIGS)}")
+        for precision in args.precisions:
+            runs = {e: [] for e in engines}
+            for rep in range(args.repeats):
+                k = rep % len(engines)
+                order = engines[k:] + engines[:k]  # rotate who runs first
+                for engine in order:
+                    r = run_one(engine, cfg_path, precision, args, envs)
+                    r["repeat"] = rep
+                    runs[engine].append(r)
+                    raw.append(r)
+                    print(f"[{name} {precision} repeat {rep + 1}/{args.repeats}] {engine}: "
+                          f"{fmt_rate(r['throughput'])} {r['unit']}/s, median {r['median_ms']:.1f} ms/step, "
+                          f"{r['minor_faults_per_step']:.0f} faults/step", file=sys.stderr, flush=True)
+            rows.append((name, precision, runs))
+
+    unit_of = lambda runs: "tok/s" if runs["athanor"][0]["unit"] == "tokens" else "samples/s"
+    peak_of = {"f32": args.peak_f32, "bf16": args.peak_bf16}
+    print(f"\n{args.repeats} repeats x {args.steps} timed steps (after {args.warmup} warm-up), {args.threads} threads; "
+          f"median [min-max] over repeats; ratios paired per repeat. MFU against "
+          f"{'peaks of ' + str(args.peak_f32) + ' (f32) / ' + str(args.peak_bf16) + ' (bf16) GFLOP/s' if args.peak_f32 and args.peak_bf16 else 'the GEMM probe'}.\n")
+    extra = " | athanor-env | athanor-env / tuned" if args.athanor_env else ""
+    print("| config | prec | unit | athanor | torch default | torch tuned | athanor / default | athanor / tuned "
+          f"| MFU athanor / tuned | faults/step athanor / tuned{extra} |")
+    print("|---|---|---|---|---|---|---|---|---|---|" + ("---|---|" if args.athanor_env else ""))
+    for name, precision, runs in rows:
+        def cell(e):
+            m, lo, hi = spread([r["throughput"] for r in runs[e]])
+            return f"{fmt_rate(m)} [{fmt_rate(lo)}–{fmt_rate(hi)}]"
+        def ratio(a, b):
+            m, lo, hi = spread([x["throughput"] / y["throughput"] for x, y in zip(runs[a], runs[b])])
+            return f"{m:.2f}× [{lo:.2f}–{hi:.2f}]"
+        peaks = [peak_of[precision] or r["peak_gflops"] for r in runs["athanor"]]
+        mfu_a = statistics.median(r["achieved_gflops"] / p for r, p in zip(runs["athanor"], peaks))
+        mfu_t = statistics.median(r["achieved_gflops"] / p for r, p in zip(runs["torch-tuned"], peaks))
+        faults = (statistics.median(r["minor_faults_per_step"] for r in runs["athanor"]),
+                  statistics.median(r["minor_faults_per_step"] for r in runs["torch-tuned"]))
+        row = (f"| {name} | {precision} | {unit_of(runs)} | {cell('athanor')} | {cell('torch-default')} | {cell('torch-tuned')} "
+               f"| {ratio('athanor', 'torch-default')} | {ratio('athanor', 'torch-tuned')} "
+               f"| {100 * mfu_a:.1f}% / {100 * mfu_t:.1f}% | {faults[0]:.0f} / {faults[1]:.0f} |")
+        if args.athanor_env:
+            row += f" {cell('athanor-env')} | {ratio('athanor-env', 'torch-tuned')} |"
+        print(row)
+    if args.out:
+        with open(args.out, "w") as f:
+            json.dump(raw, f, indent=1)
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,227 @@
+#pragma once
+// dist::DataParallel: one facade over DDP and ZeRO stages 1, 2 and 3, owning the
+// (sharded) optimizer, so a training step reads the same at every stage:
+//
+//   auto dp = dist::DataParallel(model, mesh.dp(), [](const optim::NamedTensors& owned) {
+//     return optim::make_adamw(optim::default_param_groups(owned, 3e-4, 0.1));
+//   }, {.zero_stage = 2, .bucket_mb = 25});
+//   for (…) {
+//     { auto ns = dp.no_sync(); loss(mb0).backward(); }   // local accumulation only
+//     loss(mb1).backward();                                // buckets reduced during backward
+//     dp.finish_backward();                                // grads averaged (full, or owned shard)
+//     if (dp.found_nonfinite()) { dp.zero_grad(); continue; }   // agreed by every rank
+//     dp.clip_grad_norm(1.0);                              // global norm, all shards
+//     dp.step(); dp.zero_grad();                           // every rank ends with the full weights
+//   }
+//   // checkpoint (any stage, any world size; every rank must call the full_* functions):
+//   auto opt_state = dp.full_optimizer_state();   // logical names "exp_avg.<param>", as 1 process
+//   auto scalars = dp.full_optimizer_scalars();   // "steps", "step.<param>", "lr.<group>"
+//   dp.load_full_optimizer_state(opt_state, scalars);   // on M ranks, any stage
+//   auto weights = dp.full_state_dict();  dp.load_full_state_dict(weights);
+// A Trainer needs only this: build the model (wrap blocks in FullyShardedBlock for
+// stage 3), construct DataParallel with its optimizer factory, set lrs on
+// dp.optimizer().param_groups(), and call the step functions above in order.
+//
+// Stages:
+//   0  DDP (DistributedDataParallel buckets) + one full optimizer per rank;
+//   1  DDP all-reduce, but each rank's optimizer holds only the parameters it
+//      owns (its state is ~1/N); after step() the updated parameters are
+//      all-gathered per bucket;
+//   2  as 1, but each bucket's gradients are reduce-scattered (avg) so that a
+//      rank receives only the reduced gradients of the parameters it owns, into
+//      a persistent per-rank shard buffer (~1/N of the gradients); the full .grad
+//      of every parameter in a bucket is dropped as soon as the bucket is packed,
+//      so beyond the shard at most two buckets are in flight (launching a third
+//      waits for the oldest) plus the .grads of the bucket being filled. Inside
+//      no_sync() gradients accumulate locally in full .grad (as FSDP's no_sync).
+//   3  as 2, plus the parameters of every FullyShardedBlock in the model are
+//      sharded: each rank keeps only the parameters it owns; the others hold
+//      no memory except while their block runs. A block's forward all-gathers
+//      its parameters, runs under checkpoint() (autograd/checkpoint.h: nothing
+//      of the block is saved, so nothing keeps the gathered parameters alive)
+//      and releases them; the checkpoint node's backward re-gathers them,
+//      recomputes the block and backpropagates through it, and when the last
+//      of the block's gradients has arrived the parameters are released again
+//      and the block's gradients reduce-scattered (as a stage-2 bucket).
+//      Parameters outside any FullyShardedBlock are treated as at stage 2.
+//      Per rank: the owned parameters (~1/N) + the block(s) being computed.
+//      Cost: one extra forward per block (the recompute), as FSDP with
+//      activation checkpointing. While DataParallel lives, read the model's
+//      weights only through full_state_dict(): a non-owned block parameter
+//      has no data outside its block's forward/backward. Destroying the
+//      DataParallel re-gathers every block (a collective: all ranks).
+//      A parameter shared by several blocks (tied weights) must live outside
+//      every FullyShardedBlock: a block only gathers the parameters it registers.
+//
+// Sharding scheme: parameter-granular ownership (ZeroRedundancyOptimizer style).
+// Why: the optimizer then runs on whole, real parameter tensors, so its state
+// keeps the exact logical names a 1-process optimizer uses (checkpoints need no
+// name mapping, resharding N -> M is "owner broadcasts"), and every optimizer
+// (including the norm-based LAMB/LARS, which need whole tensors) works
+// unchanged and bit-for-bit like the unsharded one. Ownership is balanced
+// greedily: buckets in launch order, inside a bucket parameters by size
+// (largest first), each to the rank owning the fewest elements so far.
+// Collective layout of a bucket: N segments of S elements (S = the largest
+// number of elements any one rank owns in that bucket); rank r's parameters lie
+// packed in segment r, the rest is zero padding. reduce_scatter over that
+// layout hands each rank exactly its parameters' reduced gradients; all_gather
+// over it returns every owner's updated parameters. The padding is the price
+// (comm volume ≈ N·S instead of the bucket size, equal when balanced; a bucket
+// or block whose parameters cannot split evenly over N ranks pays more, e.g. a
+// block of 4 unequal matrices on 4 ranks).
+//
+// Memory tags: shard gradient buffers and the transient packed buckets are
+// MemTag::gradient; the all-gather staging buffers of stages 1/2
+// MemTag::workspace; a stage-3 block's gathered parameters MemTag::parameter;
+// the optimizer's state MemTag::optimizer_state (created by the optimizer).
+#include <cmath>
+#include <functional>
+#include <map>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "athanor/dist/ddp.h"
+#include "athanor/dist/process_group.h"
+#include "athanor/nn/layers.h"
+#include "athanor/nn/module.h"
+#include "athanor/optim/optimizer.h"
+
+namespace athanor::dist {
+
+class DataParallel;
+
+// A unit of parameter sharding for zero_stage 3 (an FSDP "unit"): wraps a
+// block of the model (its parameters are named "<wrapper>.block.<…>"). Without a
+// stage-3 DataParallel it is transparent (forward = block->forward).
+class FullyShardedBlock : public nn::UnaryModule {
+ public:
+  explicit FullyShardedBlock(std::shared_ptr<nn::UnaryModule> block);
+  Tensor forward(const Tensor& x) override;
+  std::shared_ptr<nn::UnaryModule> block;
+
+ private:
+  friend class DataParallel;
+  DataParallel* sharder_ = nullptr;
+  int bucket_ = -1;
+};
+
+// Builds the optimizer over the parameters this rank owns (all of them at stage 0),
+// in registration order. Must create the same group names on every rank.
+using OptimizerFactory = std::function<std::unique_ptr<optim::Optimizer>(const optim::NamedTensors& owned)>;
+
+struct DataParallelOptions {
+  int zero_stage = 0;      // 0, 1, 2, 3
+  double bucket_mb = 25.0; // MiB per gradient bucket
+};
+
+class DataParallel {
+ public:
+  DataParallel(std::shared_ptr<nn::Module> module, std::shared_ptr<ProcessGroup> group, OptimizerFactory make_optimizer,
+               DataParallelOptions opts = {});
+  ~DataParallel();
+  DataParallel(const DataParallel&) = delete;
+  DataParallel& operator=(const DataParallel&) = delete;
+
+  nn::Module& module() { return *module_; }
+  ProcessGroup& group() { return *group_; }
+  int zero_stage() const { return opts_.zero_stage; }
+  // This rank's optimizer (over the owned parameters at stages >= 1): set lrs here.
+  optim::Optimizer& optimizer() { return *optimizer_; }
+
+  class NoSync {
+   public:
+    explicit NoSync(DataParallel& d);
+    ~NoSync();
+    NoSync(NoSync&& o) noexcept;
+    NoSync(const NoSync&) = delete;
+    NoSync& operator=(const NoSync&) = delete;
+    NoSync& operator=(NoSync&&) = delete;
+   private:
+    DataParallel* d_;
+    bool prev_;
+    std::unique_ptr<DistributedDataParallel::NoSync> ddp_;
+  };
+  NoSync no_sync() { return NoSync(*this); }
+
+  // Waits for every reduction. Afterwards .grad holds the averaged gradient of
+  // every parameter (stages 0/1) or of the owned parameters only (stage 2).
+  void finish_backward();
+  // Global L2 norm of the averaged gradients (all shards), the same on every rank.
+  double grad_norm();
+  bool found_nonfinite() { return !std::isfinite(grad_norm()); }
+  // As optim::clip_grad_norm over the full gradient: returns the norm before clipping.
+  double clip_grad_norm(double max_norm);
+  // Optimizer step on the owned parameters, then (stages 1/2) all-gather them.
+  void step();
+  void zero_grad();
+
+  // Which rank owns (keeps optimizer state for) each trainable parameter.
+  int owner_of(const std::string& param) const;
+  std::vector<std::string> owned_parameters() const;
+
+  // Optimizer state under logical unsharded names, gathered onto every rank.
+  optim::NamedTensors full_optimizer_state();
+  std::map<std::string, double> full_optimizer_scalars();
+  // Loads a full state (e.g. saved by another world size / stage): each rank keeps its own part.
+  void load_full_optimizer_state(const optim::NamedTensors& tensors, const std::map<std::string, double>& scalars);
+  // The model's full state dict, as copies (stage 3 gathers every block for the
+  // call: a collective). load_full_state_dict loads one (any world size/stage).
+  nn::StateDict full_state_dict();
+  void load_full_state_dict(const nn::StateDict& state);
+
+ private:
+  struct Param {
+    std::string name;
+    Tensor tensor;
+    int owner = 0;
+    int bucket = 0;
+    int64_t seg_offset = 0;  // offset inside its owner's segment of the bucket layout
+    bool ready = false;
+    int hook = -1;
+  };
+  struct Bucket {
+    std::vector<int> params;  // indices into params_, in launch order
+    DType dtype = DType::f32;
+    int64_t seg = 0;          // S: elements per rank segment
+    int pending = 0;
+    int64_t owned = 0;        // elements this rank owns in the bucket (packed first in its segment)
+    bool block = false;       // stage 3: the parameters of one FullyShardedBlock (sharded at rest)
+    bool gathered = true;     // stage 3: block parameters currently materialised
+    int bwd_pending = 0;      // stage 3: block gradients still to arrive in this backward
+    Tensor packed;            // stage 2: [N*S] transient, while reduce-scatter is in flight
+    Tensor received;          // stage 2: [S] transient, this rank's segment of the reduction
+    Tensor shard;             // stage 2: [owned] this rank's reduced gradients (persistent)
+    WorkPtr work;
+  };
+  void on_grad_ready(int index);  // stage 2 hook
+  void launch_ready_buckets();
+  void launch(int b);
+  void drain(int b);
+  void reset_step();
+  static constexpr int kMaxInFlight = 2;  // stage 2: buckets reducing at once
+  void all_gather_parameters();
+  // stage 3 (zero3.cpp)
+  friend class FullyShardedBlock;
+  void setup_blocks();                 // marks FullyShardedBlocks, before buckets are built
+  int block_of(const std::string& param) const;
+  void gather_block(int bucket);
+  void release_block(int bucket);
+  void on_block_grad(int bucket);
+  std::vector<std::pair<std::string, std::shared_ptr<FullyShardedBlock>>> blocks_;  // prefix "<name>." -> block
+  Tensor released_;                    // 1-element storage that released parameters point at
+
+  std::shared_ptr<nn::Module> module_;
+  std::shared_ptr<ProcessGroup> group_;
+  DataParallelOptions opts_;
+  std::unique_ptr<DistributedDataParallel> ddp_;  // stages 0/1
+  std::unique_ptr<optim::Optimizer> optimizer_;
+  std::vector<Param> params_;
+  std::vector<Bucket> buckets_;
+  std::map<std::string, int> index_;  // name -> params_ index
+  int next_launch_ = 0;
+  bool sync_ = true;
+  bool step_active_ = false;
+};
+
+}  // namespace athanor::dist

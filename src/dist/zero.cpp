@@ -1,0 +1,478 @@
+// dist::DataParallel: DDP and ZeRO stages 1/2 (stage 3 in zero3.cpp) with parameter-granular ownership
+// (contract and the reasons for the scheme in include/athanor/dist/zero.h).
+#include "athanor/dist/zero.h"
+
+#include <algorithm>
+#include <cmath>
+#include <cstdio>
+#include <numeric>
+#include <set>
+#include <sstream>
+
+#include "athanor/autograd/grad_mode.h"
+#include "athanor/core/convert.h"
+#include "athanor/core/error.h"
+#include "athanor/ops/shape.h"
+#include "athanor/optim/clip.h"
+
+namespace athanor::dist {
+
+namespace {
+
+Tensor view_of(const Tensor& flat, const Tensor& like, int64_t offset) {
+  return make_view(flat, like.sizes(), contiguous_strides(like.sizes()), offset);
+}
+
+// Multiplies every element of `g` by `coef` in place, exactly as optim::clip_grad_norm does.
+void scale_in_place(Tensor g, double coef) {
+  dispatch(g.dtype(), [&]<class T>() {
+    if constexpr (is_float_type_v<T>) {
+      T* d = static_cast<T*>(g.raw_data());
+      const int64_t n = g.numel();
+      for (int64_t i = 0; i < n; ++i) d[i] = cast_value<T>(cast_value<double>(d[i]) * coef);
+    }
+  });
+  g.bump_version();
+}
+
+// Strings travel as i32 code points (the dtypes collectives support).
+Tensor encode(const std::string& s, int64_t len) {
+  std::vector<int64_t> v(len, 0);
+  for (std::size_t i = 0; i < s.size() && static_cast<int64_t>(i) < len; ++i) v[i] = static_cast<unsigned char>(s[i]);
+  return from_vector(v, {len}, TensorOptions(DType::i32));
+}
+std::string decode(const std::vector<double>& v, std::size_t from, std::size_t len) {
+  std::string s;
+  for (std::size_t i = from; i < from + len && v[i] != 0; ++i) s.push_back(static_cast<char>(v[i]));
+  return s;
+}
+
+// Every rank's string, in rank order (two collectives: the longest length, then the strings).
+std::vector<std::string> all_gather_strings(ProcessGroup& g, const std::string& mine) {
+  Tensor len = from_vector(std::vector<int64_t>{static_cast<int64_t>(mine.size()) + 1}, {1});
+  g.all_reduce(len, ReduceOp::max);
+  const int64_t L = len.item<int64_t>();
+  Tensor all = empty({L * g.size()}, TensorOptions(DType::i32));
+  g.all_gather(all, encode(mine, L));
+  const auto codes = all.to_vector();
+  std::vector<std::string> out;
+  for (int r = 0; r < g.size(); ++r) out.push_back(decode(codes, static_cast<std::size_t>(r * L), static_cast<std::size_t>(L)));
+  return out;
+}
+
+}  // namespace
+
+DataParallel::DataParallel(std::shared_ptr<nn::Module> module, std::shared_ptr<ProcessGroup> group,
+                           OptimizerFactory make_optimizer, DataParallelOptions opts)
+    : module_(std::move(module)), group_(std::move(group)), opts_(opts) {
+  ATH_CHECK(module_ != nullptr, "DataParallel", "got no module");
+  ATH_CHECK(group_ != nullptr, "DataParallel", "got no process group",
+            Hint{"pass dist::init_from_mpi() or a DeviceMesh's dp() group"});
+  ATH_CHECK(make_optimizer != nullptr, "DataParallel", "got no optimizer factory");
+  ATH_CHECK(opts_.bucket_mb > 0, "DataParallel", "bucket_mb must be positive, got ", opts_.bucket_mb);
+  ATH_CHECK(opts_.zero_stage >= 0 && opts_.zero_stage <= 3, "DataParallel", "zero_stage ", opts_.zero_stage,
+            " is not supported", Hint{"use zero_stage 0 (DDP), 1 (sharded optimizer state), 2 (plus sharded "
+                                      "gradients) or 3 (plus sharded parameters of FullyShardedBlocks)"});
+  const int n = group_->size(), me = group_->rank();
+
+  if (opts_.zero_stage <= 1) {
+    // DDP broadcasts rank 0's parameters and reduces the full gradients.
+    ddp_ = std::make_unique<DistributedDataParallel>(module_, group_, DDPOptions{.bucket_cap_mb = opts_.bucket_mb});
+  } else {
+    NoGradGuard ng;
+    for (auto& [name, p] : module_->named_parameters()) group_->broadcast(p, 0);
+    for (auto& [name, b] : module_->named_buffers()) group_->broadcast(b, 0);
+  }
+
+  for (auto& [name, p] : module_->named_parameters())
+    if (p.requires_grad()) {
+      index_[name] = static_cast<int>(params_.size());
+      params_.push_back(Param{name, p});
+    }
+  if (opts_.zero_stage == 3) setup_blocks();
+
+  // Buckets in reverse registration order, one dtype each, capped in bytes (as DDP).
+  const double cap = opts_.bucket_mb * 1024.0 * 1024.0;
+  // Stage 3: the parameters of one FullyShardedBlock form a bucket of their own.
+  std::vector<int64_t> bucket_bytes;
+  std::vector<int> bucket_block;  // block index per bucket, -1 for ordinary buckets
+  for (int i = static_cast<int>(params_.size()) - 1; i >= 0; --i) {
+    Param& p = params_[i];
+    const DType dt = p.tensor.dtype();
+    const double bytes = static_cast<double>(p.tensor.nbytes());
+    const int blk = opts_.zero_stage == 3 ? block_of(p.name) : -1;
+    const bool fits = !buckets_.empty() && bucket_block.back() == blk && buckets_.back().dtype == dt &&
+                      (blk >= 0 || static_cast<double>(bucket_bytes.back()) + bytes <= cap);
+    if (!fits) {
+      buckets_.emplace_back();
+      buckets_.back().dtype = dt;
+      buckets_.back().block = blk >= 0;
+      bucket_bytes.push_back(0);
+      bucket_block.push_back(blk);
+      if (blk >= 0) {
+        ATH_CHECK(blocks_[blk].second->bucket_ < 0, "DataParallel", "the parameters of FullyShardedBlock '",
+                  blocks_[blk].first, "' are not contiguous in registration order");
+        blocks_[blk].second->bucket_ = static_cast<int>(buckets_.size()) - 1;
+      }
+    }
+    p.bucket = static_cast<int>(buckets_.size()) - 1;
+    bucket_bytes.back() += static_cast<int64_t>(p.tensor.nbytes());
+    buckets_.back().params.push_back(i);
+  }
+
+  // Ownership: greedy, largest first inside each bucket, to the least-loaded rank overall.
+  std::vector<int64_t> load(n, 0);
+  for (auto& b : buckets_) {
+    std::vector<int> order = b.params;
+    std::stable_sort(order.begin(), order.end(),
+                     [&](int a, int c) { return params_[a].tensor.numel() > params_[c].tensor.numel(); });
+    std::vector<int64_t> seg_fill(n, 0);
+    for (int i : order) {
+      const int r = static_cast<int>(std::min_element(load.begin(), load.end()) - load.begin());
+      Param& p = params_[i];
+      p.owner = opts_.zero_stage == 0 ? me : r;
+      p.seg_offset = seg_fill[r];
+      seg_fill[r] += p.tensor.numel();
+      load[r] += p.tensor.numel();
+    }
+    b.seg = *std::max_element(seg_fill.begin(), seg_fill.end());
+    b.owned = seg_fill[me];
+    b.pending = static_cast<int>(b.params.size());
+  }
+
+  optim::NamedTensors owned;
+  for (auto& p : params_)
+    if (p.owner == me) owned.emplace_back(p.name, p.tensor);
+  optimizer_ = make_optimizer(owned);
+  ATH_CHECK(optimizer_ != nullptr, "DataParallel", "the optimizer factory returned no optimizer");
+
+  if (opts_.zero_stage >= 2) {
+    // Only the owned elements are kept: the padding of the segment lives while a bucket is in flight.
+    for (auto& b : buckets_) b.shard = zeros({b.owned}, TensorOptions(b.dtype).with_tag(MemTag::gradient));
+    for (int i = 0; i < static_cast<int>(params_.size()); ++i)
+      params_[i].hook = params_[i].tensor.register_post_accumulate_grad_hook([this, i](Tensor&) { on_grad_ready(i); });
+  }
+  if (opts_.zero_stage == 3) {
+    released_ = zeros({1}, TensorOptions().with_tag(MemTag::parameter));
+    for (int bi = 0; bi < static_cast<int>(buckets_.size()); ++bi)
+      if (buckets_[bi].block) {
+        buckets_[bi].bwd_pending = static_cast<int>(buckets_[bi].params.size());
+        release_block(bi);  // from here on each rank holds only its own block parameters
+      }
+    for (auto& [prefix, blk] : blocks_) blk->sharder_ = this;
+  }
+}
+
+DataParallel::~DataParallel() {
+  for (auto& p : params_)
+    if (p.hook >= 0) p.tensor.remove_hook(p.hook);
+  for (auto& b : buckets_)
+    if (b.work) {
+      try { b.work->wait(); } catch (...) {}
+    }
+  if (opts_.zero_stage == 3) {
+    // Leave the model whole, as it was handed in.
+    for (auto& [prefix, blk] : blocks_) blk->sharder_ = nullptr, blk->bucket_ = -1;
+    try {
+      MemTagScope tag(MemTag::parameter);
+      for (int bi = 0; bi < static_cast<int>(buckets_.size()); ++bi) {
+        if (!buckets_[bi].block) continue;
+        gather_block(bi);
+        // Each parameter gets storage of its own again, so the gathered buffer goes.
+        for (int i : buckets_[bi].params) {
+          if (params_[i].owner == group_->rank()) continue;
+          Tensor own = params_[i].tensor.detach().clone();
+          TensorImpl* impl = params_[i].tensor.impl();
+          impl->storage = own.impl()->storage;
+          impl->offset = own.impl()->offset;
+          impl->strides = own.impl()->strides;
+        }
+      }
+    } catch (...) {}
+  }
+}
+
+DataParallel::NoSync::NoSync(DataParallel& d) : d_(&d), prev_(d.sync_) {
+  d.sync_ = false;
+  if (d.ddp_) ddp_ = std::make_unique<DistributedDataParallel::NoSync>(d.ddp_->no_sync());
+}
+DataParallel::NoSync::~NoSync() {
+  if (d_) d_->sync_ = prev_;
+}
+DataParallel::NoSync::NoSync(NoSync&& o) noexcept : d_(o.d_), prev_(o.prev_), ddp_(std::move(o.ddp_)) { o.d_ = nullptr; }
+
+int DataParallel::owner_of(const std::string& param) const {
+  auto it = index_.find(param);
+  ATH_CHECK(it != index_.end(), "DataParallel.owner_of", "no trainable parameter named '", param, "'");
+  return params_[it->second].owner;
+}
+
+std::vector<std::string> DataParallel::owned_parameters() const {
+  std::vector<std::string> out;
+  for (auto& p : params_)
+    if (p.owner == group_->rank()) out.push_back(p.name);
+  return out;
+}
+
+// ---- stage 2: reduce-scatter of packed buckets from the post-accumulate hooks
+
+void DataParallel::on_grad_ready(int index) {
+  Param& p = params_[index];
+  if (buckets_[p.bucket].block) on_block_grad(p.bucket);  // also inside no_sync(): the block is done
+  if (!sync_) return;
+  ATH_CHECK(!p.ready, "DataParallel", "parameter '", p.name, "' received a gradient twice in one synchronised step",
+            Hint{"call finish_backward() after each backward, or run the non-final micro-batches inside no_sync()"});
+  p.ready = true;
+  step_active_ = true;
+  if (--buckets_[p.bucket].pending == 0) launch_ready_buckets();
+  // Progress the buckets in flight; a completed one no longer needs its packed input.
+  for (auto& b : buckets_)
+    if (b.work && b.work->test()) b.packed = Tensor();
+}
+
+void DataParallel::launch_ready_buckets() {
+  while (next_launch_ < static_cast<int>(buckets_.size()) && buckets_[next_launch_].pending == 0) launch(next_launch_++);
+}
+
+// Waits for bucket bi's reduce-scatter, keeps the owned part, frees the transient buffers.
+void DataParallel::drain(int bi) {
+  Bucket& b = buckets_[bi];
+  if (!b.work) return;
+  b.work->wait();
+  b.work.reset();
+  b.packed = Tensor();
+  if (b.owned > 0) copy_into(b.shard, narrow(b.received, 0, 0, b.owned));
+  b.received = Tensor();
+  for (int i : b.params) {
+    Param& p = params_[i];
+    if (p.owner == group_->rank()) p.tensor.set_grad(view_of(b.shard, p.tensor, p.seg_offset));
+  }
+}
+
+void DataParallel::launch(int bi) {
+  // Bound the transient gradient memory: at most kMaxInFlight buckets reduce at once.
+  if (bi >= kMaxInFlight) drain(bi - kMaxInFlight);
+  Bucket& b = buckets_[bi];
+  const int n = group_->size();
+  b.packed = zeros({b.seg * n}, TensorOptions(b.dtype).with_tag(MemTag::gradient));
+  for (int i : b.params) {
+    Param& p = params_[i];
+    Tensor g = p.tensor.grad();
+    ATH_ASSERT(g.defined());
+    copy_into(view_of(b.packed, g, p.owner * b.seg + p.seg_offset), g);
+    p.tensor.set_grad(Tensor());  // the full gradient is not kept: the owner gets the reduced one
+  }
+  b.received = empty({b.seg}, TensorOptions(b.dtype).with_tag(MemTag::gradient));
+  b.work = group_->reduce_scatter_async(b.received, b.packed, ReduceOp::avg);
+}
+
+void DataParallel::reset_step() {
+  for (auto& p : params_) p.ready = false;
+  for (auto& b : buckets_) {
+    b.pending = static_cast<int>(b.params.size());
+    b.work.reset();
+    b.packed = Tensor();
+    b.received = Tensor();
+  }
+  next_launch_ = 0;
+  step_active_ = false;
+}
+
+void DataParallel::finish_backward() {
+  if (ddp_) {
+    ddp_->finish();
+    return;
+  }
+  if (!step_active_) {
+    reset_step();
+    return;
+  }
+  std::vector<std::string> unused;
+  for (auto& p : params_)
+    if (!p.ready) unused.push_back(p.name);
+  if (!unused.empty()) {
+    for (auto& b : buckets_)
+      if (b.work) b.work->wait();
+    reset_step();
+    std::ostringstream os;
+    for (std::size_t i = 0; i < unused.size(); ++i) os << (i ? ", " : "") << "'" << unused[i] << "'";
+    ATH_FAIL("DataParallel", unused.size(), " parameter(s) received no gradient in this step: ", os.str(),
+             Hint{"every trainable parameter must take part in the loss on every rank; freeze unused ones "
+                  "(requires_grad=false) before wrapping the module"});
+  }
+  launch_ready_buckets();
+  for (int bi = 0; bi < static_cast<int>(buckets_.size()); ++bi) drain(bi);
+  reset_step();
+}
+
+double DataParallel::grad_norm() {
+  if (opts_.zero_stage < 2) return optim::grad_norm(module_->parameters());
+  std::vector<Tensor> owned;
+  for (auto& p : params_)
+    if (p.owner == group_->rank()) owned.push_back(p.tensor);
+  const double local = optim::grad_norm(owned);
+  Tensor sq = from_vector(std::vector<double>{local * local}, {1}, TensorOptions(DType::f64));
+  group_->all_reduce(sq, ReduceOp::sum);
+  return std::sqrt(sq.item());
+}
+
+double DataParallel::clip_grad_norm(double max_norm) {
+  ATH_CHECK(max_norm > 0, "DataParallel.clip_grad_norm", "max_norm must be > 0, got ", max_norm);
+  if (opts_.zero_stage < 2) return optim::clip_grad_norm(module_->parameters(), max_norm);
+  const double norm = grad_norm();
+  if (!std::isfinite(norm)) return norm;
+  const double coef = max_norm / (norm + 1e-6);  // the formula of optim::clip_grad_norm
+  if (coef >= 1.0) return norm;
+  for (auto& p : params_)
+    if (p.owner == group_->rank() && p.tensor.grad().defined()) scale_in_place(p.tensor.grad(), coef);
+  return norm;
+}
+
+void DataParallel::step() {
+  optimizer_->step();
+  if (opts_.zero_stage >= 1 && group_->size() > 1) all_gather_parameters();
+}
+
+void DataParallel::zero_grad() {
+  module_->zero_grad();
+}
+
+void DataParallel::all_gather_parameters() {
+  NoGradGuard ng;
+  const int n = group_->size(), me = group_->rank();
+  std::vector<Tensor> ins, outs;
+  std::vector<WorkPtr> works;
+  for (auto& b : buckets_) {
+    if (b.block) continue;  // stage 3: sharded at rest, gathered by its block's forward
+    Tensor in = zeros({b.seg}, TensorOptions(b.dtype).with_tag(MemTag::workspace));
+    Tensor out = empty({b.seg * n}, TensorOptions(b.dtype).with_tag(MemTag::workspace));
+    for (int i : b.params)
+      if (params_[i].owner == me) copy_into(view_of(in, params_[i].tensor, params_[i].seg_offset), params_[i].tensor);
+    works.push_back(group_->all_gather_async(out, in));
+    ins.push_back(in);
+    outs.push_back(out);
+  }
+  for (std::size_t bi = 0, k = 0; bi < buckets_.size(); ++bi) {
+    const Bucket& b = buckets_[bi];
+    if (b.block) continue;
+    works[k]->wait();
+    const Tensor& out = outs[k++];
+    for (int i : b.params) {
+      Param& p = params_[i];
+      if (p.owner == me) continue;
+      copy_into(p.tensor, view_of(out, p.tensor, p.owner * b.seg + p.seg_offset));
+      p.tensor.bump_version();
+    }
+  }
+}
+
+// ---- checkpoints under logical names
+
+optim::NamedTensors DataParallel::full_optimizer_state() {
+  if (opts_.zero_stage == 0 || group_->size() == 1) return optimizer_->state_tensors();
+  NoGradGuard ng;
+  const int me = group_->rank();
+  // 1. the union of state kinds ("exp_avg", …) over the ranks
+  std::set<std::string> mine;
+  auto local = optimizer_->state_tensors();
+  std::map<std::string, Tensor> by_key(local.begin(), local.end());
+  for (auto& [key, t] : local) mine.insert(key.substr(0, key.find('.')));
+  std::string joined;
+  for (auto& s : mine) joined += s + ",";
+  std::set<std::string> kinds;
+  for (const std::string& theirs : all_gather_strings(*group_, joined)) {
+    std::stringstream ss(theirs);
+    for (std::string k; std::getline(ss, k, ',');)
+      if (!k.empty()) kinds.insert(k);
+  }
+  // 2. which (kind, parameter) exist at their owner
+  std::vector<std::string> kind_list(kinds.begin(), kinds.end());
+  const std::size_t P = params_.size();
+  std::vector<double> present(kind_list.size() * P, 0.0);
+  for (std::size_t k = 0; k < kind_list.size(); ++k)
+    for (std::size_t i = 0; i < P; ++i)
+      if (params_[i].owner == me && by_key.count(kind_list[k] + "." + params_[i].name)) present[k * P + i] = 1;
+  Tensor pres = from_vector(present, {static_cast<int64_t>(present.size())}, TensorOptions(DType::f64));
+  if (!present.empty()) group_->all_reduce(pres, ReduceOp::sum);
+  const auto flags = pres.to_vector();
+  // 3. every owner broadcasts its state tensors, in registration order
+  optim::NamedTensors out;
+  for (std::size_t i = 0; i < P; ++i)
+    for (std::size_t k = 0; k < kind_list.size(); ++k) {
+      if (flags.empty() || flags[k * P + i] == 0) continue;
+      const std::string key = kind_list[k] + "." + params_[i].name;
+      Tensor t;
+      if (params_[i].owner == me) {
+        t = by_key.at(key).clone();
+      } else {
+        const DType dt = params_[i].tensor.dtype() == DType::f64 ? DType::f64 : DType::f32;
+        t = empty(params_[i].tensor.sizes(), TensorOptions(dt).with_tag(MemTag::optimizer_state));
+      }
+      group_->broadcast(t, params_[i].owner);
+      out.emplace_back(key, t);
+    }
+  return out;
+}
+
+std::map<std::string, double> DataParallel::full_optimizer_scalars() {
+  auto local = optimizer_->state_scalars();
+  if (opts_.zero_stage == 0 || group_->size() == 1) return local;
+  // "steps" is the same everywhere, "step.<param>" lives at the owner, "lr.<group>" at every
+  // rank that has the group: the union of every rank's scalars is the unsharded set.
+  char buf[64];
+  std::string mine;
+  for (auto& [k, v] : local) {
+    std::snprintf(buf, sizeof buf, "%.17g", v);
+    mine += k + "=" + buf + "\n";
+  }
+  std::map<std::string, double> out;
+  for (const std::string& theirs : all_gather_strings(*group_, mine)) {
+    std::stringstream ss(theirs);
+    for (std::string line; std::getline(ss, line);) {
+      const auto eq = line.rfind('=');
+      if (eq != std::string::npos) out[line.substr(0, eq)] = std::stod(line.substr(eq + 1));
+    }
+  }
+  return out;
+}
+
+nn::StateDict DataParallel::full_state_dict() {
+  for (int bi = 0; bi < static_cast<int>(buckets_.size()); ++bi) gather_block(bi);
+  nn::StateDict out;
+  for (auto& [name, t] : module_->state_dict()) out.emplace_back(name, t.detach().clone());
+  for (int bi = 0; bi < static_cast<int>(buckets_.size()); ++bi) release_block(bi);
+  return out;
+}
+
+void DataParallel::load_full_state_dict(const nn::StateDict& state) {
+  for (int bi = 0; bi < static_cast<int>(buckets_.size()); ++bi) gather_block(bi);
+  module_->load_state_dict(state);
+  for (int bi = 0; bi < static_cast<int>(buckets_.size()); ++bi) release_block(bi);
+}
+
+void DataParallel::load_full_optimizer_state(const optim::NamedTensors& tensors,
+                                             const std::map<std::string, double>& scalars) {
+  const int me = group_->rank();
+  optim::NamedTensors mine;
+  for (auto& [key, t] : tensors) {
+    const auto dot = key.find('.');
+    ATH_CHECK(dot != std::string::npos, "DataParallel.load_full_optimizer_state", "state key '", key,
+              "' is not '<state>.<parameter>'");
+    auto it = index_.find(key.substr(dot + 1));
+    ATH_CHECK(it != index_.end(), "DataParallel.load_full_optimizer_state", "state '", key,
+              "' names parameter '", key.substr(dot + 1), "' which the model does not have (or is frozen)",
+              Hint{"the checkpoint was saved from a different model"});
+    if (params_[it->second].owner == me) mine.emplace_back(key, t);
+  }
+  std::map<std::string, double> my_scalars;
+  for (auto& [k, v] : scalars) {
+    if (k.rfind("step.", 0) == 0) {
+      auto it = index_.find(k.substr(5));
+      if (it == index_.end() || params_[it->second].owner != me) continue;
+    }
+    my_scalars[k] = v;
+  }
+  optimizer_->load_state(mine, my_scalars);
+}
+
+}  // namespace athanor::dist

@@ -1,0 +1,242 @@
+#include "athanor/observe/profiler.h"
+
+#include <unistd.h>
+
+#include <algorithm>
+#include <chrono>
+#include <cstdio>
+#include <fstream>
+#include <mutex>
+#include <nlohmann/json.hpp>
+#include <sstream>
+#include <unordered_map>
+
+#include "athanor/core/error.h"
+
+namespace athanor::observe {
+namespace detail {
+std::atomic<bool> g_profiler_on{false};
+}
+
+namespace {
+std::atomic<int64_t> g_origin_ns{0};  // steady-clock time of the origin
+std::atomic<uint64_t> g_epoch{1};     // bumped by reset(): per-thread state from before is stale
+std::atomic<int> g_next_tid{0};
+
+int64_t steady_ns() {
+  return std::chrono::duration_cast<std::chrono::nanoseconds>(std::chrono::steady_clock::now().time_since_epoch()).count();
+}
+
+// What one thread needs to turn hook calls into intervals.
+struct ThreadState {
+  int tid = g_next_tid.fetch_add(1);
+  uint64_t epoch = 0;
+  int64_t mark_ns = 0;                  // time of this thread's last event
+  std::vector<int64_t> child_ns;        // per open span/node: time of the events recorded inside it
+  int node_depth = 0;                   // open backward nodes (ops inside are not recorded)
+};
+thread_local ThreadState t_state;
+
+// Brings the thread's state up to date after a reset(); returns it.
+ThreadState& state(int64_t now) {
+  ThreadState& s = t_state;
+  const uint64_t e = g_epoch.load(std::memory_order_relaxed);
+  if (s.epoch != e) {
+    s.epoch = e;
+    s.mark_ns = now;
+    s.child_ns.clear();
+    s.node_depth = 0;
+  }
+  return s;
+}
+
+int64_t pop_children(ThreadState& s) {
+  if (s.child_ns.empty()) return 0;  // opened before a reset()
+  const int64_t c = s.child_ns.back();
+  s.child_ns.pop_back();
+  return c;
+}
+void charge_parent(ThreadState& s, int64_t dur) {
+  if (!s.child_ns.empty()) s.child_ns.back() += dur;
+}
+
+struct Shared {
+  std::mutex mu;
+  std::unordered_map<std::string, ProfileRow> rows;  // key: kind + name
+  std::vector<ProfileEvent> events;
+  size_t dropped = 0;
+  int64_t profiled_ns = 0;
+};
+Shared& shared() {
+  static Shared s;
+  return s;
+}
+
+const char* kind_name(char k) { return k == 'f' ? "fwd" : k == 'b' ? "bwd" : "span"; }
+}  // namespace
+
+Profiler& Profiler::instance() {
+  static Profiler p;
+  return p;
+}
+
+int64_t Profiler::now_ns() { return steady_ns() - g_origin_ns.load(std::memory_order_relaxed); }
+
+void Profiler::start() {
+  {
+    std::lock_guard<std::mutex> lock(shared().mu);
+    if (shared().rows.empty() && shared().events.empty()) {
+      g_origin_ns.store(steady_ns(), std::memory_order_relaxed);
+      g_epoch.fetch_add(1);  // marks taken against the old origin are stale
+    }
+  }
+  state(now_ns()).mark_ns = now_ns();  // the calling thread's first op is not charged the time before start()
+  detail::g_profiler_on.store(true, std::memory_order_relaxed);
+}
+
+void Profiler::stop() { detail::g_profiler_on.store(false, std::memory_order_relaxed); }
+
+void Profiler::reset() {
+  std::lock_guard<std::mutex> lock(shared().mu);
+  Shared& sh = shared();
+  sh.rows.clear();
+  sh.events.clear();
+  sh.events.shrink_to_fit();
+  sh.dropped = 0;
+  sh.profiled_ns = 0;
+  g_epoch.fetch_add(1);
+  g_origin_ns.store(steady_ns(), std::memory_order_relaxed);
+}
+
+void Profiler::add_event(ProfileEvent e) {
+  std::lock_guard<std::mutex> lock(shared().mu);
+  Shared& sh = shared();
+  std::string key(1, e.kind);
+  key += e.name;
+  ProfileRow& r = sh.rows[key];
+  if (r.calls == 0) {
+    r.name = e.name;
+    r.kind = e.kind;
+  }
+  ++r.calls;
+  r.total_ns += e.dur_ns;
+  r.self_ns += e.self_ns;
+  sh.profiled_ns += e.self_ns;
+  if (sh.events.size() < max_trace_events()) sh.events.push_back(std::move(e));
+  else ++sh.dropped;
+}
+
+void Profiler::record_op(const char* name) {
+  const int64_t now = now_ns();
+  ThreadState& s = state(now);
+  if (s.node_depth > 0) return;  // part of a backward node's time
+  const int64_t dur = std::max<int64_t>(0, now - s.mark_ns);
+  s.mark_ns = now;
+  charge_parent(s, dur);
+  add_event({name, "op", 'f', now - dur, dur, dur, s.tid});
+}
+
+int64_t Profiler::begin_node() {
+  const int64_t now = now_ns();
+  ThreadState& s = state(now);
+  ++s.node_depth;
+  s.child_ns.push_back(0);
+  return now;
+}
+
+void Profiler::end_node(const std::string& node_name, int64_t begin_ns) {
+  const int64_t now = now_ns();
+  ThreadState& s = state(now);
+  if (s.node_depth > 0) --s.node_depth;
+  const int64_t dur = std::max<int64_t>(0, now - begin_ns);
+  const int64_t self = std::max<int64_t>(0, dur - pop_children(s));
+  s.mark_ns = now;
+  charge_parent(s, dur);
+  const bool suffixed = node_name.size() >= 8 && node_name.compare(node_name.size() - 8, 8, "backward") == 0;
+  const bool plain_node = node_name == "AccumulateGrad" || suffixed;
+  add_event({plain_node ? node_name : node_name + "_backward", "backward", 'b', begin_ns, dur, self, s.tid});
+}
+
+int64_t Profiler::begin_span() {
+  const int64_t now = now_ns();
+  ThreadState& s = state(now);
+  s.child_ns.push_back(0);
+  s.mark_ns = now;
+  return now;
+}
+
+void Profiler::end_span(const std::string& name, const std::string& category, int64_t begin_ns) {
+  const int64_t now = now_ns();
+  ThreadState& s = state(now);
+  const int64_t dur = std::max<int64_t>(0, now - begin_ns);
+  const int64_t self = std::max<int64_t>(0, dur - pop_children(s));
+  s.mark_ns = now;
+  charge_parent(s, dur);
+  add_event({name, category, 's', begin_ns, dur, self, s.tid});
+}
+
+std::vector<ProfileRow> Profiler::rows() const {
+  std::vector<ProfileRow> out;
+  {
+    std::lock_guard<std::mutex> lock(shared().mu);
+    for (const auto& [k, r] : shared().rows) out.push_back(r);
+  }
+  std::sort(out.begin(), out.end(), [](const ProfileRow& a, const ProfileRow& b) {
+    return a.total_ns != b.total_ns ? a.total_ns > b.total_ns : a.name < b.name;
+  });
+  return out;
+}
+
+int64_t Profiler::profiled_ns() const {
+  std::lock_guard<std::mutex> lock(shared().mu);
+  return shared().profiled_ns;
+}
+
+std::vector<ProfileEvent> Profiler::events() const {
+  std::lock_guard<std::mutex> lock(shared().mu);
+  return shared().events;
+}
+
+size_t Profiler::dropped_events() const {
+  std::lock_guard<std::mutex> lock(shared().mu);
+  return shared().dropped;
+}
+
+std::string Profiler::table(size_t max_rows) const {
+  const std::vector<ProfileRow> all = rows();
+  const int64_t profiled = profiled_ns();
+  size_t wname = 4;
+  for (size_t i = 0; i < all.size() && i < max_rows; ++i) wname = std::max(wname, all[i].name.size());
+  std::ostringstream o;
+  char line[512];
+  std::snprintf(line, sizeof line, "%-*s  %-4s  %8s  %10s  %10s  %10s  %6s\n", static_cast<int>(wname), "name", "kind",
+                "calls", "total ms", "self ms", "avg us", "% self");
+  o << line;
+  for (size_t i = 0; i < all.size() && i < max_rows; ++i) {
+    const ProfileRow& r = all[i];
+    std::snprintf(line, sizeof line, "%-*s  %-4s  %8lld  %10.3f  %10.3f  %10.1f  %5.1f%%\n", static_cast<int>(wname),
+                  r.name.c_str(), kind_name(r.kind), static_cast<long long>(r.calls), r.total_ns / 1e6, r.self_ns / 1e6,
+                  r.calls ? r.total_ns / 1e3 / r.calls : 0.0, profiled > 0 ? 100.0 * r.self_ns / profiled : 0.0);
+    o << line;
+  }
+  if (all.size() > max_rows) o << "(" << all.size() - max_rows << " more rows)\n";
+  o << "profiled time (sum of self times): " << profiled / 1e6 << " ms";
+  if (const size_t d = dropped_events()) o << "; " << d << " events not kept for the trace";
+  o << "\n";
+  return o.str();
+}
+
+void Profiler::write_chrome_trace(const std::string& path) const {
+  nlohmann::json events = nlohmann::json::array();
+  const int pid = static_cast<int>(::getpid());
+  for (const ProfileEvent& e : this->events())
+    events.push_back({{"name", e.name}, {"cat", e.category}, {"ph", "X"}, {"ts", e.begin_ns / 1e3},
+                      {"dur", e.dur_ns / 1e3}, {"pid", pid}, {"tid", e.tid}});
+  std::ofstream f(path);
+  ATH_CHECK(f.good(), "profiler", "cannot write the trace file '", path, "'",
+            Hint{"check that the directory exists and is writable"});
+  f << nlohmann::json{{"traceEvents", std::move(events)}, {"displayTimeUnit", "ms"}}.dump() << "\n";
+  ATH_CHECK(f.good(), "profiler", "writing the trace file '", path, "' failed", Hint{"check free disk space"});
+}
+
+}  // namespace athanor::observe

@@ -1,0 +1,212 @@
+#include "athanor/train/bench.h"
+
+#include <sys/resource.h>
+
+#include <algorithm>
+#include <chrono>
+#include <cmath>
+#include <iomanip>
+#include <numeric>
+#include <sstream>
+#include <vector>
+
+#include "athanor/core/error.h"
+#include "athanor/core/half.h"
+#include "backend/cpu/gemm.h"
+
+namespace athanor::train {
+
+namespace {
+
+double now_seconds() {
+  return std::chrono::duration<double>(std::chrono::steady_clock::now().time_since_epoch()).count();
+}
+
+struct Faults {
+  long minor = 0, major = 0;
+};
+Faults faults(int who) {
+  rusage u{};
+  getrusage(who, &u);
+  return {u.ru_minflt, u.ru_majflt};
+}
+
+template <class F>
+double median_seconds(F&& f, int runs) {
+  f();  // warm-up: creates and caches the oneDNN primitive, touches the buffers
+  std::vector<double> t;
+  for (int i = 0; i < runs; ++i) {
+    const double t0 = now_seconds();
+    f();
+    t.push_back(now_seconds() - t0);
+  }
+  std::sort(t.begin(), t.end());
+  return t[t.size() / 2];
+}
+
+std::string json_escape(const std::string& s) {
+  std::string o;
+  for (char c : s) {
+    if (c == '"' || c == '\\') o += '\\';
+    o += c;
+  }
+  return o;
+}
+
+}  // namespace
+
+double measure_peak_gflops(const std::string& precision) {
+  struct Shape3 {
+    int64_t M, N, K;
+  };
+  double best = 0;
+  for (Shape3 s : {Shape3{768, 3072, 768}, Shape3{1024, 1024, 1024}}) {
+    std::vector<float> a(s.M * s.K), b(s.K * s.N), c(s.M * s.N);
+    for (size_t i = 0; i < a.size(); ++i) a[i] = static_cast<float>((i * 2654435761u) % 1000) / 1000.0f - 0.5f;
+    for (size_t i = 0; i < b.size(); ++i) b[i] = static_cast<float>((i * 40503u) % 1000) / 1000.0f - 0.5f;
+    const double flop = 2.0 * static_cast<double>(s.M * s.N * s.K);
+    double sec;
+    if (precision == "bf16") {
+      std::vector<bfloat16> ah(a.begin(), a.end()), bh(b.begin(), b.end()), ch(c.size());
+      // x @ W^T: the layout of Linear's forward.
+      sec = median_seconds([&] {
+        cpu::gemm_lowp<bfloat16>(false, true, s.M, s.N, s.K, 1.0f, ah.data(), s.K, bh.data(), s.K, 0.0f, ch.data(), s.N);
+      }, 5);
+    } else {
+      sec = median_seconds([&] {
+        cpu::gemm(false, true, s.M, s.N, s.K, 1.0f, a.data(), s.K, b.data(), s.K, 0.0f, c.data(), s.N);
+      }, 5);
+    }
+    best = std::max(best, flop / sec * 1e-9);
+  }
+  return best;
+}
+
+double training_flops_per_step(Trainer& trainer) {
+  const Config& c = trainer.config();
+  const std::string type = c.get_string("model.type");
+  const double batch = static_cast<double>(c.get_int("trainer.batch_size") * c.get_int("trainer.accum_steps"));
+  nn::Module& m = trainer.task().module();
+  if (type == "gpt") {
+    double n = 0;
+    for (const auto& [name, p] : m.named_parameters())
+      if (name.find("wpe") == std::string::npos) n += static_cast<double>(p.numel());
+    const double T = static_cast<double>(c.get_int("model.block_size"));
+    const double L = static_cast<double>(c.get_int("model.n_layer")), d = static_cast<double>(c.get_int("model.n_embd"));
+    const double tokens = batch * T;
+    return 6.0 * n * tokens + 12.0 * L * d * T * tokens;
+  }
+  if (type == "mlp") return 6.0 * static_cast<double>(m.parameters_count()) * batch;
+  return 0;
+}
+
+BenchResult run_bench(Trainer& trainer, const BenchOptions& opts) {
+  ATH_CHECK(opts.steps >= 1, "bench", "steps must be at least 1, got ", opts.steps, Hint{"pass --steps N with N >= 1"});
+  ATH_CHECK(opts.warmup >= 0, "bench", "warmup must be >= 0, got ", opts.warmup, Hint{"pass --warmup W with W >= 0"});
+  const int64_t left = trainer.max_steps() - trainer.step();
+  ATH_CHECK(left >= opts.warmup + opts.steps, "bench", "the trainer has ", left, " steps left but the bench needs ",
+            opts.warmup + opts.steps, " (warm-up ", opts.warmup, " + timed ", opts.steps, ")",
+            Hint{"set trainer.max_steps (and trainer.epochs: 0) to at least warmup + steps"});
+  const Config& c = trainer.config();
+  BenchResult r;
+  r.name = c.get_string("name");
+  r.model_type = c.get_string("model.type");
+  r.precision = c.get_string("trainer.precision");
+  r.unit = trainer.task().is_language_model() ? "tokens" : "samples";
+  r.parameters = trainer.task().module().parameters_count();
+  r.warmup = opts.warmup;
+
+  for (int64_t i = 0; i < opts.warmup; ++i) trainer.train_step();
+
+  Allocator& alloc = Allocator::cpu();
+  alloc.reset_peak();
+  const MemoryStats before = alloc.stats();
+  const Faults p0 = faults(RUSAGE_SELF), t0 = faults(RUSAGE_THREAD);
+  r.step_seconds.reserve(opts.steps);  // no allocation inside the timed loop
+  for (int64_t i = 0; i < opts.steps; ++i) {
+    const double s0 = now_seconds();
+    ATH_CHECK(trainer.train_step(), "bench", "the trainer stopped after step ", trainer.step(),
+              Hint{"raise trainer.max_steps; a time limit (trainer.time_limit_s) also stops it"});
+    r.step_seconds.push_back(now_seconds() - s0);
+    if (!trainer.history().empty()) r.targets_per_step = trainer.history().back().targets;
+  }
+  const Faults p1 = faults(RUSAGE_SELF), t1 = faults(RUSAGE_THREAD);
+  r.memory = alloc.stats();
+  if (!trainer.history().empty()) r.final_loss = trainer.history().back().loss;
+
+  const double n = static_cast<double>(opts.steps);
+  r.minor_faults_per_step = static_cast<double>(p1.minor - p0.minor) / n;
+  r.major_faults_per_step = static_cast<double>(p1.major - p0.major) / n;
+  r.thread_minor_faults_per_step = static_cast<double>(t1.minor - t0.minor) / n;
+  r.system_allocs_per_step = static_cast<double>(r.memory.system_allocs - before.system_allocs) / n;
+  r.system_frees_per_step = static_cast<double>(r.memory.system_frees - before.system_frees) / n;
+
+  std::vector<double> sorted = r.step_seconds;
+  std::sort(sorted.begin(), sorted.end());
+  const size_t k = sorted.size();
+  const double median = k % 2 ? sorted[k / 2] : 0.5 * (sorted[k / 2 - 1] + sorted[k / 2]);
+  r.min_ms = sorted.front() * 1e3;
+  r.max_ms = sorted.back() * 1e3;
+  r.median_ms = median * 1e3;
+  r.throughput = static_cast<double>(r.targets_per_step) / median;
+  r.throughput_mean = static_cast<double>(r.targets_per_step) * n / std::accumulate(sorted.begin(), sorted.end(), 0.0);
+  r.flops_per_step = training_flops_per_step(trainer);
+  r.achieved_gflops = r.flops_per_step / median * 1e-9;
+  if (opts.peak_gflops > 0) {
+    r.peak_gflops = opts.peak_gflops;
+  } else {
+    r.peak_gflops = measure_peak_gflops(r.precision);
+    r.peak_measured = true;
+  }
+  r.mfu = r.peak_gflops > 0 ? r.achieved_gflops / r.peak_gflops : 0;
+  return r;
+}
+
+std::string BenchResult::json() const {
+  std::ostringstream o;
+  o << std::setprecision(10);
+  o << "{\"engine\":\"athanor\",\"name\":\"" << json_escape(name) << "\",\"model\":\"" << json_escape(model_type)
+    << "\",\"precision\":\"" << precision << "\",\"unit\":\"" << unit << "\",\"targets_per_step\":" << targets_per_step
+    << ",\"parameters\":" << parameters << ",\"warmup\":" << warmup << ",\"steps\":" << step_seconds.size()
+    << ",\"step_ms\":[";
+  for (size_t i = 0; i < step_seconds.size(); ++i) o << (i ? "," : "") << step_seconds[i] * 1e3;
+  o << "],\"min_ms\":" << min_ms << ",\"median_ms\":" << median_ms << ",\"max_ms\":" << max_ms
+    << ",\"throughput\":" << throughput << ",\"throughput_mean\":" << throughput_mean
+    << ",\"flops_per_step\":" << flops_per_step << ",\"achieved_gflops\":" << achieved_gflops
+    << ",\"peak_gflops\":" << peak_gflops << ",\"peak_measured\":" << (peak_measured ? "true" : "false")
+    << ",\"mfu\":" << mfu << ",\"minor_faults_per_step\":" << minor_faults_per_step
+    << ",\"major_faults_per_step\":" << major_faults_per_step
+    << ",\"thread_minor_faults_per_step\":" << thread_minor_faults_per_step
+    << ",\"system_allocs_per_step\":" << system_allocs_per_step << ",\"system_frees_per_step\":" << system_frees_per_step
+    << ",\"final_loss\":" << final_loss << ",\"peak_bytes\":{";
+  for (int t = 0; t < kNumMemTags; ++t) o << "\"" << mem_tag_name(static_cast<MemTag>(t)) << "\":" << memory.peak[t] << ",";
+  o << "\"total\":" << memory.peak_total << "},\"reserved_bytes\":" << memory.reserved << "}";
+  return o.str();
+}
+
+std::string BenchResult::text() const {
+  std::ostringstream o;
+  const char* per_s = unit == "tokens" ? "tok/s" : "samples/s";
+  o << std::fixed;
+  o << name << " (" << model_type << ", " << parameters << " parameters, " << precision << "): " << targets_per_step << " "
+    << unit << "/step, " << warmup << " warm-up + " << step_seconds.size() << " timed steps\n";
+  o << "  throughput   " << std::setprecision(0) << throughput << " " << per_s << " (median step; mean "
+    << throughput_mean << ")\n";
+  o << "  ms/step      min " << std::setprecision(1) << min_ms << "  median " << median_ms << "  max " << max_ms << "\n";
+  o << "  MFU          " << std::setprecision(1) << 100 * mfu << "% (" << achieved_gflops << " GFLOP/s of "
+    << peak_gflops << (peak_measured ? " measured by a " + precision + " GEMM probe)\n" : " given)\n");
+  o << "  page faults  " << std::setprecision(1) << minor_faults_per_step << " minor/step (training thread "
+    << thread_minor_faults_per_step << "), " << major_faults_per_step << " major/step\n";
+  o << "  allocator    " << std::setprecision(2) << system_allocs_per_step << " system allocs/step, " << system_frees_per_step
+    << " system frees/step\n";
+  o << "  peak memory  ";
+  for (int t = 0; t < kNumMemTags; ++t)
+    o << mem_tag_name(static_cast<MemTag>(t)) << " " << std::setprecision(1) << static_cast<double>(memory.peak[t]) / 1048576.0
+      << " MiB, ";
+  o << "total " << static_cast<double>(memory.peak_total) / 1048576.0 << " MiB (reserved "
+    << static_cast<double>(memory.reserved) / 1048576.0 << " MiB)\n";
+  o << "  final loss   " << std::setprecision(4) << final_loss << "\n";
+  return o.str();
+}
+
+}  // namespace athanor::train

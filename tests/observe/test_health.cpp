@@ -1,0 +1,159 @@
+// The health monitor (observe/health.h) on synthetic StepMetrics sequences:
+// no false alarms on a realistic noisy, decreasing loss; an injected spike is
+// reported once, at its step; a layer 1000x above the others is named;
+// repeated f16 scale halvings are a scale_collapse; no event storms.
+#include <cmath>
+#include <random>
+
+#include "athanor/observe/health.h"
+#include "test_util.h"
+
+namespace athanor::observe {
+namespace {
+
+// A healthy run: loss decays 4.0 -> ~1.2 with 2% multiplicative noise, grad norm
+// ~1 with 20% noise, 6 layers whose grad/param ratios are within 3x of each other.
+std::vector<StepMetrics> healthy_run(int64_t steps, uint64_t seed) {
+  std::mt19937_64 rng(seed);
+  std::normal_distribution<double> n01(0, 1);
+  std::vector<StepMetrics> run;
+  for (int64_t s = 1; s <= steps; ++s) {
+    StepMetrics m;
+    m.step = s;
+    m.loss = (1.2 + 2.8 * std::exp(-s / 200.0)) * (1 + 0.02 * n01(rng));
+    m.grad_norm = std::fabs(1.0 + 0.2 * n01(rng));
+    m.lr = 3e-4;
+    for (int l = 0; l < 6; ++l)
+      m.layers.push_back({"h." + std::to_string(l) + ".weight", 0.01 * (1 + l % 3) * std::exp(0.1 * n01(rng)), 10.0});
+    run.push_back(m);
+  }
+  return run;
+}
+
+std::vector<HealthEvent> run_all(HealthMonitor& h, const std::vector<StepMetrics>& run) {
+  std::vector<HealthEvent> all;
+  for (const auto& m : run)
+    for (auto& e : h.check(m)) all.push_back(e);
+  return all;
+}
+
+std::string kinds(const std::vector<HealthEvent>& ev) {
+  std::string s;
+  for (const auto& e : ev) s += e.kind + "@" + std::to_string(e.step) + ": " + e.message + "\n";
+  return s;
+}
+
+}  // namespace
+
+TEST(HealthMonitor, NoEventsOnAHealthyNoisyDecreasingRun) {
+  for (uint64_t seed : {1, 2, 3}) {
+    HealthMonitor h;
+    const auto ev = run_all(h, healthy_run(1000, seed));
+    EXPECT_TRUE(ev.empty()) << "seed " << seed << "\n" << kinds(ev);
+  }
+}
+
+TEST(HealthMonitor, AnInjectedLossSpikeIsReportedOnceAtItsStep) {
+  auto run = healthy_run(600, 4);
+  run[399].loss *= 2.0;  // step 400: loss doubles for one step (e.g. a bad batch)
+  HealthMonitor h;
+  std::vector<HealthEvent> ev;
+  for (const auto& m : run)
+    for (auto& e : h.check(m, m.step == 400 ? std::map<std::string, std::string>{{"sample_ids", "17,4242"}}
+                                               : std::map<std::string, std::string>{}))
+      ev.push_back(e);
+  ASSERT_EQ(ev.size(), 1u) << kinds(ev);
+  EXPECT_EQ(ev[0].kind, "loss_spike");
+  EXPECT_EQ(ev[0].step, 400);
+  EXPECT_EQ(ev[0].details.at("sample_ids"), "17,4242");
+  bool mentions_lr = false;
+  for (const auto& s : ev[0].suggestions) mentions_lr |= s.find("optimizer.lr") != std::string::npos;
+  EXPECT_TRUE(mentions_lr);
+}
+
+TEST(HealthMonitor, RepeatedSpikesAreRateLimited) {
+  auto run = healthy_run(300, 5);
+  for (int64_t s = 200; s < 205; ++s) run[s - 1].loss *= 3.0;  // five spiking steps in a row
+  HealthMonitor h;
+  const auto ev = run_all(h, run);
+  ASSERT_EQ(ev.size(), 1u) << kinds(ev);
+  EXPECT_EQ(ev[0].step, 200);
+}
+
+TEST(HealthMonitor, GradientNormOrdersOfMagnitudeAboveIsExploding) {
+  auto run = healthy_run(100, 6);
+  run[79].grad_norm = 500.0;
+  HealthMonitor h;
+  const auto ev = run_all(h, run);
+  ASSERT_EQ(ev.size(), 1u) << kinds(ev);
+  EXPECT_EQ(ev[0].kind, "exploding_gradients");
+  EXPECT_EQ(ev[0].severity, "error");
+  EXPECT_EQ(ev[0].step, 80);
+}
+
+TEST(HealthMonitor, NamesALayerWhoseGradientsAre1000xTheOthers) {
+  auto run = healthy_run(30, 7);
+  run[19].layers[3].grad_norm *= 1000;  // h.3.weight at step 20
+  HealthMonitor h;
+  const auto ev = run_all(h, run);
+  ASSERT_EQ(ev.size(), 1u) << kinds(ev);
+  EXPECT_EQ(ev[0].kind, "exploding_gradients");
+  EXPECT_EQ(ev[0].step, 20);
+  EXPECT_EQ(ev[0].details.at("layers"), "h.3.weight");
+  EXPECT_NE(ev[0].message.find("h.3.weight"), std::string::npos);
+}
+
+TEST(HealthMonitor, NamesLayersWithVanishingGradients) {
+  auto run = healthy_run(30, 8);
+  for (auto& m : run) m.layers[0].grad_norm = 1e-9;  // h.0 gets (almost) no gradient
+  HealthMonitor h;
+  const auto ev = run_all(h, run);
+  ASSERT_GE(ev.size(), 1u);
+  EXPECT_EQ(ev[0].kind, "vanishing_gradients");
+  EXPECT_EQ(ev[0].step, 1);
+  EXPECT_EQ(ev[0].details.at("layers"), "h.0.weight");
+  // Rate-limited: once per cooldown, not every step.
+  EXPECT_EQ(ev.size(), 2u) << kinds(ev);
+}
+
+TEST(HealthMonitor, RepeatedScaleHalvingIsAScaleCollapse) {
+  auto run = healthy_run(60, 9);
+  double scale = 65536;
+  for (auto& m : run) {
+    if (m.step >= 30 && m.step % 3 == 0) scale /= 2;  // overflow every 3 steps from step 30
+    m.loss_scale = scale;
+  }
+  HealthMonitor h;
+  const auto ev = run_all(h, run);
+  ASSERT_EQ(ev.size(), 1u) << kinds(ev);
+  EXPECT_EQ(ev[0].kind, "scale_collapse");
+  EXPECT_EQ(ev[0].step, 39);  // the 4th drop (steps 30, 33, 36, 39)
+  EXPECT_NE(ev[0].suggestions[0].find("bf16"), std::string::npos);
+}
+
+TEST(HealthMonitor, OccasionalScaleDropsAreNormal) {
+  auto run = healthy_run(400, 10);
+  double scale = 65536;
+  for (auto& m : run) {
+    if (m.step % 100 == 0) scale /= 2;  // one overflow per 100 steps: the scaler doing its job
+    m.loss_scale = scale;
+  }
+  HealthMonitor h;
+  EXPECT_TRUE(run_all(h, run).empty());
+}
+
+TEST(HealthMonitor, SkippedStepNamesTheNonFiniteParameters) {
+  auto run = healthy_run(20, 11);
+  run[9].skipped = true;
+  run[9].skipped_total = 1;
+  run[9].grad_norm = std::nan("");
+  run[9].nonfinite_params = {"transformer.h.1.mlp.c_fc.weight"};
+  HealthMonitor h;
+  const auto ev = run_all(h, run);
+  ASSERT_EQ(ev.size(), 1u) << kinds(ev);
+  EXPECT_EQ(ev[0].kind, "skipped_step");
+  EXPECT_EQ(ev[0].step, 10);
+  EXPECT_NE(ev[0].message.find("transformer.h.1.mlp.c_fc.weight"), std::string::npos);
+}
+
+}  // namespace athanor::observe

@@ -1,0 +1,20 @@
+# Observe-layer tests that run programs other than gtest (included by tests/CMakeLists.txt).
+# The Python protobuf decoder of TensorBoard files runs inside the gtest
+# TensorBoard.PythonProtobufDecoderAgreesAndRejectsCorruption (it writes the file first).
+
+# report.html rendered by headless Chromium: no console errors, a non-blank screenshot
+# (kept at <build>/tests/observe/report_screenshot/report.png).
+add_test(NAME observe.report_screenshot
+         COMMAND bash ${CMAKE_CURRENT_SOURCE_DIR}/observe/report_screenshot.sh $<TARGET_FILE:athanor_cli>
+                 ${CMAKE_CURRENT_BINARY_DIR}/observe/report_screenshot)
+set_tests_properties(observe.report_screenshot PROPERTIES LABELS observe TIMEOUT 180)
+
+# The same script must reject a blank page: a stand-in CLI writes an empty report.html.
+file(WRITE ${CMAKE_CURRENT_BINARY_DIR}/observe/blank_report_cli.sh
+     "#!/bin/sh\n# stand-in for `athanor report DIR` that writes an empty page\nprintf '<!DOCTYPE html><html><body></body></html>' > \"$2/report.html\"\necho \"$2/report.html\"\n")
+file(CHMOD ${CMAKE_CURRENT_BINARY_DIR}/observe/blank_report_cli.sh PERMISSIONS OWNER_READ OWNER_WRITE OWNER_EXECUTE GROUP_READ GROUP_EXECUTE WORLD_READ WORLD_EXECUTE)
+add_test(NAME observe.report_screenshot_rejects_blank
+         COMMAND bash ${CMAKE_CURRENT_SOURCE_DIR}/observe/report_screenshot.sh
+                 ${CMAKE_CURRENT_BINARY_DIR}/observe/blank_report_cli.sh ${CMAKE_CURRENT_BINARY_DIR}/observe/report_screenshot_blank)
+set_tests_properties(observe.report_screenshot_rejects_blank PROPERTIES LABELS observe TIMEOUT 180
+                     PASS_REGULAR_EXPRESSION "FAIL: the screenshot looks blank")
