@@ -31,6 +31,7 @@ void load_final_weights(train::Trainer& t, const std::string& run_dir) {
 int train(const std::string& config_path, const std::vector<std::string>& overrides) {
   train::Trainer t(train::Config::load(config_path, overrides));
   t.fit();
+  if (t.rank() != 0) return 0;  // under mpirun only rank 0 speaks
   std::cout << "done: " << t.step() << " steps";
   if (!t.evals().empty()) {
     const auto& e = t.evals().back();

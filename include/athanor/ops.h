@@ -12,6 +12,7 @@
 #include "athanor/ops/dropout.h"
 #include "athanor/ops/elementwise.h"
 #include "athanor/ops/embedding.h"
+#include "athanor/ops/gelu_linear.h"
 #include "athanor/ops/linalg.h"
 #include "athanor/ops/loss.h"
 #include "athanor/ops/norm.h"

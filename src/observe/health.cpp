@@ -122,7 +122,8 @@ std::vector<HealthEvent> HealthMonitor::check(const StepMetrics& m, const std::m
       e.details["window_mean"] = fmt(s.mean);
       e.suggestions = kInstabilityFixes;
       emit(out, std::move(e));
-    } else if (z > options_.grad_spike_z && !cooling_down("exploding_gradients", m.step)) {  // same story, told once
+    } else if (z > options_.grad_spike_z && m.grad_norm >= options_.grad_spike_min_ratio * s.mean &&
+               !cooling_down("exploding_gradients", m.step)) {  // same story, told once
       HealthEvent e = event("grad_spike", "warning");
       e.message = "the gradient norm jumped to " + fmt(m.grad_norm) + " at step " + std::to_string(m.step) + ", " +
                   fmt(z) + " standard deviations above the recent mean " + fmt(s.mean);

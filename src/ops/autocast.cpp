@@ -97,6 +97,11 @@ Tensor autocast_input(const Tensor& t, const char* op) {
   const auto it = s.cache.find(key);
   if (it != s.cache.end() && it->second.version == t.version()) return it->second.cast;
   Tensor c = cast(t, to);
+  // The low-precision copy of a weight is parameter memory, not activation memory: it
+  // scales with the model, not with batch x sequence (the usual mixed-precision
+  // accounting: 16-bit parameters + f32 master weights). Only a fresh block is retagged.
+  if (c.storage() && c.storage().use_count() == 1 && c.storage()->tag() == MemTag::activation)
+    c.storage()->set_tag(MemTag::parameter);
   s.cache.insert_or_assign(key, CacheEntry{t, t.version(), c});
   return c;
 }

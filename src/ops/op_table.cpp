@@ -64,6 +64,7 @@ const std::vector<OpInfo>& op_table() {
       // linear algebra (src/ops/linalg.cpp, kernels src/backend/cpu/gemm.cpp)
       {"matmul", "cpu::ref::gemm", "cpu::gemm (oneDNN sgemm f32, oneDNN matmul bf16, OpenBLAS dgemm f64)", "linalg.cpp: dA = dC B^T, dB = A^T dC", C::lower_precision},
       {"linear", "cpu::ref::gemm", "cpu::gemm (oneDNN f32/bf16), bias fused as beta=1 init", "linalg.cpp: dx = dy W, dW = dy^T x, db = rowsum(dy)", C::lower_precision},
+      {"gelu_linear", "composite: cpu::ref::activation_forward (gelu_tanh) then cpu::ref::gemm", "gelu_linear.cpp: cpu::activation_forward into scratch + cpu::gemm (bias as beta=1 init); only x saved", "gelu_linear.cpp: gelu(x) recomputed, dW = dy^T gelu(x), db = rowsum(dy), dx = (dy W)*gelu'(x)", C::lower_precision},
       // normalization (src/ops/layer_norm.cpp, rms_norm.cpp, batch_norm.cpp; kernels src/backend/cpu/norm.cpp)
       {"layer_norm", "cpu::ref::layer_norm_forward", "cpu::layer_norm_forward/backward (fused, cached mean/rstd); under autocast a bf16/f16 x is read directly (cpu::layer_norm_*_lowp_input, f32 out)", "layer_norm.cpp: rstd*(dn - mean(dn) - xhat*mean(dn*xhat))", C::f32},
       {"rms_norm", "cpu::ref::rms_norm_forward", "cpu::rms_norm_forward/backward (fused, cached rstd)", "rms_norm.cpp: rstd*(dn - xhat*mean(dn*xhat))", C::f32},

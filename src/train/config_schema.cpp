@@ -106,6 +106,18 @@ const std::vector<ConfigKey>& config_schema() {
       {"health.loss_spike_z", 6.0, "a loss this many standard deviations above the window's mean is a spike"},
       {"health.grad_spike_z", 6.0, "a grad norm this many standard deviations above the window's mean is a spike"},
 
+      {"dist.backend", std::string("auto"),
+       "data parallel backend: mpi (one process per rank, launched with mpirun/srun), none, or auto = mpi when launched under "
+       "mpirun/srun with more than one process",
+       "", {"auto", "none", "mpi"}},
+      {"dist.zero_stage", int64_t{0},
+       "0 = DDP (full optimizer per rank), 1 = optimizer state sharded, 2 = also gradients sharded (3: C++ API only, see dist/zero.h)",
+       "dist.backend=auto|mpi"},
+      {"dist.bucket_mb", 25.0, "gradient bucket size (MiB) of the all-reduce / reduce-scatter overlapped with backward",
+       "dist.backend=auto|mpi"},
+      {"dist.timeout_s", 300.0, "a collective that does not complete within this many seconds aborts every rank, naming it",
+       "dist.backend=auto|mpi"},
+
       {"checkpoint.every", int64_t{0},
        "save a checkpoint to <run_dir>/checkpoints every N optimizer steps and at the end (0 = off; SIGTERM/SIGINT still save)"},
       {"checkpoint.keep_last", int64_t{3}, "keep the newest K checkpoints (0 = keep all)"},

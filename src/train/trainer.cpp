@@ -18,6 +18,7 @@
 #include "athanor/core/rng.h"
 #include "athanor/data/corpus.h"
 #include "athanor/data/token_shard.h"
+#include "athanor/dist/zero.h"
 #include "athanor/nn/gpt.h"
 #include "athanor/ops.h"
 #include "athanor/observe/report.h"
@@ -93,15 +94,29 @@ std::string shape_hash(const std::map<std::string, std::string>& shape) {
   return ckpt::sha256_hex(canon);
 }
 
+// A sampler that returns the same given order every epoch (a rank's share of the validation set).
+class FixedOrderSampler final : public data::Sampler {
+ public:
+  explicit FixedOrderSampler(std::vector<int64_t> order) : order_(std::move(order)) {}
+  std::vector<int64_t> indices(int64_t) const override { return order_; }
+
+ private:
+  std::vector<int64_t> order_;
+};
+std::shared_ptr<data::Sampler> fixed_order_sampler(std::vector<int64_t> order) {
+  return std::make_shared<FixedOrderSampler>(std::move(order));
+}
+
 double now_seconds() {
   return std::chrono::duration<double>(std::chrono::steady_clock::now().time_since_epoch()).count();
 }
 
-std::unique_ptr<optim::Optimizer> make_optimizer(const Config& c, nn::Module& model, int64_t global_batch) {
+// Over `params`: the model's, or (data parallel, ZeRO >= 1) the ones this rank owns.
+std::unique_ptr<optim::Optimizer> make_optimizer(const Config& c, const optim::NamedTensors& params, int64_t global_batch) {
   double lr = c.get_float("optimizer.lr");
   if (c.get_int("optimizer.lr_scaling_base_batch") > 0)
     lr = optim::linear_scaled_lr(lr, global_batch, c.get_int("optimizer.lr_scaling_base_batch"));
-  auto groups = optim::default_param_groups(model.named_parameters(), lr, c.get_float("optimizer.weight_decay"),
+  auto groups = optim::default_param_groups(params, lr, c.get_float("optimizer.weight_decay"),
                                             c.get_bool("optimizer.decay_embeddings"));
   const std::string& t = c.get_string("optimizer.type");
   const double eps = c.get_float("optimizer.eps"), mom = c.get_float("optimizer.momentum");
@@ -115,9 +130,11 @@ std::unique_ptr<optim::Optimizer> make_optimizer(const Config& c, nn::Module& mo
 }
 }  // namespace
 
-Trainer::Trainer(Config config, bool write_run_files) : config_(std::move(config)), write_files_(write_run_files) {
+Trainer::Trainer(Config config, bool write_run_files)
+    : config_(std::move(config)), run_files_(write_run_files), write_files_(write_run_files) {
   out_ = [](const std::string& s) { std::cout << s << std::flush; };
   tty_ = isatty(STDOUT_FILENO);
+  setup_process_group();  // first: the sampler and the run files depend on the rank
   ATH_CHECK(config_.get_int("trainer.batch_size") > 0, "config", "trainer.batch_size must be > 0");
   ATH_CHECK(config_.get_int("trainer.accum_steps") > 0, "config", "trainer.accum_steps must be > 0");
   build_data();  // first: the text pipeline fixes the vocabulary size
@@ -126,9 +143,10 @@ Trainer::Trainer(Config config, bool write_run_files) : config_(std::move(config
 }
 
 Trainer::Trainer(Config config, std::unique_ptr<Task> task, bool write_run_files)
-    : config_(std::move(config)), task_(std::move(task)), write_files_(write_run_files) {
+    : config_(std::move(config)), task_(std::move(task)), run_files_(write_run_files), write_files_(write_run_files) {
   out_ = [](const std::string& s) { std::cout << s << std::flush; };
   tty_ = isatty(STDOUT_FILENO);
+  setup_process_group();
   ATH_CHECK(task_ != nullptr, "trainer", "the task is null", Hint{"pass std::make_unique<YourTask>(...)"});
   ATH_CHECK(config_.get_int("trainer.batch_size") > 0, "config", "trainer.batch_size must be > 0");
   ATH_CHECK(config_.get_int("trainer.accum_steps") > 0, "config", "trainer.accum_steps must be > 0");
@@ -138,8 +156,20 @@ Trainer::Trainer(Config config, std::unique_ptr<Task> task, bool write_run_files
 
 void Trainer::init(bool /*write_run_files: in write_files_*/) {
   const Config& c = config_;
-  const int64_t global_batch = c.get_int("trainer.batch_size") * c.get_int("trainer.accum_steps");
-  optimizer_ = make_optimizer(config_, task_->module(), global_batch);
+  const int64_t gb = global_batch();
+  if (group_) {
+    // The model is owned by the task, which outlives dp_ (declared before it).
+    std::shared_ptr<nn::Module> model(&task_->module(), [](nn::Module*) {});
+    dist::DataParallelOptions o;
+    o.zero_stage = zero_stage_;
+    o.bucket_mb = c.get_float("dist.bucket_mb");
+    dp_ = std::make_unique<dist::DataParallel>(
+        model, group_, [this, gb](const optim::NamedTensors& owned) { return make_optimizer(config_, owned, gb); }, o);
+    optim_ = &dp_->optimizer();
+  } else {
+    optimizer_ = make_optimizer(config_, task_->module().named_parameters(), gb);
+    optim_ = optimizer_.get();
+  }
   max_steps_ = c.get_int("trainer.epochs") > 0
                    ? c.get_int("trainer.epochs") * train_loader_->batches_per_epoch() / c.get_int("trainer.accum_steps")
                    : c.get_int("trainer.max_steps");
@@ -156,8 +186,8 @@ void Trainer::init(bool /*write_run_files: in write_files_*/) {
   s.power = c.get_float("schedule.power");
   s.t0 = c.get_int("schedule.t0");
   s.t_mult = c.get_float("schedule.t_mult");
-  scheduler_ = std::make_unique<optim::Scheduler>(*optimizer_, optim::LRSchedule(s));
-  for (const auto& g : optimizer_->param_groups()) initial_base_lrs_.push_back(g.base_lr);
+  scheduler_ = std::make_unique<optim::Scheduler>(*optim_, optim::LRSchedule(s));
+  for (const auto& g : optim_->param_groups()) initial_base_lrs_.push_back(g.base_lr);
 
   // Precision: f16 scales the loss dynamically; bf16 and f32 keep a disabled scaler, which
   // still reports non-finite gradients by parameter name.
@@ -178,7 +208,11 @@ void Trainer::init(bool /*write_run_files: in write_files_*/) {
   health_monitor_ = std::make_unique<observe::HealthMonitor>(ho);
 
   run_dir_ = (fs::path(c.get_string("out_dir")) / c.get_string("name")).string();
-  if (!write_files_) return;
+  if (!run_files_) return;
+  if (!write_files_) {  // ranks other than 0: only resume (every rank loads the checkpoint)
+    if (c.get_string("resume") == "auto") resume_latest();
+    return;
+  }
   std::error_code ec;
   fs::create_directories(run_dir_, ec);
   ATH_CHECK(!ec, "trainer", "cannot create the run directory '", run_dir_, "': ", ec.message(),
@@ -187,6 +221,10 @@ void Trainer::init(bool /*write_run_files: in write_files_*/) {
   if (precision_ != DType::f16)
     resolved += "# scaler: off (dynamic loss scaling is used only with trainer.precision f16; this run uses " +
                 c.get_string("trainer.precision") + ")\n";
+  resolved += "# data parallel: " + (group_ ? "mpi, world size " + std::to_string(world_) + ", zero_stage " + std::to_string(zero_stage_)
+                                            : std::string("off (1 process)")) +
+              "; global batch " + std::to_string(gb) + " = batch_size " + std::to_string(c.get_int("trainer.batch_size")) +
+              " x accum_steps " + std::to_string(c.get_int("trainer.accum_steps")) + " x world " + std::to_string(world_) + "\n";
   std::ofstream(fs::path(run_dir_) / "config.yaml") << resolved;
   if (c.get_bool("observe.tensorboard")) add_sink(std::make_shared<observe::TensorBoardSink>(run_dir_));
   // metrics.jsonl is truncated by the first line written, unless a resume keeps it up to the checkpoint.
@@ -218,7 +256,9 @@ void Trainer::build_data() {
     // Tokenized shards are cached per (corpus, tokenizer) and reused.
     const std::string stem = corpus == "brown" ? "brown" : fs::path(corpus).stem().string();
     const fs::path dir = fs::path(c.get_string("data.cache_dir")) / (stem + "-" + tok);
-    if (!fs::exists(dir / "train.bin") || !fs::exists(dir / "val.bin")) {
+    // Under data parallel rank 0 prepares the shards while the others wait (one writer).
+    const bool need = any_rank(!fs::exists(dir / "train.bin") || !fs::exists(dir / "val.bin"));
+    if (need && rank_ == 0) {
       std::string text_path = corpus;
       if (corpus == "brown") {
         fs::create_directories(c.get_string("data.cache_dir"));
@@ -228,13 +268,14 @@ void Trainer::build_data() {
       out_("preparing " + dir.string() + " from " + text_path + " (" + tokenizer_->name() + " tokenizer)\n");
       data::prepare_text(text_path, dir.string(), tok, c.get_string("data.tokenizer_dir"), c.get_float("data.val_fraction"));
     }
+    if (need) barrier();
     const int64_t vocab = c.get_int("model.vocab_size"), T = c.get_int("model.block_size");
     train_set_ = data::token_windows(std::make_shared<data::TokenShard>((dir / "train.bin").string(), vocab), T);
     val_set_ = data::token_windows(std::make_shared<data::TokenShard>((dir / "val.bin").string(), vocab), T);
   }
   ATH_CHECK(train_set_->size() >= lo.batch_size, "data", train_set_->describe(), " has fewer samples than one batch (",
             lo.batch_size, ")", Hint{"lower trainer.batch_size or use more data"});
-  train_loader_ = std::make_unique<data::DataLoader>(train_set_, lo);
+  train_loader_ = std::make_unique<data::DataLoader>(train_set_, lo, train_sampler(train_set_->size(), seed));
 }
 
 EvalMetrics Trainer::evaluate() {
@@ -246,20 +287,34 @@ EvalMetrics Trainer::evaluate() {
   lo.shuffle = false;
   lo.drop_last = false;
   lo.num_workers = static_cast<int>(config_.get_int("data.num_workers"));
-  data::DataLoader val(val_set_, lo, data::sequential_sampler(val_set_->size()));
+  // The validation batches are those of one sequential pass in global micro-batches (batch_size
+  // × world, as training); under data parallel rank r evaluates its slice of each and the sums
+  // are reduced, so the result is that of 1 process with batch_size × world.
+  const int64_t global = lo.batch_size * world_, N = val_set_->size();
+  const int64_t total = (N + global - 1) / global;
   const int64_t limit = config_.get_int("trainer.eval_batches");
-  const int64_t n = limit > 0 ? std::min(limit, val.batches_per_epoch()) : val.batches_per_epoch();
+  const int64_t n = limit > 0 ? std::min(limit, total) : total;
+  std::vector<int64_t> mine;
+  for (int64_t i = 0; i < n; ++i)
+    for (int64_t j = i * global + rank_ * lo.batch_size; j < std::min(i * global + (rank_ + 1) * lo.batch_size, N); ++j)
+      mine.push_back(j);
   EvalMetrics e;
   e.step = step_;
   double loss_sum = 0;
   int64_t correct = 0;
-  for (int64_t i = 0; i < n; ++i) {
-    data::Batch b = val.next();
-    std::optional<autocast> ac;
-    if (precision_ != DType::f32) ac.emplace(precision_);
-    task_->evaluate(b, loss_sum, correct);
-    e.count += b.num_targets;
+  if (!mine.empty()) {
+    data::DataLoader val(val_set_, lo, fixed_order_sampler(std::move(mine)));
+    for (int64_t i = 0; i < val.batches_per_epoch(); ++i) {
+      data::Batch b = val.next();
+      std::optional<autocast> ac;
+      if (precision_ != DType::f32) ac.emplace(precision_);
+      task_->evaluate(b, loss_sum, correct);
+      e.count += b.num_targets;
+    }
   }
+  loss_sum = sum_across_ranks(loss_sum);
+  correct = std::llround(sum_across_ranks(static_cast<double>(correct)));
+  e.count = std::llround(sum_across_ranks(static_cast<double>(e.count)));
   e.loss = loss_sum / std::max<int64_t>(e.count, 1);
   if (task_->is_classifier()) e.accuracy = static_cast<double>(correct) / std::max<int64_t>(e.count, 1);
   model.train();
@@ -306,7 +361,16 @@ void Trainer::request_stop() { g_stop_requested.store(true); }
 std::string Trainer::save_checkpoint() {
   ckpt::NamedTensors model_tensors, optim_tensors;
   for (auto& [n, t] : task_->module().state_dict()) model_tensors.emplace_back(n, t);
-  for (auto& [n, t] : optimizer_->state_tensors()) optim_tensors.emplace_back(n, t);
+  // Under data parallel the optimizer state is gathered under its logical (1-process) names:
+  // a collective, so every rank calls save_checkpoint; rank 0 writes.
+  std::map<std::string, double> optim_scalars;
+  if (dp_) {
+    for (auto& [n, t] : dp_->full_optimizer_state()) optim_tensors.emplace_back(n, t);
+    optim_scalars = dp_->full_optimizer_scalars();
+  } else {
+    for (auto& [n, t] : optimizer_->state_tensors()) optim_tensors.emplace_back(n, t);
+    optim_scalars = optimizer_->state_scalars();
+  }
   const auto shape = model_shape(config_);
   const data::LoaderPosition pos = train_loader_->position();
   const GeneratorState rng = default_generator().state();
@@ -317,10 +381,14 @@ std::string Trainer::save_checkpoint() {
   j["skipped_steps"] = skipped_;
   j["max_steps"] = max_steps_;
   j["epoch"] = pos.epoch;
-  j["loader"] = {{"epoch", pos.epoch}, {"batch", pos.batch}};
+  // "samples": the position in the epoch's global sample stream, so that another world size or
+  // micro-batch continues with the same global batches.
+  const int64_t micro = config_.get_int("trainer.batch_size");
+  j["loader"] = {{"epoch", pos.epoch}, {"batch", pos.batch}, {"samples", pos.batch * micro * world_}};
+  j["dist"] = {{"world_size", world_}, {"zero_stage", zero_stage_}, {"micro_batch", micro}};
   j["rng"] = {{"default", {{"seed", rng.seed}, {"offset", rng.offset}}}};
   j["scheduler_step"] = scheduler_->current_step();
-  j["optimizer"] = {{"type", optimizer_->name()}, {"scalars", optimizer_->state_scalars()}};
+  j["optimizer"] = {{"type", optim_->name()}, {"scalars", optim_scalars}};
   j["model_shape"] = shape;
   j["config_hash"] = shape_hash(shape);
   j["seed"] = config_.get_int("seed");
@@ -328,11 +396,20 @@ std::string Trainer::save_checkpoint() {
   if (scaler_->enabled())
     j["scaler"] = {{"scale", scaler_->get_scale()}, {"growth_tracker", scaler_->growth_tracker()}, {"skipped_steps", scaler_->skipped_steps()}};
   const std::map<std::string, std::string> meta{{"format", "athanor"}, {"step", std::to_string(step_)}};
-  const std::string dir = ckpt::save_checkpoint(checkpoints_dir(), step_,
-                                                {{"model.safetensors", model_tensors, meta}, {"optimizer.safetensors", optim_tensors, meta}},
-                                                {{"state.json", j.dump(2) + "\n"}});
+  std::string dir;
+  if (write_files_) {
+    dir = ckpt::save_checkpoint(checkpoints_dir(), step_,
+                                {{"model.safetensors", model_tensors, meta}, {"optimizer.safetensors", optim_tensors, meta}},
+                                {{"state.json", j.dump(2) + "\n"}});
+    ckpt::apply_retention(checkpoints_dir(), config_.get_int("checkpoint.keep_last"), config_.get_int("checkpoint.keep_every"));
+  }
+  barrier();  // the checkpoint is complete for every rank (a rollback may read it next)
   last_checkpoint_step_ = step_;
-  ckpt::apply_retention(checkpoints_dir(), config_.get_int("checkpoint.keep_last"), config_.get_int("checkpoint.keep_every"));
+  if (dir.empty()) {
+    std::ostringstream name;
+    name << "step-" << std::setw(6) << std::setfill('0') << step_;
+    dir = (fs::path(checkpoints_dir()) / name.str()).string();
+  }
   return dir;
 }
 
@@ -365,16 +442,28 @@ void Trainer::resume_from(const std::string& dir) {
                Hint{"restore those model.* keys, or start a new run (another name, or resume: off)"});
     }
     const std::string opt = j.at("optimizer").at("type").get<std::string>();
-    ATH_CHECK(opt == optimizer_->name(), "resume", "cannot resume from '", dir, "': it holds ", opt, " optimizer state but optimizer.type makes ",
-              optimizer_->name(), Hint{"restore optimizer.type, or start a new run"});
+    ATH_CHECK(opt == optim_->name(), "resume", "cannot resume from '", dir, "': it holds ", opt, " optimizer state but optimizer.type makes ",
+              optim_->name(), Hint{"restore optimizer.type, or start a new run"});
     auto model_file = ckpt::load_safetensors((fs::path(dir) / "model.safetensors").string());
     auto optim_file = ckpt::load_safetensors((fs::path(dir) / "optimizer.safetensors").string());
     task_->module().load_state_dict(nn::StateDict(model_file.tensors.begin(), model_file.tensors.end()));
-    optimizer_->load_state(optim_file.tensors, j.at("optimizer").at("scalars").get<std::map<std::string, double>>());
+    const auto scalars = j.at("optimizer").at("scalars").get<std::map<std::string, double>>();
+    if (dp_) dp_->load_full_optimizer_state(optim_file.tensors, scalars);  // each rank keeps its part: any world size/stage
+    else optimizer_->load_state(optim_file.tensors, scalars);
     step_ = j.at("step").get<int64_t>();
     skipped_ = j.at("skipped_steps").get<int64_t>();
     scheduler_->set_step(j.at("scheduler_step").get<int64_t>());
-    train_loader_->set_position({j.at("loader").at("epoch").get<int64_t>(), j.at("loader").at("batch").get<int64_t>()});
+    const auto& loader = j.at("loader");
+    int64_t batch = loader.at("batch").get<int64_t>();
+    if (loader.contains("samples")) {  // map the global sample position onto this run's micro-batch × world
+      const int64_t samples = loader.at("samples").get<int64_t>(), per = config_.get_int("trainer.batch_size") * world_;
+      ATH_CHECK(samples % per == 0, "resume", "cannot resume from '", dir, "': it stopped after ", samples,
+                " samples of its epoch, which is not a whole number of this run's global micro-batches (batch_size ",
+                config_.get_int("trainer.batch_size"), " x world ", world_, " = ", per, ")",
+                Hint{"choose trainer.batch_size and the number of processes so that batch_size x world divides " + std::to_string(samples)});
+      batch = samples / per;
+    }
+    train_loader_->set_position({loader.at("epoch").get<int64_t>(), batch});
     lr_factor_ = j.value("lr_factor", 1.0);
     apply_lr_factor();
     if (scaler_->enabled() && j.contains("scaler"))
@@ -434,30 +523,35 @@ void Trainer::fit() {
   out_("training " + task_->module().local_name() + std::to_string(task_->module().parameters_count()) + " parameters on " +
        train_set_->describe() + " for " + std::to_string(max_steps_) + " steps (batch " +
        std::to_string(config_.get_int("trainer.batch_size")) + " x accum " + std::to_string(config_.get_int("trainer.accum_steps")) +
-       "); run directory " + run_dir_ + "\n");
+       (dp_ ? " x " + std::to_string(world_) + " ranks (mpi, zero_stage " + std::to_string(zero_stage_) + ")" : std::string()) +
+       " = global batch " + std::to_string(global_batch()) + "); run directory " + run_dir_ + "\n");
   const int64_t eval_every = config_.get_int("trainer.eval_every"), sample_every = config_.get_int("trainer.sample_every");
   const double limit = config_.get_float("trainer.time_limit_s");
   while (train_step()) {
-    if (g_stop_requested.load()) {
+    // Under data parallel every rank must take the same branch (checkpoints are collectives):
+    // a signal or the time limit seen by any rank stops all of them.
+    const bool time_up = any_rank(limit > 0 && now_seconds() - start_time_ > limit);
+    if (any_rank(g_stop_requested.load())) {
+      g_stop_requested.store(true);
       stopped_by_signal_ = true;
       out_("\nstop requested (SIGTERM/SIGINT): saving a checkpoint at step " + std::to_string(step_) + "\n");
-      if (write_files_) out_("saved " + save_checkpoint() + "\n");
+      if (run_files_) out_("saved " + save_checkpoint() + "\n");
       break;
     }
-    if (write_files_ && ckpt_every > 0 && step_ % ckpt_every == 0) save_checkpoint();
+    if (run_files_ && ckpt_every > 0 && step_ % ckpt_every == 0) save_checkpoint();
     if (eval_every > 0 && step_ % eval_every == 0 && step_ < max_steps_) evaluate();
-    if (sample_every > 0 && step_ % sample_every == 0 && step_ < max_steps_ && task_->is_language_model())
+    if (rank_ == 0 && sample_every > 0 && step_ % sample_every == 0 && step_ < max_steps_ && task_->is_language_model())
       out_("--- sample ---\n" + sample(config_.get_int("trainer.sample_tokens")) + "\n--------------\n");
-    if (limit > 0 && now_seconds() - start_time_ > limit) {
+    if (time_up) {
       out_("\nstopping at step " + std::to_string(step_) + ": trainer.time_limit_s (" + std::to_string(limit) + " s) reached\n");
       break;
     }
   }
-  if (!stopped_by_signal_ && g_stop_requested.load()) {  // a signal during the last step
+  if (!stopped_by_signal_ && any_rank(g_stop_requested.load())) {  // a signal during the last step
     stopped_by_signal_ = true;
-    if (write_files_ && last_checkpoint_step_ != step_) out_("saved " + save_checkpoint() + "\n");
+    if (run_files_ && last_checkpoint_step_ != step_) out_("saved " + save_checkpoint() + "\n");
   }
-  if (write_files_ && ckpt_every > 0 && last_checkpoint_step_ != step_) save_checkpoint();
+  if (run_files_ && ckpt_every > 0 && last_checkpoint_step_ != step_) save_checkpoint();
   if (stopped_by_signal_) {  // leave quickly: no sample; evaluate only if nothing was evaluated yet
     if (evals_.empty()) evaluate();
     if (write_files_) save_weights((fs::path(run_dir_) / "model.safetensors").string());
@@ -474,7 +568,7 @@ void Trainer::fit() {
       out_(std::string("could not write report.html: ") + e.what() + "\n");
     }
   }
-  if (task_->is_language_model())
+  if (rank_ == 0 && task_->is_language_model())
     out_("--- sample ---\n" + sample(config_.get_int("trainer.sample_tokens")) + "\n--------------\n");
   for (auto& cb : callbacks_) cb->on_end();
   for (auto& s : sinks_) s->on_end();

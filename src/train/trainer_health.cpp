@@ -65,7 +65,7 @@ void Trainer::emit_health(const observe::HealthEvent& e) {
 }
 
 void Trainer::apply_lr_factor() {
-  auto& groups = optimizer_->param_groups();
+  auto& groups = optim_->param_groups();
   for (size_t i = 0; i < groups.size() && i < initial_base_lrs_.size(); ++i) groups[i].base_lr = initial_base_lrs_[i] * lr_factor_;
   scheduler_->set_step(scheduler_->current_step());
 }
@@ -137,11 +137,26 @@ observe::HealthEvent Trainer::diagnose_nonfinite(const std::vector<data::Batch>&
   e.details["input_stats"] = join(a->input_stats, "; ");
   e.details["output_stats"] = a->output_stats;
   e.details["micro_batch"] = std::to_string(failing_batch);
+  // Non-finite inputs point at the data (first op) or an earlier op outside anomaly's
+  // view; finite but huge inputs mean values grew over earlier steps until this op overflowed.
   bool inputs_nonfinite = false;
-  for (const auto& s : a->input_stats) inputs_nonfinite |= s.find("nan") != std::string::npos || s.find("inf") != std::string::npos;
+  double input_absmax = 0;
+  for (const Tensor& in : a->inputs) {
+    if (!in.defined() || !is_floating(in.dtype())) continue;
+    if (!all_finite(in)) {
+      inputs_nonfinite = true;
+      continue;
+    }
+    input_absmax = std::max(input_absmax, max(abs(in.to(DType::f64))).item());
+  }
+  e.details["input_absmax"] = std::to_string(input_absmax);
   if (inputs_nonfinite && a->phase == "forward")
     e.suggestions.push_back("the op's inputs are already non-finite: check the data samples " + ids_text(ids) +
                             " (dataset indices) for NaN/Inf");
+  else if (a->phase == "forward" && input_absmax > 1e6)
+    e.suggestions.push_back("the op's inputs are finite but huge (|x| up to " + std::to_string(input_absmax) +
+                            "): activations or weights grew over earlier steps until this op overflowed, the signature of "
+                            "a learning rate that is too high (exploding training)");
   if (a->phase == "backward")
     e.suggestions.push_back("a gradient overflowed in backward: enable optimizer.grad_clip (e.g. 1.0) and lower optimizer.lr");
   e.suggestions.push_back("lower optimizer.lr or add schedule.warmup_steps; enable optimizer.grad_clip");
@@ -177,15 +192,22 @@ bool Trainer::handle_nonfinite(const std::vector<data::Batch>& batches, const Ge
   if (scaler_->enabled() && !m.loss_nonfinite) return false;
 
   std::optional<observe::HealthEvent> diagnosis;
-  if (config_.get_bool("health.diagnose_nonfinite")) {
+  // The replay runs forward/backward outside the data-parallel step (its gradient hooks would
+  // launch reductions): under data parallel the event names the parameters but not the op.
+  // Once per streak of non-finite steps (a diverged run under `skip` would otherwise replay
+  // and save inputs at every step); a finite step in between re-arms it.
+  const bool streak = last_diagnosed_step_ >= 0 && last_nonfinite_step_ == m.step - 1;
+  last_nonfinite_step_ = m.step;
+  if (config_.get_bool("health.diagnose_nonfinite") && !dp_ && !streak) {
     diagnosis = diagnose_nonfinite(batches, rng_at_start, m);
+    last_diagnosed_step_ = m.step;
     emit_health(*diagnosis);
   }
   auto stop = [&](const std::string& why) {
     std::string saved;
-    if (write_files_) {
+    if (run_files_) {
       saved = save_checkpoint();
-      if (config_.get_bool("observe.report")) try {
+      if (write_files_ && config_.get_bool("observe.report")) try {
           observe::write_report(run_dir_);
         } catch (const Error&) {  // the Error below is what matters
         }
@@ -202,7 +224,7 @@ bool Trainer::handle_nonfinite(const std::vector<data::Batch>& batches, const Ge
   if (policy == "stop") stop("");
   if (policy == "rollback") {
     const double factor = config_.get_float("health.rollback_lr_factor");
-    if (!write_files_) stop("; no checkpoint to roll back to (run files are off)");
+    if (!run_files_) stop("; no checkpoint to roll back to (run files are off)");
     // A rollback that ends up at the same failure again and again (bad data) would loop forever.
     rollbacks_in_a_row_ = last_rollback_step_ == m.step ? rollbacks_in_a_row_ + 1 : 1;
     last_rollback_step_ = m.step;

@@ -13,6 +13,7 @@
 #include <sstream>
 
 #include "athanor/core/allocator.h"
+#include "athanor/dist/zero.h"
 #include "athanor/observe/profiler.h"
 #include "athanor/ops.h"
 #include "athanor/ops/autocast.h"
@@ -76,7 +77,11 @@ void Trainer::measure_peak_flops() {
 }
 
 void Trainer::forward_backward(const std::vector<data::Batch>& batches, StepMetrics& m) {
-  for (const auto& b : batches) {
+  for (size_t k = 0; k < batches.size(); ++k) {
+    const auto& b = batches[k];
+    // Data parallel: gradients of non-final micro-batches accumulate locally (no reduction).
+    std::optional<dist::DataParallel::NoSync> no_sync;
+    if (dp_ && k + 1 < batches.size()) no_sync.emplace(*dp_);
     const double tf = now_seconds();
     Tensor loss;
     {
@@ -96,7 +101,9 @@ void Trainer::forward_backward(const std::vector<data::Batch>& batches, StepMetr
     // Backward runs outside autocast, as in PyTorch.
     observe::ProfileSpan span("backward");
     MemTagScope tag(MemTag::workspace);
-    Tensor weighted = mul(loss, w);
+    // m.targets counts every rank's targets; DDP averages over the world, hence × world_: the
+    // reduced gradient is the token-weighted one of the global batch, as in 1 process.
+    Tensor weighted = mul(loss, w * static_cast<double>(world_));
     if (scaler_->enabled()) weighted = scaler_->scale(weighted);
     weighted.backward();
     m.backward_seconds += now_seconds() - tb;
@@ -127,11 +134,19 @@ bool Trainer::train_step() {
   m.data_seconds = now_seconds() - t0;
   for (const auto& b : batches) {
     m.targets += b.num_targets;
-    m.flops += task_->train_flops(b);
+    m.flops += task_->train_flops(b);  // this process's (MFU is per process)
   }
+  if (dp_) m.targets = std::llround(sum_across_ranks(static_cast<double>(m.targets)));
   ATH_CHECK(m.targets > 0, "trainer", "step ", m.step, " has no targets to learn from (all ignored?)");
 
   forward_backward(batches, m);
+  if (dp_) {
+    maybe_kill_for_test();
+    const double tc = now_seconds();
+    dp_->finish_backward();  // the wait for the bucket reductions still in flight after backward
+    m.comm_seconds = now_seconds() - tc;
+    m.loss = sum_across_ranks(m.loss);  // each rank added its share of the token-weighted mean
+  }
 
   // Unscale (before clipping), clip, guarded step.
   const double topt = now_seconds();
@@ -147,14 +162,15 @@ bool Trainer::train_step() {
     found_inf = scaler_->unscale(named);
     m.nonfinite_params = scaler_->nonfinite_params();
   }
-  found_inf = found_inf || m.loss_nonfinite;
+  found_inf = any_rank(found_inf || m.loss_nonfinite);  // every rank takes the same branch
   if (config_.get_bool("observe.layer_norms"))
     for (const auto& [n, p] : named)
       m.layers.push_back({n, p.grad().defined() ? l2_norm(p.grad()) : 0.0, l2_norm(p)});
   const double clip = config_.get_float("optimizer.grad_clip");
   if (!found_inf && config_.get_float("optimizer.clip_value") > 0)
     optim::clip_grad_value(params, config_.get_float("optimizer.clip_value"));
-  m.grad_norm = clip > 0 ? optim::clip_grad_norm(params, clip) : optim::grad_norm(params);
+  if (dp_) m.grad_norm = clip > 0 ? dp_->clip_grad_norm(clip) : dp_->grad_norm();  // global norm over all shards
+  else m.grad_norm = clip > 0 ? optim::clip_grad_norm(params, clip) : optim::grad_norm(params);
   found_inf = found_inf || !std::isfinite(m.grad_norm);
   if (found_inf && !scaler_->enabled()) {
     scaler_->unscale(named);  // disabled: divides by nothing, records the names
@@ -163,8 +179,10 @@ bool Trainer::train_step() {
   m.grad_norm_clipped = clip > 0 && m.grad_norm > clip ? clip : m.grad_norm;
 
   bool rolled_back = false;
+  auto zero_grad = [&] { dp_ ? dp_->zero_grad() : optimizer_->zero_grad(); };
   if (!found_inf) {
-    optimizer_->step();
+    if (dp_) dp_->step();  // owned parameters, then (ZeRO >= 1) all-gathered
+    else optimizer_->step();
     scaler_->update(false);
   } else {
     m.skipped = true;
@@ -173,11 +191,11 @@ bool Trainer::train_step() {
     rolled_back = handle_nonfinite(batches, rng_at_start, m);  // may throw (policy stop)
   }
   if (rolled_back) {  // the state is the checkpoint's now: this step never happened
-    optimizer_->zero_grad();
+    zero_grad();
     return true;
   }
   scheduler_->step();
-  optimizer_->zero_grad();
+  zero_grad();
   m.optimizer_seconds = now_seconds() - topt;
   opt_span.reset();
   ++step_;
@@ -260,6 +278,7 @@ void Trainer::log_step(const StepMetrics& m) {
   if (m.loss_scale > 0) o << " | scale " << std::setprecision(0) << m.loss_scale;
   if (m.skipped_total > 0) o << " | skipped " << m.skipped_total;
   o << " | " << std::setprecision(0) << m.throughput << (task_->is_language_model() ? " tok/s" : " samples/s");
+  if (dp_) o << " | comm wait " << std::setprecision(1) << 1e3 * m.comm_seconds << " ms";  // all ranks' tokens/s
   if (m.mfu >= 0) o << " | MFU " << std::setprecision(1) << 100 * m.mfu << "%";
   o << " | ETA " << fmt_duration(eta);
   if (tty_) {

@@ -153,10 +153,14 @@ TEST(MixedPrecision, Bf16PeakActivationsWellBelowF32) {
   std::printf("peak activation bytes: f32 %lld, bf16 %lld (ratio %.3f)\n", static_cast<long long>(peak[0]),
               static_cast<long long>(peak[1]), static_cast<double>(peak[1]) / static_cast<double>(peak[0]));
   ASSERT_GT(peak[0], 0);
-  // The target is 0.6; measured here 0.665 (2026-11-22): under autocast the residual
-  // stream, layer_norm and softmax outputs stay f32 (op-table policy) and the bf16 weight casts
-  // count as forward memory. The bound below guards today's saving until those are bf16.
-  EXPECT_LE(static_cast<double>(peak[1]), 0.7 * static_cast<double>(peak[0]));
+  // The target is 0.6; not met. Measured 2026-11-22: f32 57,820,164 B, bf16 41,184,256 B
+  // = 0.712 (before the fused gelu_linear MLP: 74,597,380 vs 49,572,864 = 0.665; the fusion
+  // drops 4 n_embd per token per layer from both runs, which raises the ratio). What does not
+  // halve under autocast: the f32 residual stream kept by layer_norm (add promotes, 2 n_embd
+  // f32 per token per layer) and the bf16 weight casts (~6.4 MB here, live for the whole step);
+  // per token per layer the rest is 11 n_embd, f32 52 vs bf16 36 bytes per channel. The bound
+  // guards today's saving until the residual stream or the weight casts stop counting in f32/forward.
+  EXPECT_LE(static_cast<double>(peak[1]), 0.72 * static_cast<double>(peak[0]));
 }
 
 TEST(MixedPrecision, F16ScaleGrowsOverflowsSkipsAndLearns) {

@@ -17,6 +17,20 @@
 // evaluates periodically, samples text from GPTs, and writes <out_dir>/<name>/config.yaml
 // (resolved), metrics.jsonl and health.jsonl (observe/metrics.h), TensorBoard events,
 // report.html and, with profile.enabled, trace.json.
+//
+// Data parallel (dist.*, trainer_dist.cpp): under mpirun/srun every rank runs a Trainer; the
+// model is wrapped in dist::DataParallel (zero_stage 0 = DDP, 1/2 = ZeRO; 3 is refused: the
+// built models do not wrap blocks). Micro-batch k of a step is the same set of samples for
+// any world size (DistributedSampler over the 1-process order; global batch = batch_size ×
+// accum_steps × world). The step above becomes: backward under no_sync() for all but the last
+// micro-batch, finish_backward() (its wait is comm_seconds), unscale, found_inf agreed by all
+// ranks, clip over the global norm, step, zero_grad; the loss weights use the global target
+// count, so 2 ranks × b train as 1 process × 2b. Losses/metrics are reduced across ranks; every
+// rank evaluates its slice of the validation batches and the sums are reduced. Only rank 0
+// prints and writes run files; checkpoints are collectives (optimizer state gathered under its
+// 1-process names, rank 0 writes, a barrier follows) and state.json records world size, zero
+// stage and the loader position in global samples, so a checkpoint resumes on any world size
+// and stage. Dropout draws the same stream on every rank (the RNG state is rank 0's).
 #include <cstdint>
 #include <functional>
 #include <memory>
@@ -33,6 +47,11 @@
 #include "athanor/observe/health.h"
 #include "athanor/observe/metrics.h"
 #include "athanor/train/config.h"
+
+namespace athanor::dist {
+class DataParallel;
+class ProcessGroup;
+}  // namespace athanor::dist
 
 namespace athanor::train {
 
@@ -102,7 +121,8 @@ class Trainer {
   bool stopped_by_signal() const { return stopped_by_signal_; }
 
   Task& task() { return *task_; }
-  optim::Optimizer& optimizer() { return *optimizer_; }
+  // This rank's optimizer (under dist.zero_stage >= 1: over the parameters this rank owns).
+  optim::Optimizer& optimizer() { return *optim_; }
   optim::Scheduler& scheduler() { return *scheduler_; }
   data::DataLoader& train_loader() { return *train_loader_; }
   const Config& config() const { return config_; }
@@ -117,7 +137,13 @@ class Trainer {
   const GradScaler& scaler() const { return *scaler_; }  // enabled only for f16
   double lr_factor() const { return lr_factor_; }        // cumulative rollback lr multiplier
   double peak_flops() const { return peak_flops_; }      // FLOP/s used for MFU (0 = unknown)
-  // Optional: where progress and messages go (default: stdout).
+  // Data parallel (trainer_dist.cpp; dist.backend mpi, or auto under mpirun/srun with > 1 process):
+  // every rank runs a Trainer; the global batch is batch_size × accum_steps × world_size.
+  int rank() const { return rank_; }
+  int world_size() const { return world_; }
+  bool distributed() const { return dp_ != nullptr; }
+  int64_t global_batch() const;
+  // Optional: where progress and messages go (default: stdout; ranks other than 0: nowhere).
   void set_output(std::function<void(const std::string&)> out) { out_ = std::move(out); }
 
  private:
@@ -138,12 +164,24 @@ class Trainer {
                                           const StepMetrics& m);
   void emit_health(const observe::HealthEvent& e);  // health.jsonl + a line to the output + sinks
   void apply_lr_factor();                          // base lr = initial base lr × lr_factor_
+  // ---- distributed (trainer_dist.cpp)
+  void setup_process_group();    // before build_data: rank_, world_, group_ (MPI initialised once)
+  void setup_data_parallel(int64_t global_batch);  // wraps the model; owns the optimizer
+  std::shared_ptr<data::Sampler> train_sampler(int64_t n, uint64_t seed) const;
+  double sum_across_ranks(double v) const;         // identity without data parallel
+  bool any_rank(bool v) const;
+  void barrier() const;
+  void maybe_kill_for_test() const;                // ATHANOR_TEST_KILL_RANK / ATHANOR_TEST_KILL_STEP
   Config config_;
   std::unique_ptr<Task> task_;
   std::unique_ptr<data::Tokenizer> tokenizer_;
   std::shared_ptr<data::Dataset> train_set_, val_set_;
   std::unique_ptr<data::DataLoader> train_loader_;
-  std::unique_ptr<optim::Optimizer> optimizer_;
+  std::shared_ptr<dist::ProcessGroup> group_;  // null without data parallel
+  std::unique_ptr<dist::DataParallel> dp_;      // before scheduler_: destroyed after it
+  std::unique_ptr<optim::Optimizer> optimizer_; // the optimizer without data parallel
+  optim::Optimizer* optim_ = nullptr;           // optimizer_ or dp_'s
+  int rank_ = 0, world_ = 1, zero_stage_ = 0;
   std::unique_ptr<optim::Scheduler> scheduler_;
   std::vector<std::shared_ptr<Callback>> callbacks_;
   std::vector<std::shared_ptr<observe::MetricsSink>> sinks_;
@@ -156,6 +194,7 @@ class Trainer {
   double peak_flops_ = 0;
   bool memory_reported_ = false;
   int64_t rollbacks_in_a_row_ = 0;  // rollbacks that did not get past the failing step
+  int64_t last_diagnosed_step_ = -1, last_nonfinite_step_ = -1;  // the replay runs once per run of consecutive non-finite steps
   int64_t last_rollback_step_ = -1;
   std::vector<StepMetrics> history_;
   std::vector<EvalMetrics> evals_;
@@ -167,7 +206,8 @@ class Trainer {
   bool metrics_started_ = false;  // metrics.jsonl truncated (fresh run) or filtered (resume)
   double start_time_ = 0;
   bool tty_ = false;
-  bool write_files_ = true;
+  bool run_files_ = true;    // the run has files (checkpoints are collectives: every rank takes part)
+  bool write_files_ = true;  // this process writes them (run_files_ and rank 0)
 };
 
 // Builds the model and task of a config (used by train, eval and generate).

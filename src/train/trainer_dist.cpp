@@ -1,0 +1,115 @@
+// Data-parallel training in the Trainer (config section dist.*): one process per rank,
+// started by mpirun/srun, each running the same Trainer.
+//
+//  - the process group is initialised once per process (MPI_Finalize at exit);
+//  - the model is wrapped in dist::DataParallel (DDP at zero_stage 0, ZeRO 1/2 above),
+//    which owns the optimizer (over the parameters this rank owns);
+//  - the training data goes through a DistributedSampler over the 1-process order, so
+//    micro-batch k of the global step is the same set of samples for any world size
+//    (rank r takes every world-th sample of it);
+//  - losses and metrics are reduced across ranks; only rank 0 writes run files and prints;
+//  - every rank evaluates a slice of the validation batches and the sums are reduced.
+//
+// Test hook (documented in the tests): ATHANOR_TEST_KILL_RANK=r ATHANOR_TEST_KILL_STEP=s
+// make rank r send itself SIGKILL in step s, after its backward and before the gradient
+// wait, so the other ranks are left inside a collective.
+#include <unistd.h>
+
+#include <bit>
+#include <chrono>
+#include <csignal>
+#include <cstdlib>
+#include <string>
+
+#include "athanor/dist/process_group.h"
+#include "athanor/dist/sampler.h"
+#include "athanor/dist/zero.h"
+#include "athanor/train/trainer.h"
+
+namespace athanor::train {
+namespace {
+// The number of processes the launcher started (0 when not launched by one).
+int launcher_world_size() {
+  for (const char* var : {"OMPI_COMM_WORLD_SIZE", "PMIX_SIZE", "PMI_SIZE", "SLURM_NTASKS"})
+    if (const char* v = std::getenv(var); v && *v) return std::atoi(v);
+  return 0;
+}
+
+int env_int(const char* name, int fallback) {
+  const char* v = std::getenv(name);
+  return v && *v ? std::atoi(v) : fallback;
+}
+}  // namespace
+
+void Trainer::setup_process_group() {
+  const Config& c = config_;
+  const std::string backend = c.get_string("dist.backend");
+  if (backend == "none" || (backend == "auto" && launcher_world_size() <= 1)) return;
+  const int64_t stage = c.get_int("dist.zero_stage");
+  ATH_CHECK(stage >= 0 && stage <= 3, "config", "dist.zero_stage must be 0, 1, 2 or 3, got ", stage,
+            Hint{"0 = DDP, 1 = shard optimizer state, 2 = also gradients"});
+  ATH_CHECK(stage != 3, "config",
+            "dist.zero_stage 3 is not supported by the trainer: it needs the model's blocks wrapped in dist::FullyShardedBlock, "
+            "and the models the trainer builds (gpt, mlp, convnet) do not wrap theirs",
+            Hint{"use dist.zero_stage 2 (gradients and optimizer state sharded), or the C++ API: wrap the blocks in "
+                 "FullyShardedBlock and drive dist::DataParallel yourself (include/athanor/dist/zero.h)"});
+  ATH_CHECK(c.get_float("dist.bucket_mb") > 0, "config", "dist.bucket_mb must be > 0, got ", c.get_float("dist.bucket_mb"),
+            Hint{"25 is the default"});
+  ATH_CHECK(c.get_float("dist.timeout_s") > 0, "config", "dist.timeout_s must be > 0, got ", c.get_float("dist.timeout_s"),
+            Hint{"300 is the default"});
+  const bool first = !dist::is_initialized();
+  group_ = dist::init_from_mpi();
+  if (first) std::atexit([] { dist::finalize(); });  // mpirun treats an exit without MPI_Finalize as a failure
+  // ATHANOR_DIST_TIMEOUT_S, when set, wins over the config (an operator's override for one launch).
+  if (!std::getenv("ATHANOR_DIST_TIMEOUT_S"))
+    group_->set_timeout(std::chrono::milliseconds(static_cast<int64_t>(c.get_float("dist.timeout_s") * 1000.0)));
+  rank_ = group_->rank();
+  world_ = group_->size();
+  zero_stage_ = static_cast<int>(stage);
+  write_files_ = run_files_ && rank_ == 0;
+  if (rank_ != 0) out_ = [](const std::string&) {};
+}
+
+int64_t Trainer::global_batch() const {
+  return config_.get_int("trainer.batch_size") * config_.get_int("trainer.accum_steps") * world_;
+}
+
+std::shared_ptr<data::Sampler> Trainer::train_sampler(int64_t n, uint64_t seed) const {
+  if (!group_) return nullptr;  // the loader's own random sampler (the same order as world 1 below)
+  return std::make_shared<dist::DistributedSampler>(data::random_sampler(n, seed), rank_, world_, /*drop_last=*/false);
+}
+
+// Doubles are summed exactly and in rank order on every rank (the collectives reduce f32 or
+// i64): all-gather the bit patterns, then add locally, so every rank gets the same value.
+double Trainer::sum_across_ranks(double v) const {
+  if (!group_) return v;
+  Tensor in = full({1}, 0.0, {DType::i64});
+  in.data_ptr<int64_t>()[0] = std::bit_cast<int64_t>(v);
+  Tensor out = full({world_}, 0.0, {DType::i64});
+  group_->all_gather(out, in);
+  double sum = 0;
+  for (int r = 0; r < world_; ++r) sum += std::bit_cast<double>(out.data_ptr<int64_t>()[r]);
+  return sum;
+}
+
+bool Trainer::any_rank(bool v) const {
+  if (!group_) return v;
+  Tensor t = full({1}, v ? 1.0 : 0.0, {DType::i64});
+  group_->all_reduce(t, dist::ReduceOp::max);
+  return t.data_ptr<int64_t>()[0] != 0;
+}
+
+void Trainer::barrier() const {
+  if (group_) group_->barrier();
+}
+
+void Trainer::maybe_kill_for_test() const {
+  static const int kill_rank = env_int("ATHANOR_TEST_KILL_RANK", -1), kill_step = env_int("ATHANOR_TEST_KILL_STEP", -1);
+  if (kill_rank == rank_ && kill_step == step_ + 1) {
+    std::fprintf(stderr, "rank %d: ATHANOR_TEST_KILL_RANK/STEP: killing myself in step %d\n", rank_, kill_step);
+    std::fflush(stderr);
+    ::raise(SIGKILL);
+  }
+}
+
+}  // namespace athanor::train

@@ -1,0 +1,154 @@
+// gelu_linear(x, W, b) = linear(gelu_tanh(x), W, b) with gelu recomputed in backward:
+// checked against a naive double loop (forward), the unfused composition (forward and
+// gradients, f64/f32, and bf16 under autocast), finite differences in f64, and the
+// allocator: the graph keeps one [..., in] activation less than the unfused ops.
+#include <cmath>
+
+#include "athanor/core/allocator.h"
+#include "athanor/ops/autocast.h"
+#include "athanor/ops/gelu_linear.h"
+#include "test_util.h"
+
+namespace athanor {
+using namespace athanor::testing;
+
+namespace {
+Tensor unfused(const Tensor& x, const Tensor& w, const Tensor& b) { return linear(gelu(x, GeluApprox::tanh), w, b); }
+
+double gelu_tanh_ref(double x) {
+  const double u = std::sqrt(2.0 / M_PI) * (x + 0.044715 * x * x * x);
+  return 0.5 * x * (1.0 + std::tanh(u));
+}
+
+// y[m, o] = b[o] + sum_i gelu(x[m, i]) w[o, i], in double from the tensors' values.
+std::vector<double> naive_forward(const Tensor& x, const Tensor& w, const Tensor& b) {
+  const int64_t in = w.size(1), out = w.size(0), M = x.numel() / in;
+  const std::vector<double> xv = x.to_vector(), wv = w.to_vector(), bv = b.defined() ? b.to_vector() : std::vector<double>(out, 0.0);
+  std::vector<double> y(M * out);
+  for (int64_t m = 0; m < M; ++m)
+    for (int64_t o = 0; o < out; ++o) {
+      double s = bv[o];
+      for (int64_t i = 0; i < in; ++i) s += gelu_tanh_ref(xv[m * in + i]) * wv[o * in + i];
+      y[m * out + o] = s;
+    }
+  return y;
+}
+
+// Forward (under bf16 autocast if asked) and the three gradients of fn for an upstream
+// gradient dy, on fresh leaves; backward runs outside the autocast region, as in PyTorch.
+struct Result {
+  Tensor y, dx, dw, db;
+};
+Result run(Tensor (*fn)(const Tensor&, const Tensor&, const Tensor&), const Tensor& x0, const Tensor& w0, const Tensor& b0,
+           const Tensor& dy, bool bf16_autocast = false) {
+  Tensor x = x0.detach().requires_grad_(true), w = w0.detach().requires_grad_(true), b = b0.detach().requires_grad_(true);
+  Tensor y;
+  {
+    autocast ac(DType::bf16, bf16_autocast);
+    y = fn(x, w, b);
+  }
+  y.backward(dy.to(y.dtype()));
+  return {y, x.grad(), w.grad(), b.grad()};
+}
+Tensor fused(const Tensor& x, const Tensor& w, const Tensor& b) { return gelu_linear(x, w, b); }
+}  // namespace
+
+TEST(GeluLinear, ForwardMatchesNaiveDoubleLoop) {
+  for (DType dt : {DType::f64, DType::f32}) {
+    SCOPED_TRACE(dtype_name(dt));
+    Generator g(3);
+    const Tensor x = mul(randn({2, 3, 16}, {}, g), 2.0).to(dt), w = randn({5, 16}, {}, g).to(dt), b = randn({5}, {}, g).to(dt);
+    const double tol = dt == DType::f64 ? 1e-12 : 2e-5;
+    EXPECT_CLOSE(gelu_linear(x, w, b), from_vector(naive_forward(x, w, b), {2, 3, 5}, TensorOptions(dt)), tol, tol);
+    EXPECT_CLOSE(gelu_linear(x, w), from_vector(naive_forward(x, w, Tensor()), {2, 3, 5}, TensorOptions(dt)), tol, tol);
+  }
+}
+
+TEST(GeluLinear, ForwardAndGradientsMatchUnfusedComposition) {
+  for (DType dt : {DType::f64, DType::f32}) {
+    SCOPED_TRACE(dtype_name(dt));
+    Generator g(7);
+    const Tensor x = mul(randn({4, 9, 48}, {}, g), 2.0).to(dt), w = randn({24, 48}, {}, g).to(dt), b = randn({24}, {}, g).to(dt);
+    const Tensor dy = randn({4, 9, 24}, {}, g).to(dt);
+    const Result f = run(fused, x, w, b, dy), u = run(unfused, x, w, b, dy);
+    const double tol = dt == DType::f64 ? 1e-12 : 1e-5;
+    EXPECT_CLOSE(f.y, u.y, tol, tol);
+    EXPECT_CLOSE(f.dx, u.dx, tol, tol);
+    EXPECT_CLOSE(f.dw, u.dw, tol, tol);
+    EXPECT_CLOSE(f.db, u.db, tol, tol);
+  }
+}
+
+TEST(GeluLinear, GradcheckInF64) {
+  for (Shape xs : {Shape{5, 6}, Shape{2, 3, 6}, Shape{6}}) {
+    SCOPED_TRACE(shape_str(xs));
+    Tensor x = randn64(xs, 1), w = randn64({4, 6}, 2), b = randn64({4}, 3);
+    EXPECT_TRUE(gradcheck([](const std::vector<Tensor>& v) { return gelu_linear(v[0], v[1], v[2]); }, {x, w, b}));
+    EXPECT_TRUE(gradcheck([](const std::vector<Tensor>& v) { return gelu_linear(v[0], v[1]); }, {x, w}));
+  }
+  Tensor xn = make_noncontiguous(randn64({4, 6}, 4));  // a strided x is made contiguous first
+  EXPECT_TRUE(gradcheck([](const std::vector<Tensor>& v) { return gelu_linear(v[0], v[1], v[2]); },
+                        {xn, randn64({3, 6}, 5), randn64({3}, 6)}));
+}
+
+TEST(GeluLinear, Bf16UnderAutocastMatchesUnfusedAndF32) {
+  Generator g(11);
+  const Tensor x = mul(randn({8, 16, 128}, {}, g), 1.5), w = mul(randn({64, 128}, {}, g), 0.1), b = randn({64}, {}, g);
+  const Tensor dy = randn({8, 16, 64}, {}, g);
+  const Result f = run(fused, x, w, b, dy, /*bf16_autocast=*/true), u = run(unfused, x, w, b, dy, /*bf16_autocast=*/true);
+  ASSERT_EQ(f.y.dtype(), DType::bf16);  // lower_precision: x, W, b cast to bf16
+  ASSERT_EQ(f.dw.dtype(), DType::f32);  // the cast is differentiable: f32 leaves get f32 gradients
+  // Same roundings as the composition (gelu(x) and dy W rounded to bf16), so only GEMM
+  // accumulation order may differ: within a couple of bf16 ulps.
+  EXPECT_CLOSE(f.y.to(DType::f32), u.y.to(DType::f32), 2e-2, 1e-2);
+  EXPECT_CLOSE(f.dx, u.dx, 2e-2, 1e-2);
+  EXPECT_CLOSE(f.dw, u.dw, 2e-1, 1e-2);
+  EXPECT_CLOSE(f.db, u.db, 2e-1, 1e-2);
+  // And close to the f32 result within bf16's precision.
+  const Result r = run(fused, x, w, b, dy);
+  EXPECT_CLOSE(f.y.to(DType::f32), r.y, 5e-2, 2e-2);
+  EXPECT_CLOSE(f.dw, r.dw, 1.0, 2e-2);
+}
+
+TEST(GeluLinear, GraphKeepsOneActivationLessThanUnfused) {
+  // f32 [M, in] = [256, 512]: the gelu output the unfused graph keeps is 512 KiB.
+  Generator g(5);
+  const Tensor x0 = randn({256, 512}, {}, g), w = random_leaf({64, 512}, 6), b = random_leaf({64}, 7);
+  const std::size_t gelu_bytes = 256 * 512 * sizeof(float);
+  Allocator& a = Allocator::cpu();
+  auto live_and_peak = [&](Tensor (*fn)(const Tensor&, const Tensor&, const Tensor&)) {
+    MemTagScope tag(MemTag::activation);  // as the trainer tags the forward pass
+    Tensor x = x0.detach().clone().requires_grad_(true);  // outside the measurement
+    const std::size_t before = a.stats().of(MemTag::activation);
+    a.reset_peak();
+    Tensor y = fn(x, w, b);  // y and its graph stay alive while measured
+    const MemoryStats s = a.stats();
+    return std::pair<std::size_t, std::size_t>{s.of(MemTag::activation) - before, s.peak_of(MemTag::activation) - before};
+  };
+  const auto [fused_live, fused_peak] = live_and_peak(fused);
+  const auto [unfused_live, unfused_peak] = live_and_peak(unfused);
+  std::printf("activation bytes kept by the graph: fused %zu, unfused %zu; forward peak: fused %zu, unfused %zu\n", fused_live,
+              unfused_live, fused_peak, unfused_peak);
+  EXPECT_EQ(unfused_live - fused_live, gelu_bytes);
+  EXPECT_GE(unfused_peak, fused_peak + gelu_bytes);
+  // The fused forward's scratch is tagged workspace and freed before it returns.
+  EXPECT_EQ(a.stats().of(MemTag::workspace), 0u);
+}
+
+TEST(GeluLinear, ErrorsNameOpAndShapes) {
+  const std::string msg = error_message([] { gelu_linear(zeros({2, 5}), zeros({3, 4})); });
+  EXPECT_NE(msg.find("gelu_linear"), std::string::npos) << msg;
+  EXPECT_NE(msg.find("[2, 5]"), std::string::npos) << msg;
+  EXPECT_NE(msg.find("[3, 4]"), std::string::npos) << msg;
+  EXPECT_NE(error_message([] { gelu_linear(zeros({2, 4}), zeros({3, 4}), zeros({4})); }).find("bias"), std::string::npos);
+  EXPECT_NE(error_message([] { gelu_linear(zeros({2, 4}), zeros({3, 4}, TensorOptions(DType::f64))); }).find("gelu_linear"),
+            std::string::npos);
+}
+
+TEST(GeluLinear, IsInTheOpTableAsLowerPrecision) {
+  const OpInfo* op = find_op("gelu_linear");
+  ASSERT_NE(op, nullptr);
+  EXPECT_EQ(op->autocast, AutocastCategory::lower_precision);
+}
+
+}  // namespace athanor
