@@ -122,8 +122,19 @@ class FileMap {
   size_t n_;
 };
 
+struct EntryLocation {
+  std::string name;
+  DType dtype;
+  bool is_u16;
+  Shape shape;
+  uint64_t begin, end;  // relative to the data block
+};
+
 // `map` (null for plain memory) lets tensors alias the bytes instead of copying them.
-SafetensorsFile parse_bytes(const char* data, size_t size, const std::string& src, const std::shared_ptr<FileMap>& map) {
+// With `locations`, only the header is validated (data holds at least 8 + header
+// length bytes; `size` is the whole file's) and the entries are listed, not read.
+SafetensorsFile parse_bytes(const char* data, size_t size, const std::string& src, const std::shared_ptr<FileMap>& map,
+                            std::vector<EntryLocation>* locations = nullptr) {
   const char* op = "load_safetensors";
   ATH_CHECK(size >= 8, op, src, ": file is ", size, " bytes, too short for the 8-byte header length",
             Hint{"the file is truncated or not a safetensors file"});
@@ -206,6 +217,10 @@ SafetensorsFile parse_bytes(const char* data, size_t size, const std::string& sr
   }
   ATH_CHECK(expect == data_size, op, src, ": the entries cover ", expect, " bytes of a ", data_size, "-byte data block",
             Hint{"the file has trailing bytes or is corrupt"});
+  if (locations) {
+    for (const Item& i : items) locations->push_back({i.name, i.dt.dtype, i.dt.is_u16, i.shape, i.begin, i.end});
+    return out;
+  }
   for (const Item& i : items) {
     const char* src_bytes = base + i.begin;
     Tensor t;
@@ -287,6 +302,67 @@ SafetensorsFile load_safetensors(const std::string& path) {
   }
   bytes.resize(got);
   return parse_bytes(bytes.data(), bytes.size(), path, nullptr);
+}
+
+void load_safetensors_into(const std::string& path, const NamedTensors& dst) {
+  const char* op = "load_safetensors_into";
+  const int fd = ::open(path.c_str(), O_RDONLY | O_CLOEXEC);
+  ATH_CHECK(fd >= 0, op, "cannot open '", path, "': ", std::strerror(errno), Hint{"check the path"});
+  struct FdCloser {
+    int fd;
+    ~FdCloser() { ::close(fd); }
+  } closer{fd};
+  struct stat st {};
+  ATH_CHECK(::fstat(fd, &st) == 0 && S_ISREG(st.st_mode), op, "'", path, "' is not a readable regular file");
+  const size_t size = static_cast<size_t>(st.st_size);
+  auto pread_all = [&](void* to, size_t n, uint64_t at) {
+    size_t got = 0;
+    while (got < n) {
+      const ssize_t r = ::pread(fd, static_cast<char*>(to) + got, n - got, static_cast<off_t>(at + got));
+      if (r < 0 && errno == EINTR) continue;
+      ATH_CHECK(r > 0, op, "cannot read '", path, "' at byte ", at + got, ": ", r < 0 ? std::strerror(errno) : "unexpected end of file",
+                Hint{"the file is truncated or unreadable"});
+      got += static_cast<size_t>(r);
+    }
+  };
+  // The header is validated exactly as load_safetensors does (offsets against the file size).
+  uint64_t len = 0;
+  if (size >= 8) pread_all(&len, 8, 0);
+  std::string head(size >= 8 ? 8 + static_cast<size_t>(std::min<uint64_t>(len, std::min<uint64_t>(kMaxHeader, size - 8))) : size, '\0');
+  if (!head.empty()) pread_all(head.data(), head.size(), 0);
+  std::vector<EntryLocation> entries;
+  parse_bytes(head.data(), size, path, nullptr, &entries);
+  const uint64_t base = 8 + len;
+
+  std::map<std::string, const EntryLocation*> by_name;
+  for (const auto& e : entries) by_name[e.name] = &e;
+  std::string missing, mismatched;
+  for (const auto& [name, t] : dst) {
+    const auto it = by_name.find(name);
+    if (it == by_name.end()) {
+      missing += (missing.empty() ? "" : ", ") + name;
+      continue;
+    }
+    const EntryLocation& e = *it->second;
+    if (e.shape != t.sizes() || e.dtype != t.dtype() || e.is_u16 || !t.is_contiguous())
+      mismatched += (mismatched.empty() ? "" : ", ") + name + " (file " + shape_str(e.shape) + " " + dtype_name(e.dtype) + ", tensor " +
+                    t.describe() + ")";
+  }
+  ATH_CHECK(missing.empty(), op, path, ": missing tensors: ", missing, Hint{"the file was written for another model"});
+  ATH_CHECK(mismatched.empty(), op, path, ": tensors that do not fit: ", mismatched, Hint{"the file was written for another model"});
+  ATH_CHECK(by_name.size() == dst.size(), op, path, ": holds ", by_name.size(), " tensors, the destination ", dst.size(),
+            Hint{"the file was written for another model; use load_safetensors to read it as it is"});
+  // One copy, from the page cache straight into each destination (what read() costs).
+  for (const auto& [name, t] : dst) {
+    const EntryLocation& e = *by_name.at(name);
+    if (e.end > e.begin) pread_all(t.raw_data(), e.end - e.begin, base + e.begin);
+    if (e.dtype == DType::boolean) {
+      const uint8_t* b = static_cast<const uint8_t*>(t.raw_data());
+      for (int64_t k = 0; k < t.numel(); ++k)
+        ATH_CHECK(b[k] <= 1, op, path, ": entry '", name, "' is BOOL but holds the byte ", int(b[k]));
+    }
+    t.bump_version();
+  }
 }
 
 }  // namespace athanor::ckpt

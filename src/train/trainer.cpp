@@ -444,9 +444,14 @@ void Trainer::resume_from(const std::string& dir) {
     const std::string opt = j.at("optimizer").at("type").get<std::string>();
     ATH_CHECK(opt == optim_->name(), "resume", "cannot resume from '", dir, "': it holds ", opt, " optimizer state but optimizer.type makes ",
               optim_->name(), Hint{"restore optimizer.type, or start a new run"});
-    auto model_file = ckpt::load_safetensors((fs::path(dir) / "model.safetensors").string());
+    const std::string model_path = (fs::path(dir) / "model.safetensors").string();
     auto optim_file = ckpt::load_safetensors((fs::path(dir) / "optimizer.safetensors").string());
-    task_->module().load_state_dict(nn::StateDict(model_file.tensors.begin(), model_file.tensors.end()));
+    if (dp_) {  // the data-parallel wrapper may shard parameters: it loads full tensors itself
+      auto model_file = ckpt::load_safetensors(model_path);
+      task_->module().load_state_dict(nn::StateDict(model_file.tensors.begin(), model_file.tensors.end()));
+    } else {  // straight into the parameters: one copy, as fast as read()
+      ckpt::load_safetensors_into(model_path, task_->module().state_dict());
+    }
     const auto scalars = j.at("optimizer").at("scalars").get<std::map<std::string, double>>();
     if (dp_) dp_->load_full_optimizer_state(optim_file.tensors, scalars);  // each rank keeps its part: any world size/stage
     else optimizer_->load_state(optim_file.tensors, scalars);

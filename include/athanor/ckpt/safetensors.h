@@ -44,5 +44,12 @@ SafetensorsFile load_safetensors(const std::string& path);
 // Parses bytes already in memory (`source` names them in errors); the tensors
 // own copies. The same validation as load_safetensors (the fuzz target's entry).
 SafetensorsFile parse_safetensors(const std::string& bytes, const std::string& source);
+// Reads a file straight into existing tensors (one copy from the page cache, as
+// read() makes): the same header validation, then every name in `dst` must be in
+// the file with the same dtype and shape (and the file must hold nothing else);
+// each destination must be contiguous. Names, dtypes and shapes are all checked before
+// any byte is written (BOOL entries are checked for 0/1 as they land).
+// How a checkpoint is restored into a model that already has its parameters.
+void load_safetensors_into(const std::string& path, const NamedTensors& dst);
 
 }  // namespace athanor::ckpt
