@@ -15,6 +15,7 @@
 #include "athanor/ckpt/safetensors.h"
 #include "athanor/core/error.h"
 #include "athanor/train/config.h"
+#include "athanor/train/trainer.h"
 #include "command_registry.h"
 
 namespace athanor::cli {
@@ -28,14 +29,7 @@ int export_hf(const std::string& run_dir, const std::string& out_dir, const std:
   const train::Config c = train::Config::load(cfg_path);
   ATH_CHECK(c.get_string("model.type") == "gpt", "export-hf", cfg_path, ": model.type is '", c.get_string("model.type"),
             "'; only GPT models can be exported to Hugging Face GPT-2");
-  nn::GPTConfig g;
-  g.n_layer = c.get_int("model.n_layer");
-  g.n_head = c.get_int("model.n_head");
-  g.n_embd = c.get_int("model.n_embd");
-  g.block_size = c.get_int("model.block_size");
-  g.vocab_size = c.get_int("model.vocab_size");
-  g.dropout = c.get_float("model.dropout");
-  g.bias = c.get_bool("model.bias");
+  nn::GPTConfig g = train::gpt_config(c);
   ATH_CHECK(g.vocab_size > 0, "export-hf", cfg_path, ": model.vocab_size is 0 (the tokenizer's, not resolved)",
             Hint{"set model.vocab_size in the run's config.yaml"});
 

@@ -261,18 +261,33 @@ SafetensorsFile parse_safetensors(const std::string& bytes, const std::string& s
   return parse_bytes(bytes.data(), bytes.size(), source, nullptr);
 }
 
+namespace {
+// An open regular file (closed on scope exit) and its size; errors name `op` and the path.
+struct ReadableFile {
+  int fd = -1;
+  size_t size = 0;
+  ReadableFile(const std::string& path, const char* op) {
+    fd = ::open(path.c_str(), O_RDONLY | O_CLOEXEC);
+    ATH_CHECK(fd >= 0, op, "cannot open '", path, "': ", std::strerror(errno), Hint{"check the path"});
+    struct stat st {};
+    if (::fstat(fd, &st) != 0 || !S_ISREG(st.st_mode)) {
+      const std::string why = S_ISREG(st.st_mode) ? std::strerror(errno) : "not a regular file";
+      ::close(fd);
+      ATH_FAIL(op, "cannot read '", path, "': ", why, Hint{"give the path of a .safetensors file"});
+    }
+    size = static_cast<size_t>(st.st_size);
+  }
+  ~ReadableFile() { ::close(fd); }
+  ReadableFile(const ReadableFile&) = delete;
+  ReadableFile& operator=(const ReadableFile&) = delete;
+};
+}  // namespace
+
 SafetensorsFile load_safetensors(const std::string& path) {
   const char* op = "load_safetensors";
-  const int fd = ::open(path.c_str(), O_RDONLY | O_CLOEXEC);
-  ATH_CHECK(fd >= 0, op, "cannot open '", path, "': ", std::strerror(errno), Hint{"check the path"});
-  struct FdCloser {
-    int fd;
-    ~FdCloser() { ::close(fd); }
-  } closer{fd};
-  struct stat st {};
-  ATH_CHECK(::fstat(fd, &st) == 0, op, "cannot stat '", path, "': ", std::strerror(errno));
-  ATH_CHECK(S_ISREG(st.st_mode), op, "'", path, "' is not a regular file");
-  const size_t size = static_cast<size_t>(st.st_size);
+  const ReadableFile file(path, op);
+  const int fd = file.fd;
+  const size_t size = file.size;
   if (size >= kSafetensorsMmapThreshold) {
     // The map outlives the fd; tensors alias it (no read into a temporary buffer).
     // MAP_POPULATE: the whole file is wanted (checkpoint loads copy every byte), and
@@ -306,15 +321,9 @@ SafetensorsFile load_safetensors(const std::string& path) {
 
 void load_safetensors_into(const std::string& path, const NamedTensors& dst) {
   const char* op = "load_safetensors_into";
-  const int fd = ::open(path.c_str(), O_RDONLY | O_CLOEXEC);
-  ATH_CHECK(fd >= 0, op, "cannot open '", path, "': ", std::strerror(errno), Hint{"check the path"});
-  struct FdCloser {
-    int fd;
-    ~FdCloser() { ::close(fd); }
-  } closer{fd};
-  struct stat st {};
-  ATH_CHECK(::fstat(fd, &st) == 0 && S_ISREG(st.st_mode), op, "'", path, "' is not a readable regular file");
-  const size_t size = static_cast<size_t>(st.st_size);
+  const ReadableFile file(path, op);
+  const int fd = file.fd;
+  const size_t size = file.size;
   auto pread_all = [&](void* to, size_t n, uint64_t at) {
     size_t got = 0;
     while (got < n) {

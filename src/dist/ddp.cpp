@@ -6,6 +6,7 @@
 
 #include "athanor/autograd/grad_mode.h"
 #include "athanor/core/error.h"
+#include "dist/unused_parameters.h"
 
 namespace athanor::dist {
 
@@ -128,11 +129,7 @@ void DistributedDataParallel::finish() {
     for (auto& b : buckets_)
       if (b.work) b.work->wait();
     reset_step();
-    std::ostringstream os;
-    for (std::size_t i = 0; i < unused.size(); ++i) os << (i ? ", " : "") << "'" << unused[i] << "'";
-    ATH_FAIL("DistributedDataParallel", unused.size(), " parameter(s) received no gradient in this step: ", os.str(),
-             Hint{"every trainable parameter must take part in the loss on every rank; freeze unused ones "
-                  "(requires_grad=false) before wrapping the module"});
+    fail_unused_parameters("DistributedDataParallel", unused);
   }
   launch_ready_buckets();
   ATH_ASSERT(next_launch_ == static_cast<int>(buckets_.size()));

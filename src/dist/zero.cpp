@@ -12,6 +12,7 @@
 #include "athanor/autograd/grad_mode.h"
 #include "athanor/core/convert.h"
 #include "athanor/core/error.h"
+#include "dist/unused_parameters.h"
 #include "athanor/ops/shape.h"
 #include "athanor/optim/clip.h"
 
@@ -294,11 +295,7 @@ void DataParallel::finish_backward() {
     for (auto& b : buckets_)
       if (b.work) b.work->wait();
     reset_step();
-    std::ostringstream os;
-    for (std::size_t i = 0; i < unused.size(); ++i) os << (i ? ", " : "") << "'" << unused[i] << "'";
-    ATH_FAIL("DataParallel", unused.size(), " parameter(s) received no gradient in this step: ", os.str(),
-             Hint{"every trainable parameter must take part in the loss on every rank; freeze unused ones "
-                  "(requires_grad=false) before wrapping the module"});
+    fail_unused_parameters("DataParallel", unused);
   }
   launch_ready_buckets();
   for (int bi = 0; bi < static_cast<int>(buckets_.size()); ++bi) drain(bi);

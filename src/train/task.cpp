@@ -60,6 +60,19 @@ class LanguageModelTask : public Task {
 };
 }  // namespace
 
+nn::GPTConfig gpt_config(const Config& c) {
+  nn::GPTConfig g;
+  g.n_layer = c.get_int("model.n_layer");
+  g.n_head = c.get_int("model.n_head");
+  g.n_embd = c.get_int("model.n_embd");
+  g.block_size = c.get_int("model.block_size");
+  g.vocab_size = c.get_int("model.vocab_size");
+  g.dropout = c.get_float("model.dropout");
+  g.bias = c.get_bool("model.bias");
+  g.gradient_checkpointing = c.get_bool("model.gradient_checkpointing");
+  return g;
+}
+
 std::unique_ptr<Task> make_task(const Config& c) {
   manual_seed(static_cast<uint64_t>(c.get_int("seed")));  // initialisation is a function of the seed
   const std::string& type = c.get_string("model.type");
@@ -90,16 +103,7 @@ std::unique_ptr<Task> make_task(const Config& c) {
             Hint{"set data.type: text"});
   ATH_CHECK(c.get_int("model.vocab_size") > 0, "config", "model.vocab_size is not known",
             Hint{"it is taken from the tokenizer when the data is loaded; set it explicitly to build the model alone"});
-  nn::GPTConfig g;
-  g.n_layer = c.get_int("model.n_layer");
-  g.n_head = c.get_int("model.n_head");
-  g.n_embd = c.get_int("model.n_embd");
-  g.block_size = c.get_int("model.block_size");
-  g.vocab_size = c.get_int("model.vocab_size");
-  g.dropout = c.get_float("model.dropout");
-  g.bias = c.get_bool("model.bias");
-  g.gradient_checkpointing = c.get_bool("model.gradient_checkpointing");
-  return std::make_unique<LanguageModelTask>(std::make_shared<nn::GPT>(g));
+  return std::make_unique<LanguageModelTask>(std::make_shared<nn::GPT>(gpt_config(c)));
 }
 
 }  // namespace athanor::train

@@ -39,6 +39,7 @@
 
 #include "athanor/data/dataloader.h"
 #include "athanor/data/tokenizer.h"
+#include "athanor/nn/gpt.h"
 #include "athanor/nn/module.h"
 #include "athanor/optim/lr_schedule.h"
 #include "athanor/optim/optimizer.h"
@@ -212,5 +213,7 @@ class Trainer {
 
 // Builds the model and task of a config (used by train, eval and generate).
 std::unique_ptr<Task> make_task(const Config& config);
+// The GPT shape a config's model.* keys describe (model.type must be gpt).
+nn::GPTConfig gpt_config(const Config& config);
 
 }  // namespace athanor::train
