@@ -143,7 +143,10 @@ bool Trainer::train_step() {
   if (dp_) {
     maybe_kill_for_test();
     const double tc = now_seconds();
-    dp_->finish_backward();  // the wait for the bucket reductions still in flight after backward
+    {
+      observe::ProfileSpan span("comm");
+      dp_->finish_backward();  // the wait for the bucket reductions still in flight after backward
+    }
     m.comm_seconds = now_seconds() - tc;
     m.loss = sum_across_ranks(m.loss);  // each rank added its share of the token-weighted mean
   }
