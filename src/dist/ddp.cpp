@@ -121,16 +121,7 @@ void DistributedDataParallel::finish() {
     return;
   }
   // Unused parameters: every rank must contribute to every bucket.
-  std::vector<std::string> unused;
-  for (auto& p : params_)
-    if (!p.ready) unused.push_back(p.name);
-  if (!unused.empty()) {
-    // Let the buckets already in flight complete, so the group stays consistent.
-    for (auto& b : buckets_)
-      if (b.work) b.work->wait();
-    reset_step();
-    fail_unused_parameters("DistributedDataParallel", unused);
-  }
+  fail_if_unused("DistributedDataParallel", params_, buckets_, [this] { reset_step(); });
   launch_ready_buckets();
   ATH_ASSERT(next_launch_ == static_cast<int>(buckets_.size()));
   NoGradGuard ng;

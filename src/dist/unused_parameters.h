@@ -17,4 +17,19 @@ namespace athanor::dist {
                 "(requires_grad=false) before wrapping the module"});
 }
 
+// Called when a step's gradients are being collected: if some parameter is not ready,
+// lets the buckets already in flight complete (so the group stays consistent), resets
+// the step and raises the error above. Params have .ready and .name; buckets .work.
+template <class Params, class Buckets, class Reset>
+void fail_if_unused(const char* who, const Params& params, const Buckets& buckets, Reset&& reset_step) {
+  std::vector<std::string> unused;
+  for (const auto& p : params)
+    if (!p.ready) unused.push_back(p.name);
+  if (unused.empty()) return;
+  for (const auto& b : buckets)
+    if (b.work) b.work->wait();
+  reset_step();
+  fail_unused_parameters(who, unused);
+}
+
 }  // namespace athanor::dist

@@ -288,15 +288,7 @@ void DataParallel::finish_backward() {
     reset_step();
     return;
   }
-  std::vector<std::string> unused;
-  for (auto& p : params_)
-    if (!p.ready) unused.push_back(p.name);
-  if (!unused.empty()) {
-    for (auto& b : buckets_)
-      if (b.work) b.work->wait();
-    reset_step();
-    fail_unused_parameters("DataParallel", unused);
-  }
+  fail_if_unused("DataParallel", params_, buckets_, [this] { reset_step(); });
   launch_ready_buckets();
   for (int bi = 0; bi < static_cast<int>(buckets_.size()); ++bi) drain(bi);
   reset_step();

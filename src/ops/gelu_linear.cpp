@@ -24,27 +24,11 @@ namespace {
 constexpr const char* kOp = "gelu_linear";
 constexpr cpu::Activation kGelu = cpu::Activation::gelu_tanh;
 
-template <class T>
-void gemm_t(bool ta, bool tb, int64_t M, int64_t N, int64_t K, const T* A, int64_t lda, const T* B, int64_t ldb,
-            float beta, T* C, int64_t ldc) {
-  if constexpr (std::is_same_v<T, float> || std::is_same_v<T, double>) cpu::gemm(ta, tb, M, N, K, T(1), A, lda, B, ldb, T(beta), C, ldc);
-  else cpu::gemm_lowp<T>(ta, tb, M, N, K, 1.0f, A, lda, B, ldb, beta, C, ldc);
-}
-
 void check_args(const Tensor& x, const Tensor& weight, const Tensor& bias) {
-  detail::check_floating(x, kOp, "x");
-  detail::check_floating(weight, kOp, "weight");
-  detail::check_same_dtype(x, weight, kOp);
-  ATH_CHECK(weight.dim() == 2, kOp, "weight must be 2-D [out_features, in_features], got ", weight.describe());
-  ATH_CHECK(x.dim() >= 1 && x.size(-1) == weight.size(1), kOp, "input ", x.describe(), " does not match weight ",
-            weight.describe(), ": last input dim must be in_features = ", weight.size(1),
-            Hint{"gelu_linear(x, W, b) is linear(gelu(x), W, b): x's last dim is W's in_features (4 n_embd in a GPT MLP)"});
-  if (bias.defined()) {
-    detail::check_same_dtype(x, bias, kOp);
-    ATH_CHECK(bias.dim() == 1 && bias.size(0) == weight.size(0), kOp, "bias ", bias.describe(),
-              " must be 1-D of size out_features = ", weight.size(0));
-  }
+  detail::check_linear_args(x, weight, bias, kOp,
+                            "gelu_linear(x, W, b) is linear(gelu(x), W, b): x's last dim is W's in_features (4 n_embd in a GPT MLP)");
 }
+using detail::gemm_t;
 }  // namespace
 
 Tensor gelu_linear(const Tensor& x, const Tensor& weight, const Tensor& bias) {

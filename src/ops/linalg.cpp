@@ -11,13 +11,7 @@
 
 namespace athanor {
 namespace {
-
-template <class T>
-void gemm_t(bool ta, bool tb, int64_t M, int64_t N, int64_t K, const T* A, int64_t lda, const T* B, int64_t ldb,
-            float beta, T* C, int64_t ldc) {
-  if constexpr (std::is_same_v<T, float> || std::is_same_v<T, double>) cpu::gemm(ta, tb, M, N, K, T(1), A, lda, B, ldb, T(beta), C, ldc);
-  else cpu::gemm_lowp<T>(ta, tb, M, N, K, 1.0f, A, lda, B, ldb, beta, C, ldc);
-}
+using detail::gemm_t;
 
 // How a matrix (last two dims of a tensor) can be handed to the GEMM without a copy.
 struct MatLayout {
@@ -123,18 +117,7 @@ Tensor matmul(const Tensor& a, const Tensor& b) {
 Tensor linear(const Tensor& x, const Tensor& weight, const Tensor& bias) {
   if (autocast_needs_cast("linear", {x, weight, bias}))
     return linear(autocast_input(x, "linear"), autocast_input(weight, "linear"), autocast_input(bias, "linear"));
-  detail::check_floating(x, "linear", "x");
-  detail::check_floating(weight, "linear", "weight");
-  detail::check_same_dtype(x, weight, "linear");
-  ATH_CHECK(weight.dim() == 2, "linear", "weight must be 2-D [out_features, in_features], got ", weight.describe());
-  ATH_CHECK(x.dim() >= 1 && x.size(-1) == weight.size(1), "linear", "input ", x.describe(), " does not match weight ",
-            weight.describe(), ": last input dim must be in_features = ", weight.size(1),
-            Hint{"check the layer's in_features against the previous layer's output size"});
-  if (bias.defined()) {
-    detail::check_same_dtype(x, bias, "linear");
-    ATH_CHECK(bias.dim() == 1 && bias.size(0) == weight.size(0), "linear", "bias ", bias.describe(),
-              " must be 1-D of size out_features = ", weight.size(0));
-  }
+  detail::check_linear_args(x, weight, bias, "linear", "check the layer's in_features against the previous layer's output size");
   const int64_t in = weight.size(1), out_f = weight.size(0), M = x.numel() / std::max<int64_t>(in, 1);
   const Tensor xc = detail::contiguous_raw(x), wc = detail::contiguous_raw(weight);
   Shape out_shape = x.sizes();

@@ -77,6 +77,20 @@ void check_same_dtype(const Tensor& a, const Tensor& b, const char* op) {
             Hint{"convert one operand with .to(...) so both have the same dtype (or run under autocast)"});
 }
 
+void check_linear_args(const Tensor& x, const Tensor& weight, const Tensor& bias, const char* op, const char* hint) {
+  check_floating(x, op, "x");
+  check_floating(weight, op, "weight");
+  check_same_dtype(x, weight, op);
+  ATH_CHECK(weight.dim() == 2, op, "weight must be 2-D [out_features, in_features], got ", weight.describe());
+  ATH_CHECK(x.dim() >= 1 && x.size(-1) == weight.size(1), op, "input ", x.describe(), " does not match weight ",
+            weight.describe(), ": last input dim must be in_features = ", weight.size(1), Hint{hint});
+  if (bias.defined()) {
+    check_same_dtype(x, bias, op);
+    ATH_CHECK(bias.dim() == 1 && bias.size(0) == weight.size(0), op, "bias ", bias.describe(),
+              " must be 1-D of size out_features = ", weight.size(0));
+  }
+}
+
 Tensor contiguous_raw(const Tensor& x) {
   if (x.is_contiguous()) return x;
   Tensor c = empty(x.sizes(), TensorOptions(x.dtype()));

@@ -6,6 +6,7 @@
 #include "athanor/core/convert.h"
 #include "athanor/core/error.h"
 #include "athanor/core/tensor.h"
+#include "backend/cpu/gemm.h"
 
 namespace athanor::detail {
 
@@ -29,6 +30,17 @@ void check_normalized_shape(const Tensor& x, const Shape& normalized_shape, cons
 void check_defined(const Tensor& t, const char* op, const char* arg);
 void check_floating(const Tensor& t, const char* op, const char* arg);
 void check_same_dtype(const Tensor& a, const Tensor& b, const char* op);
+// linear-shaped arguments (linear, gelu_linear): floating x and weight [out, in] of one
+// dtype, x's last dim = in, bias (optional) 1-D [out]. `hint` explains the op's x.
+void check_linear_args(const Tensor& x, const Tensor& weight, const Tensor& bias, const char* op, const char* hint);
+// C = A·B (+ beta·C) with transposes, at T's precision: cpu::gemm for f32/f64, the
+// low-precision GEMM (f32 accumulation) for bf16/f16.
+template <class T>
+void gemm_t(bool ta, bool tb, int64_t M, int64_t N, int64_t K, const T* A, int64_t lda, const T* B, int64_t ldb,
+            float beta, T* C, int64_t ldc) {
+  if constexpr (std::is_same_v<T, float> || std::is_same_v<T, double>) cpu::gemm(ta, tb, M, N, K, T(1), A, lda, B, ldb, T(beta), C, ldc);
+  else cpu::gemm_lowp<T>(ta, tb, M, N, K, 1.0f, A, lda, B, ldb, beta, C, ldc);
+}
 // A contiguous tensor with x's values (x itself when already contiguous). Not recorded.
 Tensor contiguous_raw(const Tensor& x);
 // x converted to dtype, contiguous. Not recorded.

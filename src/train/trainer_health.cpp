@@ -36,7 +36,9 @@ std::string join(const std::vector<std::string>& v, const std::string& sep) {
   }
   return out;
 }
-std::string ids_text(const std::vector<int64_t>& ids, size_t limit = 64) {
+}  // namespace
+
+std::string Trainer::ids_text(const std::vector<int64_t>& ids, size_t limit) {
   std::string out;
   for (size_t i = 0; i < ids.size() && i < limit; ++i) {
     if (i) out += ",";
@@ -45,7 +47,6 @@ std::string ids_text(const std::vector<int64_t>& ids, size_t limit = 64) {
   if (ids.size() > limit) out += ",…";
   return out;
 }
-}  // namespace
 
 std::string Trainer::nonfinite_policy() const {
   const std::string& p = config_.get_string("health.nonfinite_policy");

@@ -214,12 +214,7 @@ bool Trainer::train_step() {
   if (!memory_reported_) memory_report(m);
   std::vector<int64_t> ids;
   for (const auto& b : batches) ids.insert(ids.end(), b.sample_ids.begin(), b.sample_ids.end());
-  std::string ids_text;
-  for (size_t i = 0; i < ids.size() && i < 64; ++i) {
-    if (i) ids_text += ",";
-    ids_text += std::to_string(ids[i]);
-  }
-  for (const auto& e : health_monitor_->check(m, {{"sample_ids", ids_text}})) {
+  for (const auto& e : health_monitor_->check(m, {{"sample_ids", ids_text(ids)}})) {
     // The non-finite policy already reported this step's skip.
     if (!health_.empty() && health_.back().step == e.step && health_.back().kind == e.kind) continue;
     emit_health(e);

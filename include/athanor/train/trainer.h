@@ -194,6 +194,8 @@ class Trainer {
   double lr_factor_ = 1.0;
   double peak_flops_ = 0;
   bool memory_reported_ = false;
+  // "12,40,7" (at most `limit` ids, then ",…"): the samples of a step, for health events.
+  static std::string ids_text(const std::vector<int64_t>& ids, size_t limit = 64);
   int64_t rollbacks_in_a_row_ = 0;  // rollbacks that did not get past the failing step
   int64_t last_diagnosed_step_ = -1, last_nonfinite_step_ = -1;  // the replay runs once per run of consecutive non-finite steps
   int64_t last_rollback_step_ = -1;
