@@ -3,10 +3,13 @@
 #include "athanor/ops/autocast.h"
 
 #include <map>
+#include <memory>
+#include <mutex>
 #include <string>
 #include <tuple>
 #include <unordered_map>
 
+#include "athanor/autograd/function.h"
 #include "athanor/autograd/grad_mode.h"
 #include "athanor/core/error.h"
 #include "athanor/ops/op_table.h"
@@ -45,7 +48,68 @@ AutocastCategory category_of(const char* op) {
 
 bool is_lowp(DType d) { return d == DType::bf16 || d == DType::f16; }
 
+// Persistent casts: process-wide (parameters are shared by threads), under a mutex.
+// An entry does not keep its source alive (the optimizer that registered it does, and
+// forgets it when destroyed); the weak handles make a reused address miss.
+struct PersistentCast {
+  std::weak_ptr<TensorImpl> source;
+  std::weak_ptr<Storage> storage;  // the source's storage when registered (the version lives there)
+  uint64_t version;
+  Tensor copy;
+};
+struct PersistentCasts {
+  std::mutex mutex;
+  std::map<std::pair<const TensorImpl*, DType>, PersistentCast> entries;
+};
+PersistentCasts& persistent() {
+  static PersistentCasts p;
+  return p;
+}
+
+// The copy as a fresh cast would return it: a new handle on the copy's storage joined to
+// the graph by the same "cast" node as cast() records (the gradient cast back to `in`).
+Tensor as_cast_of(const Tensor& source, const Tensor& copy) {
+  const DType in = source.dtype();
+  return record("cast", {source}, copy.detach(), [in](const Node&, const Grads& g) { return Grads{cast(g[0], in)}; });
+}
+
 }  // namespace
+
+void autocast_set_persistent_cast(const Tensor& source, const Tensor& copy) {
+  ATH_CHECK(source.defined() && copy.defined(), "autocast_set_persistent_cast", "source and copy must be defined");
+  ATH_CHECK(source.dtype() == DType::f32 && is_lowp(copy.dtype()) && copy.sizes() == source.sizes() &&
+                copy.is_contiguous(),
+            "autocast_set_persistent_cast", "a persistent cast maps an f32 tensor to a contiguous bf16/f16 copy of its "
+            "shape; got source ", source.describe(), " and copy ", copy.describe());
+  PersistentCasts& p = persistent();
+  std::lock_guard<std::mutex> lock(p.mutex);
+  p.entries.insert_or_assign({source.impl(), copy.dtype()},
+                             PersistentCast{source.impl_ptr(), source.storage(), source.version(), copy});
+}
+
+void autocast_forget_persistent_cast(const Tensor& source, DType dtype) {
+  PersistentCasts& p = persistent();
+  std::lock_guard<std::mutex> lock(p.mutex);
+  p.entries.erase({source.impl(), dtype});
+}
+
+Tensor autocast_persistent_cast(const Tensor& source, DType dtype) {
+  PersistentCasts& p = persistent();
+  std::lock_guard<std::mutex> lock(p.mutex);
+  if (p.entries.empty() || !source.defined()) return Tensor();
+  const auto it = p.entries.find({source.impl(), dtype});
+  if (it == p.entries.end()) return Tensor();
+  const PersistentCast& e = it->second;
+  const bool current = e.source.lock().get() == source.impl() && e.storage.lock().get() == source.storage().get() &&
+                       e.version == source.version();
+  return current ? e.copy : Tensor();
+}
+
+std::size_t autocast_persistent_cast_count() {
+  PersistentCasts& p = persistent();
+  std::lock_guard<std::mutex> lock(p.mutex);
+  return p.entries.size();
+}
 
 autocast::autocast(DType dtype, bool enabled) {
   ATH_CHECK(!enabled || is_lowp(dtype), "autocast", "autocast dtype must be bf16 or f16, got ", dtype_name(dtype),
@@ -96,6 +160,12 @@ Tensor autocast_input(const Tensor& t, const char* op) {
   const CacheKey key{t.impl(), to, grad_enabled()};
   const auto it = s.cache.find(key);
   if (it != s.cache.end() && it->second.version == t.version()) return it->second.cast;
+  // A current persistent copy (written by the optimizer) replaces the cast pass.
+  if (const Tensor copy = autocast_persistent_cast(t, to); copy.defined()) {
+    Tensor c = as_cast_of(t, copy);
+    s.cache.insert_or_assign(key, CacheEntry{t, t.version(), c});
+    return c;
+  }
   Tensor c = cast(t, to);
   // The low-precision copy of a weight is parameter memory, not activation memory: it
   // scales with the model, not with batch x sequence (the usual mixed-precision

@@ -1,32 +1,92 @@
+// Gradient norm and clipping. f32 gradients (the usual case) go through one
+// multi-tensor pass: all gradients cut into fixed chunks in one OpenMP region, each
+// chunk's Σg² summed in f64 by the AVX-512 kernel, the per-chunk sums added in chunk
+// order, so the norm does not depend on the thread count. Other dtypes (f64, bf16,
+// f16 gradients) take a per-tensor loop.
 #include "athanor/optim/clip.h"
 
 #include <cmath>
+#include <utility>
 
 #include "athanor/core/convert.h"
 #include "athanor/core/error.h"
+#include "optim/fused_update.h"
 
 namespace athanor::optim {
+namespace {
 
-double grad_norm(const std::vector<Tensor>& params) {
-  double total = 0;
+constexpr int64_t kChunk = 1 << 14, kGrain = 1 << 14;
+
+struct Span {
+  float* data;
+  int64_t n;
+};
+using Chunk = std::pair<int, int64_t>;  // (span, first element)
+
+// The f32 gradients as spans; calls other(g) for every other floating gradient.
+template <class Other> std::vector<Span> f32_grads(const std::vector<Tensor>& params, const char* op, const Other& other) {
+  std::vector<Span> spans;
   for (const Tensor& p : params) {
     const Tensor g = p.grad();
     if (!g.defined()) continue;
-    ATH_CHECK(g.is_contiguous(), "grad_norm", "gradient of ", p.describe(), " is not contiguous");
-    dispatch(g.dtype(), [&]<class T>() {
-      if constexpr (is_float_type_v<T>) {
-        const T* d = static_cast<const T*>(g.raw_data());
-        const int64_t n = g.numel();
-        double s = 0;
-#pragma omp parallel for reduction(+ : s) if (n > (1 << 14))
-        for (int64_t i = 0; i < n; ++i) {
-          const double v = cast_value<double>(d[i]);
-          s += v * v;
-        }
-        total += s;
-      }
-    });
+    ATH_CHECK(g.is_contiguous(), op, "gradient of ", p.describe(), " is not contiguous",
+              Hint{"gradients are made contiguous by backward; do not replace .grad with a strided view"});
+    if (g.dtype() == DType::f32) spans.push_back({static_cast<float*>(g.raw_data()), g.numel()});
+    else other(g);
   }
+  return spans;
+}
+
+std::vector<Chunk> chunks_of(const std::vector<Span>& spans, int64_t& total) {
+  std::vector<Chunk> chunks;
+  total = 0;
+  for (int k = 0; k < static_cast<int>(spans.size()); ++k) {
+    for (int64_t b = 0; b < spans[k].n; b += kChunk) chunks.emplace_back(k, b);
+    total += spans[k].n;
+  }
+  return chunks;
+}
+
+double sum_squares_other(const Tensor& g) {
+  double s = 0;
+  dispatch(g.dtype(), [&]<class T>() {
+    if constexpr (is_float_type_v<T>) {
+      const T* d = static_cast<const T*>(g.raw_data());
+      for (int64_t i = 0; i < g.numel(); ++i) {
+        const double v = cast_value<double>(d[i]);
+        s += v * v;
+      }
+    }
+  });
+  return s;
+}
+
+void scale_other(const Tensor& g, double coef) {
+  dispatch(g.dtype(), [&]<class T>() {
+    if constexpr (is_float_type_v<T>) {
+      T* d = static_cast<T*>(g.raw_data());
+      const int64_t n = g.numel();
+#pragma omp parallel for if (n > kGrain)
+      for (int64_t i = 0; i < n; ++i) d[i] = cast_value<T>(cast_value<double>(d[i]) * coef);
+    }
+  });
+}
+
+}  // namespace
+
+double grad_norm(const std::vector<Tensor>& params) {
+  double total = 0;
+  const std::vector<Span> spans = f32_grads(params, "grad_norm", [&](const Tensor& g) { total += sum_squares_other(g); });
+  int64_t n = 0;
+  const std::vector<Chunk> chunks = chunks_of(spans, n);
+  const int64_t nc = static_cast<int64_t>(chunks.size());
+  std::vector<double> partial(nc);
+#pragma omp parallel for schedule(static) if (n > kGrain)
+  for (int64_t c = 0; c < nc; ++c) {
+    const auto [k, b] = chunks[c];
+    partial[c] = detail::sum_squares_f32(spans[k].data + b, std::min(kChunk, spans[k].n - b));
+  }
+  for (const double s : partial) total += s;
   return std::sqrt(total);
 }
 
@@ -36,19 +96,17 @@ double clip_grad_norm(const std::vector<Tensor>& params, double max_norm) {
   if (!std::isfinite(norm)) return norm;  // leave the gradients alone; the caller reports/skips
   const double coef = max_norm / (norm + 1e-6);
   if (coef >= 1.0) return norm;
-  for (const Tensor& p : params) {
-    Tensor g = p.grad();
-    if (!g.defined()) continue;
-    dispatch(g.dtype(), [&]<class T>() {
-      if constexpr (is_float_type_v<T>) {
-        T* d = static_cast<T*>(g.raw_data());
-        const int64_t n = g.numel();
-#pragma omp parallel for if (n > (1 << 14))
-        for (int64_t i = 0; i < n; ++i) d[i] = cast_value<T>(cast_value<double>(d[i]) * coef);
-      }
-    });
-    g.bump_version();
+  const std::vector<Span> spans = f32_grads(params, "clip_grad_norm", [&](const Tensor& g) { scale_other(g, coef); });
+  int64_t n = 0;
+  const std::vector<Chunk> chunks = chunks_of(spans, n);
+  const int64_t nc = static_cast<int64_t>(chunks.size());
+#pragma omp parallel for schedule(static) if (n > kGrain)
+  for (int64_t c = 0; c < nc; ++c) {
+    const auto [k, b] = chunks[c];
+    detail::scale_f32(spans[k].data + b, std::min(kChunk, spans[k].n - b), coef);
   }
+  for (const Tensor& p : params)
+    if (p.grad().defined()) p.grad().bump_version();
   return norm;
 }
 

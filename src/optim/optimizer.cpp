@@ -4,6 +4,8 @@
 
 #include "athanor/autograd/grad_mode.h"
 #include "athanor/core/error.h"
+#include "athanor/ops/autocast.h"
+#include "optim/fused_update.h"
 
 namespace athanor::optim {
 
@@ -34,6 +36,42 @@ Optimizer::Optimizer(std::vector<ParamGroup> groups) : groups_(std::move(groups)
     }
 }
 
+Optimizer::~Optimizer() { disable_low_precision_copies(); }
+
+void Optimizer::enable_low_precision_copies(DType dtype) {
+  ATH_CHECK(dtype == DType::bf16 || dtype == DType::f16, "optimizer", "low-precision copies are bf16 or f16, got ",
+            dtype_name(dtype), Hint{"pass the autocast dtype (trainer.precision)"});
+  if (copy_dtype_ != dtype) disable_low_precision_copies();
+  copy_dtype_ = dtype;
+  NoGradGuard ng;
+  for (auto& g : groups_)
+    for (auto& [name, p] : g.params)
+      if (void* buf = copy_buffer(name, p)) {
+        detail::narrow_f32(static_cast<const float*>(p.raw_data()), buf, p.numel(), dtype);
+        publish_copy(name, p);
+      }
+}
+
+void Optimizer::disable_low_precision_copies() {
+  for (const auto& g : groups_)
+    for (const auto& [name, p] : g.params)
+      if (copies_.count(name)) autocast_forget_persistent_cast(p, copy_dtype_);
+  copies_.clear();
+  copy_dtype_ = DType::f32;
+}
+
+void* Optimizer::copy_buffer(const std::string& name, const Tensor& p) {
+  if (copy_dtype_ == DType::f32 || p.dtype() != DType::f32 || !p.is_contiguous()) return nullptr;
+  Tensor& c = copies_[name];
+  if (!c.defined()) c = empty(p.sizes(), TensorOptions(copy_dtype_).with_tag(MemTag::parameter));
+  c.bump_version();  // about to be overwritten: a graph that saved the old copy must notice
+  return c.raw_data();
+}
+
+void Optimizer::publish_copy(const std::string& name, const Tensor& p) {
+  autocast_set_persistent_cast(p, copies_.at(name));
+}
+
 void Optimizer::zero_grad() {
   for (auto& g : groups_)
     for (auto& [name, p] : g.params) p.set_grad(Tensor());
@@ -59,6 +97,11 @@ void Optimizer::for_each_param(const std::function<void(ParamGroup&, const std::
                 Hint{"gradients must have the parameter's shape and dtype"});
       fn(g, name, p, grad);
       p.bump_version();
+      if (!writes_copies_in_pass())
+        if (void* buf = copy_buffer(name, p)) {  // a cast after the update (one more read of p)
+          detail::narrow_f32(static_cast<const float*>(p.raw_data()), buf, p.numel(), copy_dtype_);
+          publish_copy(name, p);
+        }
     }
 }
 

@@ -1,7 +1,8 @@
 // The update rules. Each optimizer is one fused pass per parameter over
 // (param, grad, state...) in its own dtype (f32 or f64), parallel over elements;
 // SGD and Adam/AdamW run all f32 parameters as one multi-tensor pass
-// (over_all_chunks: one parallel region for the whole model).
+// (over_all_chunks: one parallel region for the whole model) of the AVX-512
+// kernels in fused_update.cpp, which also write the low-precision copies.
 // Formulas follow PyTorch's torch.optim (SGD, RMSprop, Adam, AdamW) and the
 // papers for LAMB (You et al. 2019, "Large Batch Optimization for Deep
 // Learning") and LARS (You et al. 2017, "Large Batch Training of Convolutional
@@ -13,6 +14,7 @@
 
 #include "athanor/core/error.h"
 #include "athanor/optim/optimizer.h"
+#include "optim/fused_update.h"
 
 namespace athanor::optim {
 namespace {
@@ -37,11 +39,13 @@ template <class T> double sq_norm(const T* x, int64_t n) {
 // Multi-tensor driver: runs body(k, begin, end) over every parameter k's elements,
 // cut into fixed chunks and spread over ONE OpenMP region for all parameters, so the
 // many small tensors of a model (biases, norm weights) cost neither a parallel region
-// each nor an idle second thread. Each element is updated exactly as in a per-tensor
-// loop, so results do not depend on the chunking or the thread count.
-template <class Body> void over_all_chunks(const std::vector<int64_t>& sizes, const Body& body) {
-  constexpr int64_t kChunk = 1 << 13;
-  std::vector<std::pair<int, int64_t>> chunks;  // (parameter, first element)
+// each nor an idle second thread, and a large tensor splits across both. Each element
+// is updated exactly as in a per-tensor loop, so results do not depend on the chunking
+// or the thread count. `chunks` is the caller's scratch (capacity reused).
+using Chunk = std::pair<int, int64_t>;  // (parameter, first element)
+constexpr int64_t kChunk = 1 << 13;    // 32 KiB of f32: long enough for the vector loop, small enough to balance
+template <class Body> void over_all_chunks(const std::vector<int64_t>& sizes, std::vector<Chunk>& chunks, const Body& body) {
+  chunks.clear();
   int64_t total = 0;
   for (int k = 0; k < static_cast<int>(sizes.size()); ++k) {
     for (int64_t b = 0; b < sizes[k]; b += kChunk) chunks.emplace_back(k, b);
@@ -60,49 +64,69 @@ class SGD final : public Optimizer {
   SGD(std::vector<ParamGroup> g, SgdOptions o) : Optimizer(std::move(g)), o_(o) {}
   std::string name() const override { return "sgd"; }
   void step() override {
-    // f32 parameters in one multi-tensor pass, f64 ones per tensor (see over_all_chunks).
-    std::vector<Work<float>> f32;
-    std::vector<int64_t> sizes;
+    // f32 parameters in one multi-tensor pass (see over_all_chunks), f64 ones per tensor.
+    work_.clear(), sizes_.clear(), published_.clear();
     for_each_param([&](ParamGroup& g, const std::string& name, Tensor& p, const Tensor& grad) {
       const bool first = param_step(name)++ == 0;
       Tensor buf = o_.momentum != 0 ? state(name, "momentum_buffer", p) : Tensor();
-      by_dtype(p, [&]<class T>() {
-        const Work<T> wk{ptr<T>(p), ptr<T>(grad), buf.defined() ? ptr<T>(buf) : nullptr, static_cast<T>(g.lr),
-                         static_cast<T>(g.weight_decay), static_cast<T>(o_.momentum), static_cast<T>(o_.dampening),
-                         o_.nesterov, first};
-        if constexpr (std::is_same_v<T, float>) {
-          f32.push_back(wk);
-          sizes.push_back(p.numel());
-        } else {
-          const int64_t n = p.numel();
+      if (p.dtype() == DType::f32) {
+        const float damp = static_cast<float>(o_.dampening);
+        const detail::SgdConsts k{static_cast<float>(g.lr), static_cast<float>(g.weight_decay),
+                                  static_cast<float>(o_.momentum), 1.0f - damp, o_.nesterov, first};
+        void* copy = copy_buffer(name, p);
+        work_.push_back({ptr<float>(p), ptr<float>(grad), buf.defined() ? ptr<float>(buf) : nullptr,
+                         static_cast<char*>(copy), k});
+        sizes_.push_back(p.numel());
+        if (copy) published_.emplace_back(&name, p);
+        return;
+      }
+      const Work64 wk{ptr<double>(p), ptr<double>(grad), buf.defined() ? ptr<double>(buf) : nullptr, g.lr,
+                      g.weight_decay, o_.momentum, o_.dampening, o_.nesterov, first};
+      const int64_t n = p.numel();
 #pragma omp parallel for if (n > kGrain)
-          for (int64_t i = 0; i < n; ++i) update(wk, i);
-        }
-      });
+      for (int64_t i = 0; i < n; ++i) update(wk, i);
     });
-    over_all_chunks(sizes, [&](int k, int64_t begin, int64_t end) {
-      for (int64_t i = begin; i < end; ++i) update(f32[k], i);
+    const DType cd = low_precision_copies();
+    const int64_t csize = static_cast<int64_t>(dtype_size(cd));
+    over_all_chunks(sizes_, chunks_, [&](int k, int64_t begin, int64_t end) {
+      const WorkF32& w = work_[k];
+      detail::sgd_f32(w.w + begin, w.g + begin, w.b ? w.b + begin : nullptr, end - begin, w.k,
+                      w.copy ? w.copy + begin * csize : nullptr, cd);
     });
+    for (const auto& [name, p] : published_) publish_copy(*name, p);
     ++steps_;
   }
 
  private:
-  template <class T> struct Work {
-    T* w;
-    const T* gr;
-    T* b;  // momentum buffer, or null
-    T lr, wd, mom, damp;
+  bool writes_copies_in_pass() const override { return true; }
+  struct WorkF32 {
+    float* w;
+    const float* g;
+    float* b;  // momentum buffer, or null
+    char* copy;  // low-precision copy, or null
+    detail::SgdConsts k;
+  };
+  struct Work64 {
+    double* w;
+    const double* gr;
+    double* b;  // momentum buffer, or null
+    double lr, wd, mom, damp;
     bool nesterov, first;
   };
-  template <class T> static inline void update(const Work<T>& k, int64_t i) {
-    T d = k.gr[i] + k.wd * k.w[i];  // L2 weight decay enters the gradient
+  static inline void update(const Work64& k, int64_t i) {
+    double d = k.gr[i] + k.wd * k.w[i];  // L2 weight decay enters the gradient
     if (k.b) {
-      k.b[i] = k.first ? d : k.mom * k.b[i] + (T(1) - k.damp) * d;  // the first step seeds the buffer with d
+      k.b[i] = k.first ? d : k.mom * k.b[i] + (1.0 - k.damp) * d;  // the first step seeds the buffer with d
       d = k.nesterov ? d + k.mom * k.b[i] : k.b[i];
     }
     k.w[i] -= k.lr * d;
   }
   SgdOptions o_;
+  // Per-step scratch, kept to reuse its capacity (no allocation per step).
+  std::vector<WorkF32> work_;
+  std::vector<int64_t> sizes_;
+  std::vector<Chunk> chunks_;
+  std::vector<std::pair<const std::string*, Tensor>> published_;
 };
 
 class RMSprop final : public Optimizer {
@@ -153,58 +177,63 @@ class Adam final : public Optimizer {
   void step() override {
     // f32 parameters are gathered and updated in one multi-tensor pass; f64 ones
     // (gradchecks, tests) keep a loop per tensor.
-    std::vector<Work<float>> f32;
-    std::vector<int64_t> sizes;
+    work_.clear(), sizes_.clear(), published_.clear();
     for_each_param([&](ParamGroup& g, const std::string& name, Tensor& p, const Tensor& grad) {
       const int64_t t = ++param_step(name);
       Tensor m = state(name, "exp_avg", p), v = state(name, "exp_avg_sq", p);
-      by_dtype(p, [&]<class T>() {
-        const Work<T> wk = make_work<T>(g, t, p, grad, m, v);
-        if constexpr (std::is_same_v<T, float>) {
-          f32.push_back(wk);
-          sizes.push_back(p.numel());
-        } else {
-          const int64_t n = p.numel();
+      const double bc1 = 1.0 - std::pow(o_.beta1, static_cast<double>(t));  // bias corrections
+      const double bc2 = 1.0 - std::pow(o_.beta2, static_cast<double>(t));
+      const double step_size = g.lr / bc1, inv_sqrt_bc2 = 1.0 / std::sqrt(bc2),
+                   decay = decoupled_ ? 1.0 - g.lr * g.weight_decay : 1.0;
+      if (p.dtype() == DType::f32) {
+        const detail::AdamConsts k{static_cast<float>(o_.beta1), static_cast<float>(o_.beta2), static_cast<float>(o_.eps),
+                                   static_cast<float>(g.weight_decay), static_cast<float>(step_size),
+                                   static_cast<float>(inv_sqrt_bc2), static_cast<float>(decay), !decoupled_};
+        void* copy = copy_buffer(name, p);
+        work_.push_back({ptr<float>(p), ptr<float>(grad), ptr<float>(m), ptr<float>(v), static_cast<char*>(copy), k});
+        sizes_.push_back(p.numel());
+        if (copy) published_.emplace_back(&name, p);
+        return;
+      }
+      double *w = ptr<double>(p), *mm = ptr<double>(m), *vv = ptr<double>(v);
+      const double* gr = ptr<double>(grad);
+      const double b1 = o_.beta1, b2 = o_.beta2, eps = o_.eps, wd = g.weight_decay;
+      const bool l2 = !decoupled_;
+      const int64_t n = p.numel();
 #pragma omp parallel for simd if (n > kGrain)
-          for (int64_t i = 0; i < n; ++i) update(wk, i);
-        }
-      });
+      for (int64_t i = 0; i < n; ++i) {
+        const double d = l2 ? gr[i] + wd * w[i] : gr[i];  // Adam: L2 in the gradient; AdamW: decay the weight
+        mm[i] = b1 * mm[i] + (1.0 - b1) * d;
+        vv[i] = b2 * vv[i] + (1.0 - b2) * d * d;
+        w[i] = w[i] * decay - step_size * mm[i] / (std::sqrt(vv[i]) * inv_sqrt_bc2 + eps);
+      }
     });
-    over_all_chunks(sizes, [&](int k, int64_t begin, int64_t end) {
-      const Work<float>& wk = f32[k];
-#pragma omp simd
-      for (int64_t i = begin; i < end; ++i) update(wk, i);
+    const DType cd = low_precision_copies();
+    const int64_t csize = static_cast<int64_t>(dtype_size(cd));
+    over_all_chunks(sizes_, chunks_, [&](int k, int64_t begin, int64_t end) {
+      const WorkF32& w = work_[k];
+      detail::adam_f32(w.w + begin, w.g + begin, w.m + begin, w.v + begin, end - begin, w.k,
+                       w.copy ? w.copy + begin * csize : nullptr, cd);
     });
+    for (const auto& [name, p] : published_) publish_copy(*name, p);
     ++steps_;
   }
 
  private:
-  // One parameter's update: its buffers and the step's constants.
-  template <class T> struct Work {
-    T* w;
-    const T* gr;
-    T *mm, *vv;
-    T b1, b2, eps, wd, step_size, inv_sqrt_bc2, decay;
-    bool l2;
+  bool writes_copies_in_pass() const override { return true; }
+  struct WorkF32 {
+    float* w;
+    const float* g;
+    float *m, *v;
+    char* copy;  // low-precision copy, or null
+    detail::AdamConsts k;
   };
-  template <class T>
-  Work<T> make_work(const ParamGroup& g, int64_t t, const Tensor& p, const Tensor& grad, const Tensor& m,
-                    const Tensor& v) const {
-    const double bc1 = 1.0 - std::pow(o_.beta1, static_cast<double>(t));  // bias corrections
-    const double bc2 = 1.0 - std::pow(o_.beta2, static_cast<double>(t));
-    return Work<T>{ptr<T>(p), ptr<T>(grad), ptr<T>(m), ptr<T>(v), static_cast<T>(o_.beta1), static_cast<T>(o_.beta2),
-                   static_cast<T>(o_.eps), static_cast<T>(g.weight_decay), static_cast<T>(g.lr / bc1),
-                   static_cast<T>(1.0 / std::sqrt(bc2)),
-                   decoupled_ ? static_cast<T>(1.0 - g.lr * g.weight_decay) : T(1), !decoupled_};
-  }
-  template <class T> static inline void update(const Work<T>& k, int64_t i) {
-    const T d = k.l2 ? k.gr[i] + k.wd * k.w[i] : k.gr[i];  // Adam: L2 in the gradient; AdamW: decay the weight
-    k.mm[i] = k.b1 * k.mm[i] + (T(1) - k.b1) * d;
-    k.vv[i] = k.b2 * k.vv[i] + (T(1) - k.b2) * d * d;
-    k.w[i] = k.w[i] * k.decay - k.step_size * k.mm[i] / (std::sqrt(k.vv[i]) * k.inv_sqrt_bc2 + k.eps);
-  }
   AdamOptions o_;
   bool decoupled_;
+  std::vector<WorkF32> work_;  // per-step scratch, capacity reused
+  std::vector<int64_t> sizes_;
+  std::vector<Chunk> chunks_;
+  std::vector<std::pair<const std::string*, Tensor>> published_;
 };
 
 class LAMB final : public Optimizer {

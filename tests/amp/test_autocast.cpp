@@ -1,12 +1,16 @@
 // autocast: op categories (lower_precision → autocast dtype, f32 → f32, promote
 // → widest), nesting, the per-region weight-cast cache, gradients reaching f32
-// parameters in f32, and a small GPT under bf16 autocast against f32.
+// parameters in f32, a small GPT under bf16 autocast against f32, and the
+// optimizer's persistent low-precision copies (bit-identical to casting; missed
+// after any other in-place change).
 #include <cmath>
 #include <cstdio>
 #include <cstdlib>
+#include <cstring>
 
 #include "athanor/ops/autocast.h"
 #include "athanor/nn/gpt.h"
+#include "athanor/optim/optimizer.h"
 #include "test_util.h"
 
 namespace athanor {
@@ -180,6 +184,104 @@ TEST(Autocast, SmallGptForwardBackwardCloseToF32) {
     EXPECT_LT(rel_err(got[i].second, ref[i].second), 0.03);
     if (std::getenv("ATHANOR_AMP_VERBOSE")) std::printf("%s %.4g\n", got[i].first.c_str(), rel_err(got[i].second, ref[i].second));
   }
+}
+
+namespace {
+// Bitwise equality of two tensors' bytes (same dtype and shape).
+bool same_bits(const Tensor& a, const Tensor& b) {
+  return a.dtype() == b.dtype() && a.sizes() == b.sizes() && a.is_contiguous() && b.is_contiguous() &&
+         std::memcmp(a.raw_data(), b.raw_data(), a.nbytes()) == 0;
+}
+
+std::shared_ptr<nn::GPT> tiny_gpt() {
+  nn::GPTConfig cfg;
+  cfg.n_layer = 1, cfg.n_head = 2, cfg.n_embd = 32, cfg.block_size = 8, cfg.vocab_size = 48;
+  default_generator().manual_seed(99);
+  return std::make_shared<nn::GPT>(cfg);
+}
+}  // namespace
+
+// Training with the optimizer's persistent copies must be the same computation as
+// casting every step: same loss, gradients and weights, bit for bit, for SGD and
+// AdamW (fused copies) and RMSprop (copy cast after the update), in bf16 and f16.
+TEST(AutocastPersistentCopies, TrainingIsBitIdenticalToCastingEveryStep) {
+  std::vector<double> ids_v, tgt_v;
+  for (int i = 0; i < 2 * 8; ++i) ids_v.push_back((i * 7 + 3) % 48), tgt_v.push_back((i * 5 + 1) % 48);
+  const Tensor ids = from_vector(ids_v, {2, 8}, DType::i64), targets = from_vector(tgt_v, {2, 8}, DType::i64);
+  for (const DType dt : {DType::bf16, DType::f16})
+    for (const std::string opt : {"sgd", "adamw", "rmsprop"}) {
+      SCOPED_TRACE(opt + " " + dtype_name(dt));
+      auto ref = tiny_gpt(), got = tiny_gpt();
+      auto make = [&](nn::GPT& m) {
+        auto groups = optim::default_param_groups(m.named_parameters(), 1e-2, 0.1);
+        if (opt == "sgd") return optim::make_sgd(groups, {0.9, 0.0, true});
+        if (opt == "rmsprop") return optim::make_rmsprop(groups);
+        return optim::make_adamw(groups);
+      };
+      auto o_ref = make(*ref), o_got = make(*got);
+      o_got->enable_low_precision_copies(dt);
+      const Tensor wte = got->named_parameters().front().second;
+      ASSERT_TRUE(autocast_persistent_cast(wte, dt).defined());  // made when enabled, before any step
+      EXPECT_EQ(autocast_persistent_cast(wte, dt).storage()->tag(), MemTag::parameter);
+      for (int step = 0; step < 3; ++step) {
+        SCOPED_TRACE("step " + std::to_string(step));
+        Tensor l_ref, l_got;
+        {
+          autocast ac(dt);
+          l_ref = ref->loss(ids, targets);
+        }
+        {
+          autocast ac(dt);
+          // The region really uses the optimizer's copy (no cast of wte).
+          EXPECT_EQ(autocast_input(wte, "linear").storage(), autocast_persistent_cast(wte, dt).storage());
+          l_got = got->loss(ids, targets);
+        }
+        ASSERT_TRUE(same_bits(l_got, l_ref)) << l_got.item() << " vs " << l_ref.item();
+        l_ref.backward(), l_got.backward();
+        const auto p_ref = ref->named_parameters(), p_got = got->named_parameters();
+        for (size_t i = 0; i < p_ref.size(); ++i) {
+          EXPECT_EQ(p_got[i].second.grad().dtype(), DType::f32) << p_got[i].first;  // the gradient reached f32
+          EXPECT_TRUE(same_bits(p_got[i].second.grad(), p_ref[i].second.grad())) << "grad " << p_got[i].first;
+        }
+        o_ref->step(), o_got->step();
+        o_ref->zero_grad(), o_got->zero_grad();
+        for (size_t i = 0; i < p_ref.size(); ++i) {
+          EXPECT_TRUE(same_bits(p_got[i].second, p_ref[i].second)) << "weight " << p_got[i].first;
+          // The copy written in the update pass is exactly cast() of the new weight.
+          const Tensor copy = autocast_persistent_cast(p_got[i].second, dt);
+          ASSERT_TRUE(copy.defined()) << p_got[i].first;
+          EXPECT_TRUE(same_bits(copy, cast(p_got[i].second.detach(), dt))) << "copy " << p_got[i].first;
+        }
+      }
+    }
+  EXPECT_EQ(autocast_persistent_cast_count(), 0u);  // every optimizer forgot its copies when destroyed
+}
+
+TEST(AutocastPersistentCopies, AnyOtherInPlaceChangeMissesTheCopy) {
+  Tensor w = random_leaf({4, 8}, 21), x = randn({3, 8}, {}, default_generator());
+  auto opt = optim::make_sgd({optim::ParamGroup{"all", {{"w", w}}, 0.1, 0.1, 0.0}});
+  opt->enable_low_precision_copies(DType::bf16);
+  EXPECT_TRUE(autocast_persistent_cast(w, DType::bf16).defined());
+  EXPECT_FALSE(autocast_persistent_cast(w, DType::f16).defined());  // only the dtype it was made in
+  {
+    NoGradGuard ng;
+    w.fill_(0.5);  // not the optimizer: the version moves on, the copy is stale
+  }
+  EXPECT_FALSE(autocast_persistent_cast(w, DType::bf16).defined());
+  {
+    autocast ac(DType::bf16);
+    const Tensor c = autocast_input(w, "linear");
+    for (double v : c.to_vector()) EXPECT_EQ(v, 0.5);  // a fresh cast of the new values, not the stale copy
+  }
+  // The next optimizer step makes the copy current again.
+  w.set_grad(ones({4, 8}));
+  opt->step();
+  const Tensor copy = autocast_persistent_cast(w, DType::bf16);
+  ASSERT_TRUE(copy.defined());
+  for (double v : copy.to_vector()) EXPECT_EQ(v, static_cast<double>(bfloat16(0.5f - 0.1f)));
+  opt->disable_low_precision_copies();
+  EXPECT_FALSE(autocast_persistent_cast(w, DType::bf16).defined());
+  EXPECT_NE(error_message([&] { opt->enable_low_precision_copies(DType::f32); }).find("bf16 or f16"), std::string::npos);
 }
 
 }  // namespace athanor

@@ -2,6 +2,9 @@
 // cut into chunks): many parameters of mixed sizes in two groups, some without a
 // gradient, must follow the per-tensor f64 path (which matches torch.optim fixtures)
 // step by step, and each parameter's own step count must drive its bias correction.
+#include <cmath>
+
+#include "athanor/optim/clip.h"
 #include "athanor/optim/optimizer.h"
 #include "test_util.h"
 
@@ -85,6 +88,52 @@ TEST(MultiTensorSgd, F32FusedPassFollowsTheF64Path) {
         EXPECT_CLOSE(m32.params[k].second, m64.params[k].second, 1e-6, 1e-5) << "step " << step << " " << k;
     }
   }
+}
+
+}  // namespace athanor
+
+namespace athanor {
+using namespace athanor::testing;
+using namespace athanor::optim;
+
+// The multi-tensor norm (f64 chunk sums of the AVX-512 kernel) and the clip's scale
+// pass against a naive per-element reference in double, over f32 gradients whose sizes
+// straddle the chunk and vector-tail boundaries, one f64 and one bf16 gradient (the
+// per-tensor path) and a parameter without a gradient.
+TEST(MultiTensorClip, NormAndScaleFollowANaiveDoubleReference) {
+  const std::vector<int64_t> sizes = {1, 15, 17, 16384, 16385, 40000};
+  std::vector<Tensor> params;
+  for (size_t k = 0; k < sizes.size(); ++k) {
+    Tensor p = zeros({sizes[k]}).requires_grad_(true);
+    p.set_grad(randn64({sizes[k]}, 300 + k, false).to(DType::f32));
+    params.push_back(p);
+  }
+  Tensor p64 = zeros({33}, DType::f64).requires_grad_(true), p16 = zeros({20}).requires_grad_(true);
+  p64.set_grad(randn64({33}, 400, false));
+  p16.set_grad(randn64({20}, 401, false).to(DType::bf16));
+  params.push_back(p64), params.push_back(p16), params.push_back(zeros({5}).requires_grad_(true));
+  std::vector<std::vector<double>> before;
+  double ref = 0;
+  for (const Tensor& p : params) {
+    before.push_back(p.grad().defined() ? p.grad().to_vector() : std::vector<double>{});
+    for (double v : before.back()) ref += v * v;
+  }
+  ref = std::sqrt(ref);
+  EXPECT_NEAR(grad_norm(params), ref, 1e-13 * ref);
+  const double max_norm = 0.25 * ref, coef = max_norm / (ref + 1e-6);
+  EXPECT_NEAR(clip_grad_norm(params, max_norm), ref, 1e-13 * ref);
+  for (size_t k = 0; k + 1 < params.size(); ++k) {
+    const Tensor g = params[k].grad();
+    const auto after = g.to_vector();
+    for (size_t i = 0; i < after.size(); ++i) {
+      // Each element is its own f64 product rounded once to the gradient's dtype.
+      const double want = g.dtype() == DType::f32   ? static_cast<double>(static_cast<float>(before[k][i] * coef))
+                          : g.dtype() == DType::f64 ? before[k][i] * coef
+                                                    : static_cast<double>(bfloat16(static_cast<float>(before[k][i] * coef)));
+      ASSERT_NEAR(after[i], want, std::abs(want) * 1e-12) << "param " << k << " element " << i;
+    }
+  }
+  EXPECT_NEAR(grad_norm(params), max_norm, 1e-5 * max_norm);
 }
 
 }  // namespace athanor

@@ -11,8 +11,11 @@
 // (athanor/ops/op_table.h): `lower_precision` ops (matmul, linear, conv2d,
 // scaled_dot_product_attention) cast f32/bf16/f16 inputs to the autocast dtype;
 // `f32` ops (softmax, log_softmax, layer_norm, rms_norm, cross_entropy, sum,
-// mean, …) cast bf16/f16 inputs to f32; `promote` ops already run in the widest
-// input dtype; `passthrough` ops keep theirs. f64 inputs are never touched.
+// mean, …) run in f32: layer_norm, rms_norm, softmax, log_softmax, cross_entropy,
+// sum and mean read a bf16/f16 input directly (f32 math and output, the gradient
+// in the input's dtype; no full f32 copy), the others cast it to f32; `promote`
+// ops already run in the widest input dtype; `passthrough` ops keep theirs. f64
+// inputs are never touched.
 //
 // Invariants:
 //  - state is thread-local; guards nest (an inner guard may switch dtype or
@@ -22,7 +25,15 @@
 //  - a leaf that requires grad (a parameter) is cast once per region and dtype:
 //    the cast is cached under (TensorImpl*, version, dtype, grad mode) and
 //    reused by every later op; an in-place update bumps the version and misses
-//    the cache. The cache is cleared when the outermost guard exits.
+//    the cache. The cache is cleared when the outermost guard exits;
+//  - persistent casts (process-wide, made by the optimizer in its update pass):
+//    a registered low-precision copy of a parameter is used instead of a fresh
+//    cast while the parameter is the same tensor with the same storage and the
+//    same version as when the copy was registered; any other in-place change
+//    bumps the version and the lookup falls back to casting. The copy joins the
+//    graph through the same "cast" node as a fresh cast (backward: the gradient
+//    cast back to the parameter's dtype), so gradients still reach the f32
+//    parameter in f32.
 #include <cstddef>
 #include <initializer_list>
 
@@ -55,5 +66,15 @@ bool autocast_needs_cast(const char* op, std::initializer_list<Tensor> inputs);
 Tensor autocast_input(const Tensor& t, const char* op);
 
 std::size_t autocast_cache_size();  // cached weight casts in this thread's region (tests, debugging)
+
+// Registers `copy` (bf16 or f16, contiguous, source's shape) as the persistent cast
+// of `source` (an f32 leaf) at source's current version: the caller guarantees that
+// copy == cast(source, copy.dtype()) now. Replaces an earlier registration.
+void autocast_set_persistent_cast(const Tensor& source, const Tensor& copy);
+// Drops the persistent cast of `source` to `dtype`, if any.
+void autocast_forget_persistent_cast(const Tensor& source, DType dtype);
+// The registered copy of `source` in `dtype` if it is still current, else undefined.
+Tensor autocast_persistent_cast(const Tensor& source, DType dtype);
+std::size_t autocast_persistent_cast_count();  // registered copies (tests, debugging)
 
 }  // namespace athanor

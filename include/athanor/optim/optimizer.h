@@ -37,7 +37,9 @@ std::vector<ParamGroup> default_param_groups(const NamedTensors& named, double l
 class Optimizer {
  public:
   explicit Optimizer(std::vector<ParamGroup> groups);
-  virtual ~Optimizer() = default;
+  virtual ~Optimizer();  // forgets the low-precision copies it registered with autocast
+  Optimizer(const Optimizer&) = delete;
+  Optimizer& operator=(const Optimizer&) = delete;
   virtual void step() = 0;
   virtual std::string name() const = 0;
   void zero_grad();  // sets every .grad to undefined
@@ -52,6 +54,19 @@ class Optimizer {
   // parameters; a missing or mis-shaped state tensor is an Error naming it.
   void load_state(const NamedTensors& tensors, const std::map<std::string, double>& scalars);
 
+  // Persistent low-precision weight copies for autocast. When on, each step also
+  // writes every updated f32 parameter rounded to `dtype` (bf16 or f16; the same
+  // bits as cast()) — in the update pass itself for SGD and Adam/AdamW (one read
+  // of the weight), by a cast right after the update for the other optimizers —
+  // and registers it with autocast (autocast_set_persistent_cast) at the
+  // parameter's new version. Autocast then uses the copy instead of casting the
+  // parameter, for as long as nothing else changes the parameter. Enabling makes
+  // the copies of all f32 parameters at once (so the next forward already uses
+  // them). Memory: 2 bytes per f32 parameter, tagged MemTag::parameter.
+  void enable_low_precision_copies(DType dtype);
+  void disable_low_precision_copies();
+  DType low_precision_copies() const { return copy_dtype_; }  // f32 when off
+
  protected:
   // The state tensor `state` of parameter `param` (created zero-filled on first use,
   // f32 — f64 for f64 parameters — tagged optimizer_state).
@@ -63,7 +78,18 @@ class Optimizer {
   std::vector<ParamGroup> groups_;
   int64_t steps_ = 0;
 
+  // Low-precision copies (see enable_low_precision_copies): the buffer that receives
+  // parameter `name`'s copy (allocated on first use), or null when copies are off or
+  // the parameter is not f32. After the pass that filled it, publish_copy registers it.
+  void* copy_buffer(const std::string& name, const Tensor& p);
+  void publish_copy(const std::string& name, const Tensor& p);
+  // True for optimizers whose update pass writes the copies; the others get a cast
+  // after each parameter's update (in for_each_param).
+  virtual bool writes_copies_in_pass() const { return false; }
+
  private:
+  DType copy_dtype_ = DType::f32;
+  std::map<std::string, Tensor> copies_;  // param -> its low-precision copy
   std::map<std::string, std::map<std::string, Tensor>> state_;  // param -> state name -> tensor
   std::map<std::string, int64_t> param_steps_;
 };

@@ -1,0 +1,209 @@
+// The f32 optimizer / clipping loops (see fused_update.h). The operation order of
+// each formula is the one the previous scalar loops compiled to (g++ 12 -O3
+// -march=native, checked on the disassembly and by bench_optimizer_step --checksum
+// against the previous build), kept so that trajectories do not move. Note that g++
+// contracts a*b+c into an FMA even between intrinsics; where a product must be
+// rounded on its own it is an explicit-rounding intrinsic:
+//   SGD   d = fma(w, wd, g); b = fma(b, mom, (1-damp)·d); nesterov d = fma(b, mom, d); w = fnma(d, lr, w)
+//   Adam  d = fma(w, wd, g) (L2) | g; m = fma(m, b1, (1-b1)·d); v = fma(v, b2, ((1-b2)·d)·d);
+//         w = w·decay - (step·m) / fma(sqrt(v), 1/sqrt(bc2), eps)
+#include "optim/fused_update.h"
+
+#include <cmath>
+
+#include "backend/cpu/unary.h"
+
+namespace athanor::optim::detail {
+namespace {
+
+#if ATHANOR_CPU_AVX512
+using cpu::vec::tail_mask;
+
+// Full vectors use plain loads/stores; only the tail is masked (masked stores are
+// several times slower on Zen 4: the clip's scale pass ran at half speed with them).
+template <bool kTail> inline __m512 load(const float* p, __mmask16 m) {
+  if constexpr (kTail) return _mm512_maskz_loadu_ps(m, p);
+  else return _mm512_loadu_ps(p);
+}
+template <bool kTail> inline void store(float* p, __mmask16 m, __m512 v) {
+  if constexpr (kTail) _mm512_mask_storeu_ps(p, m, v);
+  else _mm512_storeu_ps(p, v);
+}
+// 16 weights rounded to bf16 / f16 as cast() rounds them: RNE, denormals kept, NaN
+// quieted (the integer form of cpu::vec::store16, which VCVTNEPS2BF16 is not: it flushes
+// denormals).
+inline __m256i round_to_bf16(__m512 v) {
+  const __m512i u = _mm512_castps_si512(v);
+  const __m512i lsb = _mm512_and_si512(_mm512_srli_epi32(u, 16), _mm512_set1_epi32(1));
+  __m512i r = _mm512_srli_epi32(_mm512_add_epi32(u, _mm512_add_epi32(lsb, _mm512_set1_epi32(0x7fff))), 16);
+  const __mmask16 nan = _mm512_cmp_ps_mask(v, v, _CMP_UNORD_Q);
+  r = _mm512_mask_mov_epi32(r, nan, _mm512_or_si512(_mm512_srli_epi32(u, 16), _mm512_set1_epi32(0x40)));
+  return _mm512_cvtepi32_epi16(r);
+}
+template <bool kTail> inline void store_copy(void* copy, DType dt, int64_t i, __mmask16 m, __m512 w) {
+  const __m256i h = dt == DType::bf16 ? round_to_bf16(w) : _mm512_cvtps_ph(w, _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
+  auto* p = static_cast<uint16_t*>(copy) + i;
+  if constexpr (kTail) _mm256_mask_storeu_epi16(p, m, h);
+  else _mm256_storeu_si256(reinterpret_cast<__m256i*>(p), h);
+}
+// Runs block.template operator()<kTail>(i, mask) over [0, n) in 16-lane blocks.
+template <class Block> inline void for_blocks(int64_t n, const Block& block) {
+  int64_t i = 0;
+  for (; i + 16 <= n; i += 16) block.template operator()<false>(i, __mmask16(0xffff));
+  if (i < n) block.template operator()<true>(i, tail_mask(n - i));
+}
+#endif
+
+inline void store_copy_scalar(void* copy, DType dt, int64_t i, float w) {
+  if (dt == DType::bf16) static_cast<bfloat16*>(copy)[i] = cast_value<bfloat16>(w);
+  else static_cast<float16*>(copy)[i] = cast_value<float16>(w);
+}
+
+// The SGD loop for one combination of the flags (hoisted out of the element loop).
+template <bool kMomentum, bool kFirst, bool kNesterov, bool kCopy>
+void sgd_loop(float* w, const float* g, float* b, int64_t n, const SgdConsts& k, void* copy, DType copy_dtype) {
+#if ATHANOR_CPU_AVX512
+  const __m512 lr = _mm512_set1_ps(k.lr), wd = _mm512_set1_ps(k.wd), mom = _mm512_set1_ps(k.momentum),
+               omd = _mm512_set1_ps(k.one_minus_dampening);
+  for_blocks(n, [&]<bool kTail>(int64_t i, __mmask16 m) {
+    const __m512 wi = load<kTail>(w + i, m);
+    __m512 d = _mm512_fmadd_ps(wi, wd, load<kTail>(g + i, m));  // L2 weight decay enters the gradient
+    if constexpr (kMomentum) {
+      const __m512 bi = kFirst ? d : _mm512_fmadd_ps(load<kTail>(b + i, m), mom, _mm512_mul_ps(omd, d));
+      store<kTail>(b + i, m, bi);
+      d = kNesterov ? _mm512_fmadd_ps(bi, mom, d) : bi;
+    }
+    const __m512 wn = _mm512_fnmadd_ps(d, lr, wi);
+    store<kTail>(w + i, m, wn);
+    if constexpr (kCopy) store_copy<kTail>(copy, copy_dtype, i, m, wn);
+  });
+#else
+  const float omd = k.one_minus_dampening;
+  for (int64_t i = 0; i < n; ++i) {
+    float d = std::fma(w[i], k.wd, g[i]);
+    if constexpr (kMomentum) {
+      b[i] = kFirst ? d : std::fma(b[i], k.momentum, omd * d);
+      d = kNesterov ? std::fma(b[i], k.momentum, d) : b[i];
+    }
+    w[i] = std::fma(-d, k.lr, w[i]);
+    if constexpr (kCopy) store_copy_scalar(copy, copy_dtype, i, w[i]);
+  }
+#endif
+}
+
+template <bool kL2, bool kCopy>
+void adam_loop(float* w, const float* g, float* mm, float* vv, int64_t n, const AdamConsts& k, void* copy,
+               DType copy_dtype) {
+  const float omb1 = 1.0f - k.beta1, omb2 = 1.0f - k.beta2;
+#if ATHANOR_CPU_AVX512
+  const __m512 b1 = _mm512_set1_ps(k.beta1), b2 = _mm512_set1_ps(k.beta2), c1 = _mm512_set1_ps(omb1),
+               c2 = _mm512_set1_ps(omb2), eps = _mm512_set1_ps(k.eps), wd = _mm512_set1_ps(k.wd),
+               step = _mm512_set1_ps(k.step_size), inv_bc2 = _mm512_set1_ps(k.inv_sqrt_bc2),
+               decay = _mm512_set1_ps(k.decay);
+  for_blocks(n, [&]<bool kTail>(int64_t i, __mmask16 msk) {
+    const __m512 wi = load<kTail>(w + i, msk), gi = load<kTail>(g + i, msk);
+    const __m512 d = kL2 ? _mm512_fmadd_ps(wi, wd, gi) : gi;
+    const __m512 m = _mm512_fmadd_ps(load<kTail>(mm + i, msk), b1, _mm512_mul_ps(c1, d));
+    const __m512 v = _mm512_fmadd_ps(load<kTail>(vv + i, msk), b2, _mm512_mul_ps(_mm512_mul_ps(c2, d), d));
+    const __m512 den = _mm512_fmadd_ps(_mm512_sqrt_ps(v), inv_bc2, eps);
+    // w·decay is rounded on its own (the explicit-rounding multiply keeps g++'s
+    // -ffp-contract=fast from fusing it into the subtraction). Masked-off tail lanes
+    // divide 0 by eps: finite, and never stored.
+    const __m512 decayed = _mm512_mul_round_ps(wi, decay, _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
+    const __m512 wn = _mm512_sub_ps(decayed, _mm512_div_ps(_mm512_mul_ps(step, m), den));
+    store<kTail>(mm + i, msk, m);
+    store<kTail>(vv + i, msk, v);
+    store<kTail>(w + i, msk, wn);
+    if constexpr (kCopy) store_copy<kTail>(copy, copy_dtype, i, msk, wn);
+  });
+#else
+  for (int64_t i = 0; i < n; ++i) {
+    const float d = kL2 ? std::fma(w[i], k.wd, g[i]) : g[i];
+    mm[i] = std::fma(mm[i], k.beta1, omb1 * d);
+    const float d2 = (omb2 * d) * d;
+    vv[i] = std::fma(vv[i], k.beta2, d2);
+    const float den = std::fma(std::sqrt(vv[i]), k.inv_sqrt_bc2, k.eps);
+    const float decayed = w[i] * k.decay, delta = (k.step_size * mm[i]) / den;
+    w[i] = decayed - delta;
+    if constexpr (kCopy) store_copy_scalar(copy, copy_dtype, i, w[i]);
+  }
+#endif
+}
+
+}  // namespace
+
+void sgd_f32(float* w, const float* g, float* b, int64_t n, const SgdConsts& k, void* copy, DType copy_dtype) {
+  // Dispatch the flags once per chunk; each combination is its own branch-free loop.
+  auto run = [&]<bool kCopy>() {
+    if (!b) return sgd_loop<false, false, false, kCopy>(w, g, b, n, k, copy, copy_dtype);
+    if (k.first && k.nesterov) return sgd_loop<true, true, true, kCopy>(w, g, b, n, k, copy, copy_dtype);
+    if (k.first) return sgd_loop<true, true, false, kCopy>(w, g, b, n, k, copy, copy_dtype);
+    if (k.nesterov) return sgd_loop<true, false, true, kCopy>(w, g, b, n, k, copy, copy_dtype);
+    return sgd_loop<true, false, false, kCopy>(w, g, b, n, k, copy, copy_dtype);
+  };
+  if (copy) run.template operator()<true>();
+  else run.template operator()<false>();
+}
+
+void adam_f32(float* w, const float* g, float* m, float* v, int64_t n, const AdamConsts& k, void* copy,
+              DType copy_dtype) {
+  if (k.l2) copy ? adam_loop<true, true>(w, g, m, v, n, k, copy, copy_dtype) : adam_loop<true, false>(w, g, m, v, n, k, copy, copy_dtype);
+  else copy ? adam_loop<false, true>(w, g, m, v, n, k, copy, copy_dtype) : adam_loop<false, false>(w, g, m, v, n, k, copy, copy_dtype);
+}
+
+double sum_squares_f32(const float* x, int64_t n) {
+#if ATHANOR_CPU_AVX512
+  // Four f64 accumulators (two 16-float blocks per iteration) hide the FMA latency.
+  __m512d acc[4] = {_mm512_setzero_pd(), _mm512_setzero_pd(), _mm512_setzero_pd(), _mm512_setzero_pd()};
+  int64_t i = 0;
+  for (; i + 32 <= n; i += 32) {
+    const __m512 a = _mm512_loadu_ps(x + i), b = _mm512_loadu_ps(x + i + 16);
+    const __m512d a0 = _mm512_cvtps_pd(_mm512_castps512_ps256(a)), a1 = _mm512_cvtps_pd(_mm512_extractf32x8_ps(a, 1));
+    const __m512d b0 = _mm512_cvtps_pd(_mm512_castps512_ps256(b)), b1 = _mm512_cvtps_pd(_mm512_extractf32x8_ps(b, 1));
+    acc[0] = _mm512_fmadd_pd(a0, a0, acc[0]);
+    acc[1] = _mm512_fmadd_pd(a1, a1, acc[1]);
+    acc[2] = _mm512_fmadd_pd(b0, b0, acc[2]);
+    acc[3] = _mm512_fmadd_pd(b1, b1, acc[3]);
+  }
+  for (; i < n; i += 16) {
+    const __m512 a = _mm512_maskz_loadu_ps(tail_mask(n - i), x + i);  // masked lanes are 0: add nothing
+    const __m512d a0 = _mm512_cvtps_pd(_mm512_castps512_ps256(a)), a1 = _mm512_cvtps_pd(_mm512_extractf32x8_ps(a, 1));
+    acc[0] = _mm512_fmadd_pd(a0, a0, acc[0]);
+    acc[1] = _mm512_fmadd_pd(a1, a1, acc[1]);
+  }
+  alignas(64) double lanes[8];  // (not _mm512_reduce_add_pd: GCC 12 PR 105593 warns inside it)
+  _mm512_store_pd(lanes, _mm512_add_pd(_mm512_add_pd(acc[0], acc[1]), _mm512_add_pd(acc[2], acc[3])));
+  double s = 0;
+  for (const double l : lanes) s += l;
+  return s;
+#else
+  double s = 0;
+  for (int64_t i = 0; i < n; ++i) s += static_cast<double>(x[i]) * x[i];
+  return s;
+#endif
+}
+
+void scale_f32(float* x, int64_t n, double coef) {
+#if ATHANOR_CPU_AVX512
+  const __m512d c = _mm512_set1_pd(coef);
+  auto scaled = [&](__m256 a) { return _mm512_cvtpd_ps(_mm512_mul_pd(_mm512_cvtps_pd(a), c)); };
+  int64_t i = 0;
+  for (; i + 8 <= n; i += 8) _mm256_storeu_ps(x + i, scaled(_mm256_loadu_ps(x + i)));  // unmasked: the fast path
+  if (i < n) {
+    const __mmask8 m = static_cast<__mmask8>((1u << (n - i)) - 1u);
+    _mm256_mask_storeu_ps(x + i, m, scaled(_mm256_maskz_loadu_ps(m, x + i)));
+  }
+#else
+  for (int64_t i = 0; i < n; ++i) x[i] = static_cast<float>(static_cast<double>(x[i]) * coef);
+#endif
+}
+
+void narrow_f32(const float* w, void* dst, int64_t n, DType copy_dtype) {
+#if ATHANOR_CPU_AVX512
+  for_blocks(n, [&]<bool kTail>(int64_t i, __mmask16 m) { store_copy<kTail>(dst, copy_dtype, i, m, load<kTail>(w + i, m)); });
+#else
+  for (int64_t i = 0; i < n; ++i) store_copy_scalar(dst, copy_dtype, i, w[i]);
+#endif
+}
+
+}  // namespace athanor::optim::detail
