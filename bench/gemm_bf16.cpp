@@ -1,6 +1,7 @@
-// f32 vs bf16 GEMM throughput on this CPU: oneDNN sgemm (f32) against oneDNN's
-// bf16 matmul (AVX512_BF16, f32 accumulation). Median of 7 timed runs after a
-// warm-up, for 1024^3 and M x N x K = 768 x 3072 x 1024.
+// f32 vs bf16 GEMM throughput on this CPU through cpu::gemm: oneDNN's f32 matmul
+// primitive against its bf16 matmul (AVX512_BF16, f32 accumulation). The per-shape
+// A/B of the f32 paths (sgemm vs primitive) is bench/gemm_shapes.cpp. Median of 7
+// timed runs after a warm-up, for 1024^3 and M x N x K = 768 x 3072 x 1024.
 //   ./build-amp/bench/bench_gemm_bf16        (set OMP_NUM_THREADS to pin threads)
 #include <algorithm>
 #include <chrono>

@@ -2,8 +2,12 @@
 
 #include <malloc.h>
 #include <sys/mman.h>
+#include <unistd.h>
 
+#include <algorithm>
+#include <atomic>
 #include <bit>
+#include <cstdint>
 #include <cstdlib>
 #include <cstring>
 #include <sstream>
@@ -25,6 +29,25 @@ __attribute__((constructor)) void keep_malloc_memory_mapped() {
   mallopt(M_TRIM_THRESHOLD, 1 << 30);
   mallopt(M_TOP_PAD, 64 << 20);
   mallopt(M_MMAP_THRESHOLD, 32 << 20);  // glibc's maximum; larger blocks are mmapped
+}
+// What stays: a malloc whose block lands above the heap's high-water mark touches
+// fresh pages of glibc's top pad (the 64 MiB the heap grows by at a time), one minor
+// fault per 4 KiB page. Kernels that malloc per call (std::vector scratch) and
+// long-lived small objects (autograd nodes) interleave, so with two threads the heap's
+// used top creeps up a few pages in some warm steps (issue 7: 2-9 faults per GPT step,
+// perf: memset in sum_3d's and index_accumulate_rows' vectors). Whenever the program
+// break has moved, the top chunk (the free memory between the highest block and the
+// break) is populated in one madvise(MADV_POPULATE_WRITE) call, so later growth into
+// it takes no faults. Runs at most once per heap extension; a no-op where the kernel
+// lacks MADV_POPULATE_WRITE (Linux < 5.14).
+void populate_heap_top_if_grown() {
+  static std::atomic<std::uintptr_t> seen_break{0};
+  const auto brk_now = reinterpret_cast<std::uintptr_t>(sbrk(0));
+  std::uintptr_t prev = seen_break.load(std::memory_order_relaxed);
+  if (brk_now == prev || !seen_break.compare_exchange_strong(prev, brk_now)) return;
+  const std::size_t top = mallinfo2().keepcost;  // bytes of the top chunk, ending at the break
+  const std::uintptr_t page = 4096, lo = (brk_now - std::min<std::uintptr_t>(top, brk_now)) / page * page;
+  if (brk_now > lo) madvise(reinterpret_cast<void*>(lo), brk_now - lo, MADV_POPULATE_WRITE);
 }
 constexpr std::size_t kAlign = 64;
 constexpr std::size_t kHugeThreshold = std::size_t{2} << 20;
@@ -104,6 +127,7 @@ void Allocator::account_alloc(std::size_t n, MemTag tag) {
 
 void* Allocator::allocate(std::size_t nbytes, MemTag tag) {
   const std::size_t cls = size_class(nbytes);
+  populate_heap_top_if_grown();
   std::lock_guard<std::mutex> lock(mu_);
   if (limit_ && stats_.current_total + nbytes > limit_) {
     ATH_FAIL("allocate", "out of memory: asked for ", human(nbytes), " (", mem_tag_name(tag), ") with ",

@@ -2,7 +2,7 @@
 // fused so that gelu(x) is never kept (llm.c's GELU recompute):
 //
 //   forward   h = gelu(x)              scratch (MemTag::workspace), freed after the GEMM
-//             y = b + h W^T
+//             y = h W^T + b           one GEMM, the bias in its epilogue
 //   backward  h = gelu(x)              recomputed into scratch for the weight gradient
 //             dW = dy^T h,  db = rowsum(dy)
 //             dx = (dy W) ⊙ gelu'(x)   the chain rule through the GEMM, then the activation
@@ -42,17 +42,11 @@ Tensor gelu_linear(const Tensor& x, const Tensor& weight, const Tensor& bias) {
   Tensor y = empty(out_shape, TensorOptions(x.dtype()));
   dispatch(x.dtype(), [&]<class T>() {
     if constexpr (std::is_floating_point_v<T> || is_half_v<T>) {
-      T* py = static_cast<T*>(y.raw_data());
       const cpu::Workspace h(static_cast<std::size_t>(M * in) * sizeof(T));  // gelu(x), dropped after the GEMM
       cpu::activation_forward<T>(kGelu, static_cast<const T*>(xc.raw_data()), h.as<T>(), M * in);
-      float beta = 0.0f;
-      if (bias.defined()) {  // y rows start as the bias; the GEMM adds h W^T on top (beta = 1)
-        const Tensor bc = detail::contiguous_raw(bias);
-        const T* pb = static_cast<const T*>(bc.raw_data());
-        for (int64_t r = 0; r < M; ++r) std::copy(pb, pb + out_f, py + r * out_f);
-        beta = 1.0f;
-      }
-      gemm_t<T>(false, true, M, out_f, in, h.as<T>(), in, static_cast<const T*>(wc.raw_data()), in, beta, py, out_f);
+      const Tensor bc = bias.defined() ? detail::contiguous_raw(bias) : Tensor();
+      detail::linear_gemm_t<T>(M, out_f, in, h.as<T>(), static_cast<const T*>(wc.raw_data()),
+                               bc.defined() ? static_cast<const T*>(bc.raw_data()) : nullptr, static_cast<T*>(y.raw_data()));
     }
   });
   if (!any_requires_grad({x, weight, bias})) return y;

@@ -1,5 +1,5 @@
 // matmul (batched, broadcasting, transposes handed to the GEMM) and linear
-// (GEMM with the bias fused into the output initialisation).
+// (one GEMM with the bias added in its epilogue, detail::linear_gemm_t).
 #include "athanor/ops/linalg.h"
 
 #include "athanor/ops/autocast.h"
@@ -125,16 +125,9 @@ Tensor linear(const Tensor& x, const Tensor& weight, const Tensor& bias) {
   Tensor y = empty(out_shape, TensorOptions(x.dtype()));
   dispatch(x.dtype(), [&]<class T>() {
     if constexpr (std::is_floating_point_v<T> || is_half_v<T>) {
-      T* py = static_cast<T*>(y.raw_data());
-      float beta = 0.0f;
-      if (bias.defined()) {  // y rows start as the bias; the GEMM adds x W^T on top (beta = 1)
-        const Tensor bc = detail::contiguous_raw(bias);
-        const T* pb = static_cast<const T*>(bc.raw_data());
-        for (int64_t r = 0; r < M; ++r) std::copy(pb, pb + out_f, py + r * out_f);
-        beta = 1.0f;
-      }
-      gemm_t<T>(false, true, M, out_f, in, static_cast<const T*>(xc.raw_data()), in, static_cast<const T*>(wc.raw_data()),
-                in, beta, py, out_f);
+      const Tensor bc = bias.defined() ? detail::contiguous_raw(bias) : Tensor();
+      detail::linear_gemm_t<T>(M, out_f, in, static_cast<const T*>(xc.raw_data()), static_cast<const T*>(wc.raw_data()),
+                               bc.defined() ? static_cast<const T*>(bc.raw_data()) : nullptr, static_cast<T*>(y.raw_data()));
     }
   });
   if (!any_requires_grad({x, weight, bias})) return y;

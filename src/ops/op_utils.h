@@ -41,6 +41,12 @@ void gemm_t(bool ta, bool tb, int64_t M, int64_t N, int64_t K, const T* A, int64
   if constexpr (std::is_same_v<T, float> || std::is_same_v<T, double>) cpu::gemm(ta, tb, M, N, K, T(1), A, lda, B, ldb, T(beta), C, ldc);
   else cpu::gemm_lowp<T>(ta, tb, M, N, K, 1.0f, A, lda, B, ldb, beta, C, ldc);
 }
+// y[M, out] = x[M, in] W[out, in]^T + bias (bias may be null): the forward GEMM of linear
+// and gelu_linear, with the bias added in the GEMM's epilogue (cpu::gemm_bias).
+template <class T>
+void linear_gemm_t(int64_t M, int64_t out, int64_t in, const T* x, const T* weight, const T* bias, T* y) {
+  cpu::gemm_bias<T>(false, true, M, out, in, x, in, weight, in, bias, y, out);
+}
 // A contiguous tensor with x's values (x itself when already contiguous). Not recorded.
 Tensor contiguous_raw(const Tensor& x);
 // x converted to dtype, contiguous. Not recorded.

@@ -67,6 +67,26 @@ TEST(GemmBf16, LeadingDimensionsLargerThanRows) {
   EXPECT_CLOSE(fast_t, ref_t, 1e-2, 1.0 / 128);
 }
 
+TEST(GemmBf16, BiasInTheEpilogueMatchesReference) {
+  // gemm_bias (linear's forward under autocast): bf16 x, W, b; the bias added by the
+  // primitive before the single rounding to bf16. Reference: C prefilled with the bias,
+  // beta = 1, accumulated in double, rounded once.
+  Generator g(24);
+  for (auto [M, N, K] : kShapes)
+    for (bool ta : {false, true})
+      for (bool tb : {false, true}) {
+        SCOPED_TRACE(std::to_string(M) + "x" + std::to_string(N) + "x" + std::to_string(K) + (ta ? " ta" : "") + (tb ? " tb" : ""));
+        Tensor A = randn(ta ? Shape{K, M} : Shape{M, K}, DType::bf16, g), B = randn(tb ? Shape{N, K} : Shape{K, N}, DType::bf16, g);
+        Tensor bias = randn({N}, DType::bf16, g);
+        Tensor fast = full({M, N}, 99.0, DType::bf16), ref = contiguous(expand(unsqueeze(bias, 0), {M, N}));
+        cpu::gemm_bias<bfloat16>(ta, tb, M, N, K, A.data_ptr<bfloat16>(), A.size(1), B.data_ptr<bfloat16>(), B.size(1),
+                                 bias.data_ptr<bfloat16>(), fast.data_ptr<bfloat16>(), N);
+        cpu::ref::gemm<bfloat16>(ta, tb, M, N, K, 1.0, A.data_ptr<bfloat16>(), A.size(1), B.data_ptr<bfloat16>(),
+                                 B.size(1), 1.0, ref.data_ptr<bfloat16>(), N);
+        EXPECT_CLOSE(fast, ref, 1e-2, 1.0 / 128);
+      }
+}
+
 TEST(GemmBf16, PrimitivesAreCachedByShape) {
   Generator g(23);
   Tensor A = randn({17, 19}, DType::bf16, g), B = randn({19, 23}, DType::bf16, g), C = empty({17, 23}, DType::bf16);

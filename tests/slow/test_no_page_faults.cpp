@@ -9,10 +9,11 @@
 // the trainer's history vector doubling and a loader thread touching a new stack
 // page, not buffers re-faulted every step (those cost hundreds of faults/step).
 //
-// Why it holds: the tagged allocator caches its blocks, and glibc is kept from
-// handing freed memory back to the kernel (mallopt in src/core/allocator.cpp), which
-// oneDNN's sgemm needs: it mallocs its packing buffers on every call, and before
-// that fix a small GPT step re-faulted them ~1,600 times (1 thread), an MLP step
+// Why it holds: the tagged allocator caches its blocks; the GEMMs run on oneDNN
+// matmul primitives with a per-thread scratchpad (src/backend/cpu/gemm.cpp); glibc is
+// kept from handing freed memory back to the kernel, and its heap's top pad is made
+// resident when the heap grows (src/core/allocator.cpp), for what still mallocs per
+// call. Before that a small GPT step re-faulted ~1,600 times (1 thread), an MLP step
 // 30-130 times. Page faults are a process-wide count, so these tests live in
 // tests/slow/ (run serially): another test's threads do not share the process, but
 // a loaded machine shifts which thread frees what, and the figure is only
@@ -128,16 +129,20 @@ TEST(NoPageFaults, WarmMlpStepsMakeNoSystemAllocatorCalls) {
   EXPECT_EQ(s.system_frees, 0u);
 }
 
-// The page-fault requirement. Fails today when run alone (each ctest test is its own
-// process): 20-1600 faults/step, see the header comment. Enable after the fix.
-// DISABLED (issue 7, open): with 2 OpenMP threads the GPT step still takes page
-// faults in some runs — 0.0/step alone on a quiet machine, 48.7/step (17.7 on the
-// training thread) in the fresh-clone CI run of 2026-11-22; perf places them in
-// oneDNN's JIT'ed sgemm code, and the 1-thread GPT and the MLP are fault-free.
-// Until the cause is found (oneDNN scratchpad from Allocator::cpu()?) this figure
-// is reported by `athanor bench` rather than asserted; the test still runs with
-// --gtest_also_run_disabled_tests.
-TEST(NoPageFaults, DISABLED_GptStepsTakeNoPageFaults) {
+// The page-fault requirement on the default 2 OpenMP threads. Until issue 7 this
+// failed in some runs (0-65 faults/step, up to 33 on the training thread): perf
+// (exceptions:page_fault_user) put them in oneDNN's JIT'ed sgemm code writing fresh
+// pages at the top of the malloc heap. sgemm mallocs its packing buffers on every
+// call from whichever thread runs it; with two threads the order of those mallocs and
+// frees varies from step to step, so the heap's high-water mark kept creeping into
+// the untouched top pad (no brk or mmap in steady state: strace shows none). The GEMMs
+// now run on oneDNN matmul primitives with a per-thread scratchpad (gemm.cpp), inside
+// parallel regions too (the attention tiles); that alone left 2-9 faults/step from
+// kernels' std::vector scratch (sum_3d, index_accumulate_rows), which the populated
+// top pad (allocator.cpp) absorbs. Measured after both on the loaded 2-core dev box:
+// 0.0 faults/step and no system allocations in 10 runs of this test alone and 10 runs
+// of the whole file (50 measurements).
+TEST(NoPageFaults, GptStepsTakeNoPageFaults) {
   const std::string dir = testing::fresh_temp_dir("no_page_faults_gpt");
   train::Trainer t(gpt_config(dir), /*write_run_files=*/false);
   expect_steady(measure(t, "GPT 2x256, T=256, B=8, AdamW"));

@@ -1,13 +1,35 @@
+// GEMM dispatch (see gemm.h). f32 and bf16 run on cached oneDNN matmul primitives;
+// tiny f32 GEMMs (under kMinPrimitiveWork multiply-adds) on dnnl_sgemm, f64 on OpenBLAS.
+//
+// Why primitives rather than dnnl_sgemm for f32 (issue 7, measured on the 2-core dev
+// box, bench/gemm_shapes.cpp and /tmp harnesses):
+//  - dnnl_sgemm parallelises a small-M x W^T (linear's forward, M = 128) badly: on 2
+//    threads it spends up to 2x the CPU time of 1 thread (128x1024x1024: ~85 GFLOP per
+//    CPU-second against ~165 for the primitive; 2048x256x1024: ~127 against ~183). The
+//    backward layouts (NN, TN) parallelise well on both.
+//  - dnnl_sgemm mallocs its packing buffers on every call, from whichever thread runs
+//    it (also from inside our parallel regions: the attention tiles). With two threads
+//    the order of those mallocs and frees varies from step to step and glibc's heap
+//    top kept creeping into fresh pages: 0-65 minor faults per warm GPT step. A
+//    primitive takes its scratchpad from us (scratchpad_mode::user): a per-thread
+//    buffer, allocated once.
+//  - A primitive adds the bias in its epilogue (gemm_bias: linear's forward), instead
+//    of a prefill of C and beta = 1.
+// Single-thread CPU time per call is the same within noise (64x64x64: ~5 us both;
+// 128x1024x784: ~0.5 ms both), so the primitive costs nothing on small tiles either.
 #include "backend/cpu/gemm.h"
 
 #include <cblas.h>
 #include <oneapi/dnnl/dnnl.h>
 #include <oneapi/dnnl/dnnl.hpp>
 
+#include <algorithm>
+#include <cstdlib>
 #include <map>
 #include <mutex>
 #include <optional>
 #include <tuple>
+#include <unordered_map>
 #include <vector>
 
 #include "athanor/core/convert.h"
@@ -15,11 +37,152 @@
 
 namespace athanor::cpu {
 
+namespace {
+
+using dt = dnnl::memory::data_type;
+
+// M*N*K below which an f32 GEMM goes to sgemm (16^3: gradcheck-sized products, which
+// would only fill the cache).
+constexpr int64_t kMinPrimitiveWork = int64_t{16} * 16 * 16;
+// Shapes beyond this many primitives run on the fallback path instead of growing the
+// cache (generation with a growing sequence length would otherwise create one per token).
+constexpr std::size_t kMaxCachedPrimitives = 512;
+
+// Everything that defines a primitive: dtypes (inputs, output, bias or undef), transposes,
+// sizes, leading dimensions, alpha, beta.
+using MatmulKey = std::tuple<dt, dt, dt, bool, bool, int64_t, int64_t, int64_t, int64_t, int64_t, int64_t, float, float>;
+
+struct CachedMatmul {
+  dnnl::matmul prim;
+  std::size_t scratchpad_bytes = 0;
+  dnnl::memory::desc scratchpad_md;
+  bool uncached = false;  // made for one call because the cache was full
+};
+
+struct DnnlState {
+  dnnl::engine engine{dnnl::engine::kind::cpu, 0};
+  std::mutex mu;
+  std::map<MatmulKey, std::optional<CachedMatmul>> cache;  // nullopt: oneDNN has no matmul for this key
+};
+DnnlState& dnnl_state() {
+  static DnnlState s;
+  return s;
+}
+
+// The scratchpad of this thread's primitive calls: grown on demand and kept for the
+// thread's life (the training thread and the OpenMP workers live as long as the
+// process), so warm calls allocate nothing, and no call competes with tensors for the
+// Allocator's blocks. Plain aligned_alloc: it is called inside parallel regions too
+// (attention tiles), where nothing may throw; null makes the caller fall back to sgemm.
+// Not tagged: like oneDNN's own scratchpads, a few hundred KiB per thread.
+void* thread_scratch(std::size_t bytes) {
+  struct Buffer {
+    void* p = nullptr;
+    std::size_t n = 0;
+    ~Buffer() { std::free(p); }
+  };
+  thread_local Buffer buf;
+  if (bytes > buf.n) {
+    std::free(buf.p);
+    const std::size_t n = (std::max(bytes, 2 * buf.n) + 4095) / 4096 * 4096;
+    buf.p = std::aligned_alloc(4096, n);
+    buf.n = buf.p ? n : 0;
+  }
+  return buf.p;
+}
+
+template <class T> constexpr dt dnnl_type() {
+  if constexpr (std::is_same_v<T, float>) return dt::f32;
+  else return dt::bf16;
+}
+
+// C = alpha op(A) op(B) (+ bias[N] on every row) + beta C through a cached oneDNN matmul
+// primitive. Transposes are strides of the memory descriptors (no copies); alpha is an
+// output scale, beta a sum post-op. Returns false when oneDNN has no matmul for this
+// case (the caller takes its fallback path).
+template <class TA, class TC>
+bool matmul_dnnl(bool ta, bool tb, int64_t M, int64_t N, int64_t K, float alpha, const TA* A, int64_t lda, const TA* B,
+                 int64_t ldb, const TC* bias, float beta, TC* C, int64_t ldc) {
+  const dt in_t = dnnl_type<TA>(), out_t = dnnl_type<TC>(), bias_t = bias ? out_t : dt::undef;
+  DnnlState& st = dnnl_state();
+  const dnnl::memory::desc a_md({M, K}, in_t, ta ? dnnl::memory::dims{1, lda} : dnnl::memory::dims{lda, 1});
+  const dnnl::memory::desc b_md({K, N}, in_t, tb ? dnnl::memory::dims{1, ldb} : dnnl::memory::dims{ldb, 1});
+  const dnnl::memory::desc c_md({M, N}, out_t, dnnl::memory::dims{ldc, 1});
+  const dnnl::memory::desc bias_md = bias ? dnnl::memory::desc({1, N}, bias_t, dnnl::memory::dims{N, 1}) : dnnl::memory::desc();
+  const MatmulKey key{in_t, out_t, bias_t, ta, tb, M, N, K, lda, ldb, ldc, alpha, beta};
+  // Each thread keeps the primitives it used (no lock on the hot path: the attention
+  // kernels call this from inside their parallel regions); misses go to the shared cache.
+  thread_local std::map<MatmulKey, CachedMatmul> local_cache;
+  std::optional<CachedMatmul> entry;
+  if (auto lit = local_cache.find(key); lit != local_cache.end()) entry = lit->second;
+  if (!entry) {
+    auto create = [&]() -> std::optional<CachedMatmul> {
+      try {
+        dnnl::primitive_attr attr;
+        attr.set_scratchpad_mode(dnnl::scratchpad_mode::user);
+        if (alpha != 1.0f) attr.set_output_scales(0, {alpha});
+        if (beta != 0.0f) {
+          dnnl::post_ops po;
+          po.append_sum(beta);
+          attr.set_post_ops(po);
+        }
+        const dnnl::matmul::desc d = bias ? dnnl::matmul::desc(a_md, b_md, bias_md, c_md) : dnnl::matmul::desc(a_md, b_md, c_md);
+        const dnnl::matmul::primitive_desc pd(d, attr, st.engine);
+        return CachedMatmul{dnnl::matmul(pd), pd.scratchpad_desc().get_size(), pd.scratchpad_desc()};
+      } catch (const dnnl::error&) {  // no implementation (old ISA, unsupported strides): the fallback path
+        return std::nullopt;
+      }
+    };
+    std::lock_guard<std::mutex> lock(st.mu);
+    auto it = st.cache.find(key);
+    if (it != st.cache.end()) {
+      entry = it->second;
+    } else if (st.cache.size() < kMaxCachedPrimitives) {
+      entry = st.cache.emplace(key, create()).first->second;
+    } else if constexpr (std::is_same_v<TA, float>) {
+      return false;  // cache full: sgemm is as fast and needs no primitive
+    } else {
+      entry = create();  // cache full: a one-off primitive beats converting to f32
+      if (entry) entry->uncached = true;
+    }
+    if (!entry) return false;
+    if (!entry->uncached) local_cache.emplace(key, *entry);
+  }
+  thread_local dnnl::stream stream(dnnl_state().engine);
+  void* scratch = nullptr;
+  if (entry->scratchpad_bytes && !(scratch = thread_scratch(entry->scratchpad_bytes))) return false;
+  dnnl::memory am(a_md, st.engine, const_cast<TA*>(A)), bm(b_md, st.engine, const_cast<TA*>(B)), cm(c_md, st.engine, C);
+  std::unordered_map<int, dnnl::memory> args{{DNNL_ARG_SRC, am}, {DNNL_ARG_WEIGHTS, bm}, {DNNL_ARG_DST, cm}};
+  if (bias) args.emplace(DNNL_ARG_BIAS, dnnl::memory(bias_md, st.engine, const_cast<TC*>(bias)));
+  if (entry->scratchpad_bytes) args.emplace(DNNL_ARG_SCRATCHPAD, dnnl::memory(entry->scratchpad_md, st.engine, scratch));
+  entry->prim.execute(stream, args);
+  stream.wait();
+  return true;
+}
+
+bool use_f32_primitive(int64_t M, int64_t N, int64_t K) { return K > 0 && M * N * K >= kMinPrimitiveWork; }
+
+void sgemm(bool ta, bool tb, int64_t M, int64_t N, int64_t K, float alpha, const float* A, int64_t lda, const float* B,
+           int64_t ldb, float beta, float* C, int64_t ldc) {
+  const dnnl_status_t st = dnnl_sgemm(ta ? 'T' : 'N', tb ? 'T' : 'N', M, N, K, alpha, A, lda, B, ldb, beta, C, ldc);
+  ATH_CHECK(st == dnnl_success, "gemm", "oneDNN sgemm failed with status ", static_cast<int>(st), " for M=", M, " N=", N, " K=", K);
+}
+
+}  // namespace
+
 void gemm(bool ta, bool tb, int64_t M, int64_t N, int64_t K, float alpha, const float* A, int64_t lda, const float* B,
           int64_t ldb, float beta, float* C, int64_t ldc) {
   if (M == 0 || N == 0) return;
-  const dnnl_status_t st = dnnl_sgemm(ta ? 'T' : 'N', tb ? 'T' : 'N', M, N, K, alpha, A, lda, B, ldb, beta, C, ldc);
-  ATH_CHECK(st == dnnl_success, "gemm", "oneDNN sgemm failed with status ", static_cast<int>(st), " for M=", M, " N=", N, " K=", K);
+  if (use_f32_primitive(M, N, K) &&
+      matmul_dnnl<float, float>(ta, tb, M, N, K, alpha, A, lda, B, ldb, nullptr, beta, C, ldc))
+    return;
+  sgemm(ta, tb, M, N, K, alpha, A, lda, B, ldb, beta, C, ldc);
+}
+
+void gemm_tile(bool ta, bool tb, int64_t M, int64_t N, int64_t K, float alpha, const float* A, int64_t lda,
+               const float* B, int64_t ldb, float beta, float* C, int64_t ldc) {
+  if (M == 0 || N == 0) return;
+  sgemm(ta, tb, M, N, K, alpha, A, lda, B, ldb, beta, C, ldc);
 }
 
 void gemm(bool ta, bool tb, int64_t M, int64_t N, int64_t K, double alpha, const double* A, int64_t lda,
@@ -49,62 +212,13 @@ void gemm_via_f32(bool ta, bool tb, int64_t M, int64_t N, int64_t K, float alpha
     for (int64_t j = 0; j < N; ++j) C[i * ldc + j] = TC(c[i * N + j]);
 }
 
-// bf16 x bf16 -> bf16/f32 through oneDNN's matmul primitive (AVX512_BF16 dot
-// products, f32 accumulation). Transposes are expressed as strides of the
-// memory descriptors (no copies); alpha is an output scale, beta a sum post-op.
-// Primitives are cached by everything that defines them.
-using MatmulKey = std::tuple<bool, bool, int64_t, int64_t, int64_t, int64_t, int64_t, int64_t, float, float, bool>;
-
-struct DnnlState {
-  dnnl::engine engine{dnnl::engine::kind::cpu, 0};
-  std::mutex mu;
-  std::map<MatmulKey, std::optional<dnnl::matmul>> cache;  // nullopt: oneDNN has no bf16 matmul for this key
-};
-DnnlState& dnnl_state() {
-  static DnnlState s;
-  return s;
-}
-
-// Returns false when oneDNN has no bf16 matmul here (the caller then converts to f32).
-template <class TC>
-bool gemm_bf16_dnnl(bool ta, bool tb, int64_t M, int64_t N, int64_t K, float alpha, const bfloat16* A, int64_t lda,
-                    const bfloat16* B, int64_t ldb, float beta, TC* C, int64_t ldc) {
-  using dt = dnnl::memory::data_type;
-  constexpr bool out_f32 = std::is_same_v<TC, float>;
-  DnnlState& st = dnnl_state();
-  const dnnl::memory::desc a_md({M, K}, dt::bf16, ta ? dnnl::memory::dims{1, lda} : dnnl::memory::dims{lda, 1});
-  const dnnl::memory::desc b_md({K, N}, dt::bf16, tb ? dnnl::memory::dims{1, ldb} : dnnl::memory::dims{ldb, 1});
-  const dnnl::memory::desc c_md({M, N}, out_f32 ? dt::f32 : dt::bf16, dnnl::memory::dims{ldc, 1});
-  dnnl::matmul prim;
-  {
-    std::lock_guard<std::mutex> lock(st.mu);
-    const MatmulKey key{ta, tb, M, N, K, lda, ldb, ldc, alpha, beta, out_f32};
-    auto it = st.cache.find(key);
-    if (it == st.cache.end()) {
-      try {
-        dnnl::primitive_attr attr;
-        if (alpha != 1.0f) attr.set_output_scales(0, {alpha});
-        if (beta != 0.0f) {
-          dnnl::post_ops po;
-          po.append_sum(beta);
-          attr.set_post_ops(po);
-        }
-        const dnnl::matmul::desc d(a_md, b_md, c_md);
-        const dnnl::matmul::primitive_desc pd(d, attr, st.engine);
-        it = st.cache.emplace(key, dnnl::matmul(pd)).first;
-      } catch (const dnnl::error&) {  // no implementation (old ISA, unsupported strides): the f32 path
-        it = st.cache.emplace(key, std::nullopt).first;
-      }
-    }
-    if (!it->second) return false;
-    prim = *it->second;
-  }
-  thread_local dnnl::stream stream(dnnl_state().engine);
-  dnnl::memory am(a_md, st.engine, const_cast<bfloat16*>(A)), bm(b_md, st.engine, const_cast<bfloat16*>(B)),
-      cm(c_md, st.engine, C);
-  prim.execute(stream, {{DNNL_ARG_SRC, am}, {DNNL_ARG_WEIGHTS, bm}, {DNNL_ARG_DST, cm}});
-  stream.wait();
-  return true;
+// Fallback of gemm_bias: C rows start as the bias, the GEMM adds op(A) op(B) (beta = 1).
+template <class T>
+void gemm_bias_via_prefill(bool ta, bool tb, int64_t M, int64_t N, int64_t K, const T* A, int64_t lda, const T* B,
+                           int64_t ldb, const T* bias, T* C, int64_t ldc) {
+  for (int64_t r = 0; r < M; ++r) std::copy(bias, bias + N, C + r * ldc);
+  if constexpr (std::is_same_v<T, float> || std::is_same_v<T, double>) gemm(ta, tb, M, N, K, T(1), A, lda, B, ldb, T(1), C, ldc);
+  else gemm_lowp<T>(ta, tb, M, N, K, 1.0f, A, lda, B, ldb, 1.0f, C, ldc);
 }
 
 }  // namespace
@@ -114,7 +228,7 @@ void gemm_lowp(bool ta, bool tb, int64_t M, int64_t N, int64_t K, float alpha, c
                int64_t ldb, float beta, T* C, int64_t ldc) {
   if (M == 0 || N == 0) return;
   if constexpr (std::is_same_v<T, bfloat16>) {
-    if (K > 0 && gemm_bf16_dnnl<bfloat16>(ta, tb, M, N, K, alpha, A, lda, B, ldb, beta, C, ldc)) return;
+    if (K > 0 && matmul_dnnl<bfloat16, bfloat16>(ta, tb, M, N, K, alpha, A, lda, B, ldb, nullptr, beta, C, ldc)) return;
   }
   gemm_via_f32<T, T>(ta, tb, M, N, K, alpha, A, lda, B, ldb, beta, C, ldc);
 }
@@ -126,20 +240,49 @@ template void gemm_lowp<float16>(bool, bool, int64_t, int64_t, int64_t, float, c
 void gemm_bf16_f32out(bool ta, bool tb, int64_t M, int64_t N, int64_t K, float alpha, const bfloat16* A, int64_t lda,
                       const bfloat16* B, int64_t ldb, float beta, float* C, int64_t ldc) {
   if (M == 0 || N == 0) return;
-  if (K > 0 && gemm_bf16_dnnl<float>(ta, tb, M, N, K, alpha, A, lda, B, ldb, beta, C, ldc)) return;
+  if (K > 0 && matmul_dnnl<bfloat16, float>(ta, tb, M, N, K, alpha, A, lda, B, ldb, nullptr, beta, C, ldc)) return;
   gemm_via_f32<bfloat16, float>(ta, tb, M, N, K, alpha, A, lda, B, ldb, beta, C, ldc);
 }
 
-size_t gemm_bf16_cached_primitives() {
-  std::lock_guard<std::mutex> lock(dnnl_state().mu);
-  return dnnl_state().cache.size();
+template <class T>
+void gemm_bias(bool ta, bool tb, int64_t M, int64_t N, int64_t K, const T* A, int64_t lda, const T* B, int64_t ldb,
+               const T* bias, T* C, int64_t ldc) {
+  if (M == 0 || N == 0) return;
+  if (!bias) {
+    if constexpr (std::is_same_v<T, float> || std::is_same_v<T, double>) gemm(ta, tb, M, N, K, T(1), A, lda, B, ldb, T(0), C, ldc);
+    else gemm_lowp<T>(ta, tb, M, N, K, 1.0f, A, lda, B, ldb, 0.0f, C, ldc);
+    return;
+  }
+  if constexpr (std::is_same_v<T, float>) {
+    if (use_f32_primitive(M, N, K) && matmul_dnnl<float, float>(ta, tb, M, N, K, 1.0f, A, lda, B, ldb, bias, 0.0f, C, ldc))
+      return;
+  } else if constexpr (std::is_same_v<T, bfloat16>) {
+    if (K > 0 && matmul_dnnl<bfloat16, bfloat16>(ta, tb, M, N, K, 1.0f, A, lda, B, ldb, bias, 0.0f, C, ldc)) return;
+  }
+  gemm_bias_via_prefill<T>(ta, tb, M, N, K, A, lda, B, ldb, bias, C, ldc);
 }
+template void gemm_bias<float>(bool, bool, int64_t, int64_t, int64_t, const float*, int64_t, const float*, int64_t,
+                               const float*, float*, int64_t);
+template void gemm_bias<double>(bool, bool, int64_t, int64_t, int64_t, const double*, int64_t, const double*, int64_t,
+                                const double*, double*, int64_t);
+template void gemm_bias<bfloat16>(bool, bool, int64_t, int64_t, int64_t, const bfloat16*, int64_t, const bfloat16*,
+                                  int64_t, const bfloat16*, bfloat16*, int64_t);
+template void gemm_bias<float16>(bool, bool, int64_t, int64_t, int64_t, const float16*, int64_t, const float16*,
+                                 int64_t, const float16*, float16*, int64_t);
+
+size_t gemm_cached_primitives(bool bf16_inputs) {
+  std::lock_guard<std::mutex> lock(dnnl_state().mu);
+  size_t n = 0;
+  for (const auto& [key, prim] : dnnl_state().cache) n += (std::get<0>(key) == dt::bf16) == bf16_inputs;
+  return n;
+}
+size_t gemm_bf16_cached_primitives() { return gemm_cached_primitives(/*bf16_inputs=*/true); }
 
 std::string gemm_backend_name() {
   const dnnl_version_t* v = dnnl_version();
   return "oneDNN " + std::to_string(v->major) + "." + std::to_string(v->minor) + "." + std::to_string(v->patch) +
-         " (f32 sgemm, bf16 matmul, JIT " + std::string(v->cpu_runtime == DNNL_RUNTIME_OMP ? "OpenMP" : "other runtime") +
-         "), OpenBLAS (f64)";
+         " (f32/bf16 matmul primitives, f32 sgemm for small GEMMs, JIT " +
+         std::string(v->cpu_runtime == DNNL_RUNTIME_OMP ? "OpenMP" : "other runtime") + "), OpenBLAS (f64)";
 }
 
 std::string cpu_isa_name() {

@@ -1,11 +1,12 @@
 #pragma once
 // Row-major GEMM: C = alpha * op(A) @ op(B) + beta * C, op = transpose when ta/tb.
 // op(A) is M x K, op(B) is K x N; lda/ldb/ldc are row strides of the stored matrices.
-// f32 goes to oneDNN (dnnl_sgemm: JIT AVX-512, unaffected by OPENBLAS_CORETYPE);
-// f64 to OpenBLAS. bf16 goes to oneDNN's matmul primitive (AVX512_BF16, f32
-// accumulation; primitives cached by shape/transposition/dtype/alpha/beta; falls
-// back to the f32 path where oneDNN has no bf16 matmul). f16 is converted to f32
-// (exact semantics; f16 speed comes from GPUs).
+// f32 and bf16 go to oneDNN matmul primitives (JIT AVX-512 / AVX512_BF16, f32
+// accumulation), cached by dtype/shape/transposition/strides/alpha/beta/bias, with
+// their scratchpad in a per-thread buffer (no malloc, no page faults in warm
+// steps); f32 GEMMs under 16^3 multiply-adds go to dnnl_sgemm, bf16 where oneDNN has
+// no bf16 matmul to the f32 path. f64 goes to OpenBLAS. f16 is converted to f32
+// (exact semantics; f16 speed comes from GPUs). gemm.cpp says why, with the figures.
 #include <cstddef>
 #include <cstdint>
 #include <string>
@@ -16,6 +17,11 @@ namespace athanor::cpu {
 
 void gemm(bool ta, bool tb, int64_t M, int64_t N, int64_t K, float alpha, const float* A, int64_t lda, const float* B,
           int64_t ldb, float beta, float* C, int64_t ldc);
+// A small f32 GEMM called from inside a parallel region (attention tiles): dnnl_sgemm
+// directly. Per call it costs ~1 µs of setup against ~10 µs for a matmul primitive
+// (memory objects, argument map, stream wait), which dominated 64x64 tiles.
+void gemm_tile(bool ta, bool tb, int64_t M, int64_t N, int64_t K, float alpha, const float* A, int64_t lda,
+               const float* B, int64_t ldb, float beta, float* C, int64_t ldc);
 void gemm(bool ta, bool tb, int64_t M, int64_t N, int64_t K, double alpha, const double* A, int64_t lda,
           const double* B, int64_t ldb, double beta, double* C, int64_t ldc);
 template <class T>  // T = bfloat16 or float16; accumulates in f32
@@ -25,7 +31,16 @@ void gemm_lowp(bool ta, bool tb, int64_t M, int64_t N, int64_t K, float alpha, c
 // bf16 inputs, f32 output (accumulates in f32; beta scales the f32 C).
 void gemm_bf16_f32out(bool ta, bool tb, int64_t M, int64_t N, int64_t K, float alpha, const bfloat16* A, int64_t lda,
                       const bfloat16* B, int64_t ldb, float beta, float* C, int64_t ldc);
-size_t gemm_bf16_cached_primitives();  // number of oneDNN bf16 matmul primitives in the cache (tests)
+// C = op(A) @ op(B) + bias, bias [N] added to every row (null: no bias); C is written,
+// not read. linear's forward: on a oneDNN primitive (f32, bf16) the bias is added in the
+// GEMM's epilogue; otherwise C rows are set to the bias and the GEMM accumulates (beta = 1).
+template <class T>  // T = float, double, bfloat16, float16
+void gemm_bias(bool ta, bool tb, int64_t M, int64_t N, int64_t K, const T* A, int64_t lda, const T* B, int64_t ldb,
+               const T* bias, T* C, int64_t ldc);
+
+// Number of cached oneDNN matmul primitives with bf16 (true) or f32 (false) inputs (tests).
+size_t gemm_cached_primitives(bool bf16_inputs);
+size_t gemm_bf16_cached_primitives();  // gemm_cached_primitives(true)
 
 std::string gemm_backend_name();  // e.g. "oneDNN 2.6.3 (f32), OpenBLAS (f64)"
 std::string cpu_isa_name();       // e.g. "AVX-512 + AVX512_BF16"
