@@ -20,13 +20,29 @@ struct LaterFirst {
   }
 };
 
-// Gradient arriving at output `slot` of `node`: checked against what the node
-// produced, converted to its dtype, and summed with earlier arrivals.
-void deposit(std::unordered_map<Node*, std::vector<Tensor>>& buffers, Node* node, uint32_t slot, Tensor g,
-             const std::string& from) {
+// The gradients waiting at one node, per output slot: a dense sum, and row-sparse parts
+// that found no dense buffer they could be added into yet.
+struct InputBuffer {
+  std::vector<Tensor> dense;
+  std::vector<std::vector<RowSparseGrad>> rows;
+};
+using Buffers = std::unordered_map<Node*, InputBuffer>;
+
+InputBuffer& buffer_of(Buffers& buffers, Node* node, uint32_t slot) {
   auto& buf = buffers[node];
-  if (buf.size() < node->output_meta.size()) buf.resize(node->output_meta.size());
-  ATH_ASSERT(slot < buf.size());
+  if (buf.dense.size() < node->output_meta.size()) buf.dense.resize(node->output_meta.size());
+  ATH_ASSERT(slot < buf.dense.size());
+  return buf;
+}
+
+// Gradient arriving at output `slot` of `node`: checked against what the node
+// produced, converted to its dtype, and summed with earlier arrivals, in place
+// when the engine holds the only reference to one of the two summands.
+// `from` is the node whose backward produced g (null: the root gradient); named only in errors.
+std::string source_name(const Node* from) { return from ? "the backward of " + from->name() : "the root"; }
+
+void deposit(Buffers& buffers, Node* node, uint32_t slot, Tensor g, const Node* from) {
+  auto& buf = buffer_of(buffers, node, slot);
   const TensorMeta& meta = node->output_meta[slot];
   ATH_CHECK(g.sizes() == meta.sizes, "backward",
             "gradient from ", from, " has shape ", g.describe(), " but ", node->name(), " output ", slot, " is ",
@@ -34,10 +50,41 @@ void deposit(std::unordered_map<Node*, std::vector<Tensor>>& buffers, Node* node
   if (g.dtype() != meta.dtype) {
     Tensor c = empty(g.sizes(), TensorOptions(meta.dtype));
     copy_into(c, g);
-    g = c;
+    g = std::move(c);
   }
-  if (!buf[slot].defined()) buf[slot] = g;
-  else buf[slot] = add_new(buf[slot], g);
+  Tensor& acc = buf.dense[slot];
+  if (!acc.defined()) acc = std::move(g);
+  else if (exclusively_owned(acc)) add_into(acc, g);
+  else if (exclusively_owned(g)) {  // same shape and dtype (checked above): a + b = b + a
+    add_into(g, acc);
+    acc = std::move(g);
+  } else acc = add_new(acc, g);
+}
+
+// A row-sparse gradient arriving at output `slot` of `node`: added straight into the dense
+// sum when the engine owns it, else kept until the node runs.
+void deposit_rows(Buffers& buffers, Node* node, uint32_t slot, RowSparseGrad g, const Node* from) {
+  auto& buf = buffer_of(buffers, node, slot);
+  const TensorMeta& meta = node->output_meta[slot];
+  const bool fits = !meta.sizes.empty() && g.indices.dim() == 1 && g.rows.dim() == static_cast<int64_t>(meta.sizes.size()) &&
+                    g.rows.size(0) == g.indices.size(0) &&
+                    Shape(g.rows.sizes().begin() + 1, g.rows.sizes().end()) == Shape(meta.sizes.begin() + 1, meta.sizes.end());
+  ATH_CHECK(fits, "backward", "row-sparse gradient from ", source_name(from), " (indices ", g.indices.describe(), ", rows ",
+            g.rows.describe(), ") does not fit ", node->name(), " output ", slot, " ", meta.str(),
+            Hint{"this is a bug in the op's backward; please report it"});
+  Tensor& acc = buf.dense[slot];
+  if (acc.defined() && exclusively_owned(acc) && rows_addable(acc, g)) {
+    add_rows_into(acc, g);
+    return;
+  }
+  if (buf.rows.size() < buf.dense.size()) buf.rows.resize(buf.dense.size());
+  buf.rows[slot].push_back(std::move(g));
+}
+
+bool has_pre_hook(const Node& node, size_t slot) {
+  for (const auto& [s, hook] : node.pre_hooks)
+    if (s == slot) return true;
+  return false;
 }
 
 }  // namespace
@@ -47,7 +94,7 @@ void backward(const std::vector<Tensor>& roots, const std::vector<Tensor>& grad_
             " tensors but ", grad_roots.size(), " gradients");
   NoGradGuard no_grad;  // backward closures record nothing (no higher-order gradients)
 
-  std::unordered_map<Node*, std::vector<Tensor>> buffers;
+  Buffers buffers;
   std::vector<std::shared_ptr<Node>> root_nodes;
   for (size_t i = 0; i < roots.size(); ++i) {
     const Tensor& r = roots[i];
@@ -61,7 +108,7 @@ void backward(const std::vector<Tensor>& roots, const std::vector<Tensor>& grad_
       g = ones(r.sizes(), TensorOptions(r.dtype()));
     }
     Edge e = gradient_edge(r);
-    deposit(buffers, e.node.get(), e.input_nr, g, "the root");
+    deposit(buffers, e.node.get(), e.input_nr, g, nullptr);
     root_nodes.push_back(e.node);
   }
 
@@ -93,9 +140,25 @@ void backward(const std::vector<Tensor>& roots, const std::vector<Tensor>& grad_
   while (!ready.empty()) {
     std::shared_ptr<Node> node = ready.top();
     ready.pop();
-    std::vector<Tensor> grads = std::move(buffers[node.get()]);
+    InputBuffer buf = std::move(buffers[node.get()]);
     buffers.erase(node.get());
+    std::vector<Tensor> grads = std::move(buf.dense);
     grads.resize(node->output_meta.size());
+    bool accumulated = false;  // row-sparse gradients already added into a leaf's .grad
+    for (size_t slot = 0; slot < buf.rows.size(); ++slot) {
+      if (buf.rows[slot].empty()) continue;
+      auto* acc_node = dynamic_cast<AccumulateGrad*>(node.get());
+      if (acc_node && !grads[slot].defined() && !has_pre_hook(*node, slot)) {
+        observe::BackwardNodeTimer timer(node->name());
+        if (acc_node->accumulate_rows(buf.rows[slot])) {
+          accumulated = true;
+          continue;
+        }
+      }
+      const TensorMeta& meta = node->output_meta[slot];
+      grads[slot] = materialize_rows(std::move(grads[slot]), buf.rows[slot], meta.sizes, meta.dtype);
+    }
+    if (accumulated) continue;  // AccumulateGrad has one slot and no inputs: nothing left to run
     for (auto& [slot, hook] : node->pre_hooks) {
       if (slot < grads.size() && grads[slot].defined()) {
         Tensor r = hook.second(grads[slot]);
@@ -117,11 +180,16 @@ void backward(const std::vector<Tensor>& roots, const std::vector<Tensor>& grad_
     ATH_CHECK(in_grads.size() == node->next_edges.size() || in_grads.empty(), node->name(), "backward returned ",
               in_grads.size(), " gradients for ", node->next_edges.size(), " inputs",
               Hint{"this is a bug in the op's backward; please report it"});
+    auto row_sparse = node->take_row_sparse();
+    if (anomaly)
+      for (auto& [i, g] : row_sparse) check_finite("backward", node->name(), incoming, g.rows, i, node->module_path);
     for (size_t i = 0; i < node->next_edges.size(); ++i) {
       const Edge& e = node->next_edges[i];
       if (!e.valid()) continue;
       if (i < in_grads.size() && in_grads[i].defined())
-        deposit(buffers, e.node.get(), e.input_nr, in_grads[i], "the backward of " + node->name());
+        deposit(buffers, e.node.get(), e.input_nr, std::move(in_grads[i]), node.get());
+      for (auto& [slot, g] : row_sparse)
+        if (slot == i) deposit_rows(buffers, e.node.get(), e.input_nr, std::move(g), node.get());
       if (--deps[e.node.get()] == 0) ready.push(e.node);
     }
   }

@@ -2,6 +2,7 @@
 
 #include "athanor/autograd/grad_mode.h"
 #include "athanor/core/error.h"
+#include "athanor/core/storage.h"
 #include "grad_buffer.h"
 
 namespace athanor {
@@ -52,7 +53,7 @@ std::vector<Tensor> AccumulateGrad::apply(std::vector<Tensor>&& grads) {
   auto impl = leaf_.lock();
   if (!impl || grads.empty() || !grads[0].defined()) return {};
   Tensor leaf(impl);
-  Tensor g = grads[0];
+  Tensor g = std::move(grads[0]);  // the engine keeps no other handle: g may be adopted below
   if (impl->autograd)
     for (auto& [id, hook] : impl->autograd->hooks) {
       Tensor r = hook(g);
@@ -60,9 +61,15 @@ std::vector<Tensor> AccumulateGrad::apply(std::vector<Tensor>&& grads) {
     }
   auto& meta = impl->meta();
   if (!meta.grad) {
-    Tensor fresh = empty(leaf.sizes(), TensorOptions(leaf.dtype()).with_tag(MemTag::gradient));
-    copy_into(fresh, g);
-    meta.grad = fresh.impl_ptr();
+    if (g.dtype() == leaf.dtype() && g.sizes() == leaf.sizes() && exclusively_owned(g)) {
+      // Nobody else can see g's memory: it becomes .grad as is (no copy; accounted as a gradient).
+      g.storage()->set_tag(MemTag::gradient);
+      meta.grad = g.impl_ptr();
+    } else {
+      Tensor fresh = empty(leaf.sizes(), TensorOptions(leaf.dtype()).with_tag(MemTag::gradient));
+      copy_into(fresh, g);
+      meta.grad = fresh.impl_ptr();
+    }
   } else {
     Tensor acc(meta.grad);
     ATH_CHECK(acc.sizes() == leaf.sizes(), "AccumulateGrad", "existing .grad ", acc.describe(),
@@ -72,6 +79,22 @@ std::vector<Tensor> AccumulateGrad::apply(std::vector<Tensor>&& grads) {
   if (impl->autograd)
     for (auto& [id, hook] : impl->autograd->post_accumulate_hooks) hook(leaf);
   return {};
+}
+
+bool AccumulateGrad::accumulate_rows(const std::vector<RowSparseGrad>& parts) {
+  auto impl = leaf_.lock();
+  if (!impl) return true;  // the leaf is gone: nothing to accumulate into (as apply)
+  if (impl->autograd && !impl->autograd->hooks.empty()) return false;  // hooks see dense gradients
+  auto& meta = impl->meta();
+  if (!meta.grad) return false;
+  Tensor leaf(impl), acc(meta.grad);
+  if (acc.sizes() != leaf.sizes()) return false;  // apply raises the error with the full message
+  for (const RowSparseGrad& p : parts)
+    if (!rows_addable(acc, p)) return false;
+  for (const RowSparseGrad& p : parts) add_rows_into(acc, p);
+  if (impl->autograd)
+    for (auto& [id, hook] : impl->autograd->post_accumulate_hooks) hook(leaf);
+  return true;
 }
 
 std::shared_ptr<Node> grad_accumulator(const Tensor& t) {

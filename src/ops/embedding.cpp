@@ -8,6 +8,10 @@
 // cpu::index_add_3d groups the positions by id (counting sort) and sums each
 // row in increasing p on one thread: the result is bit-identical for any
 // thread count. bf16/f16 gradients are summed in f32 and rounded once.
+// For f32/f64 tables the backward emits the gradient row-sparse (Node::emit_row_sparse):
+// the engine adds the rows (summed per id in the same order, cpu::index_accumulate_rows)
+// into whatever dense gradient the table already has, so a tied lm_head's [V, C]
+// gradient is not met by a second zero-filled [V, C] table.
 #include <string>
 
 #include "athanor/ops/embedding.h"
@@ -71,6 +75,13 @@ Tensor embedding(const Tensor& weight, const Tensor& ids, std::optional<int64_t>
     // grad_weight[v, :] = sum over positions p with ids[p] == v of g[p, :]; row padding_idx stays 0.
     const DType work = dt == DType::f64 ? DType::f64 : DType::f32;
     const Tensor gc = detail::to_raw(g[0], work);
+    if (work == dt) {
+      // f32/f64 tables: hand the engine the rows (n of num) instead of a zero-filled [num, dim]
+      // table; it adds them straight into the gradient they meet (a tied lm_head's, or .grad).
+      node.emit_row_sparse(0, RowSparseGrad{make_view(idc, {n}, {1}, idc.storage_offset()),
+                                            make_view(gc, {n, dim}, {dim, 1}, gc.storage_offset()), pad});
+      return Grads{Tensor()};
+    }
     Tensor gw = empty({num, dim}, TensorOptions(work));
     dispatch(work, [&]<class T>() {
       if constexpr (std::is_same_v<T, float> || std::is_same_v<T, double>) {
@@ -82,7 +93,7 @@ Tensor embedding(const Tensor& weight, const Tensor& ids, std::optional<int64_t>
                                         static_cast<T*>(gw.raw_data()), 1, num, n, dim, pad);
       }
     });
-    return Grads{work == dt ? gw : detail::to_raw(gw, dt)};  // ids are integers: not an input of the node
+    return Grads{detail::to_raw(gw, dt)};  // ids are integers: not an input of the node
   });
 }
 

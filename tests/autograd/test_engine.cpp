@@ -226,4 +226,55 @@ TEST(Engine, DeepChainRunsInCreationOrderReversed) {
   EXPECT_NEAR(a.grad().item(), std::pow(1.01, 200) + 1.0, 1e-9);
 }
 
+// The engine sums meeting gradients in place and lets a leaf adopt its gradient instead of
+// copying it, but only when nothing else holds that memory: a backward that returns a tensor
+// it keeps (here a captured constant) must see it unchanged, and a hook that keeps the
+// gradient it was shown must not find it turned into .grad.
+TEST(Engine, InPlaceSummationNeverWritesIntoATensorSomeoneElseHolds) {
+  const Tensor kept = vec({1, 2, 3});  // returned as the gradient by both uses of x below
+  auto const_grad_op = [&](const Tensor& x) {
+    Tensor out = empty(x.sizes(), TensorOptions(x.dtype()));
+    copy_into(out, x);
+    return record("const_grad", {x}, out, [kept](const Node&, const Grads&) { return Grads{kept}; });
+  };
+  Tensor x = leaf({0, 0, 0});
+  Tensor loss = sum(add(const_grad_op(x), const_grad_op(x)));  // two gradients meet at x's accumulator
+  loss.backward();
+  EXPECT_CLOSE(x.grad(), vec({2, 4, 6}), 0, 0);
+  EXPECT_EQ(kept.to_vector(), (std::vector<double>{1, 2, 3}));
+  EXPECT_NE(x.grad().storage(), kept.storage());
+
+  // One use only: the leaf must copy `kept`, not adopt it (then accumulating would change it).
+  Tensor y = leaf({0, 0, 0});
+  sum(const_grad_op(y)).backward();
+  sum(const_grad_op(y)).backward();
+  EXPECT_CLOSE(y.grad(), vec({2, 4, 6}), 0, 0);
+  EXPECT_EQ(kept.to_vector(), (std::vector<double>{1, 2, 3}));
+}
+
+TEST(Engine, LeafAdoptsOnlyAGradientNobodyElseHolds) {
+  // Adopted: the engine's own gradient becomes .grad, accounted as a gradient.
+  Tensor a = leaf({1, 2});
+  sum(mul(a, 3.0)).backward();
+  EXPECT_CLOSE(a.grad(), vec({3, 3}), 0, 0);
+  EXPECT_EQ(a.grad().storage()->tag(), MemTag::gradient);
+  // A hook that keeps the gradient it saw: .grad must be a copy, so that the kept tensor does
+  // not change when later backward calls accumulate.
+  Tensor b = leaf({1, 2});
+  Tensor seen;
+  b.register_hook([&](const Tensor& g) { seen = g; return Tensor(); });
+  sum(mul(b, 3.0)).backward();
+  EXPECT_NE(b.grad().storage(), seen.storage());
+  sum(mul(b, 5.0)).backward();
+  EXPECT_CLOSE(b.grad(), vec({8, 8}), 0, 0);
+  EXPECT_CLOSE(seen, vec({5, 5}), 0, 0);
+  // A view of a larger gradient (no exclusive storage) is copied too.
+  Tensor c = leaf({1, 2});
+  Tensor big = leaf({1, 2, 3, 4});
+  Tensor loss = add(sum(mul(slice(big, 0, 0, 2), c)), sum(big));
+  loss.backward();
+  EXPECT_CLOSE(c.grad(), vec({1, 2}), 0, 0);
+  EXPECT_CLOSE(big.grad(), vec({2, 3, 1, 1}), 0, 0);
+}
+
 }  // namespace athanor

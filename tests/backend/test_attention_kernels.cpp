@@ -76,6 +76,26 @@ TEST(AttentionKernels, FastMatchesReferenceF32) {
   }
 }
 
+// The f32 kernel's tile edges: 7 x 5 tiles, odd and non-power-of-two D and Dv, Tq != Tk, and
+// key tiles wider than query tiles. Reference and tolerances as FastMatchesReferenceF32.
+TEST(AttentionKernels, RaggedTilesF32MatchReference) {
+  struct Case { Shape q; int64_t Tk, Dv; bool causal; cpu::AttentionTiles tiles; };
+  const Case cases[] = {{{1, 2, 23, 24}, 23, 40, true, {7, 5}}, {{2, 1, 19, 33}, 30, 17, false, {7, 5}},
+                        {{1, 1, 80, 64}, 80, 64, false, {16, 70}}};
+  Generator g(41);
+  for (const Case& c : cases) {
+    SCOPED_TRACE("q " + shape_str(c.q) + " Tk " + std::to_string(c.Tk) + " Dv " + std::to_string(c.Dv));
+    Tensor q = randn(c.q, {}, g), k = randn({c.q[0], c.q[1], c.Tk, c.q[3]}, {}, g),
+           v = randn({c.q[0], c.q[1], c.Tk, c.Dv}, {}, g), dout = randn({c.q[0], c.q[1], c.q[2], c.Dv}, {}, g);
+    const Result r = run_fast<float>(q, k, v, dout, c.causal, 0.2, c.tiles);
+    EXPECT_CLOSE(r.o, cpu::ref::attention(q, k, v, c.causal, 0.2), 2e-5, 1e-4);
+    const auto [dq, dk, dv] = cpu::ref::attention_backward(q, k, v, dout, c.causal, 0.2);
+    EXPECT_CLOSE(r.dq, dq, 1e-4, 1e-3);
+    EXPECT_CLOSE(r.dk, dk, 1e-4, 1e-3);
+    EXPECT_CLOSE(r.dv, dv, 1e-4, 1e-3);
+  }
+}
+
 TEST(AttentionKernels, RaggedTilesF64MatchReferenceExactly) {
   // Small tiles (5 query rows x 3 keys, and 7 x 16) on sizes that are not multiples of them,
   // causal and not, Tq < Tk and Tq > Tk, Dv != D. f64 accumulation: agreement to 1e-12.
@@ -132,6 +152,39 @@ TEST(AttentionKernels, Bf16InputsComputeInF32) {
   EXPECT_CLOSE(r.dq, dq, 2e-2, 2e-2);
   EXPECT_CLOSE(r.dk, dk, 2e-2, 2e-2);
   EXPECT_CLOSE(r.dv, dv, 2e-2, 2e-2);
+}
+
+// The bf16 path (AVX512_BF16 tile products where the CPU has them) on ragged shapes: tiles of
+// 7 x 5 rows (odd key tiles: the bf16 pair padding), Tq != Tk, D = 64 and Dv = 40 (operands
+// padded to 16 columns), causal and not; and an odd head size (D = 5), which takes the f32
+// tile path. Reference: the naive f64 kernel on the same bf16 values. Tolerance: P and dS are
+// rounded to bf16 (relative 2^-9) before their products, and the results to bf16; 2e-2
+// absolute/relative covers both with ~3x headroom on these N(0, 1) inputs.
+TEST(AttentionKernels, Bf16TilesOnRaggedShapesMatchReference) {
+  struct Case { Shape q, kv; int64_t Dv; bool causal; cpu::AttentionTiles tiles; };
+  const Case cases[] = {{{1, 2, 23, 64}, {1, 2, 23, 64}, 40, true, {7, 5}},
+                        {{2, 1, 19, 64}, {2, 1, 30, 64}, 40, false, {7, 5}},
+                        {{1, 2, 130, 64}, {1, 2, 130, 64}, 64, true, {}},
+                        {{1, 1, 17, 5}, {1, 1, 17, 5}, 3, true, {4, 3}}};
+  Generator g(31);
+  for (const Case& c : cases) {
+    SCOPED_TRACE("q " + shape_str(c.q) + " Tk " + std::to_string(c.kv[2]) + " Dv " + std::to_string(c.Dv) +
+                 (c.causal ? " causal" : ""));
+    Shape vs = c.kv;
+    vs[3] = c.Dv;
+    Shape os = c.q;
+    os[3] = c.Dv;
+    Tensor q = randn(c.q, DType::bf16, g), k = randn(c.kv, DType::bf16, g), v = randn(vs, DType::bf16, g),
+           dout = randn(os, DType::bf16, g);
+    const double scale = 1.0 / std::sqrt(static_cast<double>(c.q[3]));
+    const Result r = run_fast<bfloat16>(q, k, v, dout, c.causal, scale, c.tiles);
+    EXPECT_CLOSE(r.o, cpu::ref::attention(q, k, v, c.causal, scale), 2e-2, 2e-2);
+    EXPECT_CLOSE(r.lse, from_vector(ref_lse(q, k, c.causal, scale), r.lse.sizes(), DType::f64), 1e-3, 1e-3);
+    const auto [dq, dk, dv] = cpu::ref::attention_backward(q, k, v, dout, c.causal, scale);
+    EXPECT_CLOSE(r.dq, dq, 2e-2, 2e-2);
+    EXPECT_CLOSE(r.dk, dk, 2e-2, 2e-2);
+    EXPECT_CLOSE(r.dv, dv, 2e-2, 2e-2);
+  }
 }
 
 }  // namespace athanor

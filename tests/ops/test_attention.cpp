@@ -96,6 +96,27 @@ TEST(Attention, LowPrecisionKeepsDtype) {
   }
 }
 
+// GPT's call: bf16 q, k, v as transposed views of [B, T, H, D] (the op copies them into
+// [B, H, T, D]), T = 130 (a ragged third tile), D = 64, causal — the bf16 tile-product path.
+// Gradients through autograd vs the naive f64 backward on the same bf16 values; tolerance as
+// the kernel test: P and dS are rounded to bf16 for their products and results to bf16.
+TEST(Attention, Bf16GradientsThroughAutogradMatchReference) {
+  Generator g(29);
+  const int64_t B = 1, T = 130, H = 2, D = 64;
+  auto leaf_bthd = [&] { return randn({B, T, H, D}, DType::bf16, g).requires_grad_(true); };
+  Tensor qb = leaf_bthd(), kb = leaf_bthd(), vb = leaf_bthd();
+  Tensor dout = randn({B, H, T, D}, DType::bf16, g);
+  Tensor o = scaled_dot_product_attention(qb.transpose(1, 2), kb.transpose(1, 2), vb.transpose(1, 2), true);
+  ASSERT_EQ(o.dtype(), DType::bf16);
+  backward({o}, {dout});
+  const Tensor q = qb.detach().transpose(1, 2), k = kb.detach().transpose(1, 2), v = vb.detach().transpose(1, 2);
+  EXPECT_CLOSE(o, cpu::ref::attention(q, k, v, true, 0.125), 2e-2, 2e-2);
+  const auto [dq, dk, dv] = cpu::ref::attention_backward(q, k, v, dout, true, 0.125);
+  EXPECT_CLOSE(qb.grad().transpose(1, 2), dq, 2e-2, 2e-2);
+  EXPECT_CLOSE(kb.grad().transpose(1, 2), dk, 2e-2, 2e-2);
+  EXPECT_CLOSE(vb.grad().transpose(1, 2), dv, 2e-2, 2e-2);
+}
+
 TEST(Attention, BackwardMatchesReferenceF32) {
   Generator g(24);
   Tensor q = randn({1, 2, 80, 16}, {}, g), k = randn({1, 2, 80, 16}, {}, g), v = randn({1, 2, 80, 16}, {}, g);

@@ -4,6 +4,9 @@
 // the out-of-range error.
 #include <omp.h>
 
+#include <cmath>
+#include <optional>
+
 #include "backend/cpu/index.h"
 #include "test_util.h"
 
@@ -100,6 +103,76 @@ TEST(Embedding, BackwardKernelMatchesReferenceAndIsDeterministic) {
   EXPECT_TRUE(grads[0] == grads[2]);  // 1 vs 4 threads
   for (int64_t i = 0; i < num * dim; ++i) ASSERT_EQ(grads[0][i], static_cast<double>(ref[i])) << "element " << i;
   for (int64_t k = 0; k < dim; ++k) EXPECT_EQ(grads[0][7 * dim + k], 0.0);  // padding row
+}
+
+// A table used twice (GPT's tied token embedding / lm_head): the embedding's row-sparse
+// gradient is added into the linear's dense one. Reference: the same graph with two untied
+// copies of the table, whose gradients are summed afterwards (exactly what the engine did
+// before with a dense embedding gradient); tolerance: exact (same sums in the same order).
+TEST(Embedding, TiedTableGradientEqualsTheSumOfUntiedGradients) {
+  const int64_t V = 37, C = 16;
+  Tensor ids = ids64({3, 5, 3, 0, 36, 5, 5, 12, 3, 9}, {2, 5});
+  Generator gen(21);
+  Tensor table = randn({V, C}, {}, gen);
+  Generator gg(22);
+  Tensor g = randn({2, 5, V}, {}, gg);
+  for (std::optional<int64_t> pad : {std::optional<int64_t>{}, std::optional<int64_t>{5}}) {
+    SCOPED_TRACE(pad ? "padding_idx 5" : "no padding");
+    Tensor w = table.detach().requires_grad_();
+    Tensor we = table.detach().requires_grad_(), wl = table.detach().requires_grad_();
+    std::vector<double> before(V * C, 0.0);
+    for (int pass = 0; pass < 2; ++pass) {  // second pass: accumulation into an existing .grad
+      backward({linear(embedding(w, ids, pad), w)}, {g});
+      we.set_grad(Tensor());
+      wl.set_grad(Tensor());
+      backward({linear(embedding(we, ids, pad), wl)}, {g});
+      const auto tied = w.grad().to_vector(), e = we.grad().to_vector(), l = wl.grad().to_vector();
+      for (int64_t i = 0; i < V * C; ++i) {
+        const float step = static_cast<float>(e[i]) + static_cast<float>(l[i]);
+        const float want = pass == 0 ? step : static_cast<float>(before[i]) + step;
+        ASSERT_EQ(tied[i], static_cast<double>(want)) << "pass " << pass << " element " << i;
+      }
+      before = tied;
+    }
+  }
+}
+
+// The row-sparse gradient keeps the autograd contract: a tensor hook sees the dense gradient,
+// post-accumulate hooks fire once per backward, retain_graph replays, and anomaly mode names
+// the embedding when its gradient rows hold a NaN.
+TEST(Embedding, RowSparseGradientKeepsHooksRetainGraphAndAnomalyMode) {
+  Tensor ids = ids64({2, 0, 2}, {3});
+  Tensor g = from_vector(std::vector<double>{1, 2, 10, 20, 100, 200}, {3, 2}, DType::f32);
+  Tensor w = zeros({4, 2}).requires_grad_();
+  std::vector<double> hooked;
+  int post = 0;
+  w.register_hook([&](const Tensor& gw) { hooked = gw.to_vector(); return Tensor(); });
+  w.register_post_accumulate_grad_hook([&](Tensor&) { ++post; });
+  Tensor y = embedding(w, ids);
+  backward({y}, {g}, /*retain_graph=*/true);
+  const std::vector<double> once{10, 20, 0, 0, 101, 202, 0, 0};
+  EXPECT_EQ(hooked, once);
+  EXPECT_EQ(w.grad().to_vector(), once);
+  backward({y}, {g});
+  EXPECT_EQ(post, 2);
+  std::vector<double> twice;
+  for (double v : once) twice.push_back(2 * v);
+  EXPECT_EQ(w.grad().to_vector(), twice);
+
+  // No hooks, existing .grad: rows go straight into it.
+  Tensor w2 = zeros({4, 2}).requires_grad_();
+  w2.set_grad(full({4, 2}, 0.5));
+  int post2 = 0;
+  w2.register_post_accumulate_grad_hook([&](Tensor&) { ++post2; });
+  backward({embedding(w2, ids)}, {g});
+  EXPECT_EQ(w2.grad().to_vector(), (std::vector<double>{10.5, 20.5, 0.5, 0.5, 101.5, 202.5, 0.5, 0.5}));
+  EXPECT_EQ(post2, 1);
+
+  AnomalyModeGuard on;
+  Tensor w3 = zeros({4, 2}).requires_grad_();
+  Tensor bad = from_vector(std::vector<double>{1, 2, NAN, 20, 100, 200}, {3, 2}, DType::f32);
+  const std::string msg = error_message([&] { backward({embedding(w3, ids)}, {bad}); });
+  EXPECT_NE(msg.find("embedding"), std::string::npos) << msg;
 }
 
 TEST(Embedding, OutOfRangeIdErrorNamesIdPositionAndTableSize) {

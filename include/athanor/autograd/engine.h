@@ -4,6 +4,12 @@
 // consumers are done, summing gradients that meet at a node, and accumulating
 // into leaves. Gradient reduction for data parallel starts from leaves'
 // post-accumulate hooks, which therefore fire in roughly reverse order of use.
+//
+// Bookkeeping without copies: gradients that meet are summed in place into whichever
+// summand only the engine holds (a new tensor otherwise); a leaf without .grad adopts
+// its incoming gradient when nothing else can see that memory (else it copies); and
+// row-sparse gradients (RowSparseGrad, from embedding) are added straight into the dense
+// gradient they meet or into an existing .grad, without a zero-filled table.
 #include <vector>
 
 #include "athanor/core/tensor.h"

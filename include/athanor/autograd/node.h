@@ -16,6 +16,7 @@
 #include <functional>
 #include <memory>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include "athanor/core/tensor.h"
@@ -26,6 +27,19 @@ struct Edge {
   std::shared_ptr<Node> node;
   uint32_t input_nr = 0;  // which output of `node` (= which input slot of its gradient buffer)
   bool valid() const { return node != nullptr; }
+};
+
+// A gradient that is zero except in some rows of dim 0:
+//   dense[indices[p], ...] += rows[p, ...]   for every p with indices[p] != skip.
+// An op whose gradient touches a few rows of a large table (embedding) hands it to the
+// engine with Node::emit_row_sparse instead of returning a zero-filled dense tensor; the
+// engine adds the rows straight into the gradient they meet (a tied lm_head's dense
+// gradient, or the leaf's existing .grad) and materializes a dense tensor only when
+// something needs one (hooks, a node other than AccumulateGrad, no buffer to add into).
+struct RowSparseGrad {
+  Tensor indices;     // i64 or i32, [n], every value in [0, dense rows)
+  Tensor rows;        // contiguous f32 or f64 [n, ...]: a dense row's shape
+  int64_t skip = -1;  // rows whose index equals skip add nothing (embedding's padding_idx)
 };
 
 struct TensorMeta {  // what a node remembers of its inputs and outputs, for checks and messages
@@ -53,12 +67,18 @@ class Node : public std::enable_shared_from_this<Node> {
   // Hooks on the gradient of output `first`, run before apply (tensor hooks on non-leaves).
   std::vector<std::pair<uint32_t, std::pair<int, GradHook>>> pre_hooks;
 
+  // Inside apply: the gradient of input `input` given as rows (apply returns an undefined
+  // tensor in that slot). The engine collects these right after apply returns.
+  void emit_row_sparse(size_t input, RowSparseGrad g) const { row_sparse_out_.emplace_back(input, std::move(g)); }
+  std::vector<std::pair<size_t, RowSparseGrad>> take_row_sparse() { return std::exchange(row_sparse_out_, {}); }
+
  protected:
   bool released_ = false;
 
  private:
   std::string name_;
   uint64_t sequence_nr_;
+  mutable std::vector<std::pair<size_t, RowSparseGrad>> row_sparse_out_;  // filled during apply only
 };
 
 // A tensor saved for backward, with the version check.
@@ -98,6 +118,10 @@ class AccumulateGrad : public Node {
   std::vector<Tensor> apply(std::vector<Tensor>&& grads) override;
   void release() override {}  // holds nothing to free; may run again
   std::shared_ptr<TensorImpl> leaf() const { return leaf_.lock(); }
+  // Adds row-sparse gradients straight into an existing .grad (then runs the post-accumulate
+  // hooks, as apply does). Returns false, touching nothing, when that is not possible: no
+  // .grad yet, tensor hooks that want the dense gradient, or a .grad of another layout/dtype.
+  bool accumulate_rows(const std::vector<RowSparseGrad>& parts);
 
  private:
   std::weak_ptr<TensorImpl> leaf_;

@@ -11,6 +11,9 @@
 //  - forward is parallel over (batch, head, query tile); backward over (batch, head)
 //    pairs, so each thread owns the dq/dk/dv slices it writes (no races, deterministic);
 //  - compute type: f64 for f64, f32 for f32/bf16/f16 (half tiles are converted on load);
+//    bf16 inputs with even D and Dv, in a build for AVX512_BF16 (-march=native on such a
+//    CPU), multiply their tiles with bf16 dot products instead (vdpbf16ps, f32 accumulation;
+//    P and dS rounded to bf16 as product operands; softmax and all accumulators stay f32);
 //    lse has the compute type (f32 except for f64 inputs, where f64 keeps gradcheck exact);
 //  - causal key tiles that lie entirely above the diagonal are skipped.
 #include <array>

@@ -87,6 +87,37 @@ void scatter_add_3d(const T* g, const I* idx, T* gx, int64_t outer, int64_t x_di
     }
 }
 
+template <class T, class I>
+void index_accumulate_rows(const T* g, const I* idx, T* dst, int64_t n_idx, int64_t inner, int64_t skip) {
+  // Positions sorted by (index, j): a group per distinct row, cost O(n log n) whatever the table size.
+  std::vector<int64_t> pos(n_idx);
+  for (int64_t j = 0; j < n_idx; ++j) pos[j] = j;
+  std::stable_sort(pos.begin(), pos.end(), [&](int64_t a, int64_t b) { return idx[a] < idx[b]; });
+  std::vector<int64_t> group;  // start of each group in pos, plus the end
+  for (int64_t p = 0; p < n_idx; ++p)
+    if (p == 0 || idx[pos[p]] != idx[pos[p - 1]]) group.push_back(p);
+  group.push_back(n_idx);
+  const int64_t ngroups = static_cast<int64_t>(group.size()) - 1;
+#pragma omp parallel if (n_idx * inner > kParallelMin)
+  {
+    std::vector<T> sum(inner);
+#pragma omp for schedule(static)
+    for (int64_t gi = 0; gi < ngroups; ++gi) {
+      const int64_t v = static_cast<int64_t>(idx[pos[group[gi]]]);
+      if (v == skip) continue;
+      std::fill(sum.begin(), sum.end(), T(0));  // summed from 0 like the dense kernel, then added once
+      for (int64_t p = group[gi]; p < group[gi + 1]; ++p) {
+        const T* src = g + pos[p] * inner;
+#pragma omp simd
+        for (int64_t i = 0; i < inner; ++i) sum[i] += src[i];
+      }
+      T* d = dst + v * inner;
+#pragma omp simd
+      for (int64_t i = 0; i < inner; ++i) d[i] += sum[i];
+    }
+  }
+}
+
 void copy_rows(void* dst, int64_t dst_pitch, const void* src, int64_t src_pitch, int64_t rows, int64_t row_bytes) {
   auto* d = static_cast<char*>(dst);
   const auto* s = static_cast<const char*>(src);
@@ -138,6 +169,19 @@ void scatter_add_3d(const T* g, const I* idx, T* gx, int64_t outer, int64_t x_di
       }
 }
 
+template <class T, class I>
+void index_accumulate_rows(const T* g, const I* idx, T* dst, int64_t n_idx, int64_t inner, int64_t skip) {
+  // The dense gradient, then one add: the definition the fast kernel must match bit for bit.
+  int64_t rows = 0;
+  for (int64_t j = 0; j < n_idx; ++j) rows = std::max<int64_t>(rows, static_cast<int64_t>(idx[j]) + 1);
+  std::vector<T> dense(rows * inner, T(0));
+  for (int64_t j = 0; j < n_idx; ++j) {
+    if (idx[j] == skip) continue;
+    for (int64_t i = 0; i < inner; ++i) dense[idx[j] * inner + i] += g[j * inner + i];
+  }
+  for (int64_t e = 0; e < rows * inner; ++e) dst[e] += dense[e];
+}
+
 void copy_rows(void* dst, int64_t dst_pitch, const void* src, int64_t src_pitch, int64_t rows, int64_t row_bytes) {
   auto* d = static_cast<char*>(dst);
   const auto* s = static_cast<const char*>(src);
@@ -158,7 +202,9 @@ template int64_t first_out_of_range<int64_t>(const int64_t*, int64_t, int64_t);
   template void index_add_3d<T, I>(const T*, const I*, T*, int64_t, int64_t, int64_t, int64_t, int64_t);       \
   template void scatter_add_3d<T, I>(const T*, const I*, T*, int64_t, int64_t, int64_t, int64_t);              \
   template void ref::index_add_3d<T, I>(const T*, const I*, T*, int64_t, int64_t, int64_t, int64_t, int64_t);  \
-  template void ref::scatter_add_3d<T, I>(const T*, const I*, T*, int64_t, int64_t, int64_t, int64_t);
+  template void ref::scatter_add_3d<T, I>(const T*, const I*, T*, int64_t, int64_t, int64_t, int64_t);            \
+  template void index_accumulate_rows<T, I>(const T*, const I*, T*, int64_t, int64_t, int64_t);                \
+  template void ref::index_accumulate_rows<T, I>(const T*, const I*, T*, int64_t, int64_t, int64_t);
 #define ATHANOR_INSTANTIATE_INDEX(I)            \
   ATHANOR_INSTANTIATE_COPY_KERNELS(float, I)    \
   ATHANOR_INSTANTIATE_COPY_KERNELS(double, I)   \

@@ -6,6 +6,8 @@
 //   index_add_3d:    gx[o, v, :]     = sum_{j : idx[j] == v} g[o, j, :]   (its adjoint)
 //   gather_3d:       out[o, j, i]    = x[o, idx[o, j, i], i]       idx: [outer, n_idx, inner]
 //   scatter_add_3d:  gx[o, idx[o,j,i], i] += g[o, j, i]            (its adjoint)
+//   index_accumulate_rows: dst[v, :] += sum_{j : idx[j] == v} g[j, :]  (index_add_3d with
+//                    outer = 1 added onto an existing buffer: a row-sparse gradient)
 //
 // Invariants:
 //  - indices are trusted here (the ops validate them with first_out_of_range
@@ -36,6 +38,11 @@ void index_add_3d(const T* g, const I* idx, T* gx, int64_t outer, int64_t x_dim,
                   int64_t skip = -1);
 template <class T, class I>
 void scatter_add_3d(const T* g, const I* idx, T* gx, int64_t outer, int64_t x_dim, int64_t n_idx, int64_t inner);
+// Touches only the rows that idx names: each such row first sums its g rows from 0 in
+// increasing j, then adds that sum to dst once, so the result is bit-identical to
+// dst + index_add_3d(...) (the dense gradient it replaces). Rows equal to `skip` are ignored.
+template <class T, class I>
+void index_accumulate_rows(const T* g, const I* idx, T* dst, int64_t n_idx, int64_t inner, int64_t skip = -1);
 
 // Copies `rows` rows of `row_bytes` bytes; row r starts at dst + r * dst_pitch and src + r * src_pitch (bytes).
 void copy_rows(void* dst, int64_t dst_pitch, const void* src, int64_t src_pitch, int64_t rows, int64_t row_bytes);
@@ -51,6 +58,8 @@ void index_add_3d(const T* g, const I* idx, T* gx, int64_t outer, int64_t x_dim,
                   int64_t skip = -1);
 template <class T, class I>
 void scatter_add_3d(const T* g, const I* idx, T* gx, int64_t outer, int64_t x_dim, int64_t n_idx, int64_t inner);
+template <class T, class I>
+void index_accumulate_rows(const T* g, const I* idx, T* dst, int64_t n_idx, int64_t inner, int64_t skip = -1);
 void copy_rows(void* dst, int64_t dst_pitch, const void* src, int64_t src_pitch, int64_t rows, int64_t row_bytes);
 }  // namespace ref
 
