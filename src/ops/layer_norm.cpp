@@ -9,6 +9,11 @@
 // the kernel with f32 weight/bias and an f32 output, rather than cast to f32 first:
 // the same numbers without a full-size f32 copy of the activation; dx comes back in
 // x's dtype.
+// Under bf16/f16 autocast an f32 x that is an activation (requires grad: the residual
+// stream of a transformer, f32 because add promotes) is not saved itself: backward keeps
+// xhat = (x - mean) * rstd rounded to the autocast dtype, half the bytes. y is the plain
+// f32 result; dx, dw, db are computed in f32 from the rounded xhat, the same precision as
+// the bf16 copy of y that the next lower_precision op saves.
 #include "athanor/ops/norm.h"
 
 #include "athanor/ops/autocast.h"
@@ -87,6 +92,52 @@ Tensor layer_norm_lowp_input(const Tensor& x, const Shape& normalized_shape, con
   });
 }
 
+// x, weight, bias f32 (checked by the caller), x requires grad, autocast dtype L: see the file comment.
+Tensor layer_norm_keep_lowp_xhat(const Tensor& x, const Shape& normalized_shape, const Tensor& weight,
+                                 const Tensor& bias, double eps, DType low) {
+  const char* op = "layer_norm";
+  const int64_t cols = shape_numel(normalized_shape), rows = cols == 0 ? 0 : x.numel() / cols;
+  const Tensor xc = detail::contiguous_raw(x);
+  const Tensor wc = weight.defined() ? detail::contiguous_raw(weight) : Tensor();
+  const Tensor bc = bias.defined() ? detail::contiguous_raw(bias) : Tensor();
+  Tensor y = empty(x.sizes(), TensorOptions(DType::f32));
+  Tensor xhat = empty(x.sizes(), TensorOptions(low));
+  Tensor mean = empty({rows}, TensorOptions(DType::f32)), rstd = empty({rows}, TensorOptions(DType::f32));
+  auto with_lowp = [&](const Tensor& t, auto&& fn) {  // fn(L*) for t's 16-bit storage type
+    if (t.dtype() == DType::bf16) fn(static_cast<bfloat16*>(t.raw_data()));
+    else fn(static_cast<float16*>(t.raw_data()));
+  };
+  if (x.numel() > 0)
+    with_lowp(xhat, [&](auto* hp) {
+      cpu::layer_norm_forward_keep_xhat(xc.data_ptr<float>(), ptr_or_null<float>(wc), ptr_or_null<float>(bc),
+                                        y.data_ptr<float>(), hp, mean.data_ptr<float>(), rstd.data_ptr<float>(), rows,
+                                        cols, eps);
+    });
+  // xhat and rstd are private to this node (no version to check); the weight is saved as usual.
+  SavedTensor sh = save(xhat, "input_normalized"), sw = weight.defined() ? save(weight, "weight") : SavedTensor();
+  SavedTensor srstd = save(rstd, "rstd");
+  const bool has_bias = bias.defined();
+  return record(op, {x, weight, bias}, y, [=](const Node& n, const Grads& g) {
+    const Tensor hv = sh.unpack(n);
+    const Tensor wv = sw.defined() ? detail::contiguous_raw(sw.unpack(n)) : Tensor();
+    const Tensor gy = detail::to_raw(g[0], DType::f32);
+    const Tensor rv = srstd.unpack(n);
+    Tensor dx = needs_grad(n, 0) ? empty(hv.sizes(), TensorOptions(DType::f32)) : Tensor();
+    Tensor dw = wv.defined() && needs_grad(n, 1) ? empty(wv.sizes(), TensorOptions(DType::f32)) : Tensor();
+    Tensor db = has_bias && needs_grad(n, 2) ? empty(Shape(normalized_shape), TensorOptions(DType::f32)) : Tensor();
+    if (hv.numel() == 0) {
+      if (dw.defined()) dw.zero_();
+      if (db.defined()) db.zero_();
+    } else {
+      with_lowp(hv, [&](auto* hp) {
+        cpu::layer_norm_backward_from_xhat(gy.data_ptr<float>(), hp, ptr_or_null<float>(wv), rv.data_ptr<float>(), mut_or_null<float>(dx),
+                                           mut_or_null<float>(dw), mut_or_null<float>(db), rows, cols);
+      });
+    }
+    return Grads{dx, dw, db};
+  });
+}
+
 }  // namespace
 
 Tensor layer_norm(const Tensor& x, const Shape& normalized_shape, const Tensor& weight, const Tensor& bias, double eps) {
@@ -102,6 +153,9 @@ Tensor layer_norm(const Tensor& x, const Shape& normalized_shape, const Tensor& 
   detail::check_normalized_shape(x, normalized_shape, op);
   check_param(weight, "weight", x, normalized_shape);
   check_param(bias, "bias", x, normalized_shape);
+
+  if (x.dtype() == DType::f32 && autocast_enabled() && is_lowp(autocast_dtype()) && any_requires_grad({x}))
+    return layer_norm_keep_lowp_xhat(x, normalized_shape, weight, bias, eps, autocast_dtype());
 
   const int64_t cols = shape_numel(normalized_shape), rows = cols == 0 ? 0 : x.numel() / cols;
   const Tensor xc = detail::contiguous_raw(x);

@@ -5,6 +5,7 @@
 #include <gtest/gtest.h>
 #include <omp.h>
 
+#include <algorithm>
 #include <cmath>
 #include <vector>
 
@@ -191,5 +192,88 @@ TEST(NormKernels, LayerNormBackwardDeterministicPerThreadCount) {
   EXPECT_EQ(a, b);
   EXPECT_TRUE(near_all(a, c, 1e-5, 1e-5));
 }
+
+namespace {
+// max_i |a_i - e_i| / max_i |e_i|: the error relative to the tensor's scale (a 16-bit
+// rounding of an intermediate perturbs every element by a fraction of that scale).
+// A scale > 0 given by the caller replaces max_i |e_i|.
+template <class A> double scaled_error(const std::vector<A>& a, const std::vector<double>& e, double scale = 0) {
+  double err = 0, emax = 0;
+  for (size_t i = 0; i < e.size(); ++i) {
+    err = std::max(err, std::fabs(static_cast<double>(static_cast<float>(a[i])) - e[i]));
+    emax = std::max(emax, std::fabs(e[i]));
+  }
+  if (scale <= 0) scale = emax;
+  return scale > 0 ? err / scale : err;
+}
+
+template <class L> void check_keep_xhat(double round_rel) {
+  // f32 x (with a large common offset in one case: xhat must not lose x - mean to it),
+  // xhat kept in L. Forward: y/mean/rstd identical to the plain f32 kernel, xhat the
+  // double reference's (x - mean) * rstd within one rounding to L. Backward: against a
+  // naive double evaluation of the formula on the same rounded xhat (f32 noise only),
+  // and against the exact double reference on x (L's rounding of xhat only).
+  for (double offset : {0.5, 300.0})
+    for (const auto& tc : cases()) {
+      SCOPED_TRACE(::testing::Message() << tc.rows << "x" << tc.cols << " w=" << tc.weight << " b=" << tc.bias
+                                        << " offset=" << offset);
+      const int64_t rows = tc.rows, cols = tc.cols, n = rows * cols;
+      const auto x = random_floats(n, 60 + cols, offset, 2.0), wv = random_floats(cols, 61, 1.0, 0.5);
+      const auto bv = random_floats(cols, 62, 0, 1), dy = random_floats(n, 63, 0, 1);
+      const float* w = tc.weight ? wv.data() : nullptr;
+      const float* b = tc.bias ? bv.data() : nullptr;
+      std::vector<float> y(n), m(rows), r(rows), y32(n), m32(rows), r32(rows);
+      std::vector<L> xhat(n);
+      cpu::layer_norm_forward_keep_xhat<L>(x.data(), w, b, y.data(), xhat.data(), m.data(), r.data(), rows, cols, 1e-5);
+      cpu::layer_norm_forward<float>(x.data(), w, b, y32.data(), m32.data(), r32.data(), rows, cols, 1e-5);
+      EXPECT_EQ(y, y32);
+      EXPECT_EQ(r, r32);
+      std::vector<double> xd(x.begin(), x.end()), dyd(dy.begin(), dy.end()), wd(cols, 1.0), bd(cols, 0.0);
+      if (tc.weight) wd.assign(wv.begin(), wv.end());
+      if (tc.bias) bd.assign(bv.begin(), bv.end());
+      std::vector<double> yr(n), mr(rows), rr(rows), dxr(n), dwr(cols), dbr(cols), hr(n);
+      cpu::ref::layer_norm_forward<double>(xd.data(), wd.data(), bd.data(), yr.data(), mr.data(), rr.data(), rows, cols, 1e-5);
+      for (int64_t i = 0; i < n; ++i) hr[i] = (xd[i] - mr[i / cols]) * rr[i / cols];
+      EXPECT_LE(scaled_error(xhat, hr), round_rel + 1e-5);
+      cpu::ref::layer_norm_backward<double>(dyd.data(), xd.data(), wd.data(), mr.data(), rr.data(), dxr.data(),
+                                            dwr.data(), dbr.data(), rows, cols);
+
+      // The formula in double on the rounded xhat and the kernel's rstd.
+      std::vector<double> dxh(n), dwh(cols, 0.0), dbh(cols, 0.0);
+      for (int64_t row = 0; row < rows; ++row) {
+        double dn_mean = 0, dn_h_mean = 0;
+        for (int64_t c = 0; c < cols; ++c) {
+          const double h = static_cast<float>(xhat[row * cols + c]), dn = dyd[row * cols + c] * wd[c];
+          dn_mean += dn / cols;
+          dn_h_mean += dn * h / cols;
+          dwh[c] += dyd[row * cols + c] * h;
+          dbh[c] += dyd[row * cols + c];
+        }
+        for (int64_t c = 0; c < cols; ++c) {
+          const double h = static_cast<float>(xhat[row * cols + c]);
+          dxh[row * cols + c] = r[row] * (dyd[row * cols + c] * wd[c] - dn_mean - h * dn_h_mean);
+        }
+      }
+      // dx is a difference of terms of size rstd * |dy * w| that nearly cancel for short rows
+      // (cols = 3: one direction is left after projecting out 1 and xhat): errors are
+      // measured against the size of those terms.
+      double dx_terms = 0;
+      for (int64_t i = 0; i < n; ++i) dx_terms = std::max(dx_terms, rr[i / cols] * std::fabs(dyd[i] * wd[i % cols]));
+      std::vector<float> dx(n), dw(cols), db(cols);
+      cpu::layer_norm_backward_from_xhat<L>(dy.data(), xhat.data(), w, r.data(), dx.data(), tc.weight ? dw.data() : nullptr,
+                                            tc.bias ? db.data() : nullptr, rows, cols);
+      EXPECT_LE(scaled_error(dx, dxh, dx_terms), 1e-5);
+      if (tc.weight) { EXPECT_LE(scaled_error(dw, dwh), 1e-5); }
+      if (tc.bias) { EXPECT_LE(scaled_error(db, dbh), 1e-5); }
+      // Against the exact gradients: what keeping xhat in L costs.
+      EXPECT_LE(scaled_error(dx, dxr, dx_terms), 2 * round_rel);
+      if (tc.weight) { EXPECT_LE(scaled_error(dw, dwr), 2 * round_rel); }
+      if (tc.bias) { EXPECT_LE(scaled_error(db, dbr), 1e-5); }
+    }
+}
+}  // namespace
+
+TEST(NormKernels, LayerNormKeepXhatBf16MatchesReference) { check_keep_xhat<bfloat16>(std::ldexp(1.0, -8)); }
+TEST(NormKernels, LayerNormKeepXhatF16MatchesReference) { check_keep_xhat<float16>(std::ldexp(1.0, -10)); }
 
 }  // namespace athanor

@@ -1,5 +1,5 @@
 // trainer.precision: bf16 and f16 runs learn (GPT and MLP); bf16 activations take
-// well under the f32 run's peak (allocator's activation tag; the issue's 0.6× is not met yet); f16 with a tiny
+// at most 0.6× the f32 run's peak (allocator's activation tag, the issue's bound); f16 with a tiny
 // initial scale grows it until gradients overflow, skips those steps, backs off,
 // and keeps learning, with the scale history in metrics.jsonl; the metrics lines
 // carry the documented fields.
@@ -145,7 +145,7 @@ TEST(MixedPrecision, Bf16PeakActivationsWellBelowF32) {
   int i = 0;
   for (const std::string prec : {"f32", "bf16"}) {
     train::Trainer t(gpt_config(dir, text, {"name=" + prec, "trainer.precision=" + prec, "model.n_layer=4", "model.n_embd=256",
-                                            "model.block_size=128", "model.n_head=4", "trainer.max_steps=1"}));
+                                            "model.block_size=256", "model.n_head=4", "trainer.max_steps=1"}));
     t.set_output([](const std::string&) {});
     ASSERT_TRUE(t.train_step());
     peak[i++] = activation_peak(t.history()[0]);
@@ -153,14 +153,16 @@ TEST(MixedPrecision, Bf16PeakActivationsWellBelowF32) {
   std::printf("peak activation bytes: f32 %lld, bf16 %lld (ratio %.3f)\n", static_cast<long long>(peak[0]),
               static_cast<long long>(peak[1]), static_cast<double>(peak[1]) / static_cast<double>(peak[0]));
   ASSERT_GT(peak[0], 0);
-  // The issue's target is 0.6; not met. Measured 2026-11-22: f32 57,820,164 B, bf16 41,184,256 B
-  // = 0.712 (before the fused gelu_linear MLP: 74,597,380 vs 49,572,864 = 0.665; the fusion
-  // drops 4 n_embd per token per layer from both runs, which raises the ratio). What does not
-  // halve under autocast: the f32 residual stream kept by layer_norm (add promotes, 2 n_embd
-  // f32 per token per layer) and the bf16 weight casts (~6.4 MB here, live for the whole step);
-  // per token per layer the rest is 11 n_embd, f32 52 vs bf16 36 bytes per channel. The bound
-  // guards today's saving until the residual stream or the weight casts stop counting in f32/forward.
-  EXPECT_LE(static_cast<double>(peak[1]), 0.72 * static_cast<double>(peak[0]));
+  // Issue 4: bf16 autocast peak activation memory <= 0.6x the f32 run's (the issue's tiny GPT:
+  // 4 layers, d=256, 4 heads, byte vocabulary, T=256, B=8). Saved per token per layer, in
+  // bytes per channel: f32 52 (13 n_embd); bf16 26 = qkv 6 + attention output 2 + c_proj
+  // input 2 + c_fc output 8 + the two lower_precision copies of the layer_norm outputs 2+2 +
+  // the two layer_norm xhat kept in bf16 2+2 (the f32 residual stream itself is not saved).
+  // What stays saved at the end of forward is thus ~0.5x; the peak adds the forward's f32
+  // transients (residual stream, the f32 layer_norm output until its full-expression ends).
+  // Measured 2026-11-22: f32 115,640,324 B, bf16 64,161,792 B = 0.555 (0.601 while
+  // layer_norm saved its f32 input).
+  EXPECT_LE(static_cast<double>(peak[1]), 0.6 * static_cast<double>(peak[0]));
 }
 
 TEST(MixedPrecision, F16ScaleGrowsOverflowsSkipsAndLearns) {

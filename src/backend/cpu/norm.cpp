@@ -209,21 +209,100 @@ ATHANOR_INSTANTIATE_LN_LOWP(bfloat16)
 ATHANOR_INSTANTIATE_LN_LOWP(float16)
 #undef ATHANOR_INSTANTIATE_LN_LOWP
 
+// f32 x, xhat kept in L for backward (layer_norm under autocast): see norm.h.
+template <class L>
+void layer_norm_forward_keep_xhat(const float* x, const float* w, const float* b, float* y, L* xhat, float* mean,
+                                  float* rstd, int64_t rows, int64_t cols, double eps) {
+  layer_norm_forward_impl<float, float>(x, w, b, y, mean, rstd, rows, cols, eps);
+  // A second pass over x for xhat: it is memory-bound and leaves y bit-identical to the plain kernel.
+#pragma omp parallel if (parallel_rows(rows, cols))
+  {
+    std::vector<float> scratch(cols);
+#pragma omp for schedule(static)
+    for (int64_t r = 0; r < rows; ++r) {
+      const float* xr = x + r * cols;
+      const float m = mean[r], rs = rstd[r];
+#pragma omp simd
+      for (int64_t i = 0; i < cols; ++i) scratch[i] = (xr[i] - m) * rs;
+      row::from_f32(scratch.data(), xhat + r * cols, cols);
+    }
+  }
+}
+
+template <class L>
+void layer_norm_backward_from_xhat(const float* dy, const L* xhat, const float* w, const float* rstd, float* dx,
+                                   float* dw, float* db, int64_t rows, int64_t cols) {
+  std::vector<float> wbuf;
+  const float* pw = param_as<float, float>(w, wbuf, cols, 1.0f);
+  ColumnPartials<float> pdw(dw != nullptr, cols), pdb(db != nullptr, cols);
+  const float inv_n = 1.0f / static_cast<float>(cols);
+#pragma omp parallel if (parallel_rows(rows, cols))
+  {
+    RowIO<L> ioh(1, cols);
+    float* tdw = pdw.of(omp_get_thread_num());
+    float* tdb = pdb.of(omp_get_thread_num());
+#pragma omp for schedule(static)
+    for (int64_t r = 0; r < rows; ++r) {
+      const float* dyr = dy + r * cols;
+      const float* hr = ioh.in(xhat + r * cols, 0);
+      float dn_mean = 0, dn_xhat_mean = 0;
+#pragma omp simd reduction(+ : dn_mean, dn_xhat_mean)
+      for (int64_t i = 0; i < cols; ++i) {
+        const float dn = dyr[i] * pw[i];  // dL/dxhat
+        dn_mean += dn;
+        dn_xhat_mean += dn * hr[i];
+      }
+      if (tdw) {
+#pragma omp simd
+        for (int64_t i = 0; i < cols; ++i) tdw[i] += dyr[i] * hr[i];  // dL/dw = sum_rows dy * xhat
+      }
+      if (tdb) {
+#pragma omp simd
+        for (int64_t i = 0; i < cols; ++i) tdb[i] += dyr[i];  // dL/db = sum_rows dy
+      }
+      dn_mean *= inv_n;
+      dn_xhat_mean *= inv_n;
+      if (dx) {
+        float* dxr = dx + r * cols;
+        const float rs = rstd[r];
+        // direct path through xhat, minus the paths through the mean and through rstd
+#pragma omp simd
+        for (int64_t i = 0; i < cols; ++i) dxr[i] = rs * (dyr[i] * pw[i] - dn_mean - hr[i] * dn_xhat_mean);
+      }
+    }
+  }
+  pdw.reduce_into(dw);
+  pdb.reduce_into(db);
+}
+#define ATHANOR_INSTANTIATE_LN_XHAT(L)                                                                              \
+  template void layer_norm_forward_keep_xhat<L>(const float*, const float*, const float*, float*, L*, float*, float*, \
+                                                int64_t, int64_t, double);                                          \
+  template void layer_norm_backward_from_xhat<L>(const float*, const L*, const float*, const float*, float*, float*,  \
+                                                 float*, int64_t, int64_t);
+ATHANOR_INSTANTIATE_LN_XHAT(bfloat16)
+ATHANOR_INSTANTIATE_LN_XHAT(float16)
+#undef ATHANOR_INSTANTIATE_LN_XHAT
+
 // ---- RMSNorm -----------------------------------------------------------------------------
 
-template <class T>
-void rms_norm_forward(const T* x, const T* w, T* y, norm_stat_t<T>* rstd, int64_t rows, int64_t cols, double eps) {
-  using S = norm_stat_t<T>;
+namespace {
+// x (and dx) of type TX; weight, y (and dy, dweight) of type TY, as for LayerNorm above.
+template <class TX, class TY>
+void rms_norm_forward_impl(const TX* x, const TY* w, TY* y, norm_stat_t<TX>* rstd, int64_t rows, int64_t cols,
+                           double eps) {
+  using S = norm_stat_t<TX>;
+  static_assert(std::is_same_v<S, norm_stat_t<TY>>);
   std::vector<S> wbuf;
-  const S* pw = param_as<T, S>(w, wbuf, cols, S(1));
+  const S* pw = param_as<TY, S>(w, wbuf, cols, S(1));
   const S e = static_cast<S>(eps);
 #pragma omp parallel if (parallel_rows(rows, cols))
   {
-    RowIO<T> io(2, cols);
+    RowIO<TX> iox(1, cols);
+    RowIO<TY> ioy(1, cols);
 #pragma omp for schedule(static)
     for (int64_t r = 0; r < rows; ++r) {
-      const S* xr = io.in(x + r * cols, 0);
-      S* yr = io.out(y + r * cols, 1);
+      const S* xr = iox.in(x + r * cols, 0);
+      S* yr = ioy.out(y + r * cols, 0);
       double ss = 0;  // f64 accumulation, as in layer_norm_forward
 #pragma omp simd reduction(+ : ss)
       for (int64_t i = 0; i < cols; ++i) ss += static_cast<double>(xr[i]) * xr[i];
@@ -231,27 +310,28 @@ void rms_norm_forward(const T* x, const T* w, T* y, norm_stat_t<T>* rstd, int64_
 #pragma omp simd
       for (int64_t i = 0; i < cols; ++i) yr[i] = xr[i] * rs * pw[i];
       rstd[r] = rs;
-      io.commit(yr, y + r * cols);
+      ioy.commit(yr, y + r * cols);
     }
   }
 }
 
-template <class T>
-void rms_norm_backward(const T* dy, const T* x, const T* w, const norm_stat_t<T>* rstd, T* dx, T* dw, int64_t rows,
-                       int64_t cols) {
-  using S = norm_stat_t<T>;
+template <class TX, class TY>
+void rms_norm_backward_impl(const TY* dy, const TX* x, const TY* w, const norm_stat_t<TX>* rstd, TX* dx, TY* dw,
+                            int64_t rows, int64_t cols) {
+  using S = norm_stat_t<TX>;
   std::vector<S> wbuf;
-  const S* pw = param_as<T, S>(w, wbuf, cols, S(1));
+  const S* pw = param_as<TY, S>(w, wbuf, cols, S(1));
   ColumnPartials<S> pdw(dw != nullptr, cols);
   const S inv_n = S(1) / static_cast<S>(cols);
 #pragma omp parallel if (parallel_rows(rows, cols))
   {
-    RowIO<T> io(3, cols);
+    RowIO<TX> iox(2, cols);
+    RowIO<TY> ioy(1, cols);
     S* tdw = pdw.of(omp_get_thread_num());
 #pragma omp for schedule(static)
     for (int64_t r = 0; r < rows; ++r) {
-      const S* dyr = io.in(dy + r * cols, 0);
-      const S* xr = io.in(x + r * cols, 1);
+      const S* dyr = ioy.in(dy + r * cols, 0);
+      const S* xr = iox.in(x + r * cols, 0);
       const S rs = rstd[r];
       S dn_xhat_mean = 0;  // mean(dnorm * xhat), dnorm = dy * w, xhat = x * rstd
 #pragma omp simd reduction(+ : dn_xhat_mean)
@@ -262,16 +342,44 @@ void rms_norm_backward(const T* dy, const T* x, const T* w, const norm_stat_t<T>
         for (int64_t i = 0; i < cols; ++i) tdw[i] += dyr[i] * (xr[i] * rs);  // dL/dw = sum_rows dy * xhat
       }
       if (dx) {
-        S* dxr = io.out(dx + r * cols, 2);
+        S* dxr = iox.out(dx + r * cols, 1);
         // dL/dx = rstd * (dnorm - xhat * mean(dnorm * xhat)): direct path, then through rstd
 #pragma omp simd
         for (int64_t i = 0; i < cols; ++i) dxr[i] = rs * (dyr[i] * pw[i] - (xr[i] * rs) * dn_xhat_mean);
-        io.commit(dxr, dx + r * cols);
+        iox.commit(dxr, dx + r * cols);
       }
     }
   }
   pdw.reduce_into(dw);
 }
+}  // namespace
+
+template <class T>
+void rms_norm_forward(const T* x, const T* w, T* y, norm_stat_t<T>* rstd, int64_t rows, int64_t cols, double eps) {
+  rms_norm_forward_impl<T, T>(x, w, y, rstd, rows, cols, eps);
+}
+template <class T>
+void rms_norm_backward(const T* dy, const T* x, const T* w, const norm_stat_t<T>* rstd, T* dx, T* dw, int64_t rows,
+                       int64_t cols) {
+  rms_norm_backward_impl<T, T>(dy, x, w, rstd, dx, dw, rows, cols);
+}
+template <class L>
+void rms_norm_forward_lowp_input(const L* x, const float* w, float* y, float* rstd, int64_t rows, int64_t cols,
+                                 double eps) {
+  rms_norm_forward_impl<L, float>(x, w, y, rstd, rows, cols, eps);
+}
+template <class L>
+void rms_norm_backward_lowp_input(const float* dy, const L* x, const float* w, const float* rstd, L* dx, float* dw,
+                                  int64_t rows, int64_t cols) {
+  rms_norm_backward_impl<L, float>(dy, x, w, rstd, dx, dw, rows, cols);
+}
+#define ATHANOR_INSTANTIATE_RMS_LOWP(L)                                                                             \
+  template void rms_norm_forward_lowp_input<L>(const L*, const float*, float*, float*, int64_t, int64_t, double); \
+  template void rms_norm_backward_lowp_input<L>(const float*, const L*, const float*, const float*, L*, float*,    \
+                                                int64_t, int64_t);
+ATHANOR_INSTANTIATE_RMS_LOWP(bfloat16)
+ATHANOR_INSTANTIATE_RMS_LOWP(float16)
+#undef ATHANOR_INSTANTIATE_RMS_LOWP
 
 // ---- BatchNorm ---------------------------------------------------------------------------
 

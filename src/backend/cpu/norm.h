@@ -38,12 +38,35 @@ template <class L>
 void layer_norm_backward_lowp_input(const float* dy, const L* x, const float* w, const float* mean, const float* rstd,
                                     L* dx, float* dw, float* db, int64_t rows, int64_t cols);
 
+// layer_norm of an f32 x under bf16/f16 autocast keeping, for backward, xhat =
+// (x - mean) * rstd rounded to L (bfloat16 or float16) instead of x itself: half the
+// bytes of the saved f32 residual-stream activation. xhat is bounded by sqrt(cols) and
+// has unit RMS, so L's relative rounding (2^-9 bf16, 2^-11 f16) is all that is lost
+// (rounding x itself would lose x - mean to cancellation when |mean| >> std).
+// Forward: y, mean and rstd exactly as layer_norm_forward<float>, plus xhat.
+template <class L>
+void layer_norm_forward_keep_xhat(const float* x, const float* w, const float* b, float* y, L* xhat, float* mean,
+                                  float* rstd, int64_t rows, int64_t cols, double eps);
+// Backward from the saved xhat (widened to f32), dnorm = dy * w:
+//   dx = rstd * (dnorm - mean(dnorm) - xhat * mean(dnorm * xhat)),  dw = sum_rows dy * xhat,  db = sum_rows dy
+template <class L>
+void layer_norm_backward_from_xhat(const float* dy, const L* xhat, const float* w, const float* rstd, float* dx,
+                                   float* dw, float* db, int64_t rows, int64_t cols);
+
 // y = x * rstd * w,  rstd = 1 / sqrt(avg(x^2) + eps)
 template <class T>
 void rms_norm_forward(const T* x, const T* w, T* y, norm_stat_t<T>* rstd, int64_t rows, int64_t cols, double eps);
 template <class T>
 void rms_norm_backward(const T* dy, const T* x, const T* w, const norm_stat_t<T>* rstd, T* dx, T* dw, int64_t rows,
                        int64_t cols);
+// The same with a bf16/f16 x (and dx) but f32 weight, y, dy, dweight: rms_norm under
+// autocast reads the 16-bit activation directly, as layer_norm_*_lowp_input above.
+template <class L>
+void rms_norm_forward_lowp_input(const L* x, const float* w, float* y, float* rstd, int64_t rows, int64_t cols,
+                                 double eps);
+template <class L>
+void rms_norm_backward_lowp_input(const float* dy, const L* x, const float* w, const float* rstd, L* dx, float* dw,
+                                  int64_t rows, int64_t cols);
 
 // Per-channel batch statistics of x [N, C, L]: mean and biased variance (two passes).
 template <class T> void batch_norm_stats(const T* x, norm_stat_t<T>* mean, norm_stat_t<T>* var, int64_t N, int64_t C, int64_t L);

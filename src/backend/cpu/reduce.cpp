@@ -9,7 +9,9 @@ namespace {
 template <class T> using acc_t = std::conditional_t<std::is_same_v<T, double>, double, float>;
 }
 
-template <class T> void sum_3d(const T* x, T* out, int64_t outer, int64_t r, int64_t inner, double scale) {
+namespace {
+// x of type T, out of type O (O = T, or f32 for a bf16/f16 x: sum under autocast).
+template <class T, class O> void sum_3d_impl(const T* x, O* out, int64_t outer, int64_t r, int64_t inner, double scale) {
   using A = acc_t<T>;
   const A s = static_cast<A>(scale);
   if (inner == 1) {
@@ -19,7 +21,7 @@ template <class T> void sum_3d(const T* x, T* out, int64_t outer, int64_t r, int
       A acc = 0;
 #pragma omp simd reduction(+ : acc)
       for (int64_t j = 0; j < r; ++j) acc += cast_value<A>(row[j]);
-      out[o] = cast_value<T>(acc * s);
+      out[o] = cast_value<O>(acc * s);
     }
     return;
   }
@@ -34,11 +36,22 @@ template <class T> void sum_3d(const T* x, T* out, int64_t outer, int64_t r, int
 #pragma omp simd
         for (int64_t i = 0; i < inner; ++i) acc[i] += cast_value<A>(row[i]);
       }
-      T* dst = out + o * inner;
-      for (int64_t i = 0; i < inner; ++i) dst[i] = cast_value<T>(acc[i] * s);
+      O* dst = out + o * inner;
+      for (int64_t i = 0; i < inner; ++i) dst[i] = cast_value<O>(acc[i] * s);
     }
   }
 }
+}  // namespace
+
+template <class T> void sum_3d(const T* x, T* out, int64_t outer, int64_t r, int64_t inner, double scale) {
+  sum_3d_impl<T, T>(x, out, outer, r, inner, scale);
+}
+template <class L>
+void sum_3d_lowp_input(const L* x, float* out, int64_t outer, int64_t r, int64_t inner, double scale) {
+  sum_3d_impl<L, float>(x, out, outer, r, inner, scale);
+}
+template void sum_3d_lowp_input<bfloat16>(const bfloat16*, float*, int64_t, int64_t, int64_t, double);
+template void sum_3d_lowp_input<float16>(const float16*, float*, int64_t, int64_t, int64_t, double);
 
 namespace ref {
 template <class T> void sum_3d(const T* x, T* out, int64_t outer, int64_t r, int64_t inner, double scale) {

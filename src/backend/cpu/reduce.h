@@ -10,6 +10,10 @@
 namespace athanor::cpu {
 
 template <class T> void sum_3d(const T* x, T* out, int64_t outer, int64_t r, int64_t inner, double scale = 1.0);
+// bf16/f16 x (L), f32 out: sum/mean under autocast (f32 category) read the 16-bit input
+// directly; the same f32 accumulation as sum_3d<L>, without rounding the result to L.
+template <class L>
+void sum_3d_lowp_input(const L* x, float* out, int64_t outer, int64_t r, int64_t inner, double scale = 1.0);
 
 namespace ref {
 template <class T> void sum_3d(const T* x, T* out, int64_t outer, int64_t r, int64_t inner, double scale = 1.0);

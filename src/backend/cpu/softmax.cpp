@@ -245,6 +245,34 @@ template <class T> void softmax_backward(const T* dy, const T* y, T* dx, int64_t
                   [&](const A* const* in, A* out) { softmax_backward_row<A>(in[0], in[1], out, cols, log); });
 }
 
+template <class L> void softmax_forward_lowp_input(const L* x, float* y, int64_t rows, int64_t cols, bool log) {
+#pragma omp parallel if (rows > 1 && rows * cols >= (1 << 14))
+  {
+    std::vector<float> xr(cols);
+#pragma omp for schedule(static)
+    for (int64_t r = 0; r < rows; ++r) {
+      row::to_f32(x + r * cols, xr.data(), cols);
+      softmax_row(xr.data(), y + r * cols, cols, log);
+    }
+  }
+}
+template <class L>
+void softmax_backward_lowp_dx(const float* dy, const float* y, L* dx, int64_t rows, int64_t cols, bool log) {
+#pragma omp parallel if (rows > 1 && rows * cols >= (1 << 14))
+  {
+    std::vector<float> dxr(cols);
+#pragma omp for schedule(static)
+    for (int64_t r = 0; r < rows; ++r) {
+      softmax_backward_row<float>(dy + r * cols, y + r * cols, dxr.data(), cols, log);
+      row::from_f32(dxr.data(), dx + r * cols, cols);
+    }
+  }
+}
+template void softmax_forward_lowp_input<bfloat16>(const bfloat16*, float*, int64_t, int64_t, bool);
+template void softmax_forward_lowp_input<float16>(const float16*, float*, int64_t, int64_t, bool);
+template void softmax_backward_lowp_dx<bfloat16>(const float*, const float*, bfloat16*, int64_t, int64_t, bool);
+template void softmax_backward_lowp_dx<float16>(const float*, const float*, float16*, int64_t, int64_t, bool);
+
 // ---- reference kernels: one row at a time, in double, straight from the definitions ----
 namespace ref {
 template <class T> void softmax_forward(const T* x, T* y, int64_t rows, int64_t cols, bool log) {

@@ -24,6 +24,14 @@ template <class T> void softmax_forward(const T* x, T* y, int64_t rows, int64_t 
 //   log_softmax: dx = dy - exp(y) * sum(dy)
 template <class T> void softmax_backward(const T* dy, const T* y, T* dx, int64_t rows, int64_t cols, bool log);
 
+// The f32-category op under autocast on a bf16/f16 input (L: bfloat16 or float16): x
+// is read in its own storage and widened row by row, y is f32; backward takes the f32
+// dy and y and writes dx in L (rounded once). Bit-identical to the f32 kernels on x
+// widened to f32, with dx then rounded to L, but no f32 copy of x or dx is made.
+template <class L> void softmax_forward_lowp_input(const L* x, float* y, int64_t rows, int64_t cols, bool log);
+template <class L>
+void softmax_backward_lowp_dx(const float* dy, const float* y, L* dx, int64_t rows, int64_t cols, bool log);
+
 namespace ref {
 template <class T> void softmax_forward(const T* x, T* y, int64_t rows, int64_t cols, bool log);
 template <class T> void softmax_backward(const T* dy, const T* y, T* dx, int64_t rows, int64_t cols, bool log);
