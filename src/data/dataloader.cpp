@@ -1,4 +1,4 @@
-// DataLoader: worker threads build batches into a bounded reorder buffer;
+// DataLoader: worker threads build batches ahead into a bounded reorder buffer;
 // next() hands them out in order.
 //
 // Invariants:
@@ -9,16 +9,36 @@
 //  - a worker claims the lowest unclaimed g, and only while fewer than
 //    `capacity` = max(prefetch, num_workers, 1) batches are claimed but not yet
 //    returned, so memory stays bounded and no worker runs far ahead;
+//  - workers only use CPU time the training threads leave idle: they run at the
+//    lowest priority (nice 19 on Linux), because a loader thread that wakes up
+//    and preempts one OpenMP thread stalls the whole team at its next barrier
+//    (perf sched_switch on the MLP bench, 2 OpenMP threads on 2 cores: 26-173
+//    such preemptions per 3 s at normal priority, 3-4 at nice 19);
+//  - so next() never waits for a worker: when batch g is not ready it builds g
+//    itself, exactly as with 0 workers, and a worker's later copy of g is
+//    dropped. A step is therefore never slower than with 0 workers, and
+//    prefetching hides data costs whenever cores or I/O waits leave idle time;
 //  - a failure while building batch g (a throwing Dataset::get, a sampler index
 //    out of range, samples that do not stack) is stored as batch g's result and
 //    re-thrown by the next() that reaches g, as an Error naming the sample; the
 //    loader then moves on to g+1 (like PyTorch's DataLoader);
+//  - datasets with a Dataset::get_batch fast path fill the batch tensors
+//    directly (2 allocations per batch instead of 2 per sample, each of which
+//    takes the allocator lock the training thread also takes for every op);
 //  - stop() sets a flag under the lock and wakes every worker; workers check it
 //    whenever they wait and after each sample, so the destructor and
 //    set_position() join promptly even when the buffer is full.
 #include <algorithm>
+#include <atomic>
+#include <cstdlib>
 #include <functional>
 #include <map>
+
+#ifdef __linux__
+#include <sys/resource.h>
+#include <sys/syscall.h>
+#include <unistd.h>
+#endif
 
 #include "athanor/core/allocator.h"
 #include "athanor/core/error.h"
@@ -39,9 +59,8 @@ struct Stopped {};  // thrown inside a worker to abandon a batch when the loader
 
 struct DataLoader::State {
   std::mutex mu;
-  std::condition_variable cv_work;   // workers: a slot is free, or stop
-  std::condition_variable cv_ready;  // next(): a batch arrived
-  bool stopping = false;
+  std::condition_variable cv_work;  // workers: a slot is free, or stop
+  std::atomic<bool> stopping{false};  // written under mu (so waiters see it), read without it between samples
   int64_t epoch_len = 0;  // indices per epoch
   int64_t bpe = 0;        // batches per epoch
   int64_t capacity = 1;
@@ -87,6 +106,13 @@ std::string hint_of(const std::exception_ptr& e) {
   return "fix the dataset's get() for that index (or leave it out with a custom sampler)";
 }
 
+// Loader threads yield to the training threads: see the header.
+void lower_own_priority() {
+#ifdef __linux__
+  setpriority(PRIO_PROCESS, static_cast<id_t>(syscall(SYS_gettid)), 19);  // per thread on Linux; failure is harmless
+#endif
+}
+
 }  // namespace
 
 // Builds batch g. `stopping`, when given, is polled between samples.
@@ -96,15 +122,24 @@ static Batch build_batch(const Dataset& dataset, const std::vector<int64_t>& ord
   const int64_t epoch = g / bpe, k = g % bpe;
   const int64_t begin = k * B, end = std::min<int64_t>(begin + B, static_cast<int64_t>(order.size()));
   const int64_t n = dataset.size();
-  std::vector<Sample> samples;
-  std::vector<int64_t> ids;
-  samples.reserve(static_cast<size_t>(end - begin));
-  ids.reserve(static_cast<size_t>(end - begin));
+  std::vector<int64_t> ids(order.begin() + begin, order.begin() + end);
   for (int64_t p = begin; p < end; ++p) {
-    if (stopping && stopping()) throw Stopped{};
     const int64_t id = order[p];
     ATH_CHECK(id >= 0 && id < n, kOp, "the sampler gave index ", id, " (epoch ", epoch, ", position ", p, ") but ", dataset.describe(),
               " has ", n, " samples", Hint{"the sampler was made for a different dataset size"});
+  }
+  std::optional<Batch> direct;
+  try {
+    direct = dataset.get_batch(ids);
+  } catch (...) {
+    const auto e = std::current_exception();
+    ATH_FAIL(kOp, "batch ", k, " of epoch ", epoch, " of ", dataset.describe(), " failed: ", what_of(e), Hint{hint_of(e)});
+  }
+  if (direct) return std::move(*direct);
+  std::vector<Sample> samples;
+  samples.reserve(ids.size());
+  for (int64_t id : ids) {
+    if (stopping && stopping()) throw Stopped{};
     try {
       samples.push_back(dataset.get(id));
     } catch (...) {
@@ -112,7 +147,6 @@ static Batch build_batch(const Dataset& dataset, const std::vector<int64_t>& ord
       ATH_FAIL(kOp, "sample ", id, " of ", dataset.describe(), " (epoch ", epoch, ", batch ", k, ") failed: ", what_of(e),
                Hint{hint_of(e)});
     }
-    ids.push_back(id);
   }
   try {
     return collate(samples, ids);
@@ -148,11 +182,9 @@ void DataLoader::start() {
   s.stopping = false;
   for (int w = 0; w < opt_.num_workers; ++w) {
     s.workers.emplace_back([this] {
+      lower_own_priority();
       State& st = *state_;
-      const std::function<bool()> stopping = [&st] {
-        std::lock_guard<std::mutex> lk(st.mu);
-        return st.stopping;
-      };
+      const std::function<bool()> stopping = [&st] { return st.stopping.load(std::memory_order_relaxed); };
       std::unique_lock<std::mutex> lk(st.mu);
       for (;;) {
         st.cv_work.wait(lk, [&] { return st.stopping || st.claim - st.consume < st.capacity; });
@@ -170,8 +202,7 @@ void DataLoader::start() {
         }
         if (!lk.owns_lock()) lk.lock();
         if (st.stopping) return;
-        st.ready.emplace(g, std::move(r));
-        st.cv_ready.notify_all();
+        if (g >= st.consume) st.ready.emplace(g, std::move(r));  // else next() built g itself meanwhile
       }
     });
   }
@@ -190,29 +221,27 @@ void DataLoader::stop() {
 
 Batch DataLoader::next() {
   State& s = *state_;
+  std::shared_ptr<const std::vector<int64_t>> order;
+  int64_t g;
   Result r;
-  if (opt_.num_workers == 0) {
-    std::shared_ptr<const std::vector<int64_t>> order;
-    int64_t g;
-    {
-      std::lock_guard<std::mutex> lk(s.mu);
-      g = s.consume;
-      order = s.order_locked(*sampler_, g / s.bpe);
-      s.consume = s.claim = g + 1;
-      s.orders.erase(s.orders.begin(), s.orders.lower_bound(s.consume / s.bpe));
-    }
-    return build_batch(*dataset_, *order, g, s.bpe, opt_.batch_size, nullptr);
-  }
+  bool prefetched = false;
   {
-    std::unique_lock<std::mutex> lk(s.mu);
-    s.cv_ready.wait(lk, [&] { return s.ready.count(s.consume) > 0; });
-    auto it = s.ready.find(s.consume);
-    r = std::move(it->second);
-    s.ready.erase(it);
-    ++s.consume;
+    std::lock_guard<std::mutex> lk(s.mu);
+    g = s.consume;
+    auto it = s.ready.find(g);
+    if (it != s.ready.end()) {
+      r = std::move(it->second);
+      s.ready.erase(it);
+      prefetched = true;
+    } else {
+      order = s.order_locked(*sampler_, g / s.bpe);  // built below, here (see the header)
+    }
+    s.consume = g + 1;
+    s.claim = std::max(s.claim, s.consume);
     s.orders.erase(s.orders.begin(), s.orders.lower_bound(s.consume / s.bpe));
   }
-  s.cv_work.notify_all();
+  if (opt_.num_workers > 0) s.cv_work.notify_one();  // one slot freed: one worker is enough
+  if (!prefetched) return build_batch(*dataset_, *order, g, s.bpe, opt_.batch_size, nullptr);
   if (r.error) std::rethrow_exception(r.error);
   return std::move(r.batch);
 }

@@ -45,16 +45,28 @@ class FashionMnist final : public Dataset {
   int64_t size() const override { return count_; }
 
   Sample get(int64_t index) const override {
-    ATH_CHECK(index >= 0 && index < count_, kOp, "index ", index, " is out of range for ", describe(),
-              Hint{"valid indices are 0 .. size()-1"});
+    check_index(index);
     Sample s;
     s.input = empty({1, kRows, kCols}, DType::f32);
-    float* dst = s.input.data_ptr<float>();
-    const uint8_t* src = pixels_.data() + index * kRows * kCols;
-    for (int64_t i = 0; i < kRows * kCols; ++i) dst[i] = lut_[src[i]];
     s.target = empty({}, DType::i64);
-    *s.target.data_ptr<int64_t>() = labels_[index];
+    write_sample(index, s.input.data_ptr<float>(), s.target.data_ptr<int64_t>());
     return s;
+  }
+
+  // The batch filled in place: rows of one [N, 1, 28, 28] tensor, labels of one [N].
+  std::optional<Batch> get_batch(const std::vector<int64_t>& ids) const override {
+    ATH_CHECK(!ids.empty(), kOp, "no indices for a batch of ", describe(), Hint{"a batch needs at least one sample"});
+    for (int64_t id : ids) check_index(id);
+    const auto n = static_cast<int64_t>(ids.size());
+    Batch b;
+    b.input = empty({n, 1, kRows, kCols}, DType::f32);
+    b.target = empty({n}, DType::i64);
+    float* images = b.input.data_ptr<float>();
+    int64_t* labels = b.target.data_ptr<int64_t>();
+    for (int64_t i = 0; i < n; ++i) write_sample(ids[i], images + i * kRows * kCols, labels + i);
+    b.sample_ids = ids;
+    b.num_targets = n;
+    return b;
   }
 
   std::string describe() const override {
@@ -62,6 +74,16 @@ class FashionMnist final : public Dataset {
   }
 
  private:
+  void check_index(int64_t index) const {
+    ATH_CHECK(index >= 0 && index < count_, kOp, "index ", index, " is out of range for ", describe(),
+              Hint{"valid indices are 0 .. size()-1"});
+  }
+  void write_sample(int64_t index, float* image, int64_t* label) const {
+    const uint8_t* src = pixels_.data() + index * kRows * kCols;
+    for (int64_t i = 0; i < kRows * kCols; ++i) image[i] = lut_[src[i]];
+    *label = labels_[index];
+  }
+
   bool train_;
   int64_t count_ = 0;
   std::vector<uint8_t> pixels_, labels_;

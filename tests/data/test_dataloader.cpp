@@ -3,7 +3,15 @@
 #include <atomic>
 #include <chrono>
 #include <set>
+#include <optional>
+#include <stdexcept>
 #include <thread>
+
+#ifdef __linux__
+#include <sys/resource.h>
+#include <sys/syscall.h>
+#include <unistd.h>
+#endif
 
 #include "athanor/data/dataloader.h"
 #include "test_util.h"
@@ -165,6 +173,107 @@ TEST(DataLoader, WorkerErrorsNameTheSample) {
     EXPECT_EQ(ids_of(dl.next()).front(), 24);
   }
 }
+
+namespace {
+// RangeDataset with the get_batch fast path: the batch built directly (no get()).
+class RangeBatchDataset : public RangeDataset {
+ public:
+  using RangeDataset::RangeDataset;
+  std::optional<Batch> get_batch(const std::vector<int64_t>& ids) const override {
+    ++batch_calls;
+    const auto n = static_cast<int64_t>(ids.size());
+    std::vector<float> in;
+    std::vector<int64_t> tg;
+    for (int64_t i : ids) {
+      if (i == bad_index) throw std::runtime_error("corrupt record");
+      in.insert(in.end(), {float(i), float(-i)});
+      tg.push_back(i);
+    }
+    return Batch{from_vector(in, {n, 2}), from_vector(tg, {n}), ids, n};
+  }
+  mutable std::atomic<int64_t> batch_calls{0};
+  int64_t bad_index = -1;
+};
+}  // namespace
+
+TEST(DataLoader, GetBatchFastPathGivesTheSameBatchesAndNamesFailures) {
+  auto per_sample = std::make_shared<RangeDataset>(103);
+  DataLoader ref(per_sample, opts(8, 0));
+  const auto expected = run(ref, 30);
+  for (int workers : {0, 2}) {
+    SCOPED_TRACE(workers);
+    auto fast = std::make_shared<RangeBatchDataset>(103);
+    DataLoader dl(fast, opts(8, workers));
+    EXPECT_EQ(run(dl, 30), expected);  // ids_of also checks the contents
+    EXPECT_EQ(fast->calls.load(), 0);  // get() never called
+    EXPECT_GE(fast->batch_calls.load(), 30);
+    auto bad = std::make_shared<RangeBatchDataset>(40);
+    bad->bad_index = 21;
+    DataLoader dl2(bad, opts(8, workers, /*shuffle=*/false));
+    run(dl2, 2);
+    auto msg = error_message([&] { dl2.next(); });  // batch 2 holds 16..23
+    EXPECT_NE(msg.find("batch 2 of epoch 0 of range(40) failed: corrupt record"), std::string::npos) << msg;
+    EXPECT_EQ(ids_of(dl2.next()).front(), 24);
+  }
+}
+
+// next() builds a batch that is not ready itself (as with 0 workers) rather than
+// wait: here every worker is stuck inside get() for 5 s, yet batches come at once.
+TEST(DataLoader, NextDoesNotWaitForABusyWorker) {
+  class StuckInWorkers : public RangeDataset {
+   public:
+    StuckInWorkers() : RangeDataset(200), caller_(std::this_thread::get_id()) {}
+    Sample get(int64_t i) const override {
+      if (std::this_thread::get_id() != caller_) {
+        const auto until = std::chrono::steady_clock::now() + std::chrono::seconds(5);
+        while (!released && std::chrono::steady_clock::now() < until) std::this_thread::sleep_for(std::chrono::milliseconds(1));
+      }
+      return RangeDataset::get(i);
+    }
+    std::atomic<bool> released{false};
+
+   private:
+    std::thread::id caller_;
+  };
+  auto ref_ds = std::make_shared<RangeDataset>(200);
+  DataLoader ref(ref_ds, opts(4, 0));
+  const auto expected = run(ref, 6);
+  auto ds = std::make_shared<StuckInWorkers>();
+  {
+    DataLoader dl(ds, opts(4, 2));
+    std::this_thread::sleep_for(std::chrono::milliseconds(20));  // let the workers claim batches 0 and 1
+    const auto t0 = std::chrono::steady_clock::now();
+    EXPECT_EQ(run(dl, 6), expected);
+    EXPECT_LT(std::chrono::steady_clock::now() - t0, std::chrono::seconds(2));
+    ds->released = true;  // let the workers finish (their copies are dropped) and join
+  }
+}
+
+#ifdef __linux__
+// Loader threads yield to the training threads (see dataloader.cpp): nice 19.
+TEST(DataLoader, WorkersRunAtTheLowestPriority) {
+  class RecordsPriority : public RangeDataset {
+   public:
+    RecordsPriority() : RangeDataset(64), caller_(std::this_thread::get_id()) {}
+    Sample get(int64_t i) const override {
+      if (std::this_thread::get_id() != caller_)
+        worker_nice = getpriority(PRIO_PROCESS, static_cast<id_t>(syscall(SYS_gettid)));
+      return RangeDataset::get(i);
+    }
+    mutable std::atomic<int> worker_nice{-100};
+
+   private:
+    std::thread::id caller_;
+  };
+  const int caller_nice = getpriority(PRIO_PROCESS, static_cast<id_t>(syscall(SYS_gettid)));
+  auto ds = std::make_shared<RecordsPriority>();
+  DataLoader dl(ds, opts(4, 1));
+  const auto until = std::chrono::steady_clock::now() + std::chrono::seconds(5);
+  while (ds->worker_nice == -100 && std::chrono::steady_clock::now() < until) std::this_thread::sleep_for(std::chrono::milliseconds(1));
+  EXPECT_EQ(ds->worker_nice.load(), 19);
+  EXPECT_EQ(getpriority(PRIO_PROCESS, static_cast<id_t>(syscall(SYS_gettid))), caller_nice) << "the caller's priority is untouched";
+}
+#endif
 
 TEST(DataLoader, InvalidOptions) {
   auto ds = std::make_shared<RangeDataset>(5);

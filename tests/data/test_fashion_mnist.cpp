@@ -1,6 +1,7 @@
 // IDX parsing on synthetic (valid, corrupted, truncated) gzip files, and the
 // real Fashion-MNIST from Debian's dataset-fashion-mnist when installed.
 #include <cmath>
+#include <optional>
 
 #include "athanor/data/dataset.h"
 #include "data/idx.h"
@@ -134,6 +135,30 @@ TEST(FashionMnistSynthetic, LoadsAndNormalizes) {
   }
   auto msg = error_message([&] { ds->get(3); });
   EXPECT_NE(msg.find("index 3 is out of range"), std::string::npos) << msg;
+}
+
+// The loader's fast path fills the batch directly; it must equal collate() of
+// get() (the per-sample path, itself checked against the raw bytes above).
+TEST(FashionMnistSynthetic, GetBatchEqualsCollateOfGet) {
+  TempDir dir;
+  write_split(dir, images_file(5), labels_file({7, 0, 9, 3, 3}));
+  auto ds = fashion_mnist(dir.str(), true);
+  const std::vector<int64_t> ids{4, 0, 2, 2};
+  std::vector<Sample> samples;
+  for (int64_t id : ids) samples.push_back(ds->get(id));
+  const Batch expected = collate(samples, ids);
+  const std::optional<Batch> got = ds->get_batch(ids);
+  ASSERT_TRUE(got.has_value());
+  EXPECT_EQ(got->input.sizes(), expected.input.sizes());
+  EXPECT_EQ(got->input.dtype(), expected.input.dtype());
+  EXPECT_EQ(got->target.sizes(), expected.target.sizes());
+  EXPECT_EQ(got->target.dtype(), expected.target.dtype());
+  EXPECT_EQ(got->input.to_vector(), expected.input.to_vector());
+  EXPECT_EQ(got->target.to_vector(), expected.target.to_vector());
+  EXPECT_EQ(got->sample_ids, expected.sample_ids);
+  EXPECT_EQ(got->num_targets, expected.num_targets);
+  auto msg = error_message([&] { ds->get_batch({1, 5}); });
+  EXPECT_NE(msg.find("index 5 is out of range"), std::string::npos) << msg;
 }
 
 TEST(FashionMnistSynthetic, InconsistentFilesNameTheFiles) {

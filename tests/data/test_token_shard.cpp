@@ -120,6 +120,30 @@ TEST(TokenWindows, TargetsAreInputsShiftedByOne) {
   EXPECT_NE(msg.find("too few for one window"), std::string::npos) << msg;
 }
 
+// The loader's fast path must equal collate() of get() (checked against the tokens above).
+TEST(TokenWindows, GetBatchEqualsCollateOfGet) {
+  TempDir dir;
+  std::vector<int32_t> tokens(23);
+  for (int i = 0; i < 23; ++i) tokens[i] = (i * 37) % 101;
+  write_token_shard(dir.file("w.bin"), tokens, 101);
+  auto ds = token_windows(std::make_shared<TokenShard>(dir.file("w.bin"), 101), 5);
+  const std::vector<int64_t> ids{3, 0, 3, 1};
+  std::vector<Sample> samples;
+  for (int64_t id : ids) samples.push_back(ds->get(id));
+  const Batch expected = collate(samples, ids);
+  const auto got = ds->get_batch(ids);
+  ASSERT_TRUE(got.has_value());
+  EXPECT_EQ(got->input.sizes(), expected.input.sizes());
+  EXPECT_EQ(got->input.dtype(), expected.input.dtype());
+  EXPECT_EQ(got->target.sizes(), expected.target.sizes());
+  EXPECT_EQ(got->input.to_vector(), expected.input.to_vector());
+  EXPECT_EQ(got->target.to_vector(), expected.target.to_vector());
+  EXPECT_EQ(got->sample_ids, expected.sample_ids);
+  EXPECT_EQ(got->num_targets, expected.num_targets);
+  auto msg = error_message([&] { ds->get_batch({0, 4}); });
+  EXPECT_NE(msg.find("window 4 is out of range"), std::string::npos) << msg;
+}
+
 TEST(PrepareText, WritesTrainAndValShards) {
   TempDir dir;
   std::string text;

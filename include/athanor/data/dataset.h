@@ -3,6 +3,7 @@
 // loader threads at once.
 #include <cstdint>
 #include <memory>
+#include <optional>
 #include <string>
 #include <vector>
 
@@ -27,6 +28,16 @@ class Dataset {
   virtual int64_t size() const = 0;
   virtual Sample get(int64_t index) const = 0;
   virtual std::string describe() const = 0;  // for logs: "fashion-mnist train (60000 images)"
+  // Optional fast path for the loader: the batch of `ids`, equal to collate() of
+  // get(id) for each id, built straight into the batch tensors. Datasets whose
+  // samples are rows of one in-memory array override it: two allocations per
+  // batch instead of two per sample (each allocation takes the process-wide
+  // allocator lock that the training thread also takes for every op). The
+  // default, std::nullopt, makes the loader call get() per sample and collate.
+  virtual std::optional<Batch> get_batch(const std::vector<int64_t>& ids) const {
+    (void)ids;
+    return std::nullopt;
+  }
 };
 
 // Stacks samples into a batch (inputs and targets must agree in shape and dtype).
