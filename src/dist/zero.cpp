@@ -73,9 +73,15 @@ DataParallel::DataParallel(std::shared_ptr<nn::Module> module, std::shared_ptr<P
   ATH_CHECK(opts_.bucket_mb > 0, "DataParallel", "bucket_mb must be positive, got ", opts_.bucket_mb);
   ATH_CHECK(opts_.zero_stage >= 0 && opts_.zero_stage <= 3, "DataParallel", "zero_stage ", opts_.zero_stage,
             " is not supported", Hint{"use zero_stage 0 (DDP), 1 (sharded optimizer state), 2 (plus sharded "
-                                      "gradients) or 3 (plus sharded parameters of FullyShardedBlocks)"});
+                                      "gradients) or 3 (plus sharded parameters of the shard_modules / FullyShardedBlocks)"});
+  ATH_CHECK(opts_.shard_modules.empty() || opts_.zero_stage == 3, "DataParallel", "shard_modules names ",
+            opts_.shard_modules.size(), " module(s) (first '", opts_.shard_modules.empty() ? "" : opts_.shard_modules[0],
+            "') but zero_stage is ", opts_.zero_stage, ": only stage 3 shards parameters",
+            Hint{"set zero_stage 3, or leave shard_modules empty"});
   const int n = group_->size(), me = group_->rank();
 
+  // Before anything touches the parameters: a unit already sharded elsewhere has no data to broadcast.
+  if (opts_.zero_stage == 3) setup_units();
   if (opts_.zero_stage <= 1) {
     // DDP broadcasts rank 0's parameters and reduces the full gradients.
     ddp_ = std::make_unique<DistributedDataParallel>(module_, group_, DDPOptions{.bucket_cap_mb = opts_.bucket_mb});
@@ -90,11 +96,10 @@ DataParallel::DataParallel(std::shared_ptr<nn::Module> module, std::shared_ptr<P
       index_[name] = static_cast<int>(params_.size());
       params_.push_back(Param{name, p});
     }
-  if (opts_.zero_stage == 3) setup_blocks();
 
   // Buckets in reverse registration order, one dtype each, capped in bytes (as DDP).
   const double cap = opts_.bucket_mb * 1024.0 * 1024.0;
-  // Stage 3: the parameters of one FullyShardedBlock form a bucket of their own.
+  // Stage 3: the parameters of one sharding unit form a bucket of their own.
   std::vector<int64_t> bucket_bytes;
   std::vector<int> bucket_block;  // block index per bucket, -1 for ordinary buckets
   for (int i = static_cast<int>(params_.size()) - 1; i >= 0; --i) {
@@ -111,9 +116,10 @@ DataParallel::DataParallel(std::shared_ptr<nn::Module> module, std::shared_ptr<P
       bucket_bytes.push_back(0);
       bucket_block.push_back(blk);
       if (blk >= 0) {
-        ATH_CHECK(blocks_[blk].second->bucket_ < 0, "DataParallel", "the parameters of FullyShardedBlock '",
-                  blocks_[blk].first, "' are not contiguous in registration order");
-        blocks_[blk].second->bucket_ = static_cast<int>(buckets_.size()) - 1;
+        ATH_CHECK(units_[blk].bucket < 0, "DataParallel", "the parameters of sharding unit '", units_[blk].path,
+                  "' are not contiguous in registration order",
+                  Hint{"choose units whose parameters are registered together (one module subtree each)"});
+        units_[blk].bucket = static_cast<int>(buckets_.size()) - 1;
       }
     }
     p.bucket = static_cast<int>(buckets_.size()) - 1;
@@ -160,7 +166,7 @@ DataParallel::DataParallel(std::shared_ptr<nn::Module> module, std::shared_ptr<P
         buckets_[bi].bwd_pending = static_cast<int>(buckets_[bi].params.size());
         release_block(bi);  // from here on each rank holds only its own block parameters
       }
-    for (auto& [prefix, blk] : blocks_) blk->sharder_ = this;
+    install_interceptors();
   }
 }
 
@@ -173,7 +179,8 @@ DataParallel::~DataParallel() {
     }
   if (opts_.zero_stage == 3) {
     // Leave the model whole, as it was handed in.
-    for (auto& [prefix, blk] : blocks_) blk->sharder_ = nullptr, blk->bucket_ = -1;
+    for (auto& u : units_) u.module->set_forward_interceptor(nullptr);
+    full_depth_ = 0;
     try {
       MemTagScope tag(MemTag::parameter);
       for (int bi = 0; bi < static_cast<int>(buckets_.size()); ++bi) {
@@ -219,7 +226,15 @@ std::vector<std::string> DataParallel::owned_parameters() const {
 
 void DataParallel::on_grad_ready(int index) {
   Param& p = params_[index];
-  if (buckets_[p.bucket].block) on_block_grad(p.bucket);  // also inside no_sync(): the block is done
+  const bool block = buckets_[p.bucket].block;
+  // A stage-3 unit parameter used outside its unit too (a tie the unit cannot see, e.g. a weight
+  // read directly by another layer) gets one gradient from each use.
+  ATH_CHECK(!(sync_ && p.ready && block), "DataParallel", "parameter '", p.name,
+            "' of a sharding unit received a gradient twice in one synchronised step: is it also used outside its "
+            "unit (tied weights)?",
+            Hint{"leave modules whose parameters are used elsewhere out of shard_modules (GPT's wte is tied to the "
+                 "lm_head); otherwise call finish_backward() after each backward"});
+  if (block) on_block_grad(p.bucket);  // also inside no_sync(): the block is done
   if (!sync_) return;
   ATH_CHECK(!p.ready, "DataParallel", "parameter '", p.name, "' received a gradient twice in one synchronised step",
             Hint{"call finish_backward() after each backward, or run the non-final micro-batches inside no_sync()"});
@@ -426,17 +441,23 @@ std::map<std::string, double> DataParallel::full_optimizer_scalars() {
 }
 
 nn::StateDict DataParallel::full_state_dict() {
-  for (int bi = 0; bi < static_cast<int>(buckets_.size()); ++bi) gather_block(bi);
+  gather_all_blocks();
   nn::StateDict out;
   for (auto& [name, t] : module_->state_dict()) out.emplace_back(name, t.detach().clone());
-  for (int bi = 0; bi < static_cast<int>(buckets_.size()); ++bi) release_block(bi);
+  release_all_blocks();
   return out;
 }
 
 void DataParallel::load_full_state_dict(const nn::StateDict& state) {
-  for (int bi = 0; bi < static_cast<int>(buckets_.size()); ++bi) gather_block(bi);
-  module_->load_state_dict(state);
-  for (int bi = 0; bi < static_cast<int>(buckets_.size()); ++bi) release_block(bi);
+  gather_all_blocks();
+  // Owners keep what they loaded; the gathered copies of the others are dropped by the release.
+  try {
+    module_->load_state_dict(state);
+  } catch (...) {
+    release_all_blocks();
+    throw;
+  }
+  release_all_blocks();
 }
 
 void DataParallel::load_full_optimizer_state(const optim::NamedTensors& tensors,

@@ -4,6 +4,8 @@
 //   logits = ln_f(x) @ wte^T            (lm_head tied to the token embedding)
 // With gradient_checkpointing each block runs inside checkpoint(): only block
 // inputs are kept for backward, and each block's forward is recomputed there.
+// Blocks run through Module::run_forward: a forward interceptor installed on
+// transformer.h.<i> (ZeRO-3 sharding) wraps the block without renaming anything.
 #include "athanor/nn/gpt.h"
 
 #include <algorithm>
@@ -134,10 +136,15 @@ Tensor GPT::forward(const Tensor& ids) {
     x = drop_->forward(add(wte_->forward(ids), wpe_->forward(pos)));
     for (auto& b : blocks_) {
       auto hs = ModuleScope("h");
-      if (config_.gradient_checkpointing && grad_enabled()) {
+      GPTBlock* block = b.get();
+      auto run = [block](const Tensor& in) { return block->forward(in); };
+      if (b->has_forward_interceptor()) {
+        // The interceptor (e.g. ZeRO-3's, which already runs the block under checkpoint())
+        // takes precedence over gradient_checkpointing: a block is never checkpointed twice.
+        x = b->run_forward(x, run);
+      } else if (config_.gradient_checkpointing && grad_enabled()) {
         // Keep only each block's input; its intermediates are recomputed in backward (one extra block forward).
-        GPTBlock* block = b.get();
-        x = checkpoint([block](const Tensor& in) { return block->forward(in); }, x);
+        x = checkpoint(run, x);
       } else {
         x = b->forward(x);
       }
@@ -196,6 +203,12 @@ std::vector<int32_t> GPT::generate(const std::vector<int32_t>& prompt, int64_t m
     out.push_back(next);
   }
   train(was_training);
+  return out;
+}
+
+std::vector<std::string> GPT::shard_units() const {
+  std::vector<std::string> out;
+  for (int64_t i = 0; i < config_.n_layer; ++i) out.push_back("transformer.h." + std::to_string(i));
   return out;
 }
 

@@ -4,6 +4,7 @@
 
 #include <cmath>
 
+#include "athanor/autograd/grad_mode.h"
 #include "athanor/core/rng.h"
 #include "athanor/ops.h"
 
@@ -74,13 +75,47 @@ BatchNorm::BatchNorm(int64_t c, int64_t dims, double eps_, double momentum_) : e
 }
 Tensor BatchNorm::forward(const Tensor& x) {
   auto scope = enter();
+  const char* op = expected_dims == 2 ? "BatchNorm1d" : "BatchNorm2d";
   if (expected_dims == 2) {
-    ATH_CHECK(x.dim() == 2 || x.dim() == 3, "BatchNorm1d", "expected a 2-D [N, C] or 3-D [N, C, L] input, got ", x.describe());
+    ATH_CHECK(x.dim() == 2 || x.dim() == 3, op, "expected a 2-D [N, C] or 3-D [N, C, L] input, got ", x.describe());
   } else {
-    ATH_CHECK(x.dim() == 4, "BatchNorm2d", "expected a 4-D [N, C, H, W] input, got ", x.describe());
+    ATH_CHECK(x.dim() == 4, op, "expected a 4-D [N, C, H, W] input, got ", x.describe());
   }
+  ATH_CHECK(x.size(1) == weight.size(0), op, "input has ", x.size(1), " channels (dim 1) but the layer has ", weight.size(0),
+            "; input ", x.describe(), Hint{"the layer's num_features must equal the channel count (dim 1) of its input"});
   if (is_training()) num_batches_tracked.fill_(static_cast<double>(num_batches_tracked.item<int64_t>() + 1));
+  if (is_training() && reduce_stats_) return forward_reduced_stats(x);
   return batch_norm(x, running_mean, running_var, weight, bias, is_training(), momentum, eps);
+}
+
+// Built from differentiable ops plus the differentiable reducer, so the backward
+// is the chain rule of the same graph (input, weight and bias gradients).
+Tensor BatchNorm::forward_reduced_stats(const Tensor& x) {
+  const int64_t C = weight.size(0);
+  std::vector<int64_t> dims{0};  // every dim but the channels
+  Shape bshape(x.dim(), 1);      // [1, C, 1, …] for broadcasting per-channel values
+  bshape[1] = C;
+  for (int64_t d = 2; d < x.dim(); ++d) dims.push_back(d);
+  // Positions per channel over all processes (each may have its own batch size).
+  const Tensor count = reduce_stats_(
+      from_vector(std::vector<double>{static_cast<double>(x.numel() / C)}, {1}, TensorOptions(DType::f64)));
+  ATH_CHECK(count.defined() && count.numel() == 1, "BatchNorm", "the batch statistics reducer returned ",
+            count.defined() ? count.describe() : std::string("nothing"), " for a [1] count",
+            Hint{"a reducer must return a tensor of its input's shape (the sum over processes)"});
+  const double M = count.item();
+  ATH_CHECK(M > 1, "BatchNorm", "needs more than one value per channel over all processes, got ", M, " for input ",
+            x.describe(), Hint{"use a larger batch, or keep batch statistics local"});
+
+  Tensor mean = div(reduce_stats_(sum(x, dims)), M);  // [C]
+  Tensor centred = sub(x, mean.reshape(bshape));
+  Tensor var = div(reduce_stats_(sum(square(centred), dims)), M);  // biased, [C]
+  Tensor y = mul(centred, rsqrt(add(var, eps)).reshape(bshape));
+  y = add(mul(y, weight.reshape(bshape)), bias.reshape(bshape));
+
+  NoGradGuard ng;  // running statistics as the local kernel: unbiased variance, momentum
+  running_mean.copy_(add(mul(running_mean, 1.0 - momentum), mul(mean.detach(), momentum)));
+  running_var.copy_(add(mul(running_var, 1.0 - momentum), mul(var.detach(), momentum * M / (M - 1))));
+  return y;
 }
 std::shared_ptr<BatchNorm> BatchNorm1d(int64_t c, double eps, double m) { return std::make_shared<BatchNorm>(c, 2, eps, m); }
 std::shared_ptr<BatchNorm> BatchNorm2d(int64_t c, double eps, double m) { return std::make_shared<BatchNorm>(c, 4, eps, m); }

@@ -18,7 +18,22 @@ MLP::MLP(std::vector<int64_t> sizes, const std::string& activation, double dropo
 
 Tensor MLP::forward(const Tensor& x) {
   auto scope = enter();
-  return layers->forward(x.dim() > 2 ? flatten(x, 1) : x);
+  Tensor h = x.dim() > 2 ? flatten(x, 1) : x;
+  // The Sequential's loop, with each layer run through Module::run_forward so that a forward
+  // interceptor (ZeRO-3 sharding of the Linear layers) can wrap it.
+  auto seq_scope = layers->enter();
+  for (size_t i = 0; i < layers->size(); ++i) {
+    UnaryModule* layer = (*layers)[i].get();
+    h = layer->run_forward(h, [layer](const Tensor& in) { return layer->forward(in); });
+  }
+  return h;
+}
+
+std::vector<std::string> MLP::shard_units() const {
+  std::vector<std::string> out;
+  for (size_t i = 0; i < layers->size(); ++i)
+    if (std::dynamic_pointer_cast<Linear>((*layers)[i])) out.push_back("layers." + std::to_string(i));
+  return out;
 }
 
 }  // namespace athanor::nn

@@ -41,6 +41,8 @@ const std::vector<ConfigKey>& config_schema() {
 
       {"optimizer.type", std::string("adamw"), "optimizer", "", {"sgd", "rmsprop", "adam", "adamw", "lamb", "lars"}},
       {"optimizer.lr", 1e-3, "peak learning rate (before the schedule and the scaling rule)"},
+      {"optimizer.low_precision_copies", true,
+       "bf16/f16: the optimizer writes each weight's low-precision copy in its update pass; autocast uses it instead of casting"},
       {"optimizer.weight_decay", 0.0, "weight decay (decoupled for adamw/lamb; not applied to biases, norms, embeddings)"},
       {"optimizer.decay_embeddings", false, "apply weight decay to embeddings too"},
       {"optimizer.beta1", 0.9, "Adam/LAMB beta1"},
@@ -111,11 +113,17 @@ const std::vector<ConfigKey>& config_schema() {
        "mpirun/srun with more than one process",
        "", {"auto", "none", "mpi"}},
       {"dist.zero_stage", int64_t{0},
-       "0 = DDP (full optimizer per rank), 1 = optimizer state sharded, 2 = also gradients sharded (3: C++ API only, see dist/zero.h)",
+       "0 = DDP (full optimizer per rank), 1 = optimizer state sharded, 2 = also gradients sharded, 3 = also parameters sharded "
+       "(gpt: its blocks transformer.h.<i>; mlp: its Linear layers; not convnet)",
        "dist.backend=auto|mpi"},
       {"dist.bucket_mb", 25.0, "gradient bucket size (MiB) of the all-reduce / reduce-scatter overlapped with backward",
        "dist.backend=auto|mpi"},
       {"dist.timeout_s", 300.0, "a collective that does not complete within this many seconds aborts every rank, naming it",
+       "dist.backend=auto|mpi"},
+      {"dist.sync_batchnorm", false,
+       "BatchNorm layers normalise with the statistics of the whole data-parallel batch (all ranks' rows, as one process on "
+       "the global batch) instead of each rank's own rows; costs three small all-reduces per BatchNorm forward and two in "
+       "backward (dist::convert_sync_batchnorm)",
        "dist.backend=auto|mpi"},
 
       {"checkpoint.every", int64_t{0},

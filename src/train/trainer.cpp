@@ -18,6 +18,7 @@
 #include "athanor/core/rng.h"
 #include "athanor/data/corpus.h"
 #include "athanor/data/token_shard.h"
+#include "athanor/dist/sync_batch_norm.h"
 #include "athanor/dist/zero.h"
 #include "athanor/nn/gpt.h"
 #include "athanor/ops.h"
@@ -158,14 +159,7 @@ void Trainer::init(bool /*write_run_files: in write_files_*/) {
   const Config& c = config_;
   const int64_t gb = global_batch();
   if (group_) {
-    // The model is owned by the task, which outlives dp_ (declared before it).
-    std::shared_ptr<nn::Module> model(&task_->module(), [](nn::Module*) {});
-    dist::DataParallelOptions o;
-    o.zero_stage = zero_stage_;
-    o.bucket_mb = c.get_float("dist.bucket_mb");
-    dp_ = std::make_unique<dist::DataParallel>(
-        model, group_, [this, gb](const optim::NamedTensors& owned) { return make_optimizer(config_, owned, gb); }, o);
-    optim_ = &dp_->optimizer();
+    setup_data_parallel(gb);
   } else {
     optimizer_ = make_optimizer(config_, task_->module().named_parameters(), gb);
     optim_ = optimizer_.get();
@@ -192,6 +186,10 @@ void Trainer::init(bool /*write_run_files: in write_files_*/) {
   // Precision: f16 scales the loss dynamically; bf16 and f32 keep a disabled scaler, which
   // still reports non-finite gradients by parameter name.
   precision_ = dtype_from_name(c.get_string("trainer.precision"));
+  // bf16/f16: the weights' low-precision copies come from the optimizer's update pass, so
+  // autocast need not cast them every step. Not under ZeRO: its optimizer updates shards.
+  if (precision_ != DType::f32 && c.get_bool("optimizer.low_precision_copies") && (!dp_ || zero_stage_ == 0))
+    optim_->enable_low_precision_copies(precision_);
   GradScalerOptions so;
   so.enabled = precision_ == DType::f16;
   if (so.enabled) {
@@ -225,6 +223,11 @@ void Trainer::init(bool /*write_run_files: in write_files_*/) {
                                             : std::string("off (1 process)")) +
               "; global batch " + std::to_string(gb) + " = batch_size " + std::to_string(c.get_int("trainer.batch_size")) +
               " x accum_steps " + std::to_string(c.get_int("trainer.accum_steps")) + " x world " + std::to_string(world_) + "\n";
+  if (dp_ && zero_stage_ == 3) {
+    std::string units;
+    for (const auto& u : dp_->shard_units()) units += (units.empty() ? "" : ", ") + u;
+    resolved += "# zero_stage 3 sharded modules (parameters split across the ranks, gathered per forward/backward): " + units + "\n";
+  }
   std::ofstream(fs::path(run_dir_) / "config.yaml") << resolved;
   if (c.get_bool("observe.tensorboard")) add_sink(std::make_shared<observe::TensorBoardSink>(run_dir_));
   // metrics.jsonl is truncated by the first line written, unless a resume keeps it up to the checkpoint.
@@ -233,6 +236,19 @@ void Trainer::init(bool /*write_run_files: in write_files_*/) {
 }
 
 Trainer::~Trainer() = default;
+
+void Trainer::setup_data_parallel(int64_t gb) {
+  if (config_.get_bool("dist.sync_batchnorm")) dist::convert_sync_batchnorm(task_->module(), group_);
+  // The model is owned by the task, which outlives dp_ (declared before it).
+  std::shared_ptr<nn::Module> model(&task_->module(), [](nn::Module*) {});
+  dist::DataParallelOptions o;
+  o.zero_stage = zero_stage_;
+  o.bucket_mb = config_.get_float("dist.bucket_mb");
+  if (zero_stage_ == 3) o.shard_modules = zero3_shard_modules();
+  dp_ = std::make_unique<dist::DataParallel>(
+      model, group_, [this, gb](const optim::NamedTensors& owned) { return make_optimizer(config_, owned, gb); }, o);
+  optim_ = &dp_->optimizer();
+}
 
 void Trainer::build_data() {
   Config& c = config_;
@@ -282,6 +298,10 @@ EvalMetrics Trainer::evaluate() {
   nn::Module& model = task_->module();
   model.eval();
   NoGradGuard ng;
+  // Stage 3: the ranks' slices may differ in length, so the blocks are gathered once for the
+  // whole evaluation (a collective here) rather than per forward.
+  std::optional<dist::DataParallel::FullParameters> full;
+  if (dp_ && zero_stage_ == 3) full.emplace(*dp_);
   data::LoaderOptions lo;
   lo.batch_size = config_.get_int("trainer.batch_size");
   lo.shuffle = false;
@@ -338,6 +358,8 @@ std::string Trainer::sample(int64_t tokens, const std::string& prompt_text) {
   auto& gpt = dynamic_cast<nn::GPT&>(task_->module());
   std::vector<int32_t> prompt = tokenizer_->encode(prompt_text);
   if (prompt.empty()) prompt.push_back(0);
+  std::optional<dist::DataParallel::FullParameters> full;  // stage 3: every rank is here (a collective)
+  if (dp_ && zero_stage_ == 3) full.emplace(*dp_);
   Generator gen(static_cast<uint64_t>(config_.get_int("seed")) + static_cast<uint64_t>(step_));
   auto ids = gpt.generate(prompt, tokens, config_.get_float("trainer.sample_temperature"), config_.get_int("trainer.sample_top_k"), gen);
   return tokenizer_->decode(ids);
@@ -345,13 +367,16 @@ std::string Trainer::sample(int64_t tokens, const std::string& prompt_text) {
 
 void Trainer::save_weights(const std::string& path) {
   ckpt::NamedTensors named;
-  for (auto& [n, t] : task_->module().state_dict()) named.emplace_back(n, t);
-  ckpt::save_safetensors(path, named, {{"format", "athanor"}, {"step", std::to_string(step_)}});
+  // Stage 3: gathered copies under the 1-process names (a collective); otherwise the tensors themselves.
+  for (auto& [n, t] : dp_ && zero_stage_ == 3 ? dp_->full_state_dict() : task_->module().state_dict()) named.emplace_back(n, t);
+  if (rank_ == 0) ckpt::save_safetensors(path, named, {{"format", "athanor"}, {"step", std::to_string(step_)}});
 }
 
 void Trainer::load_weights(const std::string& path) {
   auto file = ckpt::load_safetensors(path);
-  task_->module().load_state_dict(nn::StateDict(file.tensors.begin(), file.tensors.end()));
+  const nn::StateDict state(file.tensors.begin(), file.tensors.end());
+  if (dp_) dp_->load_full_state_dict(state);  // stage 3: into the gathered blocks (every rank calls it)
+  else task_->module().load_state_dict(state);
 }
 
 std::string Trainer::checkpoints_dir() const { return (fs::path(run_dir_) / "checkpoints").string(); }
@@ -360,7 +385,9 @@ void Trainer::request_stop() { g_stop_requested.store(true); }
 
 std::string Trainer::save_checkpoint() {
   ckpt::NamedTensors model_tensors, optim_tensors;
-  for (auto& [n, t] : task_->module().state_dict()) model_tensors.emplace_back(n, t);
+  // Stage 3 shards the weights: gather them under their 1-process names (a collective).
+  for (auto& [n, t] : dp_ && zero_stage_ == 3 ? dp_->full_state_dict() : task_->module().state_dict())
+    model_tensors.emplace_back(n, t);
   // Under data parallel the optimizer state is gathered under its logical (1-process) names:
   // a collective, so every rank calls save_checkpoint; rank 0 writes.
   std::map<std::string, double> optim_scalars;
@@ -448,13 +475,15 @@ void Trainer::resume_from(const std::string& dir) {
     auto optim_file = ckpt::load_safetensors((fs::path(dir) / "optimizer.safetensors").string());
     if (dp_) {  // the data-parallel wrapper may shard parameters: it loads full tensors itself
       auto model_file = ckpt::load_safetensors(model_path);
-      task_->module().load_state_dict(nn::StateDict(model_file.tensors.begin(), model_file.tensors.end()));
+      dp_->load_full_state_dict(nn::StateDict(model_file.tensors.begin(), model_file.tensors.end()));
     } else {  // straight into the parameters: one copy, as fast as read()
       ckpt::load_safetensors_into(model_path, task_->module().state_dict());
     }
     const auto scalars = j.at("optimizer").at("scalars").get<std::map<std::string, double>>();
     if (dp_) dp_->load_full_optimizer_state(optim_file.tensors, scalars);  // each rank keeps its part: any world size/stage
     else optimizer_->load_state(optim_file.tensors, scalars);
+    // Loading bumped the weights' versions: remake their low-precision copies now rather than cast each one in the next step.
+    if (optim_->low_precision_copies() != DType::f32) optim_->enable_low_precision_copies(optim_->low_precision_copies());
     step_ = j.at("step").get<int64_t>();
     skipped_ = j.at("skipped_steps").get<int64_t>();
     scheduler_->set_step(j.at("scheduler_step").get<int64_t>());
@@ -545,7 +574,9 @@ void Trainer::fit() {
     }
     if (run_files_ && ckpt_every > 0 && step_ % ckpt_every == 0) save_checkpoint();
     if (eval_every > 0 && step_ % eval_every == 0 && step_ < max_steps_) evaluate();
-    if (rank_ == 0 && sample_every > 0 && step_ % sample_every == 0 && step_ < max_steps_ && task_->is_language_model())
+    // Stage 3: every rank samples (the weights are gathered for it); only rank 0 has an output.
+    if ((rank_ == 0 || zero_stage_ == 3) && sample_every > 0 && step_ % sample_every == 0 && step_ < max_steps_ &&
+        task_->is_language_model())
       out_("--- sample ---\n" + sample(config_.get_int("trainer.sample_tokens")) + "\n--------------\n");
     if (time_up) {
       out_("\nstopping at step " + std::to_string(step_) + ": trainer.time_limit_s (" + std::to_string(limit) + " s) reached\n");
@@ -559,13 +590,13 @@ void Trainer::fit() {
   if (run_files_ && ckpt_every > 0 && last_checkpoint_step_ != step_) save_checkpoint();
   if (stopped_by_signal_) {  // leave quickly: no sample; evaluate only if nothing was evaluated yet
     if (evals_.empty()) evaluate();
-    if (write_files_) save_weights((fs::path(run_dir_) / "model.safetensors").string());
+    if (write_files_ || (run_files_ && zero_stage_ == 3)) save_weights((fs::path(run_dir_) / "model.safetensors").string());
     for (auto& cb : callbacks_) cb->on_end();
     for (auto& s : sinks_) s->on_end();
     return;
   }
   evaluate();
-  if (write_files_) save_weights((fs::path(run_dir_) / "model.safetensors").string());
+  if (write_files_ || (run_files_ && zero_stage_ == 3)) save_weights((fs::path(run_dir_) / "model.safetensors").string());
   if (write_files_ && config_.get_bool("observe.report")) {
     try {
       out_("report: " + observe::write_report(run_dir_) + "\n");
@@ -573,7 +604,7 @@ void Trainer::fit() {
       out_(std::string("could not write report.html: ") + e.what() + "\n");
     }
   }
-  if (rank_ == 0 && task_->is_language_model())
+  if ((rank_ == 0 || zero_stage_ == 3) && task_->is_language_model())
     out_("--- sample ---\n" + sample(config_.get_int("trainer.sample_tokens")) + "\n--------------\n");
   for (auto& cb : callbacks_) cb->on_end();
   for (auto& s : sinks_) s->on_end();

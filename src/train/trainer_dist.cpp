@@ -2,8 +2,13 @@
 // started by mpirun/srun, each running the same Trainer.
 //
 //  - the process group is initialised once per process (MPI_Finalize at exit);
-//  - the model is wrapped in dist::DataParallel (DDP at zero_stage 0, ZeRO 1/2 above),
-//    which owns the optimizer (over the parameters this rank owns);
+//  - the model is wrapped in dist::DataParallel (DDP at zero_stage 0, ZeRO 1/2/3 above),
+//    which owns the optimizer (over the parameters this rank owns); at stage 3 the sharding
+//    units are the model's own (GPT: its blocks transformer.h.<i>; MLP: its Linear layers;
+//    a caller's Task: its FullyShardedBlocks), named by path, so parameter names and
+//    checkpoints stay those of 1 process. Weights are then read only through the
+//    DataParallel: checkpoints via full_state_dict(), evaluation and samples inside a
+//    full_parameters() scope (every rank; the unit gathers are collectives);
 //  - the training data goes through a DistributedSampler over the 1-process order, so
 //    micro-batch k of the global step is the same set of samples for any world size
 //    (rank r takes every world-th sample of it);
@@ -24,6 +29,9 @@
 #include "athanor/dist/process_group.h"
 #include "athanor/dist/sampler.h"
 #include "athanor/dist/zero.h"
+#include "athanor/nn/convnet.h"
+#include "athanor/nn/gpt.h"
+#include "athanor/nn/mlp.h"
 #include "athanor/train/trainer.h"
 
 namespace athanor::train {
@@ -47,12 +55,12 @@ void Trainer::setup_process_group() {
   if (backend == "none" || (backend == "auto" && launcher_world_size() <= 1)) return;
   const int64_t stage = c.get_int("dist.zero_stage");
   ATH_CHECK(stage >= 0 && stage <= 3, "config", "dist.zero_stage must be 0, 1, 2 or 3, got ", stage,
-            Hint{"0 = DDP, 1 = shard optimizer state, 2 = also gradients"});
-  ATH_CHECK(stage != 3, "config",
-            "dist.zero_stage 3 is not supported by the trainer: it needs the model's blocks wrapped in dist::FullyShardedBlock, "
-            "and the models the trainer builds (gpt, mlp, convnet) do not wrap theirs",
-            Hint{"use dist.zero_stage 2 (gradients and optimizer state sharded), or the C++ API: wrap the blocks in "
-                 "FullyShardedBlock and drive dist::DataParallel yourself (include/athanor/dist/zero.h)"});
+            Hint{"0 = DDP, 1 = shard optimizer state, 2 = also gradients, 3 = also the parameters of the model's blocks"});
+  // observe.layer_norms reads every parameter in the step (trainer_step.cpp); at stage 3 a
+  // parameter this rank does not own has no data between its block's forward and backward.
+  ATH_CHECK(stage != 3 || !c.get_bool("observe.layer_norms"), "config",
+            "observe.layer_norms cannot be used with dist.zero_stage 3: the parameters are sharded across the ranks",
+            Hint{"turn observe.layer_norms off, or use dist.zero_stage 2"});
   ATH_CHECK(c.get_float("dist.bucket_mb") > 0, "config", "dist.bucket_mb must be > 0, got ", c.get_float("dist.bucket_mb"),
             Hint{"25 is the default"});
   ATH_CHECK(c.get_float("dist.timeout_s") > 0, "config", "dist.timeout_s must be > 0, got ", c.get_float("dist.timeout_s"),
@@ -69,6 +77,27 @@ void Trainer::setup_process_group() {
   write_files_ = run_files_ && rank_ == 0;
   if (rank_ != 0) out_ = [](const std::string&) {};
 }
+
+namespace {
+// The stage-3 sharding units of the models the trainer builds (empty: rely on FullyShardedBlocks).
+std::vector<std::string> zero3_units(nn::Module& m) {
+  if (auto* gpt = dynamic_cast<nn::GPT*>(&m)) return gpt->shard_units();
+  if (auto* mlp = dynamic_cast<nn::MLP*>(&m)) return mlp->shard_units();
+  ATH_CHECK(dynamic_cast<nn::ConvNet*>(&m) == nullptr, "config",
+            "dist.zero_stage 3 is not supported for model.type convnet: its layers are not called through "
+            "nn::Module::run_forward, so they cannot be sharded (and its parameters are small)",
+            Hint{"use dist.zero_stage 2 (gradients and optimizer state sharded) for the convnet; stage 3 supports "
+                 "model.type gpt and mlp"});
+  for (auto& [path, sub] : m.named_modules())
+    if (std::dynamic_pointer_cast<dist::FullyShardedBlock>(sub)) return {};
+  ATH_FAIL("config", "dist.zero_stage 3: the task's model is not one the trainer builds (gpt, mlp) and has no "
+           "dist::FullyShardedBlock, so there is nothing to shard",
+           Hint{"wrap the model's repeated blocks in dist::FullyShardedBlock (include/athanor/dist/zero.h), "
+                "or use dist.zero_stage 2"});
+}
+}  // namespace
+
+std::vector<std::string> Trainer::zero3_shard_modules() { return zero3_units(task_->module()); }
 
 int64_t Trainer::global_batch() const {
   return config_.get_int("trainer.batch_size") * config_.get_int("trainer.accum_steps") * world_;

@@ -23,6 +23,7 @@
 #include "athanor/nn/gpt.h"
 #include "athanor/nn/mlp.h"
 #include "athanor/ops/activation.h"
+#include "athanor/ops/linalg.h"
 #include "athanor/ops/loss.h"
 #include "athanor/ops/shape.h"
 #include "athanor/optim/clip.h"
@@ -39,6 +40,8 @@ std::shared_ptr<dist::ProcessGroup> W() { return dist::world(); }
 struct Workload {
   std::function<std::shared_ptr<nn::Module>(uint64_t seed)> make;
   std::function<Tensor(nn::Module&, int step, int64_t row0, int64_t rows, int64_t global)> loss;
+  // Stage 3: the shard_modules to name (none: the model's FullyShardedBlocks are the units).
+  std::function<std::vector<std::string>(nn::Module&)> units;
 };
 
 Workload mlp_workload(std::vector<int64_t> sizes = {5, 16, 16, 3}) {
@@ -58,6 +61,7 @@ Workload mlp_workload(std::vector<int64_t> sizes = {5, 16, 16, 3}) {
     std::vector<float> ys(y.begin() + row0 * out, y.begin() + (row0 + rows) * out);
     return mse_loss(static_cast<nn::MLP&>(m).forward(from_vector(xs, {rows, in})), from_vector(ys, {rows, out}));
   };
+  w.units = [](nn::Module& m) { return static_cast<nn::MLP&>(m).shard_units(); };
   return w;
 }
 
@@ -108,14 +112,16 @@ Workload block_workload(int64_t d = 8, int nblocks = 3) {
   return w;
 }
 
-Workload gpt_workload() {
-  static const nn::GPTConfig c{.n_layer = 2, .n_head = 2, .n_embd = 16, .block_size = 8, .vocab_size = 23};
+Workload gpt_workload(int64_t n_layer = 2, bool gradient_checkpointing = false) {
+  const nn::GPTConfig c{.n_layer = n_layer, .n_head = 2, .n_embd = 16, .block_size = 8, .vocab_size = 23,
+                        .gradient_checkpointing = gradient_checkpointing};
   Workload w;
-  w.make = [](uint64_t seed) -> std::shared_ptr<nn::Module> {
+  w.make = [c](uint64_t seed) -> std::shared_ptr<nn::Module> {
     manual_seed(seed);
     return std::make_shared<nn::GPT>(c);
   };
-  w.loss = [](nn::Module& m, int step, int64_t row0, int64_t rows, int64_t global) {
+  w.units = [](nn::Module& m) { return static_cast<nn::GPT&>(m).shard_units(); };
+  w.loss = [c](nn::Module& m, int step, int64_t row0, int64_t rows, int64_t global) {
     Generator g(500 + step);
     Tensor ids = randint(0, c.vocab_size, {global, c.block_size}, g);
     Tensor tgt = randint(0, c.vocab_size, {global, c.block_size}, g);
@@ -170,7 +176,8 @@ RunResult train(const Workload& w, Opt o, const RunSpec& s) {
   }
   auto model = w.make(r == 0 ? 42 : 7 + r);  // other ranks start elsewhere: rank 0's weights are broadcast
   dist::DataParallel dp(model, g, [o](const optim::NamedTensors& owned) { return make_opt(o, owned); },
-                        {.zero_stage = s.stage, .bucket_mb = s.bucket_mb});
+                        {.zero_stage = s.stage, .bucket_mb = s.bucket_mb,
+                         .shard_modules = s.stage == 3 && w.units ? w.units(*model) : std::vector<std::string>{}});
   for (int step = 0; step < s.steps; ++step) {
     for (int mb = 0; mb < s.micro_batches; ++mb) {
       Tensor loss = mul(w.loss(*model, step, (int64_t(mb) * n + r) * b, b, global), 1.0 / s.micro_batches);
@@ -249,6 +256,18 @@ TEST(ZeRO, Stage3BlocksSgdMomentumWithAccumulationAndClippingEqualDDP) {
 }
 TEST(ZeRO, Stage3BlocksAdamWEqualDDP) {
   expect_stages_equal(block_workload(), Opt::adamw, {.micro_batches = 1, .clip = 0.05, .bucket_mb = 25}, {3});
+}
+
+// Stage 3 through shard_modules: the model's own blocks named by path (no wrapper, names unchanged).
+TEST(ZeRO, Stage3GptShardModulesAdamWWithAccumulationAndClippingEqualDDP) {
+  expect_stages_equal(gpt_workload(), Opt::adamw, {.micro_batches = 2, .clip = 0.5, .bucket_mb = 4e-3}, {3});
+}
+// GPT's own gradient_checkpointing gives way to the stage-3 interceptor (one checkpoint per block).
+TEST(ZeRO, Stage3GptWithGradientCheckpointingEqualDDP) {
+  expect_stages_equal(gpt_workload(2, true), Opt::sgd_momentum, {.micro_batches = 1, .clip = 0.5, .bucket_mb = 25}, {3});
+}
+TEST(ZeRO, Stage3MlpLinearLayersEqualDDP) {
+  expect_stages_equal(mlp_workload(), Opt::sgd_momentum, {.micro_batches = 2, .clip = 0.05, .bucket_mb = 1e-3}, {3});
 }
 
 TEST(ZeRO, ParametersAreOwnedOnceAndBalanced) {
@@ -383,6 +402,121 @@ TEST(ZeRO, Stage3ParameterBytesShrinkToOneNthPlusABlock) {
   }
   // destroying the DataParallel re-gathered every block
   EXPECT_NEAR(double(a.stats().of(MemTag::parameter)) - base, full, block_bytes * 0.5 + 64);
+}
+
+// Stage 3 of a GPT through shard_modules (its blocks transformer.h.<i>): per rank, after a step,
+// the parameter bytes are the unsharded rest (embeddings, ln_f) + the owned block parameters,
+// which is at most 1/N of the blocks + one block; names stay the 1-process ones.
+TEST(ZeRO, Stage3GptParameterBytesAreOneNthPlusABlockAndNamesStay) {
+  auto g = W();
+  const int n = g->size(), me = g->rank();
+  constexpr int kGptLayers = 8;
+  auto w = gpt_workload(kGptLayers);
+  Allocator& a = Allocator::cpu();
+  const double base = double(a.stats().of(MemTag::parameter));
+  auto model = w.make(3);
+  const double full = double(a.stats().of(MemTag::parameter)) - base;
+  std::vector<std::string> names;
+  double block_bytes = 0, outside = 0;
+  for (auto& [name, p] : model->named_parameters()) {
+    names.push_back(name);
+    if (name.rfind("transformer.h.0.", 0) == 0) block_bytes += double(p.nbytes());
+    if (name.rfind("transformer.h.", 0) != 0) outside += double(p.nbytes());
+  }
+  const double blocks = full - outside;
+  ASSERT_NEAR(blocks, kGptLayers * block_bytes, 1) << "the blocks are all alike";
+  std::vector<std::string> state_names;
+  for (auto& [name, t] : model->state_dict()) state_names.push_back(name);
+  {
+    dist::DataParallel dp(model, g, [](const optim::NamedTensors& p) { return make_opt(Opt::adamw, p); },
+                          {.zero_stage = 3, .bucket_mb = 25, .shard_modules = w.units(*model)});
+    EXPECT_EQ(dp.shard_units(), w.units(*model));
+    a.reset_peak();
+    w.loss(*model, 0, me * 2, 2, 2 * n).backward();
+    dp.finish_backward();
+    dp.step();
+    dp.zero_grad();
+    const double after = double(a.stats().of(MemTag::parameter)) - base;
+    const double peak = double(a.stats().peak_of(MemTag::parameter)) - base;
+    double owned = 0;  // this rank's block parameters, counted from the ownership map
+    for (auto& [name, p] : model->named_parameters())
+      if (name.rfind("transformer.h.", 0) == 0 && dp.owner_of(name) == me) owned += double(p.nbytes());
+    EXPECT_NEAR(after, outside + owned, 256) << "the rest + the owned block parameters (+ the 4-byte placeholder)";
+    EXPECT_LE(after, outside + blocks / n + block_bytes) << "1/N of the blocks + one block";
+    EXPECT_LE(peak, outside + blocks / n + block_bytes + 2 * block_bytes * 1.25) << "+ at most two gathered blocks";
+    if (n > 1) {
+      EXPECT_LT(after, outside + blocks * 0.75);
+    }
+    // names: the model's and the gathered state dict's are the 1-process ones
+    std::vector<std::string> now, gathered;
+    for (auto& [name, p] : model->named_parameters()) now.push_back(name);
+    for (auto& [name, t] : dp.full_state_dict()) gathered.push_back(name);
+    EXPECT_EQ(now, names);
+    EXPECT_EQ(gathered, state_names);
+    if (me == 0)
+      std::printf("[zero] np %d GPT stage 3 (shard_modules) parameter bytes per rank: full %.0f, after a step %.0f "
+                  "(rest %.0f + owned %.0f), peak %.0f, one block %.0f\n", n, full, after, outside, owned, peak, block_bytes);
+  }
+  EXPECT_NEAR(double(a.stats().of(MemTag::parameter)) - base, full, block_bytes * 0.5 + 64);
+}
+
+namespace {
+// A weight registered in two modules (tied, as a lm_head tied to an embedding).
+struct SharedLinear : nn::UnaryModule {
+  explicit SharedLinear(Tensor w) { weight = register_parameter("weight", w); }
+  Tensor forward(const Tensor& x) override { return linear(x, weight); }
+  Tensor weight;
+};
+struct TiedNet : nn::UnaryModule {
+  TiedNet() {
+    first = register_module("first", std::make_shared<nn::Linear>(4, 4));
+    tied = register_module("tied", std::make_shared<SharedLinear>(first->weight));
+  }
+  Tensor forward(const Tensor& x) override { return tied->forward(first->run_forward(x, [this](const Tensor& in) { return first->forward(in); })); }
+  std::shared_ptr<nn::Linear> first;
+  std::shared_ptr<SharedLinear> tied;
+};
+}  // namespace
+
+TEST(ZeRO, Stage3ShardModulesBadInputIsAnErrorSayingWhatAndWhere) {
+  auto g = W();
+  auto factory = [](const optim::NamedTensors& p) { return make_opt(Opt::adamw, p); };
+  auto gpt = gpt_workload().make(1);
+  auto with = [&](std::shared_ptr<nn::Module> m, std::vector<std::string> units, int stage = 3) {
+    return error_message([&] { dist::DataParallel(m, g, factory, {.zero_stage = stage, .shard_modules = units}); });
+  };
+  std::string msg = with(gpt, {"transformer.h.9"});
+  EXPECT_NE(msg.find("'transformer.h.9', which is not a module"), std::string::npos) << msg;
+  EXPECT_NE(msg.find("transformer.h.0"), std::string::npos) << "the hint lists real paths: " << msg;
+  msg = with(gpt, {"transformer.h", "transformer.h.1"});
+  EXPECT_NE(msg.find("'transformer.h.1' is nested in unit 'transformer.h'"), std::string::npos) << msg;
+  msg = with(gpt, {"transformer.h.0"}, 2);
+  EXPECT_NE(msg.find("zero_stage is 2"), std::string::npos) << msg;
+  msg = with(gpt, {"transformer.drop"});
+  EXPECT_NE(msg.find("'transformer.drop' has no trainable parameter"), std::string::npos) << msg;
+  msg = with(std::make_shared<TiedNet>(), {"first"});
+  EXPECT_NE(msg.find("also used outside it, as 'tied.weight'"), std::string::npos) << msg;
+  // a unit its container calls directly (Sequential does) is never gathered: its gradients say so
+  auto seq = std::make_shared<nn::Sequential>(
+      std::vector<std::shared_ptr<nn::UnaryModule>>{std::make_shared<nn::Linear>(3, 4), std::make_shared<nn::Linear>(4, 2)});
+  {
+    dist::DataParallel dp(seq, g, factory, {.zero_stage = 3, .shard_modules = {"1"}});
+    msg = error_message([&] { seq->forward(ones({2, 3})).sum().backward(); });
+    EXPECT_NE(msg.find("sharding unit '1' received gradients, but its forward did not run through its interceptor"),
+              std::string::npos) << msg;
+  }
+  // GPT's wte: called directly (not through run_forward) and tied to the lm_head, which reads its weight
+  {
+    dist::DataParallel dp(gpt, g, factory, {.zero_stage = 3, .shard_modules = {"transformer.wte"}});
+    msg = error_message([&] { gpt_workload().loss(*gpt, 0, 2 * g->rank(), 2, 2 * g->size()).backward(); });
+    EXPECT_NE(msg.find("'transformer.wte' received gradients, but its forward did not run through its interceptor"),
+              std::string::npos) << msg;
+    EXPECT_NE(msg.find("tied weights"), std::string::npos) << msg;
+  }
+  // a second stage-3 DataParallel on units that already have one
+  dist::DataParallel first(gpt, g, factory, {.zero_stage = 3, .shard_modules = {"transformer.h.0"}});
+  msg = with(gpt, {"transformer.h.0"});
+  EXPECT_NE(msg.find("'transformer.h.0' already has a forward interceptor"), std::string::npos) << msg;
 }
 
 TEST(ZeRO, FullOptimizerStateEqualsTheUnshardedOne) {

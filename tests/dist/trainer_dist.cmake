@@ -1,7 +1,7 @@
 # Data-parallel training through `athanor train` under mpirun (real processes), checked
 # against independent 1-process runs on the same global batches by test_trainer_dist.
 #   cmake -DMPIEXEC=… -DMPIFLAGS=… -DCLI=<athanor> -DCHECK=<test_trainer_dist> -DCORPUS=<text file>
-#         -DDIR=<scratch dir> -DSCENARIO=sgd|zero|reshard|kill|errors -P trainer_dist.cmake
+#         -DDIR=<scratch dir> -DSCENARIO=sgd|zero|zero3|zero3_mlp|reshard|zero3_reshard|kill|errors -P trainer_dist.cmake
 # Tiny GPT (2 layers, 32 wide, 32 tokens), global micro-batch 8 × accum 2, gradient clipping
 # (and SGD without).
 # Tolerance: rtol 1e-4, atol 2e-5 on losses, grad norms and every weight (f32; the ranks' sum
@@ -35,6 +35,17 @@ function(run name np)
   endif()
   string(REGEX MATCH "training [^\n]*" _line "${_out}")
   message("${name}: ${_line}")
+  file(WRITE ${DIR}/runs/${name}.out "${_out}")
+endfunction()
+
+# The text sample a run printed at its end (GPT).
+function(final_sample name var)
+  file(READ ${DIR}/runs/${name}.out _o)
+  string(REGEX MATCH "--- sample ---\n.*\n--------------" _s "${_o}")  # (the text may hold newlines)
+  if(_s STREQUAL "")
+    message(FATAL_ERROR "run ${name} printed no sample:\n${_o}")
+  endif()
+  set(${var} "${_s}" PARENT_SCOPE)
 endfunction()
 
 function(compare a b)
@@ -66,6 +77,87 @@ elseif(SCENARIO STREQUAL "zero")
   endforeach()
   run(dp4_z2 4 trainer.batch_size=2 dist.zero_stage=2)
   compare(dp4_z2 ref_adamw)
+elseif(SCENARIO STREQUAL "zero3")
+  # ZeRO-3 (the GPT's blocks transformer.h.<i> sharded, gathered per forward/backward) with 2 and
+  # 4 ranks == 1 process; also with model.gradient_checkpointing (the block is checkpointed once,
+  # by ZeRO-3). The resolved config names the sharded modules; the weights keep their names.
+  run(ref_adamw 1proc trainer.batch_size=8)
+  run(dp2_z3 2 trainer.batch_size=4 dist.zero_stage=3)
+  compare(dp2_z3 ref_adamw)
+  run(dp4_z3 4 trainer.batch_size=2 dist.zero_stage=3)
+  compare(dp4_z3 ref_adamw)
+  run(dp2_z3_gc 2 trainer.batch_size=4 dist.zero_stage=3 model.gradient_checkpointing=true)
+  compare(dp2_z3_gc ref_adamw)
+  # The sample is generated on rank 0 alone with the gathered weights: the 1-process text.
+  final_sample(ref_adamw _ref_sample)
+  final_sample(dp4_z3 _z3_sample)
+  if(NOT _z3_sample STREQUAL _ref_sample)
+    message(FATAL_ERROR "the ZeRO-3 run sampled other text than 1 process:\n${_z3_sample}\nvs\n${_ref_sample}")
+  endif()
+  file(READ ${DIR}/runs/dp2_z3/config.yaml _cfg)
+  if(NOT _cfg MATCHES "zero_stage 3 sharded modules[^\n]*: transformer.h.0, transformer.h.1\n")
+    message(FATAL_ERROR "the resolved config does not name the sharded modules:\n${_cfg}")
+  endif()
+elseif(SCENARIO STREQUAL "zero3_mlp")
+  # ZeRO-3 of the MLP (its Linear layers are the units) on Fashion-MNIST: 2 and 4 ranks == 1 process.
+  file(WRITE ${DIR}/mlp.yaml "seed: 7
+model: {type: mlp, sizes: [784, 32, 32, 10]}
+data: {type: fashion_mnist, num_workers: 0}
+optimizer: {type: adamw, lr: 1.0e-3, weight_decay: 0.1, grad_clip: 0.5}
+schedule: {decay: constant}
+trainer: {max_steps: 4, accum_steps: 2, eval_every: 0, eval_batches: 2, log_every: 1}
+observe: {tensorboard: false, report: false, peak_gflops: 1.0}
+")
+  function(run_mlp name np)
+    set(_cmd ${CLI} train ${DIR}/mlp.yaml out_dir=${DIR}/runs name=${name} ${ARGN})
+    if(np STREQUAL "1proc")
+      set(_cmd ${_cmd} dist.backend=none)
+    else()
+      set(_cmd ${MPIEXEC} ${_flags} -np ${np} ${_cmd})
+    endif()
+    execute_process(COMMAND ${_cmd} RESULT_VARIABLE _rc OUTPUT_VARIABLE _out ERROR_VARIABLE _err TIMEOUT 120)
+    if(NOT _rc EQUAL 0)
+      message(FATAL_ERROR "run ${name} (${np}) failed (${_rc}):\n${_out}${_err}")
+    endif()
+  endfunction()
+  run_mlp(ref_mlp 1proc trainer.batch_size=16)
+  run_mlp(dp2_z3_mlp 2 trainer.batch_size=8 dist.zero_stage=3)
+  compare(dp2_z3_mlp ref_mlp)
+  run_mlp(dp4_z3_mlp 4 trainer.batch_size=4 dist.zero_stage=3)
+  compare(dp4_z3_mlp ref_mlp)
+  file(READ ${DIR}/runs/dp2_z3_mlp/config.yaml _cfg)
+  if(NOT _cfg MATCHES "zero_stage 3 sharded modules[^\n]*: layers.0, layers.2, layers.4\n")
+    message(FATAL_ERROR "the resolved config does not name the MLP's sharded Linear layers:\n${_cfg}")
+  endif()
+  # The convnet is refused with a clear error (its layers are not called through run_forward).
+  file(WRITE ${DIR}/convnet.yaml "model: {type: convnet}
+data: {type: fashion_mnist, num_workers: 0}
+trainer: {max_steps: 1, batch_size: 4}
+observe: {tensorboard: false, report: false, peak_gflops: 1.0}
+")
+  execute_process(COMMAND ${MPIEXEC} ${_flags} -np 2 ${CLI} train ${DIR}/convnet.yaml out_dir=${DIR}/runs name=convnet_z3
+                          dist.zero_stage=3
+                  RESULT_VARIABLE _rc OUTPUT_VARIABLE _out ERROR_VARIABLE _err TIMEOUT 120)
+  if(_rc EQUAL 0 OR NOT "${_out}${_err}" MATCHES "dist.zero_stage 3 is not supported for model.type convnet")
+    message(FATAL_ERROR "expected the convnet at zero_stage 3 to be refused, got exit ${_rc}:\n${_out}${_err}")
+  endif()
+elseif(SCENARIO STREQUAL "zero3_reshard")
+  # Checkpoints keep the 1-process names at every stage, so they reshard through the trainer:
+  # saved with 4 ranks at ZeRO-3, resumed with 2 ranks at ZeRO-1 and with 1 process; saved with
+  # 2 ranks at ZeRO-2, resumed with 2 ranks at ZeRO-3. Each equals the uninterrupted 1-process run.
+  run(ref_adamw 1proc trainer.batch_size=8 trainer.eval_batches=0)
+  run(saved_z3 4 trainer.batch_size=2 dist.zero_stage=3 trainer.max_steps=3 checkpoint.every=3 trainer.eval_batches=0)
+  run(saved_z2 2 trainer.batch_size=4 dist.zero_stage=2 trainer.max_steps=3 checkpoint.every=3 trainer.eval_batches=0)
+  foreach(r z3_to_dp2_z1 z3_to_1proc)
+    file(COPY ${DIR}/runs/saved_z3/ DESTINATION ${DIR}/runs/${r})
+  endforeach()
+  file(COPY ${DIR}/runs/saved_z2/ DESTINATION ${DIR}/runs/z2_to_dp2_z3)
+  run(z3_to_dp2_z1 2 trainer.batch_size=4 dist.zero_stage=1 resume=auto trainer.eval_batches=0)
+  run(z3_to_1proc 1proc trainer.batch_size=8 resume=auto trainer.eval_batches=0)
+  run(z2_to_dp2_z3 2 trainer.batch_size=4 dist.zero_stage=3 resume=auto trainer.eval_batches=0)
+  compare(z3_to_dp2_z1 ref_adamw)
+  compare(z3_to_1proc ref_adamw)
+  compare(z2_to_dp2_z3 ref_adamw)
 elseif(SCENARIO STREQUAL "reshard")
   # Save at step 3 with 4 ranks ZeRO-2; resume to step 6 with 2 ranks ZeRO-1 and with 1 process;
   # both equal an uninterrupted 1-process run of 6 steps.
@@ -115,7 +207,7 @@ elseif(SCENARIO STREQUAL "errors")
     endif()
     message("ok: ${ARGN} -> ${what}")
   endfunction()
-  expect_error("dist.zero_stage 3 is not supported by the trainer.*FullyShardedBlock" dist.backend=mpi dist.zero_stage=3)
+  expect_error("observe.layer_norms cannot be used with dist.zero_stage 3.*sharded" dist.backend=mpi dist.zero_stage=3 observe.layer_norms=true)
   expect_error("dist.zero_stage must be 0, 1, 2 or 3, got 5" dist.backend=mpi dist.zero_stage=5)
   expect_error("dist.zero_stage.*applies to dist.backend=auto.mpi" dist.backend=none dist.zero_stage=1)
   expect_error("dist.bucket_mb must be > 0" dist.backend=mpi dist.bucket_mb=0)

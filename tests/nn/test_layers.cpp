@@ -1,8 +1,10 @@
 // Layers: shapes, names, init ranges, train/eval behaviour, and that each layer
 // computes the same as its functional op.
 #include <cmath>
+#include <stdexcept>
 
 #include "athanor/nn/convnet.h"
+#include "athanor/ops.h"
 #include "athanor/nn/layers.h"
 #include "athanor/nn/mlp.h"
 #include "test_util.h"
@@ -51,6 +53,51 @@ TEST(Layers, BatchNormTracksRunningStatsOnlyInTraining) {
   for (auto& [n, b] : bn->named_buffers()) bufs.push_back(n);
   EXPECT_EQ(bufs, (std::vector<std::string>{"running_mean", "running_var", "num_batches_tracked"}));
   EXPECT_NE(error_message([&] { nn::BatchNorm2d(3)->forward(zeros({2, 3})); }).find("4-D"), std::string::npos);
+}
+
+// A reducer that doubles its input stands for two processes that hold the same
+// rows: the statistics must then be those of the local kernel over the batch
+// concatenated with itself (M = 2N in the unbiased running variance), the input
+// gradient that of the first half, and the parameter gradients half of the reference's
+// (the other "process" contributes the other half).
+TEST(Layers, BatchNormWithAStatsReducerEqualsTheLocalKernelOnTheReducedBatch) {
+  for (const Shape& shape : {Shape{4, 3}, Shape{3, 2, 3, 2}}) {
+    const int64_t dims = static_cast<int64_t>(shape.size()) == 2 ? 2 : 4;
+    nn::BatchNorm ref(shape[1], dims, 1e-5, 0.3), reduced(shape[1], dims, 1e-5, 0.3);
+    ref.to(DType::f64);
+    reduced.to(DType::f64);
+    reduced.set_batch_stats_reducer([](const Tensor& t) { return mul(t, 2.0); });
+    EXPECT_TRUE(reduced.has_batch_stats_reducer());
+    for (int it = 0; it < 2; ++it) {
+      Tensor x = randn64(shape, 10 + it, true);
+      Tensor G = randn64(shape, 20 + it, false);
+      Tensor xx = cat({x.detach(), x.detach()}, 0);
+      xx.requires_grad_(true);
+      Tensor Y = ref.forward(xx);
+      sum(mul(Y, cat({G, G}, 0))).backward();
+      Tensor y = reduced.forward(x);
+      sum(mul(y, G)).backward();
+      EXPECT_CLOSE(y, narrow(Y, 0, 0, shape[0]), 1e-12, 1e-10) << "output, step " << it;
+      EXPECT_CLOSE(x.grad(), narrow(xx.grad(), 0, 0, shape[0]), 1e-12, 1e-10) << "input grad, step " << it;
+      EXPECT_CLOSE(mul(reduced.weight.grad(), 2.0), ref.weight.grad(), 1e-12, 1e-10) << "weight grad, step " << it;
+      EXPECT_CLOSE(mul(reduced.bias.grad(), 2.0), ref.bias.grad(), 1e-12, 1e-10) << "bias grad, step " << it;
+      EXPECT_CLOSE(reduced.running_mean, ref.running_mean, 1e-12, 1e-10) << "running_mean, step " << it;
+      EXPECT_CLOSE(reduced.running_var, ref.running_var, 1e-12, 1e-10) << "running_var, step " << it;
+      ref.zero_grad();
+      reduced.zero_grad();
+    }
+    EXPECT_EQ(reduced.num_batches_tracked.item<int64_t>(), 2);
+    ref.eval();
+    reduced.eval();  // eval: running statistics; the reducer is not called
+    reduced.set_batch_stats_reducer([](const Tensor&) -> Tensor { throw std::runtime_error("reducer called in eval"); });
+    Tensor z = randn64(shape, 30, false);
+    EXPECT_CLOSE(reduced.forward(z), ref.forward(z), 1e-12, 1e-10);
+  }
+  nn::BatchNorm bad(3, 2);
+  bad.set_batch_stats_reducer([](const Tensor&) { return zeros({2}); });
+  const std::string msg = error_message([&] { bad.forward(randn({4, 3})); });
+  EXPECT_NE(msg.find("reducer"), std::string::npos) << msg;
+  EXPECT_NE(error_message([&] { nn::BatchNorm1d(3)->forward(zeros({4, 5})); }).find("5 channels"), std::string::npos);
 }
 
 TEST(Layers, DropoutIsIdentityInEval) {

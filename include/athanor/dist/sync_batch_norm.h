@@ -1,23 +1,23 @@
 #pragma once
-// SyncBatchNorm: BatchNorm whose training-mode batch statistics are those of the
-// whole data-parallel batch (every rank's rows), as if one process normalised
-// the concatenated batch.
+// Synchronised BatchNorm: training-mode batch statistics over the whole
+// data-parallel batch (every rank's rows), as if one process normalised the
+// concatenated batch.
 //
-//   auto bn = std::make_shared<dist::SyncBatchNorm>(64, 4, mesh.dp());   // as BatchNorm2d(64)
-//   dist::convert_sync_batchnorm(*model, mesh.dp());   // see its limitation below
+//   dist::convert_sync_batchnorm(*model, mesh.dp());   // every nn::BatchNorm in the model, in place
+//   auto bn = std::make_shared<dist::SyncBatchNorm>(64, 4, mesh.dp());   // or one layer, as BatchNorm2d(64)
 //
-// Forward (training): mean = all_reduce(Σx) / M, var = all_reduce(Σ(x − mean)²) / M
-// over the N·H·W… positions of all ranks (M of them); two passes rather than
-// E[x²] − mean², so the variance is as accurate as the 1-process kernel's. The
-// all-reduces are differentiable (backward all-reduces the incoming gradient
-// sums), so input, weight and bias gradients equal those of 1-process
-// BatchNorm over the concatenated batch for the summed per-rank losses. Running
-// statistics are updated like BatchNorm (unbiased variance, momentum), with
-// the global statistics, so they stay identical on every rank. Eval mode uses the
-// running statistics and no communication.
+// The arithmetic lives in nn::BatchNorm (include/athanor/nn/layers.h): with a
+// batch statistics reducer installed it computes mean = Σx / M and
+// var = Σ(x − mean)² / M from sums all-reduced over the group. The all-reduces
+// are differentiable (backward all-reduces the incoming gradient sums), so input,
+// weight and bias gradients equal those of 1-process BatchNorm over the
+// concatenated batch for the summed per-rank losses. Running statistics are
+// updated like BatchNorm (unbiased variance, momentum) with the global
+// statistics, so they stay identical on every rank. Eval mode uses the running
+// statistics and no communication.
 //
-// Every rank of the group must run forward and backward of each SyncBatchNorm
-// the same number of times, in the same order (the collectives must match).
+// Every rank of the group must run forward and backward of each synchronised
+// BatchNorm the same number of times, in the same order (the collectives must match).
 #include <memory>
 
 #include "athanor/dist/process_group.h"
@@ -25,13 +25,13 @@
 
 namespace athanor::dist {
 
+// An nn::BatchNorm born synchronised over `group`.
 class SyncBatchNorm : public nn::BatchNorm {
  public:
   SyncBatchNorm(int64_t num_features, int64_t expected_dims, std::shared_ptr<ProcessGroup> group, double eps = 1e-5,
                 double momentum = 0.1);
   // A SyncBatchNorm with bn's hyper-parameters and copies of its parameters and buffers (dtype kept).
   SyncBatchNorm(const nn::BatchNorm& bn, std::shared_ptr<ProcessGroup> group);
-  Tensor forward(const Tensor& x) override;
   ProcessGroup& group() { return *group_; }
 
  private:
@@ -41,14 +41,12 @@ class SyncBatchNorm : public nn::BatchNorm {
 // Sum over the group, differentiable: backward all-reduces (sums) the gradient.
 Tensor all_reduce_sum_with_grad(const Tensor& x, const std::shared_ptr<ProcessGroup>& group);
 
-// Replaces every nn::BatchNorm below `root` in the module registry by a
-// SyncBatchNorm over `group` (parameters and running statistics copied), keeping
-// the state-dict names. Returns how many were replaced.
-// LIMITATION: a parent whose forward() calls its BatchNorm through a typed member
-// (std::shared_ptr<nn::BatchNorm> bn) keeps calling the old layer, and an
-// nn::Sequential keeps its own layer list (that case is an Error naming the
-// layer). Until nn::BatchNorm can be switched to synchronised statistics in
-// place, build models with dist::SyncBatchNorm layers where they must sync.
+// Makes every nn::BatchNorm in `root` (root included) synchronise its batch
+// statistics over `group`, in place: wherever the layer lives (a registered child,
+// a typed member pointer, an nn::Sequential's layer list), the model keeps the same
+// objects, names and state dict. Call it after the model is built and before a
+// DataParallel wrapper takes it. Returns how many BatchNorms now synchronise over
+// `group` (a layer already synchronised is switched to `group`).
 int convert_sync_batchnorm(nn::Module& root, const std::shared_ptr<ProcessGroup>& group);
 
 }  // namespace athanor::dist

@@ -18,9 +18,21 @@
 //   auto scalars = dp.full_optimizer_scalars();   // "steps", "step.<param>", "lr.<group>"
 //   dp.load_full_optimizer_state(opt_state, scalars);   // on M ranks, any stage
 //   auto weights = dp.full_state_dict();  dp.load_full_state_dict(weights);
-// A Trainer needs only this: build the model (wrap blocks in FullyShardedBlock for
-// stage 3), construct DataParallel with its optimizer factory, set lrs on
+// A Trainer needs only this: build the model, construct DataParallel with its
+// optimizer factory (for stage 3 naming the sharding units, below), set lrs on
 // dp.optimizer().param_groups(), and call the step functions above in order.
+//
+// Stage-3 sharding units (FSDP's "units"), two ways, both keeping every name:
+//  - DataParallelOptions::shard_modules: module paths, e.g. GPT::shard_units()
+//    {"transformer.h.0", …} or MLP::shard_units() {"layers.0", "layers.2"}.
+//    DataParallel installs a forward interceptor (nn::Module::run_forward) on each,
+//    so the model's container must call the unit through run_forward (GPT's block
+//    loop and MLP's layer loop do); the interceptor is removed by ~DataParallel.
+//    A unit whose parameters get gradients without its forward having gone through
+//    the interceptor is an error (its parameters were never gathered).
+//  - FullyShardedBlock (below): a wrapper that does the same for its one child;
+//    its parameters are named "<wrapper>.block.<…>".
+// Parameter names, state dicts and checkpoints are those of the unsharded model.
 //
 // Stages:
 //   0  DDP (DistributedDataParallel buckets) + one full optimizer per rank;
@@ -34,8 +46,8 @@
 //      so beyond the shard at most two buckets are in flight (launching a third
 //      waits for the oldest) plus the .grads of the bucket being filled. Inside
 //      no_sync() gradients accumulate locally in full .grad (as FSDP's no_sync).
-//   3  as 2, plus the parameters of every FullyShardedBlock in the model are
-//      sharded: each rank keeps only the parameters it owns; the others hold
+//   3  as 2, plus the parameters of every sharding unit (shard_modules and
+//      FullyShardedBlocks) are sharded: each rank keeps only the parameters it owns; the others hold
 //      no memory except while their block runs. A block's forward all-gathers
 //      its parameters, runs under checkpoint() (autograd/checkpoint.h: nothing
 //      of the block is saved, so nothing keeps the gathered parameters alive)
@@ -43,15 +55,27 @@
 //      recomputes the block and backpropagates through it, and when the last
 //      of the block's gradients has arrived the parameters are released again
 //      and the block's gradients reduce-scattered (as a stage-2 bucket).
-//      Parameters outside any FullyShardedBlock are treated as at stage 2.
+//      Parameters outside any unit are treated as at stage 2. When the model's
+//      forward itself already checkpoints the unit (GPT's gradient_checkpointing),
+//      the interceptor takes its place: a block is never checkpointed twice.
 //      Per rank: the owned parameters (~1/N) + the block(s) being computed.
 //      Cost: one extra forward per block (the recompute), as FSDP with
 //      activation checkpointing. While DataParallel lives, read the model's
-//      weights only through full_state_dict(): a non-owned block parameter
-//      has no data outside its block's forward/backward. Destroying the
-//      DataParallel re-gathers every block (a collective: all ranks).
-//      A parameter shared by several blocks (tied weights) must live outside
-//      every FullyShardedBlock: a block only gathers the parameters it registers.
+//      weights only through full_state_dict(), or inside a full_parameters()
+//      scope: a non-owned unit parameter has no data outside its unit's
+//      forward/backward. Forwards that not every rank runs alike (evaluation
+//      slices of different lengths, generation on rank 0 only) must run inside
+//      full_parameters(), since a unit's gather is a collective. Destroying the
+//      DataParallel re-gathers every unit (a collective: all ranks).
+//      A parameter shared by a unit and anything outside it (tied weights, e.g.
+//      GPT's wte and lm_head) must live outside every unit: a unit only gathers
+//      its own parameters. A tie registered under two names is refused when
+//      DataParallel is built, naming both; one it cannot see (a weight another
+//      layer reads directly, as GPT's lm_head reads wte's) fails in the backward,
+//      when the parameter's second gradient arrives.
+//      The FullyShardedBlock / shard_modules mechanism: each unit gets a forward
+//      interceptor (nn::Module::run_forward) that gathers, runs the unit under
+//      checkpoint() and releases; ~DataParallel removes it.
 //
 // Sharding scheme: parameter-granular ownership (ZeroRedundancyOptimizer style).
 // Why: the optimizer then runs on whole, real parameter tensors, so its state
@@ -92,18 +116,14 @@ namespace athanor::dist {
 class DataParallel;
 
 // A unit of parameter sharding for zero_stage 3 (an FSDP "unit"): wraps a
-// block of the model (its parameters are named "<wrapper>.block.<…>"). Without a
-// stage-3 DataParallel it is transparent (forward = block->forward).
+// block of the model (its parameters are named "<wrapper>.block.<…>"). Its forward
+// runs the block through run_forward, so a stage-3 DataParallel shards it like a
+// shard_modules entry; without one it is transparent (forward = block->forward).
 class FullyShardedBlock : public nn::UnaryModule {
  public:
   explicit FullyShardedBlock(std::shared_ptr<nn::UnaryModule> block);
   Tensor forward(const Tensor& x) override;
   std::shared_ptr<nn::UnaryModule> block;
-
- private:
-  friend class DataParallel;
-  DataParallel* sharder_ = nullptr;
-  int bucket_ = -1;
 };
 
 // Builds the optimizer over the parameters this rank owns (all of them at stage 0),
@@ -113,6 +133,10 @@ using OptimizerFactory = std::function<std::unique_ptr<optim::Optimizer>(const o
 struct DataParallelOptions {
   int zero_stage = 0;      // 0, 1, 2, 3
   double bucket_mb = 25.0; // MiB per gradient bucket
+  // zero_stage 3 only: paths (as named_modules() spells them) of the sharding units, in
+  // addition to the model's FullyShardedBlocks. Units must not nest nor share a parameter
+  // with anything outside them; each must hold a trainable parameter.
+  std::vector<std::string> shard_modules = {};  // "= {}": designated initializers may omit it without a warning
 };
 
 class DataParallel {
@@ -170,6 +194,25 @@ class DataParallel {
   nn::StateDict full_state_dict();
   void load_full_state_dict(const nn::StateDict& state);
 
+  // Stage 3: while the guard lives every unit's parameters are materialised on every rank
+  // (creating it is a collective: all ranks; at stages 0-2 it does nothing), and unit
+  // forwards run directly: no collective, no checkpoint. For forwards that ranks do not all
+  // run alike (evaluation slices, generation on one rank). Costs the full model's memory.
+  class FullParameters {
+   public:
+    explicit FullParameters(DataParallel& d);
+    ~FullParameters();
+    FullParameters(FullParameters&& o) noexcept : d_(o.d_) { o.d_ = nullptr; }
+    FullParameters(const FullParameters&) = delete;
+    FullParameters& operator=(const FullParameters&) = delete;
+    FullParameters& operator=(FullParameters&&) = delete;
+   private:
+    DataParallel* d_;
+  };
+  FullParameters full_parameters() { return FullParameters(*this); }
+  // Stage 3: the module paths of the sharding units (shard_modules and FullyShardedBlocks), in order.
+  std::vector<std::string> shard_units() const;
+
  private:
   struct Param {
     std::string name;
@@ -186,8 +229,9 @@ class DataParallel {
     int64_t seg = 0;          // S: elements per rank segment
     int pending = 0;
     int64_t owned = 0;        // elements this rank owns in the bucket (packed first in its segment)
-    bool block = false;       // stage 3: the parameters of one FullyShardedBlock (sharded at rest)
+    bool block = false;       // stage 3: the parameters of one sharding unit (sharded at rest)
     bool gathered = true;     // stage 3: block parameters currently materialised
+    bool intercepted = false; // stage 3: the unit's forward went through the interceptor (since its last backward)
     int bwd_pending = 0;      // stage 3: block gradients still to arrive in this backward
     Tensor packed;            // stage 2: [N*S] transient, while reduce-scatter is in flight
     Tensor received;          // stage 2: [S] transient, this rank's segment of the reduction
@@ -202,13 +246,21 @@ class DataParallel {
   static constexpr int kMaxInFlight = 2;  // stage 2: buckets reducing at once
   void all_gather_parameters();
   // stage 3 (zero3.cpp)
-  friend class FullyShardedBlock;
-  void setup_blocks();                 // marks FullyShardedBlocks, before buckets are built
+  struct Unit {
+    std::string path;                    // as named_modules() spells it
+    std::shared_ptr<nn::Module> module;
+    int bucket = -1;
+  };
+  void setup_units();                  // finds and checks the units, before buckets are built
+  void install_interceptors();         // after the buckets exist
   int block_of(const std::string& param) const;
   void gather_block(int bucket);
-  void release_block(int bucket);
+  void release_block(int bucket);      // no-op inside a full_parameters() scope
+  void gather_all_blocks();
+  void release_all_blocks();
   void on_block_grad(int bucket);
-  std::vector<std::pair<std::string, std::shared_ptr<FullyShardedBlock>>> blocks_;  // prefix "<name>." -> block
+  std::vector<Unit> units_;
+  int full_depth_ = 0;                 // live full_parameters() scopes
   Tensor released_;                    // 1-element storage that released parameters point at
 
   std::shared_ptr<nn::Module> module_;

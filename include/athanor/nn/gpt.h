@@ -8,6 +8,7 @@
 // stores [in, out] — the checkpoint layer transposes on import/export.)
 // The lm_head is tied to wte (no separate parameter).
 #include <cstdint>
+#include <string>
 #include <vector>
 
 #include "athanor/core/rng.h"
@@ -41,6 +42,9 @@ class GPT : public Module {
   // Model FLOPs per token for a training step (6N + attention), for MFU.
   double flops_per_token(int64_t seq_len) const;
   const GPTConfig& config() const { return config_; }
+  // The modules that make good ZeRO-3 sharding units (dist::DataParallelOptions::shard_modules):
+  // the blocks "transformer.h.<i>". wte stays outside: it is tied to the lm_head.
+  std::vector<std::string> shard_units() const;
 
  private:
   GPTConfig config_;

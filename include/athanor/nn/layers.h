@@ -3,6 +3,7 @@
 // they compose in Sequential. Initialisation follows PyTorch's defaults unless
 // noted; all random init draws from athanor's counter-based default generator.
 #include <array>
+#include <functional>
 #include <memory>
 #include <optional>
 #include <vector>
@@ -51,13 +52,37 @@ class RMSNorm : public UnaryModule {
   double eps;
 };
 
-class BatchNorm : public UnaryModule {  // BatchNorm1d ([N,C] or [N,C,L]) and 2d ([N,C,H,W])
+// BatchNorm1d ([N,C] or [N,C,L]) and 2d ([N,C,H,W]).
+//
+// Training-mode statistics are those of this process's batch, unless a batch
+// statistics reducer is installed (dist::convert_sync_batchnorm does, for data
+// parallelism; nn knows nothing of process groups). The reducer sums a tensor
+// over every process that shares the batch; with it, forward computes
+//   mean = reduce(Σx) / M,  var = reduce(Σ(x − mean)²) / M   (M = reduce(count))
+// per channel over the positions of all processes, two passes rather than
+// E[x²] − mean² so the variance is as accurate as the local kernel's. Gradients
+// flow back through the reducer, so they equal those of one process normalising
+// the concatenated batch. Eval mode uses the running statistics, no reduction.
+class BatchNorm : public UnaryModule {
  public:
+  // Returns the element-wise sum of `t` over the processes; differentiable (its
+  // backward sums the incoming gradients the same way). Every process must call
+  // it with the same shapes, the same number of times, in the same order.
+  using BatchStatsReducer = std::function<Tensor(const Tensor& t)>;
+
   BatchNorm(int64_t num_features, int64_t expected_dims, double eps = 1e-5, double momentum = 0.1);
   Tensor forward(const Tensor& x) override;
+  // In place, so typed pointers to this layer, its names and its state dict stay as they are.
+  void set_batch_stats_reducer(BatchStatsReducer reducer) { reduce_stats_ = std::move(reducer); }
+  bool has_batch_stats_reducer() const { return static_cast<bool>(reduce_stats_); }
+
   Tensor weight, bias, running_mean, running_var, num_batches_tracked;
   int64_t expected_dims;
   double eps, momentum;
+
+ private:
+  Tensor forward_reduced_stats(const Tensor& x);  // training with reduce_stats_
+  BatchStatsReducer reduce_stats_;
 };
 std::shared_ptr<BatchNorm> BatchNorm1d(int64_t num_features, double eps = 1e-5, double momentum = 0.1);
 std::shared_ptr<BatchNorm> BatchNorm2d(int64_t num_features, double eps = 1e-5, double momentum = 0.1);

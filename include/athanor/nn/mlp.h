@@ -13,6 +13,9 @@ class MLP : public UnaryModule {
  public:
   MLP(std::vector<int64_t> sizes, const std::string& activation = "relu", double dropout = 0.0);
   Tensor forward(const Tensor& x) override;
+  // The ZeRO-3 sharding units (dist::DataParallelOptions::shard_modules): its Linear layers
+  // "layers.<i>" (the activations and dropouts hold no parameters).
+  std::vector<std::string> shard_units() const;
   std::shared_ptr<Sequential> layers;
 };
 

@@ -18,6 +18,14 @@
 // Names are hierarchical ("h.3.attn.c_attn.weight") and map 1:1 onto state-dict
 // and safetensors keys. Parameters are tagged MemTag::parameter and named, so
 // error messages and the doctor can say which one.
+//
+// Forward interceptors: a container runs a child through child->run_forward(x, fn)
+// (GPT's block loop, MLP's layer loop do). Normally that is fn(x); a component that
+// needs to wrap the child's forward without changing the model's tree (and so its
+// parameter names), e.g. dist::DataParallel at ZeRO stage 3 (gather the child's
+// parameters, run it under checkpoint(), release them), installs an interceptor on
+// the child, which is then called as interceptor(x, fn) in place of fn(x).
+#include <functional>
 #include <map>
 #include <memory>
 #include <string>
@@ -69,6 +77,18 @@ class Module : public std::enable_shared_from_this<Module> {
   // Pushes this module's name onto the module path for errors and autograd nodes.
   ModuleScope enter() const { return ModuleScope(local_name_); }
 
+  // ---- forward interception (see the header comment)
+  using ForwardFn = std::function<Tensor(const Tensor&)>;
+  // Runs `forward` on x (possibly more than once: a checkpoint's recompute calls it again
+  // in backward, so an interceptor that keeps it copies it).
+  using ForwardInterceptor = std::function<Tensor(const Tensor& x, const ForwardFn& forward)>;
+  // Installs (replaces) the interceptor; an empty one removes it.
+  void set_forward_interceptor(ForwardInterceptor interceptor) { interceptor_ = std::move(interceptor); }
+  bool has_forward_interceptor() const { return static_cast<bool>(interceptor_); }
+  // forward(x), or interceptor(x, forward) when one is installed. `forward` must stay valid
+  // until the backward is done (capture the module by pointer, no locals by reference).
+  Tensor run_forward(const Tensor& x, const ForwardFn& forward) { return interceptor_ ? interceptor_(x, forward) : forward(x); }
+
  protected:
   Tensor& register_parameter(const std::string& name, Tensor value, bool requires_grad = true);
   Tensor& register_buffer(const std::string& name, Tensor value);
@@ -86,6 +106,7 @@ class Module : public std::enable_shared_from_this<Module> {
 
   bool training_ = true;
   std::string local_name_;
+  ForwardInterceptor interceptor_;
   // std::map would reorder; registration order is part of the contract.
   std::vector<std::pair<std::string, Tensor>> params_, buffers_;
   std::vector<std::pair<std::string, std::shared_ptr<Module>>> children_;

@@ -19,8 +19,9 @@
 // report.html and, with profile.enabled, trace.json.
 //
 // Data parallel (dist.*, trainer_dist.cpp): under mpirun/srun every rank runs a Trainer; the
-// model is wrapped in dist::DataParallel (zero_stage 0 = DDP, 1/2 = ZeRO; 3 is refused: the
-// built models do not wrap blocks). Micro-batch k of a step is the same set of samples for
+// model is wrapped in dist::DataParallel (zero_stage 0 = DDP, 1/2/3 = ZeRO; at 3 the sharding
+// units are GPT's blocks transformer.h.<i>, MLP's Linear layers or a Task's FullyShardedBlocks;
+// names and checkpoints stay those of 1 process; convnet is refused). Micro-batch k of a step is the same set of samples for
 // any world size (DistributedSampler over the 1-process order; global batch = batch_size ×
 // accum_steps × world). The step above becomes: backward under no_sync() for all but the last
 // micro-batch, finish_backward() (its wait is comm_seconds), unscale, found_inf agreed by all
@@ -93,11 +94,15 @@ class Trainer {
   void fit();                                  // trains to trainer.max_steps (or the time limit)
   bool train_step();                           // one optimizer step; false when finished
   EvalMetrics evaluate();
-  std::string sample(int64_t tokens);          // GPT only: a decoded sample from the prompt
+  // GPT only: a decoded sample from the prompt. Under dist.zero_stage 3 every rank must call it
+  // (the sharded weights are gathered for it: a collective); the others just return it too.
+  std::string sample(int64_t tokens);
   std::string sample(int64_t tokens, const std::string& prompt);
   // The model's weights as safetensors (fit() writes <run_dir>/model.safetensors at the end).
+  // Under data parallel every rank must call it (stage 3 gathers the weights); rank 0 writes.
   void save_weights(const std::string& path);
-  void load_weights(const std::string& path);  // strict: names and shapes must match the config's model
+  // Strict: names and shapes must match the config's model. Under data parallel every rank calls it.
+  void load_weights(const std::string& path);
   void add_callback(std::shared_ptr<Callback> cb) { callbacks_.push_back(std::move(cb)); }
   // Every step/eval/health record and the end of the run also go to these (TensorBoard, report…).
   void add_sink(std::shared_ptr<observe::MetricsSink> sink) { sinks_.push_back(std::move(sink)); }
@@ -167,7 +172,8 @@ class Trainer {
   void apply_lr_factor();                          // base lr = initial base lr × lr_factor_
   // ---- distributed (trainer_dist.cpp)
   void setup_process_group();    // before build_data: rank_, world_, group_ (MPI initialised once)
-  void setup_data_parallel(int64_t global_batch);  // wraps the model; owns the optimizer
+  void setup_data_parallel(int64_t global_batch);  // wraps the model; owns the optimizer (trainer.cpp)
+  std::vector<std::string> zero3_shard_modules();  // dist.zero_stage 3: the model's sharding units
   std::shared_ptr<data::Sampler> train_sampler(int64_t n, uint64_t seed) const;
   double sum_across_ranks(double v) const;         // identity without data parallel
   bool any_rank(bool v) const;
