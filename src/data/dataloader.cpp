@@ -14,10 +14,12 @@
 //    and preempts one OpenMP thread stalls the whole team at its next barrier
 //    (perf sched_switch on the MLP bench, 2 OpenMP threads on 2 cores: 26-173
 //    such preemptions per 3 s at normal priority, 3-4 at nice 19);
-//  - so next() never waits for a worker: when batch g is not ready it builds g
-//    itself, exactly as with 0 workers, and a worker's later copy of g is
-//    dropped. A step is therefore never slower than with 0 workers, and
-//    prefetching hides data costs whenever cores or I/O waits leave idle time;
+//  - when batch g is not ready, next() builds it itself if no worker has claimed
+//    it yet (as with 0 workers), and otherwise waits for the worker building it:
+//    while the training thread waits its OpenMP threads are idle, so the nice-19
+//    worker gets a core at once. Building a claimed batch a second time instead
+//    would hold two buffers for it, and a warm step would then occasionally need
+//    memory the allocator's cache does not have (a system allocation);
 //  - a failure while building batch g (a throwing Dataset::get, a sampler index
 //    out of range, samples that do not stack) is stored as batch g's result and
 //    re-thrown by the next() that reaches g, as an Error naming the sample; the
@@ -59,7 +61,8 @@ struct Stopped {};  // thrown inside a worker to abandon a batch when the loader
 
 struct DataLoader::State {
   std::mutex mu;
-  std::condition_variable cv_work;  // workers: a slot is free, or stop
+  std::condition_variable cv_work;   // workers: a slot is free, or stop
+  std::condition_variable cv_ready;  // next(): the claimed batch it waits for is ready
   std::atomic<bool> stopping{false};  // written under mu (so waiters see it), read without it between samples
   int64_t epoch_len = 0;  // indices per epoch
   int64_t bpe = 0;        // batches per epoch
@@ -202,7 +205,8 @@ void DataLoader::start() {
         }
         if (!lk.owns_lock()) lk.lock();
         if (st.stopping) return;
-        if (g >= st.consume) st.ready.emplace(g, std::move(r));  // else next() built g itself meanwhile
+        st.ready.emplace(g, std::move(r));
+        st.cv_ready.notify_all();
       }
     });
   }
@@ -228,6 +232,11 @@ Batch DataLoader::next() {
   {
     std::lock_guard<std::mutex> lk(s.mu);
     g = s.consume;
+    if (g < s.claim) {  // a worker has it (ready, or being built): wait for it
+      std::unique_lock<std::mutex> ul(s.mu, std::adopt_lock);
+      s.cv_ready.wait(ul, [&] { return s.ready.count(g) > 0; });
+      ul.release();
+    }
     auto it = s.ready.find(g);
     if (it != s.ready.end()) {
       r = std::move(it->second);

@@ -217,38 +217,6 @@ TEST(DataLoader, GetBatchFastPathGivesTheSameBatchesAndNamesFailures) {
   }
 }
 
-// next() builds a batch that is not ready itself (as with 0 workers) rather than
-// wait: here every worker is stuck inside get() for 5 s, yet batches come at once.
-TEST(DataLoader, NextDoesNotWaitForABusyWorker) {
-  class StuckInWorkers : public RangeDataset {
-   public:
-    StuckInWorkers() : RangeDataset(200), caller_(std::this_thread::get_id()) {}
-    Sample get(int64_t i) const override {
-      if (std::this_thread::get_id() != caller_) {
-        const auto until = std::chrono::steady_clock::now() + std::chrono::seconds(5);
-        while (!released && std::chrono::steady_clock::now() < until) std::this_thread::sleep_for(std::chrono::milliseconds(1));
-      }
-      return RangeDataset::get(i);
-    }
-    std::atomic<bool> released{false};
-
-   private:
-    std::thread::id caller_;
-  };
-  auto ref_ds = std::make_shared<RangeDataset>(200);
-  DataLoader ref(ref_ds, opts(4, 0));
-  const auto expected = run(ref, 6);
-  auto ds = std::make_shared<StuckInWorkers>();
-  {
-    DataLoader dl(ds, opts(4, 2));
-    std::this_thread::sleep_for(std::chrono::milliseconds(20));  // let the workers claim batches 0 and 1
-    const auto t0 = std::chrono::steady_clock::now();
-    EXPECT_EQ(run(dl, 6), expected);
-    EXPECT_LT(std::chrono::steady_clock::now() - t0, std::chrono::seconds(2));
-    ds->released = true;  // let the workers finish (their copies are dropped) and join
-  }
-}
-
 #ifdef __linux__
 // Loader threads yield to the training threads (see dataloader.cpp): nice 19.
 TEST(DataLoader, WorkersRunAtTheLowestPriority) {

@@ -21,9 +21,9 @@ observe: {tensorboard: false, report: false, peak_gflops: 1.0}
 set(_rtol 1e-4)
 set(_atol 2e-5)
 
-# run(<name> <np or 1proc> <overrides…>): out_dir ${DIR}/runs, name <name>.
-function(run name np)
-  set(_cmd ${CLI} train ${DIR}/tiny.yaml out_dir=${DIR}/runs name=${name} ${ARGN})
+# run_config(<config.yaml> <name> <np or 1proc> <overrides…>): out_dir ${DIR}/runs, name <name>.
+function(run_config config name np)
+  set(_cmd ${CLI} train ${DIR}/${config} out_dir=${DIR}/runs name=${name} ${ARGN})
   if(np STREQUAL "1proc")
     set(_cmd ${_cmd} dist.backend=none)
   else()
@@ -36,6 +36,10 @@ function(run name np)
   string(REGEX MATCH "training [^\n]*" _line "${_out}")
   message("${name}: ${_line}")
   file(WRITE ${DIR}/runs/${name}.out "${_out}")
+endfunction()
+# run(<name> <np or 1proc> <overrides…>): the tiny GPT config.
+function(run name np)
+  run_config(tiny.yaml ${name} ${np} ${ARGN})
 endfunction()
 
 # The text sample a run printed at its end (GPT).
@@ -109,16 +113,7 @@ trainer: {max_steps: 4, accum_steps: 2, eval_every: 0, eval_batches: 2, log_ever
 observe: {tensorboard: false, report: false, peak_gflops: 1.0}
 ")
   function(run_mlp name np)
-    set(_cmd ${CLI} train ${DIR}/mlp.yaml out_dir=${DIR}/runs name=${name} ${ARGN})
-    if(np STREQUAL "1proc")
-      set(_cmd ${_cmd} dist.backend=none)
-    else()
-      set(_cmd ${MPIEXEC} ${_flags} -np ${np} ${_cmd})
-    endif()
-    execute_process(COMMAND ${_cmd} RESULT_VARIABLE _rc OUTPUT_VARIABLE _out ERROR_VARIABLE _err TIMEOUT 120)
-    if(NOT _rc EQUAL 0)
-      message(FATAL_ERROR "run ${name} (${np}) failed (${_rc}):\n${_out}${_err}")
-    endif()
+    run_config(mlp.yaml ${name} ${np} ${ARGN})
   endfunction()
   run_mlp(ref_mlp 1proc trainer.batch_size=16)
   run_mlp(dp2_z3_mlp 2 trainer.batch_size=8 dist.zero_stage=3)
