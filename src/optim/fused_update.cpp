@@ -29,19 +29,10 @@ template <bool kTail> inline void store(float* p, __mmask16 m, __m512 v) {
   if constexpr (kTail) _mm512_mask_storeu_ps(p, m, v);
   else _mm512_storeu_ps(p, v);
 }
-// 16 weights rounded to bf16 / f16 as cast() rounds them: RNE, denormals kept, NaN
-// quieted (the integer form of cpu::vec::store16, which VCVTNEPS2BF16 is not: it flushes
-// denormals).
-inline __m256i round_to_bf16(__m512 v) {
-  const __m512i u = _mm512_castps_si512(v);
-  const __m512i lsb = _mm512_and_si512(_mm512_srli_epi32(u, 16), _mm512_set1_epi32(1));
-  __m512i r = _mm512_srli_epi32(_mm512_add_epi32(u, _mm512_add_epi32(lsb, _mm512_set1_epi32(0x7fff))), 16);
-  const __mmask16 nan = _mm512_cmp_ps_mask(v, v, _CMP_UNORD_Q);
-  r = _mm512_mask_mov_epi32(r, nan, _mm512_or_si512(_mm512_srli_epi32(u, 16), _mm512_set1_epi32(0x40)));
-  return _mm512_cvtepi32_epi16(r);
-}
+// 16 weights rounded to bf16 / f16 as cast() rounds them (cpu::vec::narrow_bf16: the
+// integer form, which keeps denormals); full blocks use unmasked stores.
 template <bool kTail> inline void store_copy(void* copy, DType dt, int64_t i, __mmask16 m, __m512 w) {
-  const __m256i h = dt == DType::bf16 ? round_to_bf16(w) : _mm512_cvtps_ph(w, _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
+  const __m256i h = dt == DType::bf16 ? cpu::vec::narrow_bf16(w) : _mm512_cvtps_ph(w, _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
   auto* p = static_cast<uint16_t*>(copy) + i;
   if constexpr (kTail) _mm256_mask_storeu_epi16(p, m, h);
   else _mm256_storeu_si256(reinterpret_cast<__m256i*>(p), h);

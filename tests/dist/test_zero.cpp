@@ -44,14 +44,11 @@ struct Workload {
   std::function<std::vector<std::string>(nn::Module&)> units;
 };
 
-Workload mlp_workload(std::vector<int64_t> sizes = {5, 16, 16, 3}) {
-  Workload w;
-  w.make = [sizes](uint64_t seed) -> std::shared_ptr<nn::Module> {
-    manual_seed(seed);
-    return std::make_shared<nn::MLP>(sizes, "tanh");
-  };
-  const int64_t in = sizes.front(), out = sizes.back();
-  w.loss = [in, out](nn::Module& m, int step, int64_t row0, int64_t rows, int64_t global) {
+// MSE against random targets: step `step`'s global batch of `global` rows (the same
+// on every rank), of which this rank takes rows [row0, row0 + rows).
+template <class Net>
+std::function<Tensor(nn::Module&, int, int64_t, int64_t, int64_t)> regression_loss(int64_t in, int64_t out) {
+  return [in, out](nn::Module& m, int step, int64_t row0, int64_t rows, int64_t global) {
     std::mt19937 rng(1000 + step);
     std::normal_distribution<float> nd;
     std::vector<float> x(global * in), y(global * out);
@@ -59,8 +56,18 @@ Workload mlp_workload(std::vector<int64_t> sizes = {5, 16, 16, 3}) {
     for (auto& v : y) v = nd(rng);
     std::vector<float> xs(x.begin() + row0 * in, x.begin() + (row0 + rows) * in);
     std::vector<float> ys(y.begin() + row0 * out, y.begin() + (row0 + rows) * out);
-    return mse_loss(static_cast<nn::MLP&>(m).forward(from_vector(xs, {rows, in})), from_vector(ys, {rows, out}));
+    return mse_loss(static_cast<Net&>(m).forward(from_vector(xs, {rows, in})), from_vector(ys, {rows, out}));
   };
+}
+
+Workload mlp_workload(std::vector<int64_t> sizes = {5, 16, 16, 3}) {
+  Workload w;
+  w.make = [sizes](uint64_t seed) -> std::shared_ptr<nn::Module> {
+    manual_seed(seed);
+    return std::make_shared<nn::MLP>(sizes, "tanh");
+  };
+  const int64_t in = sizes.front(), out = sizes.back();
+  w.loss = regression_loss<nn::MLP>(in, out);
   w.units = [](nn::Module& m) { return static_cast<nn::MLP&>(m).shard_units(); };
   return w;
 }
@@ -99,16 +106,7 @@ Workload block_workload(int64_t d = 8, int nblocks = 3) {
     manual_seed(seed);
     return std::make_shared<BlockNet>(kBlockIn, d, nblocks, kBlockOut);
   };
-  w.loss = [in, out](nn::Module& net, int step, int64_t row0, int64_t rows, int64_t global) {
-    std::mt19937 rng(1000 + step);
-    std::normal_distribution<float> nd;
-    std::vector<float> x(global * in), y(global * out);
-    for (auto& v : x) v = nd(rng);
-    for (auto& v : y) v = nd(rng);
-    std::vector<float> xs(x.begin() + row0 * in, x.begin() + (row0 + rows) * in);
-    std::vector<float> ys(y.begin() + row0 * out, y.begin() + (row0 + rows) * out);
-    return mse_loss(static_cast<BlockNet&>(net).forward(from_vector(xs, {rows, in})), from_vector(ys, {rows, out}));
-  };
+  w.loss = regression_loss<BlockNet>(in, out);
   return w;
 }
 

@@ -110,16 +110,17 @@ inline __m512 load16(const bfloat16* p, __mmask16 m) {  // bf16 is the top half 
 inline __m512 load16(const float16* p, __mmask16 m) { return _mm512_cvtph_ps(_mm256_maskz_loadu_epi16(m, p)); }
 
 inline void store16(float* p, __mmask16 m, __m512 v) { _mm512_mask_storeu_ps(p, m, v); }
-inline void store16(bfloat16* p, __mmask16 m, __m512 v) {
-  // Round to nearest even exactly as float_to_bf16_bits (denormals kept, NaN quieted),
-  // in integer SIMD: VCVTNEPS2BF16 would flush denormals.
+// 16 f32 lanes rounded to bf16 bits exactly as float_to_bf16_bits (nearest even,
+// denormals kept, NaN quieted), in integer SIMD: VCVTNEPS2BF16 would flush denormals.
+inline __m256i narrow_bf16(__m512 v) {
   const __m512i u = _mm512_castps_si512(v);
   const __m512i lsb = _mm512_and_si512(_mm512_srli_epi32(u, 16), _mm512_set1_epi32(1));
   __m512i r = _mm512_srli_epi32(_mm512_add_epi32(u, _mm512_add_epi32(lsb, _mm512_set1_epi32(0x7fff))), 16);
   const __mmask16 nan = _mm512_cmp_ps_mask(v, v, _CMP_UNORD_Q);
   r = _mm512_mask_mov_epi32(r, nan, _mm512_or_si512(_mm512_srli_epi32(u, 16), _mm512_set1_epi32(0x40)));
-  _mm256_mask_storeu_epi16(p, m, _mm512_cvtepi32_epi16(r));
+  return _mm512_cvtepi32_epi16(r);
 }
+inline void store16(bfloat16* p, __mmask16 m, __m512 v) { _mm256_mask_storeu_epi16(p, m, narrow_bf16(v)); }
 inline void store16(float16* p, __mmask16 m, __m512 v) {
   _mm256_mask_storeu_epi16(p, m, _mm512_cvtps_ph(v, _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC));
 }
