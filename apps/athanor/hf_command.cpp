@@ -13,6 +13,7 @@
 #include "athanor/ckpt/checkpoint.h"
 #include "athanor/ckpt/hf_gpt2.h"
 #include "athanor/ckpt/safetensors.h"
+#include "athanor/ckpt/sharded_checkpoint.h"
 #include "athanor/core/error.h"
 #include "athanor/train/config.h"
 #include "athanor/train/trainer.h"
@@ -43,7 +44,8 @@ int export_hf(const std::string& run_dir, const std::string& out_dir, const std:
   } else {
     ckpt::verify_checkpoint(ckpt_dir);
   }
-  const ckpt::SafetensorsFile weights = ckpt::load_safetensors((fs::path(ckpt_dir) / "model.safetensors").string());
+  // One file, or the shards of a data-parallel run merged (ckpt/sharded_checkpoint.h).
+  const ckpt::SafetensorsFile weights = ckpt::load_checkpoint_tensors(ckpt_dir, "model");
   nn::GPT model(g);
   model.load_state_dict(weights.tensors, /*strict=*/true);
   ckpt::export_hf_gpt2(model, out_dir);

@@ -14,6 +14,7 @@
 
 #include "athanor/ckpt/checkpoint.h"
 #include "athanor/ckpt/safetensors.h"
+#include "athanor/ckpt/sharded_checkpoint.h"
 #include "athanor/core/error.h"
 
 namespace athanor::cli {
@@ -69,6 +70,21 @@ bool print_checkpoint(const std::string& dir) {
   }
   for (const auto& e : m.files)
     if (fs::path(e.name).extension() == ".safetensors") print_safetensors((fs::path(dir) / e.name).string());
+  // A data-parallel checkpoint: each rank's shard is listed above; check that the shards and
+  // their index make the whole state (every tensor in exactly the shard the index names).
+  for (const char* prefix : {"model", "optimizer"}) {
+    if (!fs::exists(fs::path(dir) / ckpt::shard_index_name(prefix))) continue;
+    try {
+      const ckpt::SafetensorsFile all = ckpt::load_checkpoint_tensors(dir, prefix);
+      uint64_t bytes = 0;
+      for (const auto& [n, t] : all.tensors) bytes += t.nbytes();
+      std::cout << prefix << " (sharded, " << ckpt::shard_index_name(prefix) << "): " << all.tensors.size()
+                << " tensors, " << bytes << " bytes, index and shards agree\n";
+    } catch (const Error& e) {
+      std::cout << "  INVALID: " << e.what() << "\n";
+      return false;
+    }
+  }
   return true;
 }
 }  // namespace

@@ -82,7 +82,14 @@ void write_file_durable(const std::string& path, const std::string& bytes) {
   ATH_CHECK(rc == 0, "checkpoint", "fsync of '", path, "' failed: ", std::strerror(err));
 }
 
-Manifest write_manifest(const std::string& dir, int64_t step, const std::vector<std::string>& files) {
+namespace {
+ManifestEntry entry_of(const std::string& dir, const std::string& name) {
+  const fs::path p = fs::path(dir) / name;
+  return ManifestEntry{name, static_cast<uint64_t>(fs::file_size(p)), sha256_file(p.string())};
+}
+}  // namespace
+
+Manifest write_manifest(const std::string& dir, int64_t step, const std::vector<ManifestEntry>& files) {
   Manifest m;
   m.step = step;
   nlohmann::json j;
@@ -90,14 +97,21 @@ Manifest write_manifest(const std::string& dir, int64_t step, const std::vector<
   j["format_version"] = 1;
   j["step"] = step;
   j["files"] = nlohmann::json::array();
-  for (const auto& name : files) {
-    const fs::path p = fs::path(dir) / name;
-    ManifestEntry e{name, static_cast<uint64_t>(fs::file_size(p)), sha256_file(p.string())};
+  std::set<std::string> seen;
+  for (const auto& e : files) {
+    ATH_CHECK(seen.insert(e.name).second, "checkpoint", "two files named '", e.name, "' in checkpoint '", dir, "'",
+              Hint{"each process must write files of its own (sharded checkpoints name them by rank)"});
     j["files"].push_back({{"name", e.name}, {"bytes", e.bytes}, {"sha256", e.sha256}});
     m.files.push_back(e);
   }
   write_file_durable((fs::path(dir) / kManifest).string(), j.dump(2) + "\n");
   return m;
+}
+
+Manifest write_manifest(const std::string& dir, int64_t step, const std::vector<std::string>& files) {
+  std::vector<ManifestEntry> entries;
+  for (const auto& name : files) entries.push_back(entry_of(dir, name));
+  return write_manifest(dir, step, entries);
 }
 
 Manifest read_manifest(const std::string& dir) {
@@ -124,10 +138,11 @@ Manifest read_manifest(const std::string& dir) {
   return m;
 }
 
-Manifest verify_checkpoint(const std::string& dir) {
+Manifest verify_checkpoint(const std::string& dir, const std::function<bool(std::size_t)>& hash_file) {
   ATH_CHECK(fs::is_directory(dir), "checkpoint", "'", dir, "' is not a checkpoint directory");
   Manifest m = read_manifest(dir);
-  for (const auto& e : m.files) {
+  for (std::size_t i = 0; i < m.files.size(); ++i) {
+    const ManifestEntry& e = m.files[i];
     const fs::path p = fs::path(dir) / e.name;
     std::error_code ec;
     const auto size = fs::file_size(p, ec);
@@ -135,6 +150,7 @@ Manifest verify_checkpoint(const std::string& dir) {
               Hint{"the checkpoint is incomplete; use an earlier one"});
     ATH_CHECK(size == e.bytes, "checkpoint", "'", p.string(), "' has ", size, " bytes but the manifest says ", e.bytes,
               " (truncated or overwritten)", Hint{"the checkpoint is damaged; use an earlier one"});
+    if (hash_file && !hash_file(i)) continue;
     const std::string sum = sha256_file(p.string());
     ATH_CHECK(sum == e.sha256, "checkpoint", "'", p.string(), "' fails its SHA-256 check (", sum, " != manifest ", e.sha256,
               "): the data is corrupt", Hint{"the checkpoint is damaged (disk error or edited file); use an earlier one"});
@@ -162,13 +178,14 @@ std::string read_latest(const std::string& checkpoints_dir) {
   return name;
 }
 
-LatestCheckpoint find_latest_valid(const std::string& checkpoints_dir) {
+LatestCheckpoint find_latest_valid(const std::string& checkpoints_dir, const std::function<void(const std::string&)>& verify) {
   LatestCheckpoint r;
   auto all = list_checkpoints(checkpoints_dir);
   for (auto it = all.rbegin(); it != all.rend(); ++it) {
     const std::string dir = (fs::path(checkpoints_dir) / it->second).string();
     try {
-      verify_checkpoint(dir);
+      if (verify) verify(dir);
+      else verify_checkpoint(dir);
       r.path = dir;
       r.step = it->first;
       return r;
@@ -179,8 +196,11 @@ LatestCheckpoint find_latest_valid(const std::string& checkpoints_dir) {
   return r;
 }
 
-std::string save_checkpoint(const std::string& checkpoints_dir, int64_t step, const std::vector<TensorFile>& tensor_files,
-                            const std::vector<TextFile>& text_files) {
+std::string tmp_checkpoint_dir(const std::string& checkpoints_dir, int64_t step) {
+  return (fs::path(checkpoints_dir) / (kTmpPrefix + step_dir_name(step))).string();
+}
+
+std::string begin_checkpoint(const std::string& checkpoints_dir, int64_t step) {
   std::error_code ec;
   fs::create_directories(checkpoints_dir, ec);
   ATH_CHECK(!ec, "checkpoint", "cannot create '", checkpoints_dir, "': ", ec.message(), Hint{"check out_dir and its permissions"});
@@ -189,24 +209,31 @@ std::string save_checkpoint(const std::string& checkpoints_dir, int64_t step, co
   for (const auto& de : fs::directory_iterator(checkpoints_dir, ec))
     if (de.path().filename().string().rfind(kTmpPrefix, 0) == 0) leftovers.push_back(de.path());
   for (const auto& p : leftovers) fs::remove_all(p, ec);
-
-  const std::string name = step_dir_name(step);
-  const fs::path tmp = fs::path(checkpoints_dir) / (kTmpPrefix + name);
-  const fs::path final_dir = fs::path(checkpoints_dir) / name;
+  const std::string tmp = tmp_checkpoint_dir(checkpoints_dir, step);
+  ec.clear();
   fs::create_directories(tmp, ec);
-  ATH_CHECK(!ec, "checkpoint", "cannot create '", tmp.string(), "': ", ec.message());
-  std::vector<std::string> names;
-  for (const auto& tf : tensor_files) {
-    save_safetensors((tmp / tf.name).string(), tf.tensors, tf.metadata);  // tmp + fsync + rename inside
-    names.push_back(tf.name);
-  }
-  for (const auto& tf : text_files) {
-    write_file_durable((tmp / tf.name).string(), tf.bytes);
-    names.push_back(tf.name);
-  }
-  write_manifest(tmp.string(), step, names);
+  ATH_CHECK(!ec, "checkpoint", "cannot create '", tmp, "': ", ec.message());
+  return tmp;
+}
+
+ManifestEntry write_tensor_file(const std::string& dir, const TensorFile& file) {
+  save_safetensors((fs::path(dir) / file.name).string(), file.tensors, file.metadata);  // tmp + fsync + rename inside
+  return entry_of(dir, file.name);
+}
+
+ManifestEntry write_text_file(const std::string& dir, const TextFile& file) {
+  write_file_durable((fs::path(dir) / file.name).string(), file.bytes);
+  return entry_of(dir, file.name);
+}
+
+std::string commit_checkpoint(const std::string& checkpoints_dir, int64_t step, const std::vector<ManifestEntry>& files) {
+  const std::string name = step_dir_name(step);
+  const fs::path tmp = tmp_checkpoint_dir(checkpoints_dir, step);
+  const fs::path final_dir = fs::path(checkpoints_dir) / name;
+  write_manifest(tmp.string(), step, files);
   fsync_path(tmp.string(), true);
 
+  std::error_code ec;
   if (fs::exists(final_dir)) remove_checkpoint_dir(final_dir, ec);  // a re-save of the same step (or a damaged one)
   ec.clear();
   fs::rename(tmp, final_dir, ec);
@@ -219,6 +246,15 @@ std::string save_checkpoint(const std::string& checkpoints_dir, int64_t step, co
   ATH_CHECK(!ec, "checkpoint", "cannot update '", (fs::path(checkpoints_dir) / "latest").string(), "': ", ec.message());
   fsync_path(checkpoints_dir, true);
   return final_dir.string();
+}
+
+std::string save_checkpoint(const std::string& checkpoints_dir, int64_t step, const std::vector<TensorFile>& tensor_files,
+                            const std::vector<TextFile>& text_files) {
+  const std::string tmp = begin_checkpoint(checkpoints_dir, step);
+  std::vector<ManifestEntry> entries;
+  for (const auto& tf : tensor_files) entries.push_back(write_tensor_file(tmp, tf));
+  for (const auto& tf : text_files) entries.push_back(write_text_file(tmp, tf));
+  return commit_checkpoint(checkpoints_dir, step, entries);
 }
 
 std::vector<std::string> apply_retention(const std::string& checkpoints_dir, int64_t keep_last, int64_t keep_every) {

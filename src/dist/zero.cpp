@@ -36,31 +36,6 @@ void scale_in_place(Tensor g, double coef) {
   g.bump_version();
 }
 
-// Strings travel as i32 code points (the dtypes collectives support).
-Tensor encode(const std::string& s, int64_t len) {
-  std::vector<int64_t> v(len, 0);
-  for (std::size_t i = 0; i < s.size() && static_cast<int64_t>(i) < len; ++i) v[i] = static_cast<unsigned char>(s[i]);
-  return from_vector(v, {len}, TensorOptions(DType::i32));
-}
-std::string decode(const std::vector<double>& v, std::size_t from, std::size_t len) {
-  std::string s;
-  for (std::size_t i = from; i < from + len && v[i] != 0; ++i) s.push_back(static_cast<char>(v[i]));
-  return s;
-}
-
-// Every rank's string, in rank order (two collectives: the longest length, then the strings).
-std::vector<std::string> all_gather_strings(ProcessGroup& g, const std::string& mine) {
-  Tensor len = from_vector(std::vector<int64_t>{static_cast<int64_t>(mine.size()) + 1}, {1});
-  g.all_reduce(len, ReduceOp::max);
-  const int64_t L = len.item<int64_t>();
-  Tensor all = empty({L * g.size()}, TensorOptions(DType::i32));
-  g.all_gather(all, encode(mine, L));
-  const auto codes = all.to_vector();
-  std::vector<std::string> out;
-  for (int r = 0; r < g.size(); ++r) out.push_back(decode(codes, static_cast<std::size_t>(r * L), static_cast<std::size_t>(L)));
-  return out;
-}
-
 }  // namespace
 
 DataParallel::DataParallel(std::shared_ptr<nn::Module> module, std::shared_ptr<ProcessGroup> group,
@@ -138,6 +113,7 @@ DataParallel::DataParallel(std::shared_ptr<nn::Module> module, std::shared_ptr<P
       const int r = static_cast<int>(std::min_element(load.begin(), load.end()) - load.begin());
       Param& p = params_[i];
       p.owner = opts_.zero_stage == 0 ? me : r;
+      p.writer = r;  // at stage 0 every rank holds everything: the balanced owner still writes it
       p.seg_offset = seg_fill[r];
       seg_fill[r] += p.tensor.numel();
       load[r] += p.tensor.numel();
@@ -440,6 +416,28 @@ std::map<std::string, double> DataParallel::full_optimizer_scalars() {
   return out;
 }
 
+nn::StateDict DataParallel::local_state_dict() {
+  const int me = group_->rank();
+  nn::StateDict out;
+  for (auto& [name, t] : module_->state_dict()) {
+    auto it = index_.find(name);
+    // Buffers, frozen parameters and second names of a tied parameter: rank 0.
+    if (it == index_.end() ? me == 0 : params_[it->second].writer == me) out.emplace_back(name, t);
+  }
+  return out;
+}
+
+optim::NamedTensors DataParallel::local_optimizer_state() {
+  const int me = group_->rank();
+  optim::NamedTensors out;
+  for (auto& [key, t] : optimizer_->state_tensors()) {
+    auto it = index_.find(key.substr(key.find('.') + 1));  // "<state>.<parameter>"
+    ATH_ASSERT(it != index_.end());
+    if (params_[it->second].writer == me) out.emplace_back(key, t);
+  }
+  return out;
+}
+
 nn::StateDict DataParallel::full_state_dict() {
   gather_all_blocks();
   nn::StateDict out;
@@ -449,6 +447,21 @@ nn::StateDict DataParallel::full_state_dict() {
 }
 
 void DataParallel::load_full_state_dict(const nn::StateDict& state) {
+  if (opts_.zero_stage == 3 && full_depth_ == 0) {
+    // Every name and shape is checked, but only what this rank holds is copied: its own unit
+    // parameters and everything outside the units (no gather: a rank reads ~1/N of the units).
+    const int me = group_->rank();
+    std::set<const TensorImpl*> released;
+    for (const Param& p : params_)
+      if (buckets_[p.bucket].block && p.owner != me) released.insert(p.tensor.impl());
+    std::map<std::string, const TensorImpl*> impl_of;
+    for (auto& [name, t] : module_->state_dict()) impl_of[name] = t.impl();
+    module_->load_state_dict(state, /*strict=*/true, [&](const std::string& name) {
+      auto it = impl_of.find(name);
+      return it != impl_of.end() && released.count(it->second) > 0;
+    });
+    return;
+  }
   gather_all_blocks();
   // Owners keep what they loaded; the gathered copies of the others are dropped by the release.
   try {

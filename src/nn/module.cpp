@@ -110,7 +110,9 @@ StateDict Module::state_dict() const {
   return out;
 }
 
-void Module::load_state_dict(const StateDict& state, bool strict) {
+void Module::load_state_dict(const StateDict& state, bool strict) { load_state_dict(state, strict, nullptr); }
+
+void Module::load_state_dict(const StateDict& state, bool strict, const std::function<bool(const std::string&)>& skip_copy) {
   StateDict mine = state_dict();
   std::vector<std::string> missing, unexpected, mismatched;
   std::set<std::string> given;
@@ -126,7 +128,7 @@ void Module::load_state_dict(const StateDict& state, bool strict) {
       mismatched.push_back(k + ": checkpoint " + shape_str(v.sizes()) + " vs model " + shape_str(it->second.sizes()));
       continue;
     }
-    copies.emplace_back(it->second, v);
+    if (!skip_copy || !skip_copy(k)) copies.emplace_back(it->second, v);
   }
   const bool fail = !mismatched.empty() || (strict && (!missing.empty() || !unexpected.empty()));
   if (fail) {  // report everything at once, and change nothing

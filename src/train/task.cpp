@@ -36,13 +36,15 @@ class LanguageModelTask : public Task {
  public:
   explicit LanguageModelTask(std::shared_ptr<nn::GPT> m) : model_(std::move(m)) {}
   // 6·N per token for the weight GEMMs (fwd 2N + bwd 4N) plus attention scores and values,
-  // 12·n_layer·n_embd·T per token (fwd+bwd); recomputing each block in backward adds a forward: ×4/3.
+  // 12·n_layer·n_embd·T per token (fwd+bwd). Model FLOPs, as PaLM's MFU counts them: the
+  // recompute of activation checkpointing (and of ZeRO-3) is work the model does not need,
+  // so it is not counted (it shows as a lower MFU, not as more useful work).
   double train_flops(const data::Batch& b) const override {
     const auto& g = model_->config();
     const double tokens = static_cast<double>(b.input.numel());
     const double per_token = 6.0 * static_cast<double>(model_->parameters_count()) +
                              12.0 * static_cast<double>(g.n_layer * g.n_embd * b.input.size(-1));
-    return per_token * tokens * (g.gradient_checkpointing ? 4.0 / 3.0 : 1.0);
+    return per_token * tokens;
   }
   nn::Module& module() override { return *model_; }
   Tensor loss(const data::Batch& b) override { return model_->loss(b.input, b.target); }

@@ -15,6 +15,7 @@
 
 #include "athanor/ckpt/checkpoint.h"
 #include "athanor/ckpt/safetensors.h"
+#include "athanor/ckpt/sharded_checkpoint.h"
 #include "athanor/core/rng.h"
 #include "athanor/data/corpus.h"
 #include "athanor/data/token_shard.h"
@@ -385,16 +386,16 @@ void Trainer::request_stop() { g_stop_requested.store(true); }
 
 std::string Trainer::save_checkpoint() {
   ckpt::NamedTensors model_tensors, optim_tensors;
-  // Stage 3 shards the weights: gather them under their 1-process names (a collective).
-  for (auto& [n, t] : dp_ && zero_stage_ == 3 ? dp_->full_state_dict() : task_->module().state_dict())
-    model_tensors.emplace_back(n, t);
-  // Under data parallel the optimizer state is gathered under its logical (1-process) names:
-  // a collective, so every rank calls save_checkpoint; rank 0 writes.
+  // Under data parallel every rank saves its own part, under the logical (1-process) names
+  // (ckpt/sharded_checkpoint.h): no rank ever holds the full state. The scalars (steps, lrs)
+  // are gathered: a collective, so every rank calls save_checkpoint.
   std::map<std::string, double> optim_scalars;
   if (dp_) {
-    for (auto& [n, t] : dp_->full_optimizer_state()) optim_tensors.emplace_back(n, t);
+    for (auto& [n, t] : dp_->local_state_dict()) model_tensors.emplace_back(n, t);
+    for (auto& [n, t] : dp_->local_optimizer_state()) optim_tensors.emplace_back(n, t);
     optim_scalars = dp_->full_optimizer_scalars();
   } else {
+    for (auto& [n, t] : task_->module().state_dict()) model_tensors.emplace_back(n, t);
     for (auto& [n, t] : optimizer_->state_tensors()) optim_tensors.emplace_back(n, t);
     optim_scalars = optimizer_->state_scalars();
   }
@@ -424,24 +425,28 @@ std::string Trainer::save_checkpoint() {
     j["scaler"] = {{"scale", scaler_->get_scale()}, {"growth_tracker", scaler_->growth_tracker()}, {"skipped_steps", scaler_->skipped_steps()}};
   const std::map<std::string, std::string> meta{{"format", "athanor"}, {"step", std::to_string(step_)}};
   std::string dir;
-  if (write_files_) {
+  if (dp_) {  // every rank writes its shards, rank 0 the indexes, state.json and the manifest
+    dir = ckpt::save_sharded_checkpoint(*group_, checkpoints_dir(), step_, {{"model", model_tensors, meta}, {"optimizer", optim_tensors, meta}},
+                                        {{"state.json", j.dump(2) + "\n"}});
+  } else {
     dir = ckpt::save_checkpoint(checkpoints_dir(), step_,
                                 {{"model.safetensors", model_tensors, meta}, {"optimizer.safetensors", optim_tensors, meta}},
                                 {{"state.json", j.dump(2) + "\n"}});
-    ckpt::apply_retention(checkpoints_dir(), config_.get_int("checkpoint.keep_last"), config_.get_int("checkpoint.keep_every"));
   }
+  if (write_files_)
+    ckpt::apply_retention(checkpoints_dir(), config_.get_int("checkpoint.keep_last"), config_.get_int("checkpoint.keep_every"));
   barrier();  // the checkpoint is complete for every rank (a rollback may read it next)
   last_checkpoint_step_ = step_;
-  if (dir.empty()) {
-    std::ostringstream name;
-    name << "step-" << std::setw(6) << std::setfill('0') << step_;
-    dir = (fs::path(checkpoints_dir()) / name.str()).string();
-  }
   return dir;
 }
 
+void Trainer::verify_checkpoint(const std::string& dir) const {
+  if (group_) ckpt::verify_checkpoint_across(*group_, dir);  // each rank hashes 1/N of the files; any failure fails all
+  else ckpt::verify_checkpoint(dir);
+}
+
 void Trainer::resume_from(const std::string& dir) {
-  ckpt::verify_checkpoint(dir);
+  verify_checkpoint(dir);
   const fs::path state_path = fs::path(dir) / "state.json";
   nlohmann::json j;
   try {
@@ -471,13 +476,18 @@ void Trainer::resume_from(const std::string& dir) {
     const std::string opt = j.at("optimizer").at("type").get<std::string>();
     ATH_CHECK(opt == optim_->name(), "resume", "cannot resume from '", dir, "': it holds ", opt, " optimizer state but optimizer.type makes ",
               optim_->name(), Hint{"restore optimizer.type, or start a new run"});
+    // One file (1 process) or the shards of every rank of the saving run (any world size and
+    // stage). Shards are memory-mapped: each rank reads only the tensors it keeps.
     const std::string model_path = (fs::path(dir) / "model.safetensors").string();
-    auto optim_file = ckpt::load_safetensors((fs::path(dir) / "optimizer.safetensors").string());
-    if (dp_) {  // the data-parallel wrapper may shard parameters: it loads full tensors itself
-      auto model_file = ckpt::load_safetensors(model_path);
+    auto optim_file = ckpt::load_checkpoint_tensors(dir, "optimizer");
+    if (dp_) {  // the data-parallel wrapper may shard parameters: it takes what this rank holds
+      auto model_file = ckpt::load_checkpoint_tensors(dir, "model");
       dp_->load_full_state_dict(nn::StateDict(model_file.tensors.begin(), model_file.tensors.end()));
-    } else {  // straight into the parameters: one copy, as fast as read()
+    } else if (fs::exists(model_path)) {  // straight into the parameters: one copy, as fast as read()
       ckpt::load_safetensors_into(model_path, task_->module().state_dict());
+    } else {
+      auto model_file = ckpt::load_checkpoint_tensors(dir, "model");
+      task_->module().load_state_dict(nn::StateDict(model_file.tensors.begin(), model_file.tensors.end()));
     }
     const auto scalars = j.at("optimizer").at("scalars").get<std::map<std::string, double>>();
     if (dp_) dp_->load_full_optimizer_state(optim_file.tensors, scalars);  // each rank keeps its part: any world size/stage
@@ -510,25 +520,28 @@ void Trainer::resume_from(const std::string& dir) {
   }
   last_checkpoint_step_ = step_;
   history_.clear();
-  // metrics.jsonl: keep the lines up to the checkpoint, so the log reads as one run.
+  // metrics.jsonl and health.jsonl: keep the lines up to the checkpoint, so the logs read as one run.
   if (write_files_) {
-    const fs::path mp = fs::path(run_dir_) / "metrics.jsonl";
-    std::ifstream in(mp);
-    std::string line, kept;
-    while (std::getline(in, line)) {
-      const auto at = line.find("\"step\":");
-      if (at != std::string::npos && std::strtoll(line.c_str() + at + 7, nullptr, 10) > step_) continue;
-      kept += line + "\n";
+    for (const char* log : {"metrics.jsonl", "health.jsonl"}) {
+      const fs::path mp = fs::path(run_dir_) / log;
+      if (!fs::exists(mp)) continue;
+      std::ifstream in(mp);
+      std::string line, kept;
+      while (std::getline(in, line)) {
+        const auto at = line.find("\"step\":");
+        if (at != std::string::npos && std::strtoll(line.c_str() + at + 7, nullptr, 10) > step_) continue;
+        kept += line + "\n";
+      }
+      in.close();
+      std::ofstream(mp, std::ios::trunc) << kept;
     }
-    in.close();
-    std::ofstream(mp, std::ios::trunc) << kept;
-    metrics_started_ = true;
+    metrics_started_ = health_started_ = true;
   }
   out_("resumed from " + dir + " at step " + std::to_string(step_) + "\n");
 }
 
 bool Trainer::resume_latest() {
-  const auto found = ckpt::find_latest_valid(checkpoints_dir());
+  const auto found = ckpt::find_latest_valid(checkpoints_dir(), [this](const std::string& dir) { verify_checkpoint(dir); });
   for (const auto& s : found.skipped) out_("skipping damaged checkpoint " + s + "\n");
   if (found.path.empty()) {
     if (!found.skipped.empty()) out_("no valid checkpoint in " + checkpoints_dir() + "; starting from scratch\n");

@@ -7,7 +7,8 @@
 //    units are the model's own (GPT: its blocks transformer.h.<i>; MLP: its Linear layers;
 //    a caller's Task: its FullyShardedBlocks), named by path, so parameter names and
 //    checkpoints stay those of 1 process. Weights are then read only through the
-//    DataParallel: checkpoints via full_state_dict(), evaluation and samples inside a
+//    DataParallel: checkpoints via local_state_dict()/local_optimizer_state() (each rank
+//    writes its own shard, ckpt/sharded_checkpoint.h), evaluation and samples inside a
 //    full_parameters() scope (every rank; the unit gathers are collectives);
 //  - the training data goes through a DistributedSampler over the 1-process order, so
 //    micro-batch k of the global step is the same set of samples for any world size

@@ -56,7 +56,10 @@ std::string Trainer::nonfinite_policy() const {
 
 void Trainer::emit_health(const observe::HealthEvent& e) {
   health_.push_back(e);
-  if (write_files_) std::ofstream(fs::path(run_dir_) / "health.jsonl", std::ios::app) << observe::to_json(e) << "\n";
+  if (write_files_) {  // a fresh run starts the file anew; a resume has cut it back to the checkpoint
+    std::ofstream(fs::path(run_dir_) / "health.jsonl", health_started_ ? std::ios::app : std::ios::trunc) << observe::to_json(e) << "\n";
+    health_started_ = true;
+  }
   std::ostringstream line;
   if (tty_) line << "\n";
   line << "health " << e.severity << " at step " << e.step << " [" << e.kind << "]: " << e.message << "\n";

@@ -210,6 +210,7 @@ bool Trainer::train_step() {
   for (int t = 0; t < kNumMemTags; ++t)
     m.memory.push_back({mem_tag_name(static_cast<MemTag>(t)), static_cast<int64_t>(mem.current[t]), static_cast<int64_t>(mem.peak[t])});
   history_.push_back(m);
+  if (history_.size() > kHistorySteps) history_.pop_front();
   log_step(m);
   if (!memory_reported_) memory_report(m);
   std::vector<int64_t> ids;

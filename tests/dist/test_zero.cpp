@@ -1,8 +1,9 @@
 // ZeRO tests: run under `mpirun --oversubscribe -np 2|4` (see tests/CMakeLists.txt).
 //
 //   test_zero                         gtest: stages 1/2 == DDP == 1 process; memory per tag
-//   test_zero --reshard=DIR,save      (4 ranks, stage 2) trains 6 steps, checkpoints after step 3
-//                                     under logical names, writes the final weights as the reference
+//   test_zero --reshard=DIR,save      (4 ranks, stage 2) trains 6 steps, saves a sharded checkpoint
+//                                     after step 3 (each rank its part, logical names), writes the
+//                                     final weights as the reference
 //   test_zero --reshard=DIR,resume,S  (any ranks, stage S) resumes from the checkpoint, trains
 //                                     steps 3..5 and compares with the reference (exit 1 if not equal)
 //   test_zero --reshard=DIR,resume_weights_only,S   the same without the optimizer state
@@ -12,11 +13,13 @@
 #include <cmath>
 #include <cstdio>
 #include <cstring>
+#include <filesystem>
 #include <random>
 #include <sstream>
 
 #include "athanor/autograd/grad_mode.h"
 #include "athanor/ckpt/safetensors.h"
+#include "athanor/ckpt/sharded_checkpoint.h"
 #include "athanor/core/allocator.h"
 #include "athanor/core/rng.h"
 #include "athanor/dist/zero.h"
@@ -546,6 +549,73 @@ TEST(ZeRO, FullOptimizerStateEqualsTheUnshardedOne) {
   EXPECT_EQ(c0, c2);
 }
 
+// Sharded checkpoints (ckpt/sharded_checkpoint.h): every rank writes only its part; the
+// shards and their index make exactly the full state; one rank's failed write fails the
+// save on every rank, naming that rank, and commits nothing.
+namespace {
+std::string shared_temp_dir(dist::ProcessGroup& g, const std::string& name) {
+  return dist::all_gather_strings(g, g.rank() == 0 ? fresh_temp_dir(name) : std::string())[0];
+}
+bool same_bytes(const Tensor& a, const Tensor& b) {
+  return a.dtype() == b.dtype() && a.sizes() == b.sizes() &&
+         std::memcmp(a.contiguous().raw_data(), b.contiguous().raw_data(), a.nbytes()) == 0;
+}
+}  // namespace
+
+TEST(ZeRO, ShardedCheckpointEachRankWritesItsPartAndTheShardsMakeTheFullState) {
+  auto g = W();
+  const int n = g->size(), me = g->rank();
+  constexpr int kEqualLayers = 8;  // 8 equal 32x32 layers: ownership balances exactly over 2 and 4 ranks
+  auto w = mlp_workload(std::vector<int64_t>(kEqualLayers + 1, 32));
+  for (int stage : {0, 1, 2, 3}) {
+    SCOPED_TRACE("stage " + std::to_string(stage));
+    auto model = w.make(42);
+    dist::DataParallel dp(model, g, [](const optim::NamedTensors& p) { return make_opt(Opt::adamw, p); },
+                          {.zero_stage = stage, .bucket_mb = 1e-3, .shard_modules = stage == 3 ? w.units(*model) : std::vector<std::string>{}});
+    for (int step = 0; step < 2; ++step) {
+      w.loss(*model, step, me * 2, 2, 2 * n).backward();
+      dp.finish_backward();
+      dp.step();
+      dp.zero_grad();
+    }
+    const std::string dir = shared_temp_dir(*g, "zero_sharded_ckpt");
+    const std::string p = ckpt::save_sharded_checkpoint(*g, dir, 2, {{"model", dp.local_state_dict(), {}}, {"optimizer", dp.local_optimizer_state(), {}}},
+                                                        {{"state.json", "{}\n"}});
+    ckpt::verify_checkpoint_across(*g, p);
+    const ckpt::Manifest m = ckpt::read_manifest(p);
+    EXPECT_EQ(m.files.size(), static_cast<std::size_t>(2 * n + 3));  // n shards of each, 2 indexes, state.json
+    // Optimizer state: each rank's shard holds ~1/N of it (the layers are equal).
+    uint64_t total = 0, largest = 0;
+    for (int r = 0; r < n; ++r) {
+      uint64_t bytes = 0;
+      for (auto& [name, t] : ckpt::load_safetensors(p + "/" + ckpt::shard_file_name("optimizer", r, n)).tensors) bytes += t.nbytes();
+      total += bytes;
+      largest = std::max(largest, bytes);
+    }
+    EXPECT_GT(total, 0u);
+    EXPECT_LE(static_cast<double>(largest), 1.25 * static_cast<double>(total) / n) << "an optimizer shard is not ~1/N";
+    // The merged shards are exactly the gathered full state.
+    auto merged_model = ckpt::load_checkpoint_tensors(p, "model").tensors;
+    auto merged_optim = ckpt::load_checkpoint_tensors(p, "optimizer").tensors;
+    const auto full_model = dp.full_state_dict();
+    const auto full_optim = dp.full_optimizer_state();
+    std::map<std::string, Tensor> mm(merged_model.begin(), merged_model.end()), mo(merged_optim.begin(), merged_optim.end());
+    ASSERT_EQ(mm.size(), full_model.size());
+    ASSERT_EQ(mo.size(), full_optim.size());
+    for (auto& [name, t] : full_model) EXPECT_TRUE(mm.count(name) && same_bytes(mm[name], t)) << name;
+    for (auto& [name, t] : full_optim) EXPECT_TRUE(mo.count(name) && same_bytes(mo[name], t)) << name;
+    // The last rank cannot write its shard: every rank fails naming it, step 3 is not committed.
+    const std::string bad_prefix = me == n - 1 ? "no_such_dir/model" : "model";
+    const std::string msg = error_message([&] {
+      ckpt::save_sharded_checkpoint(*g, dir, 3, {{bad_prefix, dp.local_state_dict(), {}}}, {{"state.json", "{}\n"}});
+    });
+    EXPECT_NE(msg.find("rank " + std::to_string(n - 1) + ": "), std::string::npos) << msg;
+    EXPECT_EQ(ckpt::read_latest(dir), "step-000002");
+    EXPECT_FALSE(std::filesystem::exists(dir + "/step-000003"));
+    g->barrier();
+  }
+}
+
 // ---------------------------------------------------------------------------
 // Resharding scenario (driven by tests/dist/zero_reshard.cmake).
 namespace {
@@ -568,12 +638,15 @@ int reshard(const std::string& dir, const std::string& phase, int stage, bool sk
   dist::DataParallel dp(model, g, [](const optim::NamedTensors& p) { return make_opt(Opt::adamw, p); },
                         {.zero_stage = stage, .bucket_mb = 1e-3});
   int first = 0;
-  if (phase != "save") {
-    auto m = ckpt::load_safetensors(dir + "/model.safetensors");
+  if (phase != "save") {  // the sharded checkpoint of the 4-rank run: each rank reads what it keeps
+    const std::string ck = dir + "/checkpoints/" + ckpt::step_dir_name(kSaveAfter);
+    ckpt::verify_checkpoint_across(*g, ck);
+    auto m = ckpt::load_checkpoint_tensors(ck, "model");
     dp.load_full_state_dict(m.tensors);
-    auto o = ckpt::load_safetensors(dir + "/optim.safetensors");
+    auto o = ckpt::load_checkpoint_tensors(ck, "optimizer");
     std::map<std::string, double> scalars;
-    for (auto& [k, v] : o.metadata) scalars[k] = std::stod(v);
+    for (auto& [k, v] : o.metadata)
+      if (k != "format") scalars[k] = std::stod(v);
     if (!skip_optimizer) dp.load_full_optimizer_state(o.tensors, scalars);
     first = kSaveAfter;
   }
@@ -584,17 +657,12 @@ int reshard(const std::string& dir, const std::string& phase, int stage, bool sk
     dp.clip_grad_norm(0.05);
     dp.step();
     dp.zero_grad();
-    if (phase == "save" && step + 1 == kSaveAfter) {
-      auto state = dp.full_optimizer_state();
-      auto scalars = dp.full_optimizer_scalars();
-      auto weights = dp.full_state_dict();
-      if (r == 0) {
-        std::map<std::string, std::string> meta;
-        for (auto& [k, v] : scalars) meta[k] = fmt(v);
-        ckpt::save_safetensors(dir + "/model.safetensors", weights);
-        ckpt::save_safetensors(dir + "/optim.safetensors", state, meta);
-      }
-      g->barrier();
+    if (phase == "save" && step + 1 == kSaveAfter) {  // each rank writes its part (sharded checkpoint)
+      std::map<std::string, std::string> meta;
+      for (auto& [k, v] : dp.full_optimizer_scalars()) meta[k] = fmt(v);
+      meta["format"] = "test";
+      ckpt::save_sharded_checkpoint(*g, dir + "/checkpoints", kSaveAfter,
+                                    {{"model", dp.local_state_dict(), {}}, {"optimizer", dp.local_optimizer_state(), meta}}, {});
     }
   }
   if (phase == "save") {

@@ -137,12 +137,32 @@ observe: {tensorboard: false, report: false, peak_gflops: 1.0}
     message(FATAL_ERROR "expected the convnet at zero_stage 3 to be refused, got exit ${_rc}:\n${_out}${_err}")
   endif()
 elseif(SCENARIO STREQUAL "zero3_reshard")
-  # Checkpoints keep the 1-process names at every stage, so they reshard through the trainer:
+  # Checkpoints keep the 1-process names at every stage (each rank writes its shard), so they
+  # reshard through the trainer:
   # saved with 4 ranks at ZeRO-3, resumed with 2 ranks at ZeRO-1 and with 1 process; saved with
   # 2 ranks at ZeRO-2, resumed with 2 ranks at ZeRO-3. Each equals the uninterrupted 1-process run.
   run(ref_adamw 1proc trainer.batch_size=8 trainer.eval_batches=0)
   run(saved_z3 4 trainer.batch_size=2 dist.zero_stage=3 trainer.max_steps=3 checkpoint.every=3 trainer.eval_batches=0)
   run(saved_z2 2 trainer.batch_size=4 dist.zero_stage=2 trainer.max_steps=3 checkpoint.every=3 trainer.eval_batches=0)
+  # Each rank wrote its own shards (rank 0 the indexes and the manifest); `inspect` verifies
+  # them and their index, `export-hf` merges them.
+  set(_ck ${DIR}/runs/saved_z3/checkpoints/step-000003)
+  foreach(_f model-00001-of-00004 model-00004-of-00004 optimizer-00001-of-00004 optimizer-00004-of-00004)
+    if(NOT EXISTS ${_ck}/${_f}.safetensors)
+      message(FATAL_ERROR "the 4-rank checkpoint has no ${_f}.safetensors")
+    endif()
+  endforeach()
+  if(EXISTS ${_ck}/model.safetensors OR NOT EXISTS ${_ck}/model.safetensors.index.json)
+    message(FATAL_ERROR "the 4-rank checkpoint is not sharded (model.safetensors, no index)")
+  endif()
+  execute_process(COMMAND ${CLI} inspect ${_ck} RESULT_VARIABLE _rc OUTPUT_VARIABLE _out ERROR_VARIABLE _err)
+  if(NOT _rc EQUAL 0 OR NOT _out MATCHES "model \\(sharded, model.safetensors.index.json\\): [0-9]+ tensors[^\n]*agree")
+    message(FATAL_ERROR "inspect of the sharded checkpoint failed (${_rc}):\n${_out}${_err}")
+  endif()
+  execute_process(COMMAND ${CLI} export-hf ${DIR}/runs/saved_z3 ${DIR}/hf_z3 RESULT_VARIABLE _rc OUTPUT_VARIABLE _out ERROR_VARIABLE _err)
+  if(NOT _rc EQUAL 0 OR NOT EXISTS ${DIR}/hf_z3/model.safetensors)
+    message(FATAL_ERROR "export-hf of the sharded checkpoint failed (${_rc}):\n${_out}${_err}")
+  endif()
   foreach(r z3_to_dp2_z1 z3_to_1proc)
     file(COPY ${DIR}/runs/saved_z3/ DESTINATION ${DIR}/runs/${r})
   endforeach()

@@ -42,7 +42,7 @@ train::Config mlp_config(const std::string& out, std::vector<std::string> overri
       "mlp.yaml", overrides);
 }
 
-double mean_loss(const std::vector<train::StepMetrics>& h, size_t from, size_t to) {
+double mean_loss(const std::deque<train::StepMetrics>& h, size_t from, size_t to) {
   double s = 0;
   for (size_t i = from; i < to; ++i) s += h[i].loss;
   return s / static_cast<double>(to - from);

@@ -7,6 +7,7 @@
 #include <cstring>
 #include <filesystem>
 #include <fstream>
+#include <sstream>
 
 #include "athanor/ckpt/checkpoint.h"
 #include "athanor/train/trainer.h"
@@ -41,7 +42,7 @@ std::vector<std::string> weight_bytes(train::Trainer& t) {
   }
   return out;
 }
-std::vector<double> losses(const std::vector<train::StepMetrics>& h) {
+std::vector<double> losses(const std::deque<train::StepMetrics>& h) {
   std::vector<double> out;
   for (const auto& m : h) out.push_back(m.loss);
   return out;
@@ -97,11 +98,19 @@ void check_bit_exact_continuation(const std::string& name, const std::vector<std
   }
   // Scramble the global RNG in between, as another run in the same process would.
   manual_seed(999);
+  // health.jsonl is cut back to the checkpoint like metrics.jsonl: a line of step 6 belongs
+  // to the abandoned continuation, one of step 2 stays.
+  const fs::path health = fs::path(dir) / "split" / "health.jsonl";
+  std::ofstream(health, std::ios::app) << "{\"kind\":\"test\",\"step\":2}\n{\"kind\":\"test\",\"step\":6}\n";
   {
     train::Trainer t(gpt_config(dir, text, with({"name=split", "checkpoint.every=3"})));
     quiet(t);
     t.resume_from(ckpt_dir);
     EXPECT_EQ(t.step(), 4);
+    std::stringstream hs;
+    hs << std::ifstream(health).rdbuf();
+    EXPECT_NE(hs.str().find("\"step\":2}"), std::string::npos) << hs.str();
+    EXPECT_EQ(hs.str().find("\"step\":6}"), std::string::npos) << hs.str();
     t.fit();
     EXPECT_EQ(t.step(), 8);
     std::vector<double> all = first_l;

@@ -18,6 +18,7 @@
 // verify_checkpoint() trusts nothing: a missing manifest or file, a size or
 // checksum mismatch is an Error naming the checkpoint and the file.
 #include <cstdint>
+#include <functional>
 #include <map>
 #include <string>
 #include <utility>
@@ -55,11 +56,27 @@ int64_t parse_step_dir_name(const std::string& name);  // 500, or -1 when not "s
 std::string save_checkpoint(const std::string& checkpoints_dir, int64_t step, const std::vector<TensorFile>& tensor_files,
                             const std::vector<TextFile>& text_files);
 
+// save_checkpoint in three parts, for checkpoints that several processes write
+// (sharded_checkpoint.h): one process begins, every process writes its files into the
+// directory begin returned, one process commits with every file's entry.
+//   begin_checkpoint   sweeps ".tmp.*" leftovers, creates "<dir>/.tmp.step-N"; returns it
+//   write_*_file       writes one file durably into that directory; returns its entry
+//                      (name, bytes, SHA-256, computed by the writer)
+//   commit_checkpoint  MANIFEST.json from the entries, then the renames of the protocol above
+std::string begin_checkpoint(const std::string& checkpoints_dir, int64_t step);
+std::string tmp_checkpoint_dir(const std::string& checkpoints_dir, int64_t step);  // what begin_checkpoint returns
+ManifestEntry write_tensor_file(const std::string& dir, const TensorFile& file);
+ManifestEntry write_text_file(const std::string& dir, const TextFile& file);
+std::string commit_checkpoint(const std::string& checkpoints_dir, int64_t step, const std::vector<ManifestEntry>& files);
+
 // Writes MANIFEST.json for the files of `dir` named in `files` (fsynced).
 Manifest write_manifest(const std::string& dir, int64_t step, const std::vector<std::string>& files);
+Manifest write_manifest(const std::string& dir, int64_t step, const std::vector<ManifestEntry>& files);
 Manifest read_manifest(const std::string& dir);
 // Checks every file of the manifest (exists, size, SHA-256); throws an Error naming the file.
-Manifest verify_checkpoint(const std::string& dir);
+// With `hash_file`, only the files it selects (by their index in the manifest) are hashed;
+// the others are checked for existence and size (several processes split the hashing).
+Manifest verify_checkpoint(const std::string& dir, const std::function<bool(std::size_t)>& hash_file = nullptr);
 
 struct LatestCheckpoint {
   std::string path;                   // "" when there is no valid checkpoint
@@ -67,8 +84,10 @@ struct LatestCheckpoint {
   std::vector<std::string> skipped;   // "<dir>: <why>" for each newer checkpoint that failed verification
 };
 // The newest checkpoint (by step) whose manifest verifies; newer corrupt or
-// partial ones are listed in `skipped`.
-LatestCheckpoint find_latest_valid(const std::string& checkpoints_dir);
+// partial ones are listed in `skipped`. `verify` (default verify_checkpoint) throws an
+// Error for a checkpoint that must be skipped.
+LatestCheckpoint find_latest_valid(const std::string& checkpoints_dir,
+                                   const std::function<void(const std::string& dir)>& verify = nullptr);
 // All "step-<digits>" directories, ascending by step.
 std::vector<std::pair<int64_t, std::string>> list_checkpoints(const std::string& checkpoints_dir);
 // The directory name `latest` holds ("" when absent).

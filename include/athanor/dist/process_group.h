@@ -149,6 +149,11 @@ class ProcessGroup {
   std::unique_ptr<Impl> impl_;
 };
 
+// Every rank's string (any bytes), in rank order: two collectives on `g` (the lengths,
+// then the bytes padded to the longest). For small control data: names, manifests, errors.
+std::vector<std::string> all_gather_strings(ProcessGroup& g, const std::string& mine,
+                                            std::source_location loc = std::source_location::current());
+
 // world = dp * tp * pp ranks; tp varies fastest, then dp, then pp:
 //   world_rank = (pp_i * dp + dp_i) * tp + tp_i
 // Each axis' group holds the ranks that differ only in that axis' index.

@@ -192,7 +192,17 @@ class DataParallel {
   // The model's full state dict, as copies (stage 3 gathers every block for the
   // call: a collective). load_full_state_dict loads one (any world size/stage).
   nn::StateDict full_state_dict();
+  // Stage 3: checks every name and shape but copies only what this rank holds (no
+  // collective, reads only those tensors of `state`); stages 0-2: every tensor.
   void load_full_state_dict(const nn::StateDict& state);
+  // What this rank saves in a sharded checkpoint (ckpt/sharded_checkpoint.h), no copies,
+  // under the logical names: the trainable parameters it writes (the ones it owns at
+  // stages >= 1; a balanced share at stage 0, where every rank holds all of them) and, on
+  // rank 0, the rest of the state dict (buffers, frozen parameters); and the optimizer
+  // state of those parameters. The ranks' parts are disjoint and together make the full
+  // state. No collective.
+  nn::StateDict local_state_dict();
+  optim::NamedTensors local_optimizer_state();
 
   // Stage 3: while the guard lives every unit's parameters are materialised on every rank
   // (creating it is a collective: all ranks; at stages 0-2 it does nothing), and unit
@@ -218,6 +228,7 @@ class DataParallel {
     std::string name;
     Tensor tensor;
     int owner = 0;
+    int writer = 0;          // the rank that saves it in a sharded checkpoint (= owner at stages >= 1)
     int bucket = 0;
     int64_t seg_offset = 0;  // offset inside its owner's segment of the bucket layout
     bool ready = false;

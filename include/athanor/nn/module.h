@@ -66,6 +66,9 @@ class Module : public std::enable_shared_from_this<Module> {
   // parameter/buffer must be present; a failure lists all problems at once.
   // Values are copied into the existing tensors (dtype converted).
   void load_state_dict(const StateDict& state, bool strict = true);
+  // As above (every name and shape checked), but entries `skip_copy` selects are not
+  // copied: a sharded owner (ZeRO-3) loads only the tensors it holds.
+  void load_state_dict(const StateDict& state, bool strict, const std::function<bool(const std::string&)>& skip_copy);
   void zero_grad();  // drops every parameter's .grad
   // Converts every floating parameter and buffer to `dtype` in place (every
   // handle to them sees the change, as with PyTorch's module.to()); drops grads.

@@ -33,6 +33,7 @@
 // stage and the loader position in global samples, so a checkpoint resumes on any world size
 // and stage. Dropout draws the same stream on every rank (the RNG state is rank 0's).
 #include <cstdint>
+#include <deque>
 #include <functional>
 #include <memory>
 #include <string>
@@ -108,7 +109,8 @@ class Trainer {
   void add_sink(std::shared_ptr<observe::MetricsSink> sink) { sinks_.push_back(std::move(sink)); }
 
   // Checkpoints (include/athanor/ckpt/checkpoint.h): <run_dir>/checkpoints/step-NNNNNN/ with
-  // model.safetensors, optimizer.safetensors (states under logical names), state.json (step,
+  // model.safetensors, optimizer.safetensors (states under logical names; under data parallel
+  // one shard of each per rank plus an index, ckpt/sharded_checkpoint.h), state.json (step,
   // loader position, RNG state, scheduler step, optimizer scalars, model-shape config and its
   // hash, version) and MANIFEST.json. fit() saves every checkpoint.every steps and at the end
   // (when checkpoint.every > 0), and on SIGTERM/SIGINT: the step in flight finishes, a
@@ -118,6 +120,9 @@ class Trainer {
   // Restores a checkpoint directory (verified first). A config whose model shape differs from
   // the checkpoint's is refused, naming the differing keys; other keys (max_steps, lr...) may change.
   void resume_from(const std::string& checkpoint_dir);
+  // verify_checkpoint (ckpt/checkpoint.h); under data parallel the ranks split the hashing
+  // and agree (a collective).
+  void verify_checkpoint(const std::string& checkpoint_dir) const;
   // Resumes from the newest valid checkpoint of the run directory; false when there is none.
   // Damaged newer checkpoints are reported through the output and skipped.
   bool resume_latest();
@@ -136,7 +141,10 @@ class Trainer {
   int64_t max_steps() const { return max_steps_; }
   int64_t skipped_steps() const { return skipped_; }
   const std::string& run_dir() const { return run_dir_; }
-  const std::vector<StepMetrics>& history() const { return history_; }
+  // The most recent kHistorySteps steps (memory stays bounded on long runs; every step is in
+  // metrics.jsonl).
+  static constexpr std::size_t kHistorySteps = 10000;
+  const std::deque<StepMetrics>& history() const { return history_; }
   const std::vector<EvalMetrics>& evals() const { return evals_; }
   const std::vector<observe::HealthEvent>& health_events() const { return health_; }
   DType precision() const { return precision_; }       // f32, bf16 or f16 (compute dtype of the forward)
@@ -205,7 +213,7 @@ class Trainer {
   int64_t rollbacks_in_a_row_ = 0;  // rollbacks that did not get past the failing step
   int64_t last_diagnosed_step_ = -1, last_nonfinite_step_ = -1;  // the replay runs once per run of consecutive non-finite steps
   int64_t last_rollback_step_ = -1;
-  std::vector<StepMetrics> history_;
+  std::deque<StepMetrics> history_;
   std::vector<EvalMetrics> evals_;
   std::function<void(const std::string&)> out_;
   std::string run_dir_;
@@ -213,6 +221,7 @@ class Trainer {
   int64_t last_checkpoint_step_ = -1;
   bool stopped_by_signal_ = false;
   bool metrics_started_ = false;  // metrics.jsonl truncated (fresh run) or filtered (resume)
+  bool health_started_ = false;   // health.jsonl likewise
   double start_time_ = 0;
   bool tty_ = false;
   bool run_files_ = true;    // the run has files (checkpoints are collectives: every rank takes part)
