@@ -27,6 +27,8 @@ const std::vector<Geo> kGeos = {
     {8, 501, 33},     // column reductions, inner not a multiple of the block
     {2, 1000, 129},   // inner spans several 64-column blocks
     {1000, 7, 97},    // many short columns
+    {1, 2048, 768},   // a bias gradient: one outer, the columns split over the threads
+    {1, 300, 1037},   // ... with a ragged last block
 };
 
 std::vector<float> uniform(int64_t n, float lo, float hi, uint32_t seed) {

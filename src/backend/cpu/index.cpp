@@ -1,11 +1,14 @@
 // Indexing kernels (see index.h for the layouts and invariants).
 #include "backend/cpu/index.h"
 
+#include <omp.h>
+
 #include <algorithm>
 #include <cstring>
 #include <vector>
 
 #include "athanor/core/convert.h"
+#include "backend/cpu/workspace.h"
 
 namespace athanor::cpu {
 namespace {
@@ -47,13 +50,16 @@ template <class T, class I>
 void index_add_3d(const T* g, const I* idx, T* gx, int64_t outer, int64_t x_dim, int64_t n_idx, int64_t inner,
                   int64_t skip) {
   // Counting sort of the positions by index value (stable: increasing j within a value).
-  std::vector<int64_t> start(x_dim + 1, 0), pos(n_idx);
+  // Scratch from the allocator (MemTag::workspace): no system allocation in a warm step.
+  const Workspace ws(static_cast<std::size_t>(2 * (x_dim + 1) + n_idx) * sizeof(int64_t));
+  int64_t* start = ws.as<int64_t>();
+  int64_t* fill = start + x_dim + 1;
+  int64_t* pos = fill + x_dim + 1;
+  std::fill(start, start + x_dim + 1, int64_t{0});
   for (int64_t j = 0; j < n_idx; ++j) ++start[static_cast<int64_t>(idx[j]) + 1];
   for (int64_t v = 0; v < x_dim; ++v) start[v + 1] += start[v];
-  {
-    std::vector<int64_t> fill(start.begin(), start.end() - 1);
-    for (int64_t j = 0; j < n_idx; ++j) pos[fill[static_cast<int64_t>(idx[j])]++] = j;
-  }
+  std::copy(start, start + x_dim, fill);
+  for (int64_t j = 0; j < n_idx; ++j) pos[fill[static_cast<int64_t>(idx[j])]++] = j;
   // Each output row is owned by one thread and summed in increasing j: deterministic.
 #pragma omp parallel for collapse(2) if (outer * (x_dim + n_idx) * inner > kParallelMin) schedule(dynamic, 16)
   for (int64_t o = 0; o < outer; ++o)
@@ -90,22 +96,27 @@ void scatter_add_3d(const T* g, const I* idx, T* gx, int64_t outer, int64_t x_di
 template <class T, class I>
 void index_accumulate_rows(const T* g, const I* idx, T* dst, int64_t n_idx, int64_t inner, int64_t skip) {
   // Positions sorted by (index, j): a group per distinct row, cost O(n log n) whatever the table size.
-  std::vector<int64_t> pos(n_idx);
+  // Scratch (positions, group starts, one row sum per thread) from the allocator, before the
+  // parallel region: no system allocation in a warm step.
+  const int threads = omp_get_max_threads();
+  const Workspace ws(static_cast<std::size_t>(2 * n_idx + 1) * sizeof(int64_t) + static_cast<std::size_t>(threads * inner) * sizeof(T));
+  int64_t* pos = ws.as<int64_t>();
+  int64_t* group = pos + n_idx;  // start of each group in pos, plus the end
+  T* sums = reinterpret_cast<T*>(group + n_idx + 1);
   for (int64_t j = 0; j < n_idx; ++j) pos[j] = j;
-  std::stable_sort(pos.begin(), pos.end(), [&](int64_t a, int64_t b) { return idx[a] < idx[b]; });
-  std::vector<int64_t> group;  // start of each group in pos, plus the end
+  std::stable_sort(pos, pos + n_idx, [&](int64_t a, int64_t b) { return idx[a] < idx[b]; });
+  int64_t ngroups = 0;
   for (int64_t p = 0; p < n_idx; ++p)
-    if (p == 0 || idx[pos[p]] != idx[pos[p - 1]]) group.push_back(p);
-  group.push_back(n_idx);
-  const int64_t ngroups = static_cast<int64_t>(group.size()) - 1;
+    if (p == 0 || idx[pos[p]] != idx[pos[p - 1]]) group[ngroups++] = p;
+  group[ngroups] = n_idx;
 #pragma omp parallel if (n_idx * inner > kParallelMin)
   {
-    std::vector<T> sum(inner);
+    T* sum = sums + static_cast<int64_t>(omp_get_thread_num()) * inner;
 #pragma omp for schedule(static)
     for (int64_t gi = 0; gi < ngroups; ++gi) {
       const int64_t v = static_cast<int64_t>(idx[pos[group[gi]]]);
       if (v == skip) continue;
-      std::fill(sum.begin(), sum.end(), T(0));  // summed from 0 like the dense kernel, then added once
+      std::fill(sum, sum + inner, T(0));  // summed from 0 like the dense kernel, then added once
       for (int64_t p = group[gi]; p < group[gi + 1]; ++p) {
         const T* src = g + pos[p] * inner;
 #pragma omp simd

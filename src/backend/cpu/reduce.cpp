@@ -1,6 +1,8 @@
 #include "backend/cpu/reduce.h"
 
-#include <vector>
+#include <omp.h>
+
+#include <algorithm>
 
 #include "athanor/core/convert.h"
 
@@ -25,21 +27,27 @@ template <class T, class O> void sum_3d_impl(const T* x, O* out, int64_t outer, 
     }
     return;
   }
-#pragma omp parallel if (outer * r * inner > (1 << 15))
-  {
-    std::vector<A> acc(inner);
-#pragma omp for schedule(static)
-    for (int64_t o = 0; o < outer; ++o) {
-      std::fill(acc.begin(), acc.end(), A(0));
+  // Tasks are (o, block of columns): a bias gradient (outer 1, r = rows) still splits over
+  // the threads. Each element sums its r values in order j = 0..r-1, whatever the split.
+  constexpr int64_t kCols = 512;  // per-task accumulator on the stack (no allocation)
+  const int64_t threads = omp_get_max_threads();
+  // Blocks narrow enough that outer x blocks covers the threads (multiples of 16 columns).
+  const int64_t cols = outer >= threads ? kCols : std::clamp<int64_t>((inner * outer / threads + 15) / 16 * 16, 16, kCols);
+  const int64_t nblocks = (inner + cols - 1) / cols;
+#pragma omp parallel for collapse(2) if (outer * r * inner > (1 << 15)) schedule(static)
+  for (int64_t o = 0; o < outer; ++o)
+    for (int64_t b = 0; b < nblocks; ++b) {
+      const int64_t i0 = b * cols, n = std::min(cols, inner - i0);
+      A acc[kCols];
+      std::fill(acc, acc + n, A(0));
       for (int64_t j = 0; j < r; ++j) {
-        const T* row = x + (o * r + j) * inner;
+        const T* row = x + (o * r + j) * inner + i0;
 #pragma omp simd
-        for (int64_t i = 0; i < inner; ++i) acc[i] += cast_value<A>(row[i]);
+        for (int64_t i = 0; i < n; ++i) acc[i] += cast_value<A>(row[i]);
       }
-      O* dst = out + o * inner;
-      for (int64_t i = 0; i < inner; ++i) dst[i] = cast_value<O>(acc[i] * s);
+      O* dst = out + o * inner + i0;
+      for (int64_t i = 0; i < n; ++i) dst[i] = cast_value<O>(acc[i] * s);
     }
-  }
 }
 }  // namespace
 
