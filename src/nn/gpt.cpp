@@ -40,12 +40,10 @@ class CausalSelfAttention : public Module {
   }
   Tensor forward(const Tensor& x) {
     auto scope = enter();
-    const int64_t B = x.size(0), T = x.size(1), hd = n_embd / n_head;
-    Tensor qkv = c_attn->forward(x);                         // [B, T, 3d]
-    std::vector<Tensor> parts = split(qkv, n_embd, 2);       // q, k, v: [B, T, d]
-    auto heads = [&](const Tensor& t) { return transpose(reshape(t, {B, T, n_head, hd}), 1, 2); };  // [B, H, T, hd]
-    Tensor y = scaled_dot_product_attention(heads(parts[0]), heads(parts[1]), heads(parts[2]), /*is_causal=*/true);
-    y = reshape(transpose(y, 1, 2), {B, T, n_embd});        // re-assemble the heads
+    Tensor qkv = c_attn->forward(x);  // [B, T, 3d]: q, k, v side by side
+    // Per-head causal attention read straight from the packed qkv, heads written side by side
+    // ([B, T, d], c_proj's input); the backward writes d(qkv) in one piece (no split/transposes).
+    Tensor y = causal_self_attention(qkv, n_head);
     return resid_drop->forward(c_proj->forward(y));
   }
   int64_t n_head, n_embd;

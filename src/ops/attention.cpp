@@ -1,8 +1,9 @@
-// scaled_dot_product_attention: checks, the flash-attention kernel (backend/cpu/attention),
-// and its backward, which recomputes the softmax per tile from the saved log-sum-exp.
+// scaled_dot_product_attention and causal_self_attention (the same kernels reading q, k, v out
+// of one packed [B, T, 3 d] tensor): checks, the flash-attention kernel (backend/cpu/attention),
+// and the backward, which recomputes the softmax per tile from the saved log-sum-exp.
 //
-// Saved for backward: contiguous q, k, v, the output O and lse [B, H, Tq] (f32, or f64 for f64
-// inputs). Nothing of size Tq x Tk is kept between forward and backward.
+// Saved for backward: contiguous q, k, v (resp. qkv), the output O and lse [B, H, Tq] (f32, or
+// f64 for f64 inputs). Nothing of size Tq x Tk is kept between forward and backward.
 #include <cmath>
 
 #include "athanor/ops/attention.h"
@@ -74,6 +75,58 @@ Tensor scaled_dot_product_attention(const Tensor& q_in, const Tensor& k_in, cons
       }
     });
     return Grads{needs_grad(n, 0) ? dq : Tensor(), needs_grad(n, 1) ? dk : Tensor(), needs_grad(n, 2) ? dv : Tensor()};
+  });
+}
+
+Tensor causal_self_attention(const Tensor& qkv_in, int64_t n_head, std::optional<double> scale_opt) {
+  constexpr const char* op = "causal_self_attention";
+  if (autocast_needs_cast(op, {qkv_in})) return causal_self_attention(autocast_input(qkv_in, op), n_head, scale_opt);
+  detail::check_floating(qkv_in, op, "qkv");
+  ATH_CHECK(qkv_in.dim() == 3, op, "expected qkv of shape [B, T, 3 d] (q, k, v side by side), got ",
+            qkv_in.describe(), Hint{"pass the output of the packed projection c_attn(x), x of shape [B, T, d]"});
+  ATH_CHECK(n_head > 0, op, "n_head must be > 0, got ", n_head, " (qkv ", qkv_in.describe(), ")");
+  const int64_t B = qkv_in.size(0), T = qkv_in.size(1), width3 = qkv_in.size(2);
+  ATH_CHECK(width3 % (3 * n_head) == 0, op, "the last dim of qkv ", qkv_in.describe(),
+            " must be 3 * n_head * head_dim with n_head = ", n_head, ", but ", width3, " is not a multiple of ",
+            3 * n_head, Hint{"qkv holds q, k and v of width d = n_head * head_dim each: last dim 3 d"});
+  const int64_t d_model = width3 / 3, hd = d_model / n_head;
+  const cpu::AttentionDims d{B, n_head, T, T, hd, hd};
+  const double scale = scale_opt ? *scale_opt : 1.0 / std::sqrt(static_cast<double>(std::max<int64_t>(hd, 1)));
+  ATH_CHECK(std::isfinite(scale), op, "scale must be finite, got ", scale);
+  const Tensor qkv = detail::contiguous_raw(qkv_in);
+  const DType dt = qkv.dtype(), acc_dt = dt == DType::f64 ? DType::f64 : DType::f32;
+  Tensor out = empty({B, T, d_model}, TensorOptions(dt));
+  Tensor lse = empty({B, n_head, T}, TensorOptions(acc_dt));
+  if (qkv.numel() > 0) {
+    const cpu::AttentionLayout layout = cpu::AttentionLayout::packed_qkv(d);
+    dispatch(dt, [&]<class T>() {
+      if constexpr (is_float_type_v<T>) {
+        const T* base = qkv.data_ptr<T>();
+        cpu::attention_forward<T>(base, base + d_model, base + 2 * d_model, out.data_ptr<T>(),
+                                  lse.data_ptr<cpu::attn_acc_t<T>>(), d, layout, /*causal=*/true, scale);
+      }
+    });
+  }
+  if (!any_requires_grad({qkv_in})) return out;
+  SavedTensor sqkv = save(qkv, "qkv"), so = save(out, "result"), sl = save(lse, "logsumexp");
+  return record(op, {qkv_in}, out, [=](const Node& n, const Grads& g) {
+    const Tensor qv = sqkv.unpack(n), ov = so.unpack(n), lv = sl.unpack(n);
+    if (!g[0].defined()) return Grads{Tensor()};
+    const Tensor dout = detail::to_raw(g[0], dt);
+    Tensor dqkv = empty(qv.sizes(), TensorOptions(dt));  // every element is written: dq, dk, dv blocks
+    if (qv.numel() > 0) {
+      const cpu::AttentionLayout layout = cpu::AttentionLayout::packed_qkv(d);
+      dispatch(dt, [&]<class T>() {
+        if constexpr (is_float_type_v<T>) {
+          const T* base = qv.data_ptr<T>();
+          T* grad = dqkv.data_ptr<T>();
+          cpu::attention_backward<T>(base, base + d_model, base + 2 * d_model, ov.data_ptr<T>(), dout.data_ptr<T>(),
+                                     lv.data_ptr<cpu::attn_acc_t<T>>(), grad, grad + d_model, grad + 2 * d_model, d,
+                                     layout, /*causal=*/true, scale);
+        }
+      });
+    }
+    return Grads{dqkv};
   });
 }
 

@@ -165,7 +165,10 @@ TEST(AttentionKernels, Bf16TilesOnRaggedShapesMatchReference) {
   const Case cases[] = {{{1, 2, 23, 64}, {1, 2, 23, 64}, 40, true, {7, 5}},
                         {{2, 1, 19, 64}, {2, 1, 30, 64}, 40, false, {7, 5}},
                         {{1, 2, 130, 64}, {1, 2, 130, 64}, 64, true, {}},
-                        {{1, 1, 17, 5}, {1, 1, 17, 5}, 3, true, {4, 3}}};
+                        {{1, 1, 17, 5}, {1, 1, 17, 5}, 3, true, {4, 3}},
+                        // head dims of 17 and 9 pairs (16-word transpose blocks plus a tail), a
+                        // 33-key tile (3 column blocks of 16, the last one of 1)
+                        {{1, 2, 70, 34}, {1, 2, 70, 34}, 18, true, {9, 33}}};
   Generator g(31);
   for (const Case& c : cases) {
     SCOPED_TRACE("q " + shape_str(c.q) + " Tk " + std::to_string(c.kv[2]) + " Dv " + std::to_string(c.Dv) +
@@ -184,6 +187,56 @@ TEST(AttentionKernels, Bf16TilesOnRaggedShapesMatchReference) {
     EXPECT_CLOSE(r.dq, dq, 2e-2, 2e-2);
     EXPECT_CLOSE(r.dk, dk, 2e-2, 2e-2);
     EXPECT_CLOSE(r.dv, dv, 2e-2, 2e-2);
+  }
+}
+
+// The strided layout GPT uses: q, k, v read in place from one packed [B, T, 3 H D] tensor, O
+// written as [B, T, H D], dq, dk, dv into one packed gradient. Reference: the naive f64 kernel on
+// the heads split out as contiguous [B, H, T, D] tensors. f64 with tiny tiles (exact up to
+// rounding), f32 (oneDNN tile products), bf16 (tile products on vdpbf16ps where available).
+template <class T>
+void check_packed_layout(int64_t B, int64_t Tt, int64_t H, int64_t hd, cpu::AttentionTiles tiles, double tol) {
+  using C = cpu::attn_acc_t<T>;
+  const int64_t dm = H * hd;
+  Generator g(37);
+  Tensor qkv = randn({B, Tt, 3 * dm}, dtype_of<T>, g), dout = randn({B, Tt, dm}, dtype_of<T>, g);
+  const cpu::AttentionDims d{B, H, Tt, Tt, hd, hd};
+  const cpu::AttentionLayout L = cpu::AttentionLayout::packed_qkv(d);
+  Tensor o = empty({B, Tt, dm}, TensorOptions(dtype_of<T>)), lse = empty({B, H, Tt}, TensorOptions(dtype_of<C>));
+  Tensor dqkv = full({B, Tt, 3 * dm}, 1e30, TensorOptions(dtype_of<T>));  // every element must be written
+  const double scale = 1.0 / std::sqrt(static_cast<double>(hd));
+  const T* base = qkv.data_ptr<T>();
+  T* gb = dqkv.data_ptr<T>();
+  cpu::attention_forward<T>(base, base + dm, base + 2 * dm, o.data_ptr<T>(), lse.data_ptr<C>(), d, L, true, scale, tiles);
+  cpu::attention_backward<T>(base, base + dm, base + 2 * dm, o.data_ptr<T>(), dout.data_ptr<T>(), lse.data_ptr<C>(), gb,
+                             gb + dm, gb + 2 * dm, d, L, true, scale, tiles);
+  auto heads = [&](const Tensor& x, int64_t which) {  // column block `which` as [B, H, T, hd]
+    return slice(x, 2, which * dm, (which + 1) * dm).reshape({B, Tt, H, hd}).transpose(1, 2).contiguous();
+  };
+  auto merge = [&](const Tensor& x) { return x.transpose(1, 2).contiguous().reshape({B, Tt, dm}); };
+  const Tensor q = heads(qkv, 0), k = heads(qkv, 1), v = heads(qkv, 2), g4 = heads(dout, 0);
+  EXPECT_CLOSE(o, merge(cpu::ref::attention(q, k, v, true, scale)), tol, tol);
+  EXPECT_CLOSE(lse, from_vector(ref_lse(q, k, true, scale), {B, H, Tt}, DType::f64), tol, tol);
+  const auto [dq, dk, dv] = cpu::ref::attention_backward(q, k, v, g4, true, scale);
+  EXPECT_CLOSE(dqkv, cat({merge(dq), merge(dk), merge(dv)}, 2), tol, tol);
+}
+
+TEST(AttentionKernels, PackedQkvLayoutMatchesReference) {
+  {
+    SCOPED_TRACE("f64, 5 x 3 tiles");
+    check_packed_layout<double>(2, 13, 3, 4, {5, 3}, 1e-12);
+  }
+  {
+    SCOPED_TRACE("f32, 64 x 64 tiles, ragged T");  // tolerances as FastMatchesReferenceF32 (backward)
+    check_packed_layout<float>(2, 70, 2, 16, {}, 1e-4);
+  }
+  {
+    SCOPED_TRACE("bf16, 64 x 64 tiles, ragged T");  // tolerance as Bf16TilesOnRaggedShapesMatchReference
+    check_packed_layout<bfloat16>(2, 130, 2, 64, {}, 2e-2);
+  }
+  {
+    SCOPED_TRACE("bf16, 7 x 5 tiles, hd 34");
+    check_packed_layout<bfloat16>(1, 23, 2, 34, {7, 5}, 2e-2);
   }
 }
 

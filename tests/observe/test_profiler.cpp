@@ -151,7 +151,7 @@ TEST(Profiler, ChromeTraceParsesWithRealOpsInsideTheirSpans) {
       fwd_end = fwd_begin + e.at("dur").get<double>();
     }
   }
-  for (const char* n : {"linear", "scaled_dot_product_attention", "layer_norm", "linear_backward", "forward", "backward", "optimizer"})
+  for (const char* n : {"linear", "causal_self_attention", "layer_norm", "linear_backward", "forward", "backward", "optimizer"})
     EXPECT_TRUE(names.count(n)) << "no event named " << n;
   // Every forward-op event of the forward pass lies inside the forward span (1 µs rounding).
   ASSERT_GE(fwd_begin, 0);

@@ -22,12 +22,13 @@ TEST(OpTable, ListsEveryDifferentiableOp) {
                            "masked_fill", "tanh", "sigmoid", "relu", "gelu", "silu", "sum", "mean", "max", "min", "var",
                            "view", "permute", "expand", "slice", "cat", "split", "index_select", "gather", "matmul", "linear",
                            "embedding", "layer_norm", "rms_norm", "batch_norm", "softmax", "log_softmax", "cross_entropy",
-                           "mse_loss", "dropout", "scaled_dot_product_attention", "conv2d", "max_pool2d", "avg_pool2d"})
+                           "mse_loss", "dropout", "scaled_dot_product_attention", "causal_self_attention", "conv2d", "max_pool2d",
+                           "avg_pool2d", "gelu_linear", "linear_relu"})
     EXPECT_NE(find_op(name), nullptr) << name << " is missing from the op table";
 }
 
 TEST(OpTable, AutocastCategoriesFollowTheMixedPrecisionPolicy) {
-  for (const char* n : {"matmul", "linear", "conv2d", "scaled_dot_product_attention"})
+  for (const char* n : {"matmul", "linear", "conv2d", "scaled_dot_product_attention", "causal_self_attention", "gelu_linear", "linear_relu"})
     EXPECT_EQ(find_op(n)->autocast, AutocastCategory::lower_precision) << n;
   for (const char* n : {"softmax", "log_softmax", "layer_norm", "rms_norm", "batch_norm", "cross_entropy", "sum", "mean", "var", "exp", "log"})
     EXPECT_EQ(find_op(n)->autocast, AutocastCategory::f32) << n;

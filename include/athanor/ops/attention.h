@@ -14,4 +14,15 @@ namespace athanor {
 Tensor scaled_dot_product_attention(const Tensor& q, const Tensor& k, const Tensor& v, bool is_causal = false,
                                     std::optional<double> scale = std::nullopt);
 
+// GPT's causal self-attention straight from the packed projection: qkv [B, T, 3 d] holds q, k,
+// v side by side along the last dim (as c_attn produces them), d = n_head * head_dim, and
+// head h of each is columns [h hd, (h+1) hd) of its block. Returns [B, T, d] with the heads
+// side by side again, the layout c_proj reads. Same values as
+//   split(qkv, d, 2) -> each .view({B, T, H, hd}).transpose(1, 2) -> sdpa(is_causal = true)
+//   -> .transpose(1, 2).reshape({B, T, d})
+// but the kernels read q, k, v in place and write O in [B, T, d] order, and the backward writes
+// d(qkv) as one [B, T, 3 d] tensor: no head transposes, no copies, no concatenation of dq, dk, dv.
+// scale defaults to 1/sqrt(head_dim).
+Tensor causal_self_attention(const Tensor& qkv, int64_t n_head, std::optional<double> scale = std::nullopt);
+
 }  // namespace athanor

@@ -9,13 +9,20 @@
 //    block_q x block_k score tile (plus its accumulators) at a time; scratch comes
 //    from the tagged allocator (MemTag::workspace), so memory reports see it;
 //  - forward is parallel over (batch, head, query tile); backward over (batch, head)
-//    pairs, so each thread owns the dq/dk/dv slices it writes (no races, deterministic);
+//    pairs, so each thread owns the dq/dk/dv slices it writes (no races, deterministic
+//    whatever the thread count or schedule);
+//  - f32 tile products run on AVX-512 FMA micro-kernels (4 x 64 register tiles; a transposed
+//    A is read through strides, a transposed B is transposed 16 x 16 in registers), the
+//    oneDNN sgemm without AVX-512;
 //  - compute type: f64 for f64, f32 for f32/bf16/f16 (half tiles are converted on load);
 //    bf16 inputs with even D and Dv, in a build for AVX512_BF16 (-march=native on such a
 //    CPU), multiply their tiles with bf16 dot products instead (vdpbf16ps, f32 accumulation;
 //    P and dS rounded to bf16 as product operands; softmax and all accumulators stay f32);
 //    lse has the compute type (f32 except for f64 inputs, where f64 keeps gradcheck exact);
-//  - causal key tiles that lie entirely above the diagonal are skipped.
+//  - causal key tiles that lie entirely above the diagonal are skipped;
+//  - operands may be strided (AttentionLayout): each row of D elements is contiguous, rows,
+//    heads and batches are anywhere, so q, k, v can be read straight out of a packed
+//    [B, T, 3 H D] projection and O written in [B, T, H D] order, with no transpose copies.
 #include <array>
 #include <cstdint>
 #include <type_traits>
@@ -31,17 +38,42 @@ struct AttentionDims {
 struct AttentionTiles {  // rows of q (resp. k) per tile; tests shrink them to cover tile edges
   int64_t q = 64, k = 64;
 };
+// Element strides of one [B, H, T, D] operand whose last dim is contiguous: element (b, h, t, c)
+// is at b * this->b + h * this->h + t * this->t + c.
+struct AttentionStrides {
+  int64_t b = 0, h = 0, t = 0;
+};
+// Where the operands live. The backward writes dq, dk, dv in the layouts of q, k, v and reads
+// dO in the layout of o.
+struct AttentionLayout {
+  AttentionStrides q, k, v, o;
+  static AttentionLayout contiguous(const AttentionDims& d);  // each operand a dense [B, H, T, D]
+  // q, k, v are column blocks of one [B, T, 3 H D] tensor (q in columns [0, H D), head h at
+  // [h D, (h+1) D)); o is [B, T, H D]. Needs Tq == Tk and D == Dv.
+  static AttentionLayout packed_qkv(const AttentionDims& d);
+};
 // Accumulation type of the attention kernels for element type T.
 template <class T> using attn_acc_t = std::conditional_t<std::is_same_v<T, double>, double, float>;
 
 template <class T>
 void attention_forward(const T* q, const T* k, const T* v, T* o, attn_acc_t<T>* lse, const AttentionDims& d,
-                       bool causal, double scale, AttentionTiles tiles = {});
+                       const AttentionLayout& layout, bool causal, double scale, AttentionTiles tiles = {});
+template <class T>
+void attention_forward(const T* q, const T* k, const T* v, T* o, attn_acc_t<T>* lse, const AttentionDims& d,
+                       bool causal, double scale, AttentionTiles tiles = {}) {
+  attention_forward<T>(q, k, v, o, lse, d, AttentionLayout::contiguous(d), causal, scale, tiles);
+}
 // Gradients of all three inputs from dO, the saved output O and lse (FlashAttention-2 backward).
 template <class T>
 void attention_backward(const T* q, const T* k, const T* v, const T* o, const T* dout, const attn_acc_t<T>* lse,
+                        T* dq, T* dk, T* dv, const AttentionDims& d, const AttentionLayout& layout, bool causal,
+                        double scale, AttentionTiles tiles = {});
+template <class T>
+void attention_backward(const T* q, const T* k, const T* v, const T* o, const T* dout, const attn_acc_t<T>* lse,
                         T* dq, T* dk, T* dv, const AttentionDims& d, bool causal, double scale,
-                        AttentionTiles tiles = {});
+                        AttentionTiles tiles = {}) {
+  attention_backward<T>(q, k, v, o, dout, lse, dq, dk, dv, d, AttentionLayout::contiguous(d), causal, scale, tiles);
+}
 
 namespace ref {
 // Naive: the full [Tq, Tk] score matrix per (b, h) in double, mask, softmax, matmul.
