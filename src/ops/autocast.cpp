@@ -25,11 +25,21 @@ struct CacheEntry {
   Tensor cast;
 };
 
+// A low-precision copy of an activation offered by the op that produced it (see
+// autocast_offer_cast). The source is held weakly: the offer must not keep a full-precision
+// activation alive; one offer at a time, so an unused copy costs at most one tensor.
+struct OfferedCast {
+  std::weak_ptr<TensorImpl> source;
+  uint64_t version = 0;
+  Tensor copy;
+};
+
 struct AutocastState {
   bool enabled = false;
   DType dtype = DType::bf16;
   int depth = 0;
   std::map<CacheKey, CacheEntry> cache;
+  OfferedCast offered;
 };
 AutocastState& state() {
   thread_local AutocastState s;
@@ -126,7 +136,20 @@ autocast::~autocast() {
   AutocastState& s = state();
   s.enabled = prev_enabled_;
   s.dtype = prev_dtype_;
-  if (--s.depth == 0) s.cache.clear();
+  if (--s.depth == 0) {
+    s.cache.clear();
+    s.offered = OfferedCast{};
+  }
+}
+
+void autocast_offer_cast(const Tensor& source, const Tensor& copy) {
+  ATH_CHECK(source.defined() && copy.defined() && is_floating(source.dtype()) && is_lowp(copy.dtype()) &&
+                copy.sizes() == source.sizes() && copy.is_contiguous(),
+            "autocast_offer_cast", "an offered cast maps a floating tensor to a contiguous bf16/f16 copy of its shape; got "
+            "source ", source.describe(), " and copy ", copy.describe());
+  AutocastState& s = state();
+  if (!s.enabled) return;
+  s.offered = OfferedCast{source.impl_ptr(), source.version(), copy.detach()};
 }
 
 bool autocast_enabled() { return state().enabled; }
@@ -155,8 +178,18 @@ Tensor autocast_input(const Tensor& t, const char* op) {
   if (to == t.dtype()) return t;
   // Parameters (leaves that require grad) are cast once per region.
   const bool cacheable = is_lowp(to) && t.is_leaf() && t.requires_grad();
-  if (!cacheable) return cast(t, to);
   AutocastState& s = state();
+  if (!cacheable) {
+    // The copy its producer offered (same tensor, unchanged since): taken once, joined to
+    // the graph by the same "cast" node as a fresh cast.
+    OfferedCast& o = s.offered;
+    if (o.copy.defined() && o.copy.dtype() == to && o.source.lock().get() == t.impl() && o.version == t.version()) {
+      const Tensor copy = std::move(o.copy);
+      o = OfferedCast{};
+      return as_cast_of(t, copy);
+    }
+    return cast(t, to);
+  }
   const CacheKey key{t.impl(), to, grad_enabled()};
   const auto it = s.cache.find(key);
   if (it != s.cache.end() && it->second.version == t.version()) return it->second.cast;

@@ -13,7 +13,9 @@
 // stream of a transformer, f32 because add promotes) is not saved itself: backward keeps
 // xhat = (x - mean) * rstd rounded to the autocast dtype, half the bytes. y is the plain
 // f32 result; dx, dw, db are computed in f32 from the rounded xhat, the same precision as
-// the bf16 copy of y that the next lower_precision op saves.
+// the bf16 copy of y that the next lower_precision op saves. That copy is written by the
+// same kernel pass and offered to autocast (autocast_offer_cast): the next op that would
+// cast y takes it instead of a cast pass over y (same "cast" node, same numbers).
 #include "athanor/ops/norm.h"
 
 #include "athanor/ops/autocast.h"
@@ -102,6 +104,7 @@ Tensor layer_norm_keep_lowp_xhat(const Tensor& x, const Shape& normalized_shape,
   const Tensor bc = bias.defined() ? detail::contiguous_raw(bias) : Tensor();
   Tensor y = empty(x.sizes(), TensorOptions(DType::f32));
   Tensor xhat = empty(x.sizes(), TensorOptions(low));
+  Tensor y_low = empty(x.sizes(), TensorOptions(low));  // offered to the next lower_precision op: see below
   Tensor mean = empty({rows}, TensorOptions(DType::f32)), rstd = empty({rows}, TensorOptions(DType::f32));
   auto with_lowp = [&](const Tensor& t, auto&& fn) {  // fn(L*) for t's 16-bit storage type
     if (t.dtype() == DType::bf16) fn(static_cast<bfloat16*>(t.raw_data()));
@@ -109,15 +112,16 @@ Tensor layer_norm_keep_lowp_xhat(const Tensor& x, const Shape& normalized_shape,
   };
   if (x.numel() > 0)
     with_lowp(xhat, [&](auto* hp) {
+      using L = std::remove_pointer_t<decltype(hp)>;
       cpu::layer_norm_forward_keep_xhat(xc.data_ptr<float>(), ptr_or_null<float>(wc), ptr_or_null<float>(bc),
                                         y.data_ptr<float>(), hp, mean.data_ptr<float>(), rstd.data_ptr<float>(), rows,
-                                        cols, eps);
+                                        cols, eps, static_cast<L*>(y_low.raw_data()));
     });
   // xhat and rstd are private to this node (no version to check); the weight is saved as usual.
   SavedTensor sh = save(xhat, "input_normalized"), sw = weight.defined() ? save(weight, "weight") : SavedTensor();
   SavedTensor srstd = save(rstd, "rstd");
   const bool has_bias = bias.defined();
-  return record(op, {x, weight, bias}, y, [=](const Node& n, const Grads& g) {
+  Tensor out = record(op, {x, weight, bias}, y, [=](const Node& n, const Grads& g) {
     const Tensor hv = sh.unpack(n);
     const Tensor wv = sw.defined() ? detail::contiguous_raw(sw.unpack(n)) : Tensor();
     const Tensor gy = detail::to_raw(g[0], DType::f32);
@@ -136,6 +140,10 @@ Tensor layer_norm_keep_lowp_xhat(const Tensor& x, const Shape& normalized_shape,
     }
     return Grads{dx, dw, db};
   });
+  // In a transformer y feeds a linear, which under autocast would cast it to `low` in a pass
+  // of its own; the kernel wrote that copy while y was in registers.
+  autocast_offer_cast(out, y_low);
+  return out;
 }
 
 }  // namespace

@@ -89,6 +89,61 @@ TEST(NormKernels, LayerNormF32MatchesReference) {
   }
 }
 
+TEST(NormKernels, LayerNormStatisticsOfOffsetConstantAndOutlierRows) {
+  // The fast kernel takes the row statistics in one pass, shifted by the row's first
+  // element (f64 lanes). Rows that stress that: common offsets up to 3e6 times the spread,
+  // a constant row (variance 0: rstd = 1/sqrt(eps)), a first element far from the rest
+  // (the shift is then a poor guess of the mean), and a tail of every length 1..16.
+  const int64_t cols = 263;  // 16 full vectors and a 7-lane tail
+  std::vector<std::vector<float>> rows_data;
+  rows_data.push_back(random_floats(cols, 70, 1e4, 1.0));
+  rows_data.push_back(random_floats(cols, 71, -3e5, 7.0));
+  rows_data.push_back(random_floats(cols, 76, 1e7, 3.0));  // unshifted f64 E[x^2] - E[x]^2 would lose ~1% here
+  rows_data.push_back(std::vector<float>(cols, 2.5f));
+  auto outlier = random_floats(cols, 72, 0.0, 1.0);
+  outlier[0] = 1e3f;
+  rows_data.push_back(outlier);
+  auto outlier_last = random_floats(cols, 73, 0.0, 1.0);
+  outlier_last[cols - 1] = -1e3f;
+  rows_data.push_back(outlier_last);
+  const int64_t rows = static_cast<int64_t>(rows_data.size());
+  std::vector<float> x;
+  for (const auto& r : rows_data) x.insert(x.end(), r.begin(), r.end());
+  const auto w = random_floats(cols, 74, 1.0, 0.5), b = random_floats(cols, 75, 0.0, 1.0);
+  std::vector<float> y(rows * cols), m(rows), r(rows);
+  cpu::layer_norm_forward<float>(x.data(), w.data(), b.data(), y.data(), m.data(), r.data(), rows, cols, 1e-5);
+  std::vector<double> xd(x.begin(), x.end()), wd(w.begin(), w.end()), bd(b.begin(), b.end());
+  std::vector<double> yr(rows * cols), mr(rows), rr(rows);
+  cpu::ref::layer_norm_forward<double>(xd.data(), wd.data(), bd.data(), yr.data(), mr.data(), rr.data(), rows, cols, 1e-5);
+  for (int64_t row = 0; row < rows; ++row) {
+    SCOPED_TRACE(row);
+    EXPECT_NEAR(m[row], mr[row], 1.2e-7 * std::fabs(mr[row]) + 1e-6);  // the mean rounded to f32
+    EXPECT_NEAR(r[row], rr[row], 2e-6 * rr[row]);
+    for (int64_t c = 0; c < cols; ++c) {
+      // xhat = (x - mean) * rstd with the mean rounded to f32: |mean| ulps, amplified by rstd
+      const double tol = 1e-5 * (1 + std::fabs(yr[row * cols + c])) + 2 * 1.2e-7 * std::fabs(mr[row]) * rr[row] * std::fabs(wd[c]);
+      ASSERT_NEAR(y[row * cols + c], yr[row * cols + c], tol) << "column " << c;
+    }
+  }
+  // Every tail length: rows of 1..40 columns against the reference.
+  for (int64_t c = 1; c <= 40; ++c) {
+    SCOPED_TRACE(c);
+    const auto xs = random_floats(3 * c, 80 + c, 5.0, 2.0);
+    std::vector<float> ys(3 * c), ms(3), rs(3), dys = random_floats(3 * c, 81, 0, 1), dx(3 * c), dw(c), db(c);
+    std::vector<double> xsd(xs.begin(), xs.end()), dyd(dys.begin(), dys.end()), ysr(3 * c), msr(3), rsr(3), dxr(3 * c),
+        dwr(c), dbr(c);
+    cpu::layer_norm_forward<float>(xs.data(), nullptr, nullptr, ys.data(), ms.data(), rs.data(), 3, c, 1e-5);
+    cpu::ref::layer_norm_forward<double>(xsd.data(), nullptr, nullptr, ysr.data(), msr.data(), rsr.data(), 3, c, 1e-5);
+    EXPECT_TRUE(near_all(ys, ysr, 2e-5, 2e-5));
+    cpu::layer_norm_backward<float>(dys.data(), xs.data(), nullptr, ms.data(), rs.data(), dx.data(), dw.data(), db.data(), 3, c);
+    cpu::ref::layer_norm_backward<double>(dyd.data(), xsd.data(), nullptr, msr.data(), rsr.data(), dxr.data(), dwr.data(),
+                                          dbr.data(), 3, c);
+    EXPECT_TRUE(near_all(dx, dxr, 1e-4, 1e-4));
+    EXPECT_TRUE(near_all(dw, dwr, 1e-4, 1e-4));
+    EXPECT_TRUE(near_all(db, dbr, 1e-4, 1e-4));
+  }
+}
+
 TEST(NormKernels, RmsNormF32MatchesReference) {
   // Same tolerances as LayerNorm.
   for (const auto& tc : cases()) {

@@ -67,6 +67,15 @@ Tensor autocast_input(const Tensor& t, const char* op);
 
 std::size_t autocast_cache_size();  // cached weight casts in this thread's region (tests, debugging)
 
+// Offers `copy` (bf16/f16, contiguous, source's shape; the caller guarantees copy ==
+// cast(source, copy.dtype()) bit for bit) as the cast of `source`, an activation the caller
+// just produced in a pass that could write the copy for free (layer_norm under autocast,
+// whose output feeds a linear). The next autocast_input of that same tensor to that dtype
+// in this thread takes it instead of casting, through the same "cast" node. One offer at a
+// time (a new one replaces it); it lapses when source changes version, when source is
+// freed (it is held weakly) and when the outermost region exits. No-op outside autocast.
+void autocast_offer_cast(const Tensor& source, const Tensor& copy);
+
 // Registers `copy` (bf16 or f16, contiguous, source's shape) as the persistent cast
 // of `source` (an f32 leaf) at source's current version: the caller guarantees that
 // copy == cast(source, copy.dtype()) now. Replaces an earlier registration.

@@ -67,16 +67,26 @@ namespace {
 template <class L, BinaryOp OP> void mixed_impl(const float* full, const L* low, float* out, int64_t n, bool low_is_a) {
   vec::parallel_blocks(n, kParallelGrain, [&](int64_t begin, int64_t end) {
 #if ATHANOR_CPU_AVX512
-    for (int64_t i = begin; i < end; i += 16) {
-      const __mmask16 m = vec::tail_mask(end - i);
-      const __m512 f = vec::load16(full + i, m), l = vec::load16(low + i, m);  // widening bf16/f16 -> f32 is exact
+    auto apply16 = [&](__m512 f, __m512 l) {  // widening bf16/f16 -> f32 is exact
       const __m512 x = low_is_a ? l : f, y = low_is_a ? f : l;
-      __m512 r;
-      if constexpr (OP == BinaryOp::add) r = _mm512_add_ps(x, y);
-      else if constexpr (OP == BinaryOp::sub) r = _mm512_sub_ps(x, y);
-      else if constexpr (OP == BinaryOp::mul) r = _mm512_mul_ps(x, y);
-      else r = _mm512_div_ps(x, y);
-      vec::store16(out + i, m, r);
+      if constexpr (OP == BinaryOp::add) return _mm512_add_ps(x, y);
+      else if constexpr (OP == BinaryOp::sub) return _mm512_sub_ps(x, y);
+      else if constexpr (OP == BinaryOp::mul) return _mm512_mul_ps(x, y);
+      else return _mm512_div_ps(x, y);
+    };
+    // Full vectors with plain loads and stores: masked stores are slow on some cores
+    // (AMD Zen) even with every lane on; only the tail is masked.
+    int64_t i = begin;
+    for (; i + 16 <= end; i += 16) {
+      const __m256i lb = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(low + i));
+      __m512 l;
+      if constexpr (std::is_same_v<L, bfloat16>) l = _mm512_castsi512_ps(_mm512_slli_epi32(_mm512_cvtepu16_epi32(lb), 16));
+      else l = _mm512_cvtph_ps(lb);
+      _mm512_storeu_ps(out + i, apply16(_mm512_loadu_ps(full + i), l));
+    }
+    if (i < end) {
+      const __mmask16 m = vec::tail_mask(end - i);
+      vec::store16(out + i, m, apply16(vec::load16(full + i, m), vec::load16(low + i, m)));
     }
 #else
     for (int64_t i = begin; i < end; ++i) {

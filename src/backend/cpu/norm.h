@@ -12,6 +12,11 @@
 //    sums (static schedule) added in thread order, so results are deterministic
 //    for a fixed thread count. BatchNorm: OpenMP over channels (deterministic);
 //  - 16-bit data is read and written in its own storage and computed in f32;
+//  - LayerNorm with f32 statistics on AVX-512 (f32, bf16, f16 data): forward takes
+//    mean and variance of a row in one pass (f64 lanes, shifted by the row's first
+//    element, so a large common offset costs no accuracy) and writes y (and xhat)
+//    in a second; backward makes one pass for the row and column sums and one for
+//    dx. Other builds and f64 use the portable loops (two passes for the statistics);
 //  - ref:: kernels are naive loops in double, straight from the definitions.
 #include <cstdint>
 #include <type_traits>
@@ -43,10 +48,12 @@ void layer_norm_backward_lowp_input(const float* dy, const L* x, const float* w,
 // bytes of the saved f32 residual-stream activation. xhat is bounded by sqrt(cols) and
 // has unit RMS, so L's relative rounding (2^-9 bf16, 2^-11 f16) is all that is lost
 // (rounding x itself would lose x - mean to cancellation when |mean| >> std).
-// Forward: y, mean and rstd exactly as layer_norm_forward<float>, plus xhat.
+// Forward: y, mean and rstd exactly as layer_norm_forward<float>, plus xhat, and (when
+// y_low is not null) y rounded to L as cast() would round it: the low-precision copy the
+// next lower_precision op under autocast would make in a pass of its own.
 template <class L>
 void layer_norm_forward_keep_xhat(const float* x, const float* w, const float* b, float* y, L* xhat, float* mean,
-                                  float* rstd, int64_t rows, int64_t cols, double eps);
+                                  float* rstd, int64_t rows, int64_t cols, double eps, L* y_low = nullptr);
 // Backward from the saved xhat (widened to f32), dnorm = dy * w:
 //   dx = rstd * (dnorm - mean(dnorm) - xhat * mean(dnorm * xhat)),  dw = sum_rows dy * xhat,  db = sum_rows dy
 template <class L>
