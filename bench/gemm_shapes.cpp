@@ -38,7 +38,7 @@ struct Timing {
   }
 };
 
-struct Shape {
+struct GemmShape {
   const char* what;
   int64_t M, N, K;
   bool ta, tb, bias;  // bias: linear's forward (x W^T + b)
@@ -51,7 +51,7 @@ int main(int argc, char** argv) {
   std::printf("backend: %s\nthreads: %d, OMP_WAIT_POLICY=%s, %d interleaved repetitions, medians\n",
               cpu::gemm_backend_name().c_str(), omp_get_max_threads(),
               std::getenv("OMP_WAIT_POLICY") ? std::getenv("OMP_WAIT_POLICY") : "(default)", reps);
-  const std::vector<Shape> shapes = {
+  const std::vector<GemmShape> shapes = {
       {"mlp fc1 fwd", 128, 1024, 784, false, true, true},     {"mlp fc2 fwd", 128, 1024, 1024, false, true, true},
       {"mlp fc3 fwd", 128, 10, 1024, false, true, true},      {"mlp fc2 dx", 128, 1024, 1024, false, false, false},
       {"mlp fc2 dW", 1024, 1024, 128, true, false, false},    {"mlp fc1 dW", 1024, 784, 128, true, false, false},
@@ -60,10 +60,12 @@ int main(int argc, char** argv) {
       {"gpt-tiny qkv dW", 768, 256, 2048, true, false, false}, {"gpt2 qkv fwd", 1024, 2304, 768, false, true, true},
       {"gpt2 fc fwd", 1024, 3072, 768, false, true, true},     {"gpt2 proj fwd", 1024, 768, 3072, false, true, true},
       {"gpt2 qkv dW", 2304, 768, 1024, true, false, false},
+      {"gpt-tiny fc2 dx", 2048, 1024, 256, false, false, false}, {"gpt-tiny fc2 dW", 256, 1024, 2048, true, false, false},
+      {"gpt-tiny fc dW", 1024, 256, 2048, true, false, false},
   };
   std::printf("%-18s %5s %5s %5s %2s | %-29s | %-29s | %-14s\n", "shape", "M", "N", "K", "op", "f32 sgemm: ms  GF/s  GF/cpu-s",
               "f32 athanor: ms GF/s GF/cpu-s", "bf16: ms  GF/s");
-  for (const Shape& s : shapes) {
+  for (const GemmShape& s : shapes) {
     const int64_t lda = s.ta ? s.M : s.K, ldb = s.tb ? s.K : s.N;
     std::vector<float> a(s.M * s.K), b(s.K * s.N), bias(s.N), c(s.M * s.N);
     for (size_t i = 0; i < a.size(); ++i) a[i] = static_cast<float>((i * 2654435761u) % 1000) / 1000.0f - 0.5f;

@@ -1,5 +1,7 @@
 // matmul (batched, broadcasting, transposes handed to the GEMM) and linear
-// (one GEMM with the bias added in its epilogue, detail::linear_gemm_t).
+// (one GEMM with the bias added in its epilogue, detail::linear_gemm_t). Under bf16
+// autocast with f32 parameters linear records W and b themselves and writes dW, db in f32
+// (detail::runs_on_f32_master, op_utils.h).
 #include "athanor/ops/linalg.h"
 
 #include "athanor/ops/autocast.h"
@@ -94,6 +96,45 @@ Tensor matmul_nd(const Tensor& a, const Tensor& b) {
     return Grads{ga, gb};
   });
 }
+
+// linear under bf16 autocast with f32 W (and b): bf16 GEMMs on the bf16 copies, the graph
+// edges to the f32 parameters, dW and db in f32 (see op_utils.h).
+Tensor linear_f32_master(const Tensor& x, const Tensor& weight, const Tensor& bias) {
+  const detail::LowpLinearInputs l = detail::f32_master_inputs("linear", x, weight, bias);
+  detail::check_linear_args(l.x, l.weight, l.bias, "linear", "check the layer's in_features against the previous layer's output size");
+  const int64_t in = l.weight.size(1), out_f = l.weight.size(0), M = l.x.numel() / std::max<int64_t>(in, 1);
+  const Tensor xc = detail::contiguous_raw(l.x), wc = detail::contiguous_raw(l.weight);
+  const Tensor bc = l.bias.defined() ? detail::contiguous_raw(l.bias) : Tensor();
+  Shape out_shape = l.x.sizes();
+  out_shape.back() = out_f;
+  Tensor y = empty(out_shape, TensorOptions(DType::bf16));
+  detail::linear_gemm_t<bfloat16>(M, out_f, in, static_cast<const bfloat16*>(xc.raw_data()), static_cast<const bfloat16*>(wc.raw_data()),
+                                  bc.defined() ? static_cast<const bfloat16*>(bc.raw_data()) : nullptr, static_cast<bfloat16*>(y.raw_data()));
+  if (!any_requires_grad({l.x, weight, bias})) return y;
+  SavedTensor sx = save(xc, "input"), sw = save(wc, "weight (bf16 copy)");
+  return record("linear", {l.x, weight, bias}, y, [sx, sw, in, out_f, M](const Node& n, const Grads& g) {
+    const Tensor dy = detail::to_raw(g[0], DType::bf16);
+    const bfloat16* pdy = static_cast<const bfloat16*>(dy.raw_data());
+    Tensor dx, dw, db;
+    if (needs_grad(n, 0)) {  // dx = dy W            [M, out] @ [out, in], bf16 like x
+      const Tensor xv = sx.unpack(n), wv = sw.unpack(n);
+      dx = empty(xv.sizes(), TensorOptions(DType::bf16));
+      cpu::gemm_lowp<bfloat16>(false, false, M, in, out_f, 1.0f, pdy, out_f, static_cast<const bfloat16*>(wv.raw_data()), in, 0.0f,
+                               static_cast<bfloat16*>(dx.raw_data()), in);
+    }
+    if (needs_grad(n, 1)) {  // dW = dy^T x          [out, M] @ [M, in], f32 out of the f32 accumulators
+      const Tensor xv = sx.unpack(n);
+      dw = empty({out_f, in}, TensorOptions(DType::f32));
+      cpu::gemm_bf16_f32out(true, false, out_f, in, M, 1.0f, pdy, out_f, static_cast<const bfloat16*>(xv.raw_data()), in, 0.0f,
+                            static_cast<float*>(dw.raw_data()), in);
+    }
+    if (needs_grad(n, 2)) {  // db = sum over rows of dy, f32 sums kept in f32
+      db = empty({out_f}, TensorOptions(DType::f32));
+      cpu::sum_3d_lowp_input<bfloat16>(pdy, static_cast<float*>(db.raw_data()), 1, M, out_f);
+    }
+    return Grads{dx, dw, db};
+  });
+}
 }  // namespace
 
 Tensor matmul(const Tensor& a, const Tensor& b) {
@@ -115,6 +156,7 @@ Tensor matmul(const Tensor& a, const Tensor& b) {
 }
 
 Tensor linear(const Tensor& x, const Tensor& weight, const Tensor& bias) {
+  if (detail::runs_on_f32_master("linear", x, weight, bias)) return linear_f32_master(x, weight, bias);
   if (autocast_needs_cast("linear", {x, weight, bias}))
     return linear(autocast_input(x, "linear"), autocast_input(weight, "linear"), autocast_input(bias, "linear"));
   detail::check_linear_args(x, weight, bias, "linear", "check the layer's in_features against the previous layer's output size");

@@ -47,6 +47,18 @@ template <class T>
 void linear_gemm_t(int64_t M, int64_t out, int64_t in, const T* x, const T* weight, const T* bias, T* y) {
   cpu::gemm_bias<T>(false, true, M, out, in, x, in, weight, in, bias, y, out);
 }
+// Mixed-precision linear-shaped ops (linear, gelu_linear): under bf16 autocast with an f32
+// weight (and f32 bias, if any) and an x that autocast makes bf16, the op runs on bf16
+// copies of W and b taken outside the graph (the optimizer's persistent copies when
+// registered, else the region's cached casts) but records the f32 W and b themselves as
+// its inputs, and writes dW and db in f32 straight from the f32 accumulators
+// (cpu::gemm_bf16_f32out, f32 column sums). That saves the bf16 dW/db buffers and the
+// cast-back pass per parameter (cast_backward), and dW/db are not rounded to bf16.
+bool runs_on_f32_master(const char* op, const Tensor& x, const Tensor& weight, const Tensor& bias);
+struct LowpLinearInputs {
+  Tensor x, weight, bias;  // x through autocast (a differentiable cast when x is f32); W, b: bf16 copies, only read
+};
+LowpLinearInputs f32_master_inputs(const char* op, const Tensor& x, const Tensor& weight, const Tensor& bias);
 // A contiguous tensor with x's values (x itself when already contiguous). Not recorded.
 Tensor contiguous_raw(const Tensor& x);
 // x converted to dtype, contiguous. Not recorded.

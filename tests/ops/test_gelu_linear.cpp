@@ -110,6 +110,83 @@ TEST(GeluLinear, Bf16UnderAutocastMatchesUnfusedAndF32) {
   EXPECT_CLOSE(f.dw, r.dw, 1.0, 2e-2);
 }
 
+TEST(GeluLinear, Bf16AutocastWritesF32ParameterGradientsFromF32Accumulators) {
+  // f32 W and b under bf16 autocast are the node's inputs (no cast nodes); dW = dy^T gelu(x)
+  // and db come in f32 from f32 sums, against a double loop over the bf16 operands (gelu(x)
+  // rounded to bf16 by the bf16 gelu op, as the fused op rounds it). M = 512 rows: a dW
+  // rounded to bf16 on the way would be off by up to 2^-9 relative.
+  const int64_t M = 512, in = 32, out = 12;
+  Generator g(41);
+  const Tensor xb = mul(randn({M, in}, {}, g), 1.5).to(DType::bf16).requires_grad_(true);  // a bf16 activation
+  Tensor w = random_leaf({out, in}, 42), b = random_leaf({out}, 43);
+  const Tensor dy = randn({M, out}, {}, g).to(DType::bf16);
+  Tensor y;
+  {
+    autocast ac(DType::bf16);
+    y = gelu_linear(xb, w, b);
+  }
+  ASSERT_EQ(y.dtype(), DType::bf16);
+  EXPECT_EQ(y.grad_fn()->next_edges[0].node->name(), "AccumulateGrad");  // x is bf16 already: no cast
+  EXPECT_EQ(y.grad_fn()->next_edges[1].node->name(), "AccumulateGrad");
+  EXPECT_EQ(y.grad_fn()->next_edges[2].node->name(), "AccumulateGrad");
+  y.backward(dy);
+  ASSERT_EQ(w.grad().dtype(), DType::f32);
+  ASSERT_EQ(b.grad().dtype(), DType::f32);
+  ASSERT_EQ(xb.grad().dtype(), DType::bf16);
+  const std::vector<double> h = gelu(xb.detach(), GeluApprox::tanh).to(DType::f64).to_vector(),
+                            dyv = dy.to(DType::f64).to_vector();
+  std::vector<double> dw_ref(out * in, 0.0), db_ref(out, 0.0);
+  for (int64_t m = 0; m < M; ++m)
+    for (int64_t o = 0; o < out; ++o) {
+      db_ref[o] += dyv[m * out + o];
+      for (int64_t i = 0; i < in; ++i) dw_ref[o * in + i] += dyv[m * out + o] * h[m * in + i];
+    }
+  const Tensor dw_expected = from_vector(dw_ref, {out, in});
+  EXPECT_CLOSE(w.grad(), dw_expected, 1e-4, 1e-4);
+  EXPECT_CLOSE(b.grad(), from_vector(db_ref, {out}), 1e-4, 1e-4);
+  EXPECT_FALSE(all_close(dw_expected.to(DType::bf16).to(DType::f32), dw_expected, 1e-4, 1e-4));
+  // x's gradient and y as in the bf16 composition (which casts W through cast nodes).
+  const Result u = run(unfused, xb.detach(), w.detach(), b.detach(), dy.to(DType::f32), /*bf16_autocast=*/true);
+  EXPECT_CLOSE(y.to(DType::f32), u.y.to(DType::f32), 2e-2, 1e-2);
+  EXPECT_CLOSE(xb.grad().to(DType::f32), u.dx.to(DType::f32), 2e-2, 1e-2);
+  EXPECT_CLOSE(w.grad(), u.dw, 2e-1, 1e-2);
+}
+
+TEST(GeluLinear, FusedBackwardMatchesDoubleLoop) {
+  // The backward's one pass over x (gelu and gelu' together; several parallel blocks and a
+  // masked tail: 300 x 130 elements), then dx = (dy W) ⊙ gelu'(x), against double loops over
+  // the stored values. bf16: dy W and dx are each rounded to bf16 (2^-9 relative each).
+  auto dgelu = [](double x) {
+    const double u = std::sqrt(2.0 / M_PI) * (x + 0.044715 * x * x * x), t = std::tanh(u);
+    return 0.5 * (1.0 + t) + 0.5 * x * (1.0 - t * t) * std::sqrt(2.0 / M_PI) * (1.0 + 3 * 0.044715 * x * x);
+  };
+  const int64_t M = 300, in = 130, out = 40;
+  for (DType dt : {DType::f32, DType::bf16}) {
+    SCOPED_TRACE(dtype_name(dt));
+    Generator g(61);
+    const Tensor x0 = mul(randn({M, in}, {}, g), 1.5).to(dt), w0 = mul(randn({out, in}, {}, g), 0.2).to(dt),
+                 b0 = randn({out}, {}, g).to(dt), dy = randn({M, out}, {}, g).to(dt);
+    const Result f = run(fused, x0, w0, b0, dy);
+    const std::vector<double> xv = x0.to(DType::f64).to_vector(), wv = w0.to(DType::f64).to_vector(),
+                              dyv = dy.to(DType::f64).to_vector();
+    std::vector<double> dx_ref(M * in), dw_ref(out * in, 0.0);
+    for (int64_t m = 0; m < M; ++m)
+      for (int64_t i = 0; i < in; ++i) {
+        double dh = 0;
+        for (int64_t o = 0; o < out; ++o) {
+          dh += dyv[m * out + o] * wv[o * in + i];
+          dw_ref[o * in + i] += dyv[m * out + o] * gelu_tanh_ref(xv[m * in + i]);
+        }
+        dx_ref[m * in + i] = dh * dgelu(xv[m * in + i]);
+      }
+    const double tol = dt == DType::f32 ? 1e-5 : 8e-3;
+    EXPECT_CLOSE(f.dx.to(DType::f64), from_vector(dx_ref, {M, in}, TensorOptions(DType::f64)), tol, tol);
+    // dW from gelu(x) rounded to x's dtype: bf16 allows the rounding of h (2^-9) and of dW.
+    EXPECT_CLOSE(f.dw.to(DType::f64), from_vector(dw_ref, {out, in}, TensorOptions(DType::f64)), dt == DType::f32 ? 1e-4 : 0.1,
+                 dt == DType::f32 ? 1e-5 : 1e-2);
+  }
+}
+
 TEST(GeluLinear, GraphKeepsOneActivationLessThanUnfused) {
   // f32 [M, in] = [256, 512]: the gelu output the unfused graph keeps is 512 KiB.
   Generator g(5);

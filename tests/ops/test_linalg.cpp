@@ -1,5 +1,6 @@
 // matmul and linear: gradcheck over shapes (batched, broadcast, 1-D, transposed
 // views), the GEMM against the naive reference, and shape errors.
+#include "athanor/ops/autocast.h"
 #include "backend/cpu/gemm.h"
 #include "test_util.h"
 
@@ -91,6 +92,69 @@ TEST(Linear, EqualsMatmulPlusBiasInF32) {
   Generator g(13);
   Tensor x = randn({33, 64}, {}, g), w = randn({48, 64}, {}, g), b = randn({48}, {}, g);
   EXPECT_CLOSE(linear(x, w, b), add(matmul(x, w.t()), b), 1e-5, 1e-5);
+}
+
+// [rows, cols] row-major values of t in double.
+std::vector<double> values(const Tensor& t) { return t.to(DType::f64).to_vector(); }
+
+TEST(Linear, Bf16AutocastWritesF32ParameterGradientsFromF32Accumulators) {
+  // Mixed precision: f32 x, W, b under bf16 autocast. W and b are the node's inputs (no
+  // cast node), dW and db come in f32 from the f32 sums of bf16 products, compared with a
+  // double loop over the same bf16-rounded operands. K = 512 rows: a dW rounded to bf16 on
+  // the way (the cast-back path) is off by up to 2^-9 relative, far outside the tolerance.
+  const int64_t M = 512, in = 24, out = 16;
+  Tensor x = random_leaf({M, in}, 21), w = random_leaf({out, in}, 22), b = random_leaf({out}, 23);
+  Generator g(24);
+  const Tensor dy = randn({M, out}, {}, g).to(DType::bf16);
+  Tensor y;
+  {
+    autocast ac(DType::bf16);
+    y = linear(x, w, b);
+  }
+  ASSERT_EQ(y.dtype(), DType::bf16);
+  ASSERT_TRUE(y.grad_fn());
+  EXPECT_EQ(y.grad_fn()->next_edges[0].node->name(), "cast");  // x: an activation, cast in the graph
+  EXPECT_EQ(y.grad_fn()->next_edges[1].node->name(), "AccumulateGrad");
+  EXPECT_EQ(y.grad_fn()->next_edges[2].node->name(), "AccumulateGrad");
+  y.backward(dy);
+  ASSERT_EQ(w.grad().dtype(), DType::f32);
+  ASSERT_EQ(b.grad().dtype(), DType::f32);
+  const std::vector<double> xb = values(x.detach().to(DType::bf16)), wb = values(w.detach().to(DType::bf16)),
+                            bb = values(b.detach().to(DType::bf16)), dyb = values(dy);
+  std::vector<double> y_ref(M * out), dx_ref(M * in, 0.0), dw_ref(out * in, 0.0), db_ref(out, 0.0);
+  for (int64_t m = 0; m < M; ++m)
+    for (int64_t o = 0; o < out; ++o) {
+      double s = bb[o];
+      for (int64_t i = 0; i < in; ++i) {
+        s += xb[m * in + i] * wb[o * in + i];
+        dx_ref[m * in + i] += dyb[m * out + o] * wb[o * in + i];
+        dw_ref[o * in + i] += dyb[m * out + o] * xb[m * in + i];
+      }
+      y_ref[m * out + o] = s;
+      db_ref[o] += dyb[m * out + o];
+    }
+  const Tensor dw_expected = from_vector(dw_ref, {out, in}), db_expected = from_vector(db_ref, {out});
+  EXPECT_CLOSE(w.grad(), dw_expected, 1e-4, 1e-4);
+  EXPECT_CLOSE(b.grad(), db_expected, 1e-4, 1e-4);
+  // The tolerance is tight enough to tell: the same gradients rounded to bf16 fail it.
+  EXPECT_FALSE(all_close(dw_expected.to(DType::bf16).to(DType::f32), dw_expected, 1e-4, 1e-4));
+  // y and dx are bf16 (one rounding of an f32 sum; x's gradient then cast to f32).
+  EXPECT_CLOSE(y.to(DType::f32), from_vector(y_ref, {M, out}), 2e-2, 8e-3);
+  EXPECT_CLOSE(x.grad(), from_vector(dx_ref, {M, in}), 2e-2, 8e-3);
+}
+
+TEST(Linear, F16AutocastAndFrozenWeightsKeepTheCastPath) {
+  Tensor x = random_leaf({8, 12}, 31), w = random_leaf({6, 12}, 32), b = random_leaf({6}, 33);
+  Tensor y;
+  {
+    autocast ac(DType::f16);  // no f16 GEMM with f32 output: W goes through a cast node
+    y = linear(x, w, b);
+  }
+  EXPECT_EQ(y.dtype(), DType::f16);
+  EXPECT_EQ(y.grad_fn()->next_edges[1].node->name(), "cast");
+  y.backward(ones({8, 6}, TensorOptions(DType::f16)));
+  EXPECT_EQ(w.grad().dtype(), DType::f32);
+  EXPECT_CLOSE(w.grad(), matmul(ones({6, 8}), x.detach()), 5e-2, 1e-2);
 }
 
 TEST(Linear, ErrorsNameShapes) {
