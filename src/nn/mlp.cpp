@@ -1,5 +1,8 @@
 #include "athanor/nn/mlp.h"
 
+#include <typeinfo>
+
+#include "athanor/ops/linear_relu.h"
 #include "athanor/ops/shape.h"
 
 namespace athanor::nn {
@@ -24,9 +27,30 @@ Tensor MLP::forward(const Tensor& x) {
   auto seq_scope = layers->enter();
   for (size_t i = 0; i < layers->size(); ++i) {
     UnaryModule* layer = (*layers)[i].get();
+    if (Linear* lin = fusable_linear_relu(i)) {
+      // Linear then ReLU as one linear_relu op (no pre-activation tensor, one backward pass
+      // for the mask and the bias gradient); the ReLU module, which holds no parameters, is
+      // skipped. Still run through the Linear's run_forward so an interceptor wraps it.
+      h = layer->run_forward(h, [lin](const Tensor& in) {
+        auto scope = lin->enter();
+        return linear_relu(in, lin->weight, lin->bias);
+      });
+      ++i;
+      continue;
+    }
     h = layer->run_forward(h, [layer](const Tensor& in) { return layer->forward(in); });
   }
   return h;
+}
+
+Linear* MLP::fusable_linear_relu(size_t i) const {
+  if (i + 1 >= layers->size()) return nullptr;
+  auto* lin = dynamic_cast<Linear*>((*layers)[i].get());
+  const UnaryModule* next = (*layers)[i + 1].get();
+  // Only a plain ReLU right after the Linear (a Dropout or any other layer in between keeps
+  // them apart), and none that something else wraps.
+  if (!lin || typeid(*next) != typeid(ReLU) || next->has_forward_interceptor()) return nullptr;
+  return lin;
 }
 
 std::vector<std::string> MLP::shard_units() const {

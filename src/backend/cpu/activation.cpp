@@ -199,9 +199,71 @@ template <class T> void activation_backward(Activation a, const T* saved, const 
   }
 }
 
+namespace {
+// Columns per task: a task walks all M rows of its column block, keeping the block's sums
+// in 16 zmm registers. 1-thread medians on 128 x 1024 f32 with the cache evicted: 71 us
+// at 128 columns, 58 at 256, 51 at 512 (sums spilled to L1); 256 still gives each of two
+// threads two tasks at N = 1024.
+constexpr int64_t kRowsumCols = 256;
+
+template <class T> void relu_backward_rowsum_cols(const T* y, const T* dy, T* g, rowsum_acc_t<T>* db, int64_t M, int64_t N,
+                                                  int64_t j0, int64_t w) {
+#if ATHANOR_CPU_AVX512
+  if constexpr (!std::is_same_v<T, double>) {
+    constexpr int kVecs = kRowsumCols / 16;
+    __m512 acc[kVecs];
+    __mmask16 mask[kVecs];
+    for (int v = 0; v < kVecs; ++v) {
+      acc[v] = _mm512_setzero_ps();
+      mask[v] = v * 16 < w ? vec::tail_mask(w - v * 16) : __mmask16(0);
+    }
+    const __m512 zero = _mm512_setzero_ps();
+    for (int64_t i = 0; i < M; ++i) {
+      const int64_t o = i * N + j0;
+#pragma GCC unroll 16
+      for (int v = 0; v < kVecs; ++v) {
+        if (!mask[v]) continue;
+        const __m512 yv = vec::load16(y + o + v * 16, mask[v]);
+        const __m512 gv = _mm512_maskz_mov_ps(_mm512_cmp_ps_mask(yv, zero, _CMP_GT_OQ), vec::load16(dy + o + v * 16, mask[v]));
+        vec::store16(g + o + v * 16, mask[v], gv);  // exact: gv is dy or 0
+        acc[v] = _mm512_add_ps(acc[v], gv);
+      }
+    }
+    if (db)
+      for (int v = 0; v < kVecs; ++v)
+        if (mask[v]) _mm512_mask_storeu_ps(db + j0 + v * 16, mask[v], acc[v]);
+    return;
+  }
+#endif
+  using A = rowsum_acc_t<T>;
+  A acc[kRowsumCols] = {};
+  for (int64_t i = 0; i < M; ++i)
+    for (int64_t j = 0; j < w; ++j) {
+      const int64_t k = i * N + j0 + j;
+      const T gk = cast_value<A>(y[k]) > A(0) ? dy[k] : cast_value<T>(0.0);
+      g[k] = gk;
+      acc[j] += cast_value<A>(gk);
+    }
+  if (db)
+    for (int64_t j = 0; j < w; ++j) db[j0 + j] = acc[j];
+}
+
+}  // namespace
+
+// Each column's sum runs over the rows in order: the result does not depend on the thread count.
+template <class T> void relu_backward_rowsum(const T* y, const T* dy, T* g, rowsum_acc_t<T>* db, int64_t M, int64_t N) {
+  const int64_t tasks = (N + kRowsumCols - 1) / kRowsumCols;
+#pragma omp parallel for schedule(static) if (M * N > vec::kGrainCheap / 2 && tasks > 1)
+  for (int64_t t = 0; t < tasks; ++t) {
+    const int64_t j0 = t * kRowsumCols;
+    relu_backward_rowsum_cols(y, dy, g, db, M, N, j0, std::min(kRowsumCols, N - j0));
+  }
+}
+
 #define ATHANOR_INSTANTIATE_ACTIVATION(T)                                   \
   template void activation_forward<T>(Activation, const T*, T*, int64_t); \
-  template void activation_backward<T>(Activation, const T*, const T*, T*, int64_t);
+  template void activation_backward<T>(Activation, const T*, const T*, T*, int64_t); \
+  template void relu_backward_rowsum<T>(const T*, const T*, T*, rowsum_acc_t<T>*, int64_t, int64_t);
 ATHANOR_INSTANTIATE_ACTIVATION(float)
 ATHANOR_INSTANTIATE_ACTIVATION(double)
 ATHANOR_INSTANTIATE_ACTIVATION(bfloat16)

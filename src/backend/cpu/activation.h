@@ -7,6 +7,7 @@
 // builds without AVX-512) uses std:: math in double. The backward kernels take the tensor the op
 // saved: the output y for tanh, sigmoid and relu, the input x for gelu and silu.
 #include <cstdint>
+#include <type_traits>
 
 #include "athanor/core/tensor.h"
 
@@ -21,6 +22,14 @@ bool activation_backward_uses_output(Activation a);
 template <class T> void activation_forward(Activation a, const T* x, T* y, int64_t n);
 // dx[i] = g[i] * f'(x[i]), with f' written in terms of `saved` (y or x, see above).
 template <class T> void activation_backward(Activation a, const T* saved, const T* g, T* dx, int64_t n);
+
+// linear_relu's backward from the ReLU's output y, over row-major [M, N] buffers, in one
+// pass: g = dy ⊙ [y > 0] and, when db is not null, db[j] = Σ_i g[i, j] (the bias gradient),
+// accumulated and written in rowsum_acc_t<T>: f32 for f32/bf16/f16 (the caller rounds it
+// to a 16-bit dtype if it wants one), f64 for double. g may alias dy.
+// Threads split the columns: each keeps its columns' sums in registers across all rows.
+template <class T> using rowsum_acc_t = std::conditional_t<std::is_same_v<T, double>, double, float>;
+template <class T> void relu_backward_rowsum(const T* y, const T* dy, T* g, rowsum_acc_t<T>* db, int64_t M, int64_t N);
 
 namespace ref {
 // Scalar loops in double over the logical elements; result in x's dtype.

@@ -1,0 +1,149 @@
+// linear_relu(x, W, b) = relu(linear(x, W, b)), the hidden layer of an MLP, fused:
+//
+//   forward   y = x W^T + b          one GEMM, the bias in its epilogue (cpu::gemm_bias)
+//             y = max(y, 0)          in place, while y is still in cache
+//   backward  g = dy ⊙ [y > 0]        scratch (MemTag::workspace), with
+//             db = rowsum(g)          in the same pass (cpu::relu_backward_rowsum)
+//             dx = g W,  dW = g^T x   two GEMMs
+//
+// Against the unfused relu(linear(...)): no separate pre-activation tensor, one graph node
+// instead of two, the ReLU forward without a second output buffer, and the ReLU backward
+// and the bias-gradient reduction as one pass instead of two. The graph keeps x, W and y,
+// as the composition does.
+//
+// Under bf16 autocast with f32 parameters (mixed-precision training), W and b are not cast
+// through differentiable "cast" nodes: the op runs on their bf16 copies (the optimizer's
+// persistent copies when registered, else the region's cached casts, taken outside the
+// graph) but records the f32 tensors themselves as its inputs, and writes dW and db in f32
+// straight from the f32 accumulators (cpu::gemm_bf16_f32out, the f32 column sums). That
+// drops the bf16 dW/db buffers and the cast-back pass per parameter (cast_backward), and
+// dW/db are no longer rounded to bf16 on the way (PyTorch's rounds them; ours are closer to
+// the exact gradient). Everything else rounds where the composition rounds (the GEMM output
+// to y's dtype; g is exact).
+#include "athanor/ops/linear_relu.h"
+
+#include <vector>
+
+#include "athanor/ops/autocast.h"
+#include "backend/cpu/activation.h"
+#include "backend/cpu/gemm.h"
+#include "backend/cpu/workspace.h"
+#include "ops/op_utils.h"
+
+namespace athanor {
+namespace {
+constexpr const char* kOp = "linear_relu";
+constexpr const char* kHint =
+    "linear_relu(x, W, b) is relu(linear(x, W, b)): x's last dim is W's in_features (the previous layer's output size)";
+using detail::gemm_t;
+
+// y = relu(x W^T + b) on contiguous x, W, b of dtype T.
+template <class T> void forward_into(const Tensor& xc, const Tensor& wc, const Tensor& bias, Tensor& y, int64_t M, int64_t out_f,
+                                     int64_t in) {
+  const Tensor bc = bias.defined() ? detail::contiguous_raw(bias) : Tensor();
+  T* py = static_cast<T*>(y.raw_data());
+  detail::linear_gemm_t<T>(M, out_f, in, static_cast<const T*>(xc.raw_data()), static_cast<const T*>(wc.raw_data()),
+                           bc.defined() ? static_cast<const T*>(bc.raw_data()) : nullptr, py);
+  cpu::activation_forward<T>(cpu::Activation::relu, py, py, M * out_f);  // elementwise: in place is safe
+}
+
+Tensor output_like(const Tensor& x, int64_t out_f) {
+  Shape s = x.sizes();
+  s.back() = out_f;
+  return empty(s, TensorOptions(x.dtype()));
+}
+
+Tensor linear_relu_f32_master(const Tensor& x, const Tensor& weight, const Tensor& bias) {
+  // bf16 x (a differentiable cast when x is f32) and the bf16 copies of W and b, only read:
+  // the gradient goes to W and b in f32 (op_utils.h, detail::f32_master_inputs).
+  const detail::LowpLinearInputs l = detail::f32_master_inputs(kOp, x, weight, bias);
+  const Tensor& xl = l.x;
+  const Tensor& wl = l.weight;
+  const Tensor& bl = l.bias;
+  detail::check_linear_args(xl, wl, bl, kOp, kHint);
+  const int64_t in = wl.size(1), out_f = wl.size(0), M = xl.numel() / std::max<int64_t>(in, 1);
+  const Tensor xc = detail::contiguous_raw(xl), wc = detail::contiguous_raw(wl);
+  Tensor y = output_like(xl, out_f);
+  forward_into<bfloat16>(xc, wc, bl, y, M, out_f, in);
+  if (!any_requires_grad({xl, weight, bias})) return y;
+  SavedTensor sx = save(xc, "input"), sw = save(wc, "weight (bf16 copy)"), sy = save(y, "result");
+  return record(kOp, {xl, weight, bias}, y, [sx, sw, sy, in, out_f, M](const Node& n, const Grads& grads) {
+    const Tensor yv = sy.unpack(n);
+    const Tensor dy = detail::to_raw(grads[0], DType::bf16);
+    Tensor dx, dw, db;
+    const cpu::Workspace g(static_cast<std::size_t>(M * out_f) * sizeof(bfloat16));  // dy ⊙ [y > 0]
+    bfloat16* pg = g.as<bfloat16>();
+    if (needs_grad(n, 2)) db = empty({out_f}, TensorOptions(DType::f32));
+    cpu::relu_backward_rowsum<bfloat16>(static_cast<const bfloat16*>(yv.raw_data()), static_cast<const bfloat16*>(dy.raw_data()),
+                                        pg, db.defined() ? static_cast<float*>(db.raw_data()) : nullptr, M, out_f);
+    if (needs_grad(n, 0)) {  // dx = g W            [M, out] @ [out, in], bf16 like x
+      const Tensor wv = sw.unpack(n);
+      dx = empty(Shape(sx.unpack(n).sizes()), TensorOptions(DType::bf16));
+      cpu::gemm_lowp<bfloat16>(false, false, M, in, out_f, 1.0f, pg, out_f, static_cast<const bfloat16*>(wv.raw_data()), in, 0.0f,
+                               static_cast<bfloat16*>(dx.raw_data()), in);
+    }
+    if (needs_grad(n, 1)) {  // dW = g^T x          [out, M] @ [M, in], f32 out of the f32 accumulators
+      const Tensor xv = sx.unpack(n);
+      dw = empty({out_f, in}, TensorOptions(DType::f32));
+      cpu::gemm_bf16_f32out(true, false, out_f, in, M, 1.0f, pg, out_f, static_cast<const bfloat16*>(xv.raw_data()), in, 0.0f,
+                            static_cast<float*>(dw.raw_data()), in);
+    }
+    return Grads{dx, dw, db};
+  });
+}
+}  // namespace
+
+Tensor linear_relu(const Tensor& x, const Tensor& weight, const Tensor& bias) {
+  if (detail::runs_on_f32_master(kOp, x, weight, bias)) return linear_relu_f32_master(x, weight, bias);
+  if (autocast_needs_cast(kOp, {x, weight, bias}))
+    return linear_relu(autocast_input(x, kOp), autocast_input(weight, kOp), autocast_input(bias, kOp));
+  detail::check_linear_args(x, weight, bias, kOp, kHint);
+  const int64_t in = weight.size(1), out_f = weight.size(0), M = x.numel() / std::max<int64_t>(in, 1);
+  const Tensor xc = detail::contiguous_raw(x), wc = detail::contiguous_raw(weight);
+  Tensor y = output_like(x, out_f);
+  dispatch(x.dtype(), [&]<class T>() {
+    if constexpr (std::is_floating_point_v<T> || is_half_v<T>) forward_into<T>(xc, wc, bias, y, M, out_f, in);
+  });
+  if (!any_requires_grad({x, weight, bias})) return y;
+  SavedTensor sx = save(xc, "input"), sw = save(wc, "weight"), sy = save(y, "result");
+  return record(kOp, {x, weight, bias}, y, [sx, sw, sy, in, out_f, M](const Node& n, const Grads& grads) {
+    const Tensor yv = sy.unpack(n);
+    const Tensor dy = detail::to_raw(grads[0], yv.dtype());
+    Tensor dx, dw, db;
+    dispatch(dy.dtype(), [&]<class T>() {
+      if constexpr (std::is_floating_point_v<T> || is_half_v<T>) {
+        using A = cpu::rowsum_acc_t<T>;
+        const cpu::Workspace g(static_cast<std::size_t>(M * out_f) * sizeof(T));  // dy ⊙ [y > 0], dropped on return
+        T* pg = g.as<T>();
+        // The bias gradient's sums: straight into db for f32/f64, else f32 sums rounded once to T.
+        std::vector<A> db_acc;
+        A* pdb = nullptr;
+        if (needs_grad(n, 2)) {
+          db = empty({out_f}, TensorOptions(dy.dtype()));
+          if constexpr (std::is_same_v<A, T>) pdb = static_cast<T*>(db.raw_data());
+          else pdb = (db_acc.resize(out_f), db_acc.data());
+        }
+        // g = dy ⊙ [y > 0] and db = rowsum(g), one pass (0 at the kink y = 0, like PyTorch)
+        cpu::relu_backward_rowsum<T>(static_cast<const T*>(yv.raw_data()), static_cast<const T*>(dy.raw_data()), pg, pdb, M,
+                                     out_f);
+        if (!db_acc.empty())
+          for (int64_t j = 0; j < out_f; ++j) static_cast<T*>(db.raw_data())[j] = cast_value<T>(db_acc[j]);
+        if (needs_grad(n, 0)) {  // dx = g W            [M, out] @ [out, in]
+          const Tensor wv = sw.unpack(n);
+          dx = empty(Shape(sx.unpack(n).sizes()), TensorOptions(dy.dtype()));
+          gemm_t<T>(false, false, M, in, out_f, pg, out_f, static_cast<const T*>(wv.raw_data()), in, 0.0f,
+                    static_cast<T*>(dx.raw_data()), in);
+        }
+        if (needs_grad(n, 1)) {  // dW = g^T x          [out, M] @ [M, in]
+          const Tensor xv = sx.unpack(n);
+          dw = empty({out_f, in}, TensorOptions(dy.dtype()));
+          gemm_t<T>(true, false, out_f, in, M, pg, out_f, static_cast<const T*>(xv.raw_data()), in, 0.0f,
+                    static_cast<T*>(dw.raw_data()), in);
+        }
+      }
+    });
+    return Grads{dx, dw, db};
+  });
+}
+
+}  // namespace athanor
