@@ -7,6 +7,7 @@
 #include <fstream>
 #include <set>
 #include <sstream>
+#include <string_view>
 
 #include "athanor/core/error.h"
 
@@ -175,10 +176,17 @@ void apply(std::map<std::string, ConfigValue>& values, std::map<std::string, boo
 bool applies(const ConfigKey& k, const std::map<std::string, ConfigValue>& values) {
   if (k.applies_to.empty()) return true;
   const auto eq = k.applies_to.find('=');
-  const std::string key = k.applies_to.substr(0, eq), allowed = "|" + k.applies_to.substr(eq + 1) + "|";
+  const std::string key = k.applies_to.substr(0, eq);
   const ConfigValue& cv = values.at(key);  // a string choice or a bool ("profile.enabled=true")
   const std::string v = std::holds_alternative<bool>(cv) ? (std::get<bool>(cv) ? "true" : "false") : std::get<std::string>(cv);
-  return allowed.find("|" + v + "|") != std::string::npos;
+  // The allowed values are separated by '|'.
+  std::string_view rest = std::string_view(k.applies_to).substr(eq + 1);
+  while (true) {
+    const auto bar = rest.find('|');
+    if (rest.substr(0, bar) == v) return true;
+    if (bar == std::string_view::npos) return false;
+    rest.remove_prefix(bar + 1);
+  }
 }
 }  // namespace
 

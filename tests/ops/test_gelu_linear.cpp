@@ -34,22 +34,8 @@ std::vector<double> naive_forward(const Tensor& x, const Tensor& w, const Tensor
   return y;
 }
 
-// Forward (under bf16 autocast if asked) and the three gradients of fn for an upstream
-// gradient dy, on fresh leaves; backward runs outside the autocast region, as in PyTorch.
-struct Result {
-  Tensor y, dx, dw, db;
-};
-Result run(Tensor (*fn)(const Tensor&, const Tensor&, const Tensor&), const Tensor& x0, const Tensor& w0, const Tensor& b0,
-           const Tensor& dy, bool bf16_autocast = false) {
-  Tensor x = x0.detach().requires_grad_(true), w = w0.detach().requires_grad_(true), b = b0.detach().requires_grad_(true);
-  Tensor y;
-  {
-    autocast ac(DType::bf16, bf16_autocast);
-    y = fn(x, w, b);
-  }
-  y.backward(dy.to(y.dtype()));
-  return {y, x.grad(), w.grad(), b.grad()};
-}
+// Forward (under bf16 autocast if asked) and the three gradients (tests/support/test_util.h).
+using Result = LinearLikeResult;
 Tensor fused(const Tensor& x, const Tensor& w, const Tensor& b) { return gelu_linear(x, w, b); }
 }  // namespace
 
@@ -70,7 +56,7 @@ TEST(GeluLinear, ForwardAndGradientsMatchUnfusedComposition) {
     Generator g(7);
     const Tensor x = mul(randn({4, 9, 48}, {}, g), 2.0).to(dt), w = randn({24, 48}, {}, g).to(dt), b = randn({24}, {}, g).to(dt);
     const Tensor dy = randn({4, 9, 24}, {}, g).to(dt);
-    const Result f = run(fused, x, w, b, dy), u = run(unfused, x, w, b, dy);
+    const Result f = run_linear_like(fused, x, w, b, dy), u = run_linear_like(unfused, x, w, b, dy);
     const double tol = dt == DType::f64 ? 1e-12 : 1e-5;
     EXPECT_CLOSE(f.y, u.y, tol, tol);
     EXPECT_CLOSE(f.dx, u.dx, tol, tol);
@@ -95,7 +81,7 @@ TEST(GeluLinear, Bf16UnderAutocastMatchesUnfusedAndF32) {
   Generator g(11);
   const Tensor x = mul(randn({8, 16, 128}, {}, g), 1.5), w = mul(randn({64, 128}, {}, g), 0.1), b = randn({64}, {}, g);
   const Tensor dy = randn({8, 16, 64}, {}, g);
-  const Result f = run(fused, x, w, b, dy, /*bf16_autocast=*/true), u = run(unfused, x, w, b, dy, /*bf16_autocast=*/true);
+  const Result f = run_linear_like(fused, x, w, b, dy, /*bf16_autocast=*/true), u = run_linear_like(unfused, x, w, b, dy, /*bf16_autocast=*/true);
   ASSERT_EQ(f.y.dtype(), DType::bf16);  // lower_precision: x, W, b cast to bf16
   ASSERT_EQ(f.dw.dtype(), DType::f32);  // the cast is differentiable: f32 leaves get f32 gradients
   // Same roundings as the composition (gelu(x) and dy W rounded to bf16), so only GEMM
@@ -105,7 +91,7 @@ TEST(GeluLinear, Bf16UnderAutocastMatchesUnfusedAndF32) {
   EXPECT_CLOSE(f.dw, u.dw, 2e-1, 1e-2);
   EXPECT_CLOSE(f.db, u.db, 2e-1, 1e-2);
   // And close to the f32 result within bf16's precision.
-  const Result r = run(fused, x, w, b, dy);
+  const Result r = run_linear_like(fused, x, w, b, dy);
   EXPECT_CLOSE(f.y.to(DType::f32), r.y, 5e-2, 2e-2);
   EXPECT_CLOSE(f.dw, r.dw, 1.0, 2e-2);
 }
@@ -146,7 +132,7 @@ TEST(GeluLinear, Bf16AutocastWritesF32ParameterGradientsFromF32Accumulators) {
   EXPECT_CLOSE(b.grad(), from_vector(db_ref, {out}), 1e-4, 1e-4);
   EXPECT_FALSE(all_close(dw_expected.to(DType::bf16).to(DType::f32), dw_expected, 1e-4, 1e-4));
   // x's gradient and y as in the bf16 composition (which casts W through cast nodes).
-  const Result u = run(unfused, xb.detach(), w.detach(), b.detach(), dy.to(DType::f32), /*bf16_autocast=*/true);
+  const Result u = run_linear_like(unfused, xb.detach(), w.detach(), b.detach(), dy.to(DType::f32), /*bf16_autocast=*/true);
   EXPECT_CLOSE(y.to(DType::f32), u.y.to(DType::f32), 2e-2, 1e-2);
   EXPECT_CLOSE(xb.grad().to(DType::f32), u.dx.to(DType::f32), 2e-2, 1e-2);
   EXPECT_CLOSE(w.grad(), u.dw, 2e-1, 1e-2);
@@ -166,7 +152,7 @@ TEST(GeluLinear, FusedBackwardMatchesDoubleLoop) {
     Generator g(61);
     const Tensor x0 = mul(randn({M, in}, {}, g), 1.5).to(dt), w0 = mul(randn({out, in}, {}, g), 0.2).to(dt),
                  b0 = randn({out}, {}, g).to(dt), dy = randn({M, out}, {}, g).to(dt);
-    const Result f = run(fused, x0, w0, b0, dy);
+    const Result f = run_linear_like(fused, x0, w0, b0, dy);
     const std::vector<double> xv = x0.to(DType::f64).to_vector(), wv = w0.to(DType::f64).to_vector(),
                               dyv = dy.to(DType::f64).to_vector();
     std::vector<double> dx_ref(M * in), dw_ref(out * in, 0.0);

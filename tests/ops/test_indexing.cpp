@@ -287,8 +287,9 @@ TEST(IndexKernels, AccumulateRowsMatchesDenseSumThenAddBitwise) {
       EXPECT_TRUE(got == want) << "skip " << skip << ", " << threads << " threads";
       EXPECT_TRUE(got32 == want) << "i32 ids, skip " << skip << ", " << threads << " threads";
     }
-    if (skip >= 0)
+    if (skip >= 0) {
       for (int64_t i = 0; i < inner; ++i) EXPECT_EQ(want[skip * inner + i], base[skip * inner + i]);
+    }
   }
 }
 

@@ -44,22 +44,8 @@ Reference naive(const Tensor& x, const Tensor& w, const Tensor& b, const Tensor&
   return r;
 }
 
-// Forward (under bf16 autocast if asked) and the three gradients for an upstream dy, on
-// fresh leaves; backward runs outside the autocast region, as in PyTorch.
-struct Result {
-  Tensor y, dx, dw, db;
-};
-Result run(Tensor (*fn)(const Tensor&, const Tensor&, const Tensor&), const Tensor& x0, const Tensor& w0, const Tensor& b0,
-           const Tensor& dy, bool bf16_autocast = false) {
-  Tensor x = x0.detach().requires_grad_(true), w = w0.detach().requires_grad_(true), b = b0.detach().requires_grad_(true);
-  Tensor y;
-  {
-    autocast ac(DType::bf16, bf16_autocast);
-    y = fn(x, w, b);
-  }
-  y.backward(dy.to(y.dtype()));
-  return {y, x.grad(), w.grad(), b.grad()};
-}
+// Forward (under bf16 autocast if asked) and the three gradients (tests/support/test_util.h).
+using Result = LinearLikeResult;
 Tensor as(const std::vector<double>& v, const Tensor& like) { return from_vector(v, like.sizes(), TensorOptions(DType::f64)); }
 }  // namespace
 
@@ -71,7 +57,7 @@ TEST(LinearRelu, ForwardAndGradientsMatchNaiveDoubleLoop) {
     Generator g(3);
     const Tensor x = randn({3, 100, 40}, {}, g).to(dt), w = mul(randn({150, 40}, {}, g), 0.3).to(dt), b = randn({150}, {}, g).to(dt);
     const Tensor dy = randn({3, 100, 150}, {}, g).to(dt);
-    const Result f = run(fused, x, w, b, dy);
+    const Result f = run_linear_like(fused, x, w, b, dy);
     const Reference r = naive(x, w, b, dy);
     const double tol = dt == DType::f64 ? 1e-11 : 1e-4;
     ASSERT_EQ(f.y.sizes(), (Shape{3, 100, 150}));
@@ -111,7 +97,7 @@ TEST(LinearRelu, ForwardAndGradientsMatchUnfusedComposition) {
     Generator g(7);
     const Tensor x = randn({4, 9, 48}, {}, g).to(dt), w = mul(randn({33, 48}, {}, g), 0.2).to(dt), b = randn({33}, {}, g).to(dt);
     const Tensor dy = randn({4, 9, 33}, {}, g).to(dt);
-    const Result f = run(fused, x, w, b, dy), u = run(unfused, x, w, b, dy);
+    const Result f = run_linear_like(fused, x, w, b, dy), u = run_linear_like(unfused, x, w, b, dy);
     const double tol = dt == DType::f64 ? 1e-12 : 1e-5;
     EXPECT_CLOSE(f.y, u.y, tol, tol);
     EXPECT_CLOSE(f.dx, u.dx, tol, tol);
@@ -148,7 +134,7 @@ TEST(LinearRelu, Bf16UnderAutocastMatchesUnfusedAndF32) {
   Generator g(11);
   const Tensor x = randn({128, 96}, {}, g), w = mul(randn({160, 96}, {}, g), 0.1), b = randn({160}, {}, g);
   const Tensor dy = randn({128, 160}, {}, g);
-  const Result f = run(fused, x, w, b, dy, /*bf16_autocast=*/true), u = run(unfused, x, w, b, dy, /*bf16_autocast=*/true);
+  const Result f = run_linear_like(fused, x, w, b, dy, /*bf16_autocast=*/true), u = run_linear_like(unfused, x, w, b, dy, /*bf16_autocast=*/true);
   ASSERT_EQ(f.y.dtype(), DType::bf16);  // lower_precision: the GEMM runs on bf16 x, W, b
   ASSERT_EQ(f.dw.dtype(), DType::f32);  // f32 leaves get f32 gradients
   ASSERT_EQ(f.db.dtype(), DType::f32);

@@ -26,14 +26,6 @@ namespace athanor {
 using namespace athanor::testing;
 
 namespace {
-// Bytes a call allocates on top of what is live before it (high-water mark).
-template <class Fn> std::size_t peak_delta(Fn&& fn) {
-  Allocator& a = Allocator::cpu();
-  const std::size_t before = a.stats().current_total;
-  a.reset_peak();
-  fn();
-  return a.stats().peak_total - before;
-}
 Tensor randn_as(const Shape& s, DType dt, uint64_t seed, double scale = 1.0) {
   Generator g(seed);
   return mul(randn(s, {}, g), scale).to(dt);
@@ -76,7 +68,7 @@ TEST(LowpDirect, MixedBinaryMakesNoF32CopyAndGradientsFlow) {
   const int64_t n = int64_t{1} << 20;
   const Tensor x = randn_as({n}, DType::f32, 3), h = randn_as({n}, DType::bf16, 4);
   Tensor y;
-  const std::size_t peak = peak_delta([&] { y = add(x, h); });
+  const std::size_t peak = peak_alloc_delta([&] { y = add(x, h); });
   EXPECT_GE(peak, y.nbytes());
   EXPECT_LE(peak, y.nbytes() + kSlack) << "a widened copy of the bf16 operand would add " << 4 * n << " bytes";
   // Backward through the mixed op: the bf16 input gets its gradient in bf16, equal to the
@@ -129,7 +121,7 @@ TEST(LowpDirect, LayerNormMakesNoF32CopyOfLargeInput) {
   Tensor x = randn_as({rows, cols}, DType::bf16, 12);
   Tensor w = ones({cols}), b = zeros({cols});
   Tensor y;
-  const std::size_t peak = peak_delta([&] {
+  const std::size_t peak = peak_alloc_delta([&] {
     autocast ac(DType::bf16);
     y = layer_norm(x, {cols}, w, b);
   });
@@ -143,7 +135,7 @@ TEST(LowpDirect, GeluOnLowpMatchesReferenceWithoutF32Copy) {
     SCOPED_TRACE(dtype_name(low));
     const Tensor x = randn_as({1 << 20}, low, 13, 2.0);
     Tensor y;
-    const std::size_t peak = peak_delta([&] { y = gelu(x, GeluApprox::tanh); });
+    const std::size_t peak = peak_alloc_delta([&] { y = gelu(x, GeluApprox::tanh); });
     ASSERT_EQ(y.dtype(), low);
     EXPECT_GE(peak, y.nbytes());
     EXPECT_LE(peak, y.nbytes() + kSlack);
@@ -158,7 +150,7 @@ TEST(LowpDirect, AttentionOnBf16MatchesReferenceWithoutF32Copies) {
   const Shape s{2, 4, 512, 64};
   const Tensor q = randn_as(s, DType::bf16, 14), k = randn_as(s, DType::bf16, 15), v = randn_as(s, DType::bf16, 16);
   Tensor o;
-  const std::size_t peak = peak_delta([&] { o = scaled_dot_product_attention(q, k, v, true); });
+  const std::size_t peak = peak_alloc_delta([&] { o = scaled_dot_product_attention(q, k, v, true); });
   ASSERT_EQ(o.dtype(), DType::bf16);
   EXPECT_GE(peak, o.nbytes());
   EXPECT_LE(peak, o.nbytes() + std::size_t{2 * 4 * 512 * 4} + kSlack);
@@ -171,7 +163,7 @@ TEST(LowpDirect, CrossEntropyReadsBf16LogitsUnderAutocast) {
   Generator g(18);
   Tensor target = randint(0, C, {N}, g);
   Tensor loss;
-  const std::size_t peak = peak_delta([&] {
+  const std::size_t peak = peak_alloc_delta([&] {
     autocast ac(DType::bf16);
     loss = cross_entropy(logits, target, -100, 0.1);
   });
@@ -273,7 +265,7 @@ TEST(LowpDirect, SoftmaxReadsLowpInputUnderAutocast) {
   const int64_t rows = 1024, cols = 1024;  // bf16 x: 2 MiB; an f32 copy would be 4 MiB more
   const Tensor x = randn_as({rows, cols}, DType::bf16, 32);
   Tensor y;
-  const std::size_t peak = peak_delta([&] {
+  const std::size_t peak = peak_alloc_delta([&] {
     autocast ac(DType::bf16);
     y = softmax(x, -1);
   });
@@ -312,7 +304,7 @@ TEST(LowpDirect, RmsNormReadsLowpInputUnderAutocast) {
   const Tensor xb = randn_as({big_rows, big_cols}, DType::bf16, 43);
   const Tensor wb = ones({big_cols});
   Tensor yb;
-  const std::size_t peak = peak_delta([&] {
+  const std::size_t peak = peak_alloc_delta([&] {
     autocast ac(DType::bf16);
     yb = rms_norm(xb, {big_cols}, wb);
   });
@@ -350,7 +342,7 @@ TEST(LowpDirect, SumAndMeanReadLowpInputUnderAutocast) {
       }
   const Tensor xb = randn_as({1024, 1024}, DType::bf16, 52);  // bf16 2 MiB; an f32 copy would be 4 MiB
   Tensor yb;
-  const std::size_t peak = peak_delta([&] {
+  const std::size_t peak = peak_alloc_delta([&] {
     autocast ac(DType::bf16);
     yb = sum(xb, {-1});
   });

@@ -14,14 +14,6 @@ namespace athanor {
 using namespace athanor::testing;
 
 namespace {
-// Bytes a call allocates on top of what is live before it (high-water mark).
-template <class Fn> std::size_t peak_delta(Fn&& fn) {
-  Allocator& a = Allocator::cpu();
-  const std::size_t before = a.stats().current_total;
-  a.reset_peak();
-  fn();
-  return a.stats().peak_total - before;
-}
 
 Tensor f32_leaf(const Shape& s, uint64_t seed, double offset = 0.0) {
   Generator g(seed);
@@ -47,14 +39,14 @@ TEST(LayerNormOfferedCast, NextCastTakesTheCopyBitForBitWithoutAllocating) {
       return cast(y, low);  // what the consumer would otherwise compute
     }();
     Tensor taken;
-    const std::size_t bytes = peak_delta([&] { taken = autocast_input(y, "linear"); });
+    const std::size_t bytes = peak_alloc_delta([&] { taken = autocast_input(y, "linear"); });
     EXPECT_LT(bytes, taken.nbytes()) << "the offered copy should be taken, not a fresh cast made";
     EXPECT_TRUE(same_values(taken, expected));
     ASSERT_TRUE(taken.grad_fn());
     EXPECT_EQ(taken.grad_fn()->name(), "cast");
     // Taken once: a second cast of y is a fresh one (same numbers, a new buffer).
     Tensor again;
-    const std::size_t again_bytes = peak_delta([&] { again = autocast_input(y, "linear"); });
+    const std::size_t again_bytes = peak_alloc_delta([&] { again = autocast_input(y, "linear"); });
     EXPECT_GE(again_bytes, again.nbytes());
     EXPECT_TRUE(same_values(again, expected));
   }
@@ -109,7 +101,7 @@ TEST(LayerNormOfferedCast, OfferLapsesOnInPlaceChangeNewerOfferAndRegionExit) {
     const Tensor y = layer_norm(x, {80}, w, Tensor());
     const Tensor y2 = layer_norm(mul(x, 2.0), {80}, w, Tensor());
     Tensor c;
-    const std::size_t c_bytes = peak_delta([&] { c = autocast_input(y, "linear"); });
+    const std::size_t c_bytes = peak_alloc_delta([&] { c = autocast_input(y, "linear"); });
     EXPECT_GE(c_bytes, c.nbytes());
     NoGradGuard ng;
     EXPECT_TRUE(same_values(c, cast(y, DType::bf16)));
@@ -122,7 +114,7 @@ TEST(LayerNormOfferedCast, OfferLapsesOnInPlaceChangeNewerOfferAndRegionExit) {
   {  // the offer did not outlive its region
     autocast ac(DType::bf16);
     Tensor c;
-    const std::size_t c_bytes = peak_delta([&] { c = autocast_input(y, "linear"); });
+    const std::size_t c_bytes = peak_alloc_delta([&] { c = autocast_input(y, "linear"); });
     EXPECT_GE(c_bytes, c.nbytes());
   }
 }

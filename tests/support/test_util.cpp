@@ -1,5 +1,8 @@
 #include "test_util.h"
 
+#include "athanor/core/allocator.h"
+#include "athanor/ops/autocast.h"
+
 #include <cmath>
 #include <filesystem>
 #include <fstream>
@@ -186,6 +189,26 @@ std::vector<float> random_floats(int64_t n, uint64_t seed, double scale) {
   std::vector<float> v(n);
   for (int64_t i = 0; i < n; ++i) v[i] = static_cast<float>(scale * t.data_ptr<float>()[i]);
   return v;
+}
+
+std::size_t peak_alloc_delta(const std::function<void()>& fn) {
+  Allocator& a = Allocator::cpu();
+  const std::size_t before = a.stats().current_total;
+  a.reset_peak();
+  fn();
+  return a.stats().peak_total - before;
+}
+
+LinearLikeResult run_linear_like(Tensor (*fn)(const Tensor&, const Tensor&, const Tensor&), const Tensor& x0,
+                                 const Tensor& w0, const Tensor& b0, const Tensor& dy, bool bf16_autocast) {
+  Tensor x = x0.detach().requires_grad_(true), w = w0.detach().requires_grad_(true), b = b0.detach().requires_grad_(true);
+  Tensor y;
+  {
+    autocast ac(DType::bf16, bf16_autocast);
+    y = fn(x, w, b);
+  }
+  y.backward(dy.to(y.dtype()));
+  return {y, x.grad(), w.grad(), b.grad()};
 }
 
 }  // namespace athanor::testing

@@ -52,4 +52,16 @@ std::string write_tiny_text(const std::string& dir);
 // n values scale * N(0, 1) from `seed`, as f32.
 std::vector<float> random_floats(int64_t n, uint64_t seed, double scale);
 
+// Bytes fn allocates on top of what is live before it (the allocator's high-water mark).
+std::size_t peak_alloc_delta(const std::function<void()>& fn);
+
+// A linear-shaped op fn(x, W, b) (linear, gelu_linear, linear_relu, …) run on fresh leaves,
+// under bf16 autocast if asked, and backpropagated from dy outside the autocast region (as
+// in PyTorch): the output and the three gradients.
+struct LinearLikeResult {
+  Tensor y, dx, dw, db;
+};
+LinearLikeResult run_linear_like(Tensor (*fn)(const Tensor&, const Tensor&, const Tensor&), const Tensor& x0,
+                                 const Tensor& w0, const Tensor& b0, const Tensor& dy, bool bf16_autocast = false);
+
 }  // namespace athanor::testing

@@ -19,8 +19,9 @@ struct ConfigKey {
   std::string path;         // "trainer.max_steps"
   ConfigValue default_value;
   std::string doc;
-  std::string applies_to;   // "" = always; "model.type=gpt" = only when model.type is gpt (| separates choices)
-  std::vector<std::string> choices;  // allowed strings, if any
+  // "= {}": schema entries may leave these out without -Wmissing-field-initializers.
+  std::string applies_to = {};   // "" = always; "model.type=gpt" = only when model.type is gpt (| separates choices)
+  std::vector<std::string> choices = {};  // allowed strings, if any
 };
 
 const std::vector<ConfigKey>& config_schema();

@@ -80,7 +80,7 @@ template <class L, BinaryOp OP> void mixed_impl(const float* full, const L* low,
     for (; i + 16 <= end; i += 16) {
       const __m256i lb = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(low + i));
       __m512 l;
-      if constexpr (std::is_same_v<L, bfloat16>) l = _mm512_castsi512_ps(_mm512_slli_epi32(_mm512_cvtepu16_epi32(lb), 16));
+      if constexpr (std::is_same_v<L, bfloat16>) l = _mm512_castsi512_ps(_mm512_slli_epi32(_mm512_maskz_cvtepu16_epi32(0xffff, lb), 16));
       else l = _mm512_cvtph_ps(lb);
       _mm512_storeu_ps(out + i, apply16(_mm512_loadu_ps(full + i), l));
     }

@@ -91,7 +91,7 @@ inline __m256i ld16bits(const void* p, __mmask16 k) {
   return k == kFull ? _mm256_loadu_si256(static_cast<const __m256i*>(p)) : _mm256_maskz_loadu_epi16(k, p);
 }
 inline __m512 ld(const bfloat16* p, __mmask16 k) {  // exact: bf16 is the top half of an f32
-  return _mm512_castsi512_ps(_mm512_slli_epi32(_mm512_cvtepu16_epi32(ld16bits(p, k)), 16));
+  return _mm512_castsi512_ps(_mm512_slli_epi32(_mm512_maskz_cvtepu16_epi32(0xffff, ld16bits(p, k)), 16));
 }
 inline __m512 ld(const float16* p, __mmask16 k) { return _mm512_cvtph_ps(ld16bits(p, k)); }
 inline void st(float* p, __mmask16 k, __m512 v) {

@@ -45,7 +45,7 @@ inline __m512 exp512(__m512 x) {
 
 inline __m512 load_bf16(const bfloat16* p, __mmask16 m) {
   const __m256i h = _mm256_maskz_loadu_epi16(m, p);
-  return _mm512_castsi512_ps(_mm512_slli_epi32(_mm512_cvtepu16_epi32(h), 16));
+  return _mm512_castsi512_ps(_mm512_slli_epi32(_mm512_maskz_cvtepu16_epi32(0xffff, h), 16));
 }
 inline __m256i narrow_bf16(__m512 v) {  // round to nearest even, NaN quieted: bit-exact with float_to_bf16_bits
   const __m512i u = _mm512_castps_si512(v);

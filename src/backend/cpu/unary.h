@@ -112,8 +112,10 @@ inline void store16_bits(void* p, __mmask16 m, __m256i v) {
   else _mm256_mask_storeu_epi16(p, m, v);
 }
 inline __m512 load16(const float* p, __mmask16 m) { return m == 0xffff ? _mm512_loadu_ps(p) : _mm512_maskz_loadu_ps(m, p); }
+// (the zero-masking form with an all-ones mask: the plain one's _mm512_undefined_epi32 trips
+// GCC 12's -Wuninitialized when inlined)
 inline __m512 load16(const bfloat16* p, __mmask16 m) {  // bf16 is the top half of an f32: exact
-  return _mm512_castsi512_ps(_mm512_slli_epi32(_mm512_cvtepu16_epi32(load16_bits(p, m)), 16));
+  return _mm512_castsi512_ps(_mm512_slli_epi32(_mm512_maskz_cvtepu16_epi32(0xffff, load16_bits(p, m)), 16));
 }
 inline __m512 load16(const float16* p, __mmask16 m) { return _mm512_cvtph_ps(load16_bits(p, m)); }
 
