@@ -63,5 +63,7 @@ struct LinearLikeResult {
 };
 LinearLikeResult run_linear_like(Tensor (*fn)(const Tensor&, const Tensor&, const Tensor&), const Tensor& x0,
                                  const Tensor& w0, const Tensor& b0, const Tensor& dy, bool bf16_autocast = false);
+// gradcheck (f64) of a linear-shaped op with and without a bias, for 2-D, 3-D and 1-D x and a strided x.
+void expect_linear_like_gradchecks(Tensor (*fn)(const Tensor&, const Tensor&, const Tensor&));
 
 }  // namespace athanor::testing
