@@ -116,18 +116,7 @@ Tensor linear_f32_master(const Tensor& x, const Tensor& weight, const Tensor& bi
     const Tensor dy = detail::to_raw(g[0], DType::bf16);
     const bfloat16* pdy = static_cast<const bfloat16*>(dy.raw_data());
     Tensor dx, dw, db;
-    if (needs_grad(n, 0)) {  // dx = dy W            [M, out] @ [out, in], bf16 like x
-      const Tensor xv = sx.unpack(n), wv = sw.unpack(n);
-      dx = empty(xv.sizes(), TensorOptions(DType::bf16));
-      cpu::gemm_lowp<bfloat16>(false, false, M, in, out_f, 1.0f, pdy, out_f, static_cast<const bfloat16*>(wv.raw_data()), in, 0.0f,
-                               static_cast<bfloat16*>(dx.raw_data()), in);
-    }
-    if (needs_grad(n, 1)) {  // dW = dy^T x          [out, M] @ [M, in], f32 out of the f32 accumulators
-      const Tensor xv = sx.unpack(n);
-      dw = empty({out_f, in}, TensorOptions(DType::f32));
-      cpu::gemm_bf16_f32out(true, false, out_f, in, M, 1.0f, pdy, out_f, static_cast<const bfloat16*>(xv.raw_data()), in, 0.0f,
-                            static_cast<float*>(dw.raw_data()), in);
-    }
+    detail::lowp_linear_backward_gemms(n, pdy, sx, sw, M, in, out_f, dx, dw);  // dx = dy W, dW = dy^T x (f32)
     if (needs_grad(n, 2)) {  // db = sum over rows of dy, f32 sums kept in f32
       db = empty({out_f}, TensorOptions(DType::f32));
       cpu::sum_3d_lowp_input<bfloat16>(pdy, static_cast<float*>(db.raw_data()), 1, M, out_f);

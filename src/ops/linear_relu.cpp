@@ -76,18 +76,7 @@ Tensor linear_relu_f32_master(const Tensor& x, const Tensor& weight, const Tenso
     if (needs_grad(n, 2)) db = empty({out_f}, TensorOptions(DType::f32));
     cpu::relu_backward_rowsum<bfloat16>(static_cast<const bfloat16*>(yv.raw_data()), static_cast<const bfloat16*>(dy.raw_data()),
                                         pg, db.defined() ? static_cast<float*>(db.raw_data()) : nullptr, M, out_f);
-    if (needs_grad(n, 0)) {  // dx = g W            [M, out] @ [out, in], bf16 like x
-      const Tensor wv = sw.unpack(n);
-      dx = empty(Shape(sx.unpack(n).sizes()), TensorOptions(DType::bf16));
-      cpu::gemm_lowp<bfloat16>(false, false, M, in, out_f, 1.0f, pg, out_f, static_cast<const bfloat16*>(wv.raw_data()), in, 0.0f,
-                               static_cast<bfloat16*>(dx.raw_data()), in);
-    }
-    if (needs_grad(n, 1)) {  // dW = g^T x          [out, M] @ [M, in], f32 out of the f32 accumulators
-      const Tensor xv = sx.unpack(n);
-      dw = empty({out_f, in}, TensorOptions(DType::f32));
-      cpu::gemm_bf16_f32out(true, false, out_f, in, M, 1.0f, pg, out_f, static_cast<const bfloat16*>(xv.raw_data()), in, 0.0f,
-                            static_cast<float*>(dw.raw_data()), in);
-    }
+    detail::lowp_linear_backward_gemms(n, pg, sx, sw, M, in, out_f, dx, dw);  // dx = g W, dW = g^T x (f32)
     return Grads{dx, dw, db};
   });
 }

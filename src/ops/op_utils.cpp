@@ -109,6 +109,22 @@ LowpLinearInputs f32_master_inputs(const char* op, const Tensor& x, const Tensor
   return in;
 }
 
+void lowp_linear_backward_gemms(const Node& n, const bfloat16* g, const SavedTensor& x, const SavedTensor& w, int64_t M,
+                                int64_t in, int64_t out_f, Tensor& dx, Tensor& dw) {
+  if (needs_grad(n, 0)) {  // dx = g W     [M, out] @ [out, in], bf16 like x
+    const Tensor xv = x.unpack(n), wv = w.unpack(n);
+    dx = empty(xv.sizes(), TensorOptions(DType::bf16));
+    cpu::gemm_lowp<bfloat16>(false, false, M, in, out_f, 1.0f, g, out_f, static_cast<const bfloat16*>(wv.raw_data()), in, 0.0f,
+                             static_cast<bfloat16*>(dx.raw_data()), in);
+  }
+  if (needs_grad(n, 1)) {  // dW = g^T x   [out, M] @ [M, in], f32 out of the f32 accumulators
+    const Tensor xv = x.unpack(n);
+    dw = empty({out_f, in}, TensorOptions(DType::f32));
+    cpu::gemm_bf16_f32out(true, false, out_f, in, M, 1.0f, g, out_f, static_cast<const bfloat16*>(xv.raw_data()), in, 0.0f,
+                          static_cast<float*>(dw.raw_data()), in);
+  }
+}
+
 Tensor contiguous_raw(const Tensor& x) {
   if (x.is_contiguous()) return x;
   Tensor c = empty(x.sizes(), TensorOptions(x.dtype()));

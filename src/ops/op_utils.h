@@ -59,6 +59,11 @@ struct LowpLinearInputs {
   Tensor x, weight, bias;  // x through autocast (a differentiable cast when x is f32); W, b: bf16 copies, only read
 };
 LowpLinearInputs f32_master_inputs(const char* op, const Tensor& x, const Tensor& weight, const Tensor& bias);
+// The backward GEMMs of such an op for an upstream gradient g [M, out] (bf16), when node n
+// asks for them: dx = g W in bf16 (input 0), dW = gᵀ x in f32 from the f32 accumulators
+// (input 1). x and W are the saved contiguous bf16 tensors.
+void lowp_linear_backward_gemms(const Node& n, const bfloat16* g, const SavedTensor& x, const SavedTensor& w, int64_t M,
+                                int64_t in, int64_t out_f, Tensor& dx, Tensor& dw);
 // A contiguous tensor with x's values (x itself when already contiguous). Not recorded.
 Tensor contiguous_raw(const Tensor& x);
 // x converted to dtype, contiguous. Not recorded.

@@ -385,20 +385,12 @@ std::string Trainer::checkpoints_dir() const { return (fs::path(run_dir_) / "che
 void Trainer::request_stop() { g_stop_requested.store(true); }
 
 std::string Trainer::save_checkpoint() {
-  ckpt::NamedTensors model_tensors, optim_tensors;
   // Under data parallel every rank saves its own part, under the logical (1-process) names
   // (ckpt/sharded_checkpoint.h): no rank ever holds the full state. The scalars (steps, lrs)
   // are gathered: a collective, so every rank calls save_checkpoint.
-  std::map<std::string, double> optim_scalars;
-  if (dp_) {
-    for (auto& [n, t] : dp_->local_state_dict()) model_tensors.emplace_back(n, t);
-    for (auto& [n, t] : dp_->local_optimizer_state()) optim_tensors.emplace_back(n, t);
-    optim_scalars = dp_->full_optimizer_scalars();
-  } else {
-    for (auto& [n, t] : task_->module().state_dict()) model_tensors.emplace_back(n, t);
-    for (auto& [n, t] : optimizer_->state_tensors()) optim_tensors.emplace_back(n, t);
-    optim_scalars = optimizer_->state_scalars();
-  }
+  const ckpt::NamedTensors model_tensors = dp_ ? dp_->local_state_dict() : task_->module().state_dict();
+  const ckpt::NamedTensors optim_tensors = dp_ ? dp_->local_optimizer_state() : optimizer_->state_tensors();
+  const std::map<std::string, double> optim_scalars = dp_ ? dp_->full_optimizer_scalars() : optimizer_->state_scalars();
   const auto shape = model_shape(config_);
   const data::LoaderPosition pos = train_loader_->position();
   const GeneratorState rng = default_generator().state();

@@ -236,13 +236,8 @@ TEST(LinearRelu, ForwardPeakHoldsNoPreActivationTensor) {
   const std::size_t y_bytes = 256 * 512 * sizeof(float);
   Allocator& a = Allocator::cpu();
   auto live_and_peak = [&](Tensor (*fn)(const Tensor&, const Tensor&, const Tensor&)) {
-    MemTagScope tag(MemTag::activation);  // as the trainer tags the forward pass
-    Tensor x = x0.detach().clone().requires_grad_(true);  // outside the measurement
-    const std::size_t before = a.stats().of(MemTag::activation);
-    a.reset_peak();
-    Tensor y = fn(x, w, b);
-    const MemoryStats s = a.stats();
-    return std::pair<std::size_t, std::size_t>{s.of(MemTag::activation) - before, s.peak_of(MemTag::activation) - before};
+    const ForwardActivationBytes m = linear_like_forward_activation_bytes(fn, x0, w, b);
+    return std::pair<std::size_t, std::size_t>{m.live, m.peak};
   };
   const auto [fused_live, fused_peak] = live_and_peak(fused);
   const auto [unfused_live, unfused_peak] = live_and_peak(unfused);

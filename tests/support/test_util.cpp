@@ -222,4 +222,16 @@ void expect_linear_like_gradchecks(Tensor (*fn)(const Tensor&, const Tensor&, co
   EXPECT_TRUE(gradcheck([fn](const std::vector<Tensor>& v) { return fn(v[0], v[1], v[2]); }, {xn, randn64({3, 6}, 5), randn64({3}, 6)}));
 }
 
+ForwardActivationBytes linear_like_forward_activation_bytes(Tensor (*fn)(const Tensor&, const Tensor&, const Tensor&),
+                                                            const Tensor& x0, const Tensor& w, const Tensor& b) {
+  Allocator& a = Allocator::cpu();
+  MemTagScope tag(MemTag::activation);
+  Tensor x = x0.detach().clone().requires_grad_(true);  // outside the measurement
+  const std::size_t before = a.stats().of(MemTag::activation);
+  a.reset_peak();
+  Tensor y = fn(x, w, b);  // y and its graph stay alive while measured
+  const MemoryStats s = a.stats();
+  return {s.of(MemTag::activation) - before, s.peak_of(MemTag::activation) - before};
+}
+
 }  // namespace athanor::testing

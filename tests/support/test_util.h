@@ -63,6 +63,14 @@ struct LinearLikeResult {
 };
 LinearLikeResult run_linear_like(Tensor (*fn)(const Tensor&, const Tensor&, const Tensor&), const Tensor& x0,
                                  const Tensor& w0, const Tensor& b0, const Tensor& dy, bool bf16_autocast = false);
+// Activation bytes (MemTag::activation, the trainer's forward tag) a linear-shaped op's forward
+// on a fresh leaf copy of x0 leaves alive with its graph, and its forward peak; both over what
+// was live before.
+struct ForwardActivationBytes {
+  std::size_t live = 0, peak = 0;
+};
+ForwardActivationBytes linear_like_forward_activation_bytes(Tensor (*fn)(const Tensor&, const Tensor&, const Tensor&),
+                                                            const Tensor& x0, const Tensor& w, const Tensor& b);
 // gradcheck (f64) of a linear-shaped op with and without a bias, for 2-D, 3-D and 1-D x and a strided x.
 void expect_linear_like_gradchecks(Tensor (*fn)(const Tensor&, const Tensor&, const Tensor&));
 
