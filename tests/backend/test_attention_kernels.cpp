@@ -96,6 +96,53 @@ TEST(AttentionKernels, RaggedTilesF32MatchReference) {
   }
 }
 
+// The f32 kernels' causal tile edges: diagonal tiles whose products skip the score columns and
+// the P / dS terms past the diagonal (in 4-row blocks and 16-column vectors), with query and key
+// tiles of different sizes (so diagonals at every offset within a tile), T not a multiple of
+// the tile, T smaller than the tile, T = 1, and key tiles over 64 (the unfused softmax path).
+// Reference and tolerances as FastMatchesReferenceF32 (errors of a wrongly skipped term are
+// O(0.1-1)).
+TEST(AttentionKernels, CausalDiagonalTilesF32MatchReference) {
+  struct Case { int64_t T, D; cpu::AttentionTiles tiles; };
+  const Case cases[] = {{100, 64, {}},      {20, 64, {}},       {1, 16, {}},        {130, 32, {16, 48}},
+                        {130, 32, {48, 16}}, {61, 24, {7, 5}},  {97, 16, {64, 33}}, {90, 16, {32, 70}}};
+  Generator g(53);
+  for (const Case& c : cases) {
+    for (bool causal : {true, false}) {
+      SCOPED_TRACE("T " + std::to_string(c.T) + " D " + std::to_string(c.D) + " tiles " + std::to_string(c.tiles.q) +
+                   "x" + std::to_string(c.tiles.k) + (causal ? " causal" : ""));
+      const Shape s{1, 2, c.T, c.D};
+      Tensor q = randn(s, {}, g), k = randn(s, {}, g), v = randn(s, {}, g), dout = randn(s, {}, g);
+      const double scale = 1.0 / std::sqrt(static_cast<double>(c.D));
+      const Result r = run_fast<float>(q, k, v, dout, causal, scale, c.tiles);
+      EXPECT_CLOSE(r.o, cpu::ref::attention(q, k, v, causal, scale), 2e-5, 1e-4);
+      EXPECT_CLOSE(r.lse, from_vector(ref_lse(q, k, causal, scale), {1, 2, c.T}, DType::f64), 2e-5, 1e-5);
+      const auto [dq, dk, dv] = cpu::ref::attention_backward(q, k, v, dout, causal, scale);
+      EXPECT_CLOSE(r.dq, dq, 1e-4, 1e-3);
+      EXPECT_CLOSE(r.dk, dk, 1e-4, 1e-3);
+      EXPECT_CLOSE(r.dv, dv, 1e-4, 1e-3);
+    }
+  }
+}
+
+// f16 inputs take the f32 tile path on converted tiles. Reference: the naive f64 kernel on the
+// same f16 values; the extra error is rounding the results to f16 (relative 2^-11), 2e-3
+// absolute/relative leaves ~4x headroom on these N(0, 1) inputs.
+TEST(AttentionKernels, F16InputsMatchReference) {
+  Generator g(59);
+  const Shape s{1, 2, 77, 32};
+  Tensor q = randn(s, DType::f16, g), k = randn(s, DType::f16, g), v = randn(s, DType::f16, g),
+         dout = randn(s, DType::f16, g);
+  const double scale = 1.0 / std::sqrt(32.0);
+  const Result r = run_fast<float16>(q, k, v, dout, true, scale, {32, 32});
+  ASSERT_EQ(r.o.dtype(), DType::f16);
+  EXPECT_CLOSE(r.o, cpu::ref::attention(q, k, v, true, scale), 2e-3, 2e-3);
+  const auto [dq, dk, dv] = cpu::ref::attention_backward(q, k, v, dout, true, scale);
+  EXPECT_CLOSE(r.dq, dq, 4e-3, 4e-3);
+  EXPECT_CLOSE(r.dk, dk, 4e-3, 4e-3);
+  EXPECT_CLOSE(r.dv, dv, 4e-3, 4e-3);
+}
+
 TEST(AttentionKernels, RaggedTilesF64MatchReferenceExactly) {
   // Small tiles (5 query rows x 3 keys, and 7 x 16) on sizes that are not multiples of them,
   // causal and not, Tq < Tk and Tq > Tk, Dv != D. f64 accumulation: agreement to 1e-12.
@@ -229,6 +276,10 @@ TEST(AttentionKernels, PackedQkvLayoutMatchesReference) {
   {
     SCOPED_TRACE("f32, 64 x 64 tiles, ragged T");  // tolerances as FastMatchesReferenceF32 (backward)
     check_packed_layout<float>(2, 70, 2, 16, {}, 1e-4);
+  }
+  {
+    SCOPED_TRACE("f32, 64 x 64 tiles, GPT head size, T past a tile");
+    check_packed_layout<float>(1, 200, 3, 64, {}, 1e-4);
   }
   {
     SCOPED_TRACE("bf16, 64 x 64 tiles, ragged T");  // tolerance as Bf16TilesOnRaggedShapesMatchReference

@@ -20,14 +20,15 @@
 #include "backend/cpu/workspace.h"
 
 namespace athanor::cpu {
-namespace {
 
 // GCC 12 flags the deliberately self-initialized _mm512_undefined_*() inside AVX-512 intrinsics
-// (unpacks, roundscale, the bf16 narrowing) as maybe-uninitialized once they are inlined into
-// the kernels below: a known false positive, silenced for the kernels only.
+// (unpacks, roundscale, reductions, the bf16 narrowing) as (maybe-)uninitialized once they are
+// inlined into the kernels below: a known false positive, silenced for the kernels only.
 #pragma GCC diagnostic push
 #pragma GCC diagnostic ignored "-Wmaybe-uninitialized"
+#pragma GCC diagnostic ignored "-Wuninitialized"
 
+namespace {
 
 using namespace attention_tiles;  // the tile products (attention_tiles.h)
 
@@ -198,8 +199,6 @@ void attention_backward_bf16(const bfloat16* q, const bfloat16* k, const bfloat1
 }
 #endif  // __AVX512BF16__
 
-#pragma GCC diagnostic pop
-
 }  // namespace
 
 AttentionLayout AttentionLayout::contiguous(const AttentionDims& d) {
@@ -221,6 +220,7 @@ void attention_forward(const T* q, const T* k, const T* v, T* o, attn_acc_t<T>* 
                        const AttentionLayout& L, bool causal, double scale_d, AttentionTiles tiles) {
   using C = attn_acc_t<T>;
   constexpr bool kConvert = !std::is_same_v<T, C>;
+  constexpr bool kFusedSoftmax = ATHANOR_CPU_AVX512 && std::is_same_v<C, float>;  // f32t::scores_softmax
   const int64_t BH = d.B * d.H, Tq = d.Tq, Tk = d.Tk, D = d.D, Dv = d.Dv;
   if (BH == 0 || Tq == 0) return;
   if (Tk == 0) {  // no keys: empty sum -> zero output, lse = -inf
@@ -239,48 +239,83 @@ void attention_forward(const T* q, const T* k, const T* v, T* o, attn_acc_t<T>* 
 #endif
   const C scale = static_cast<C>(scale_d);
   const int64_t Br = std::max<int64_t>(1, tiles.q), Bc = std::max<int64_t>(1, tiles.k);
-  const int64_t nq = (Tq + Br - 1) / Br;
+  const int64_t nq = (Tq + Br - 1) / Br, nk = (Tk + Bc - 1) / Bc, Bc16 = round16(Bc), kt_size = D * Bc16;
   // Per-thread scratch: score/probability tile S, output accumulator, running max m and sum l,
-  // and (half inputs) the converted q/k/v tiles.
-  const int64_t oS = 0, oAcc = oS + round16(Br * Bc), oM = oAcc + round16(Br * Dv), oL = oM + round16(Br),
-                oQ = oL + round16(Br), oK = oQ + (kConvert ? round16(Br * D) : 0),
-                oV = oK + (kConvert ? round16(Bc * D) : 0), per = oV + (kConvert ? round16(Bc * Dv) : 0);
+  // (half inputs) the converted q/k tiles, then K^T of every key tile and a dense V (see
+  // dense_rows) of the (b, h) slice the thread is on: tasks are (b, h)-major and handed out a
+  // slice at a time where there are enough slices, so a slice's K^T and V are built once, not
+  // once per query tile.
+  const int64_t oS = 0, oAcc = oS + round16(Br * Bc16), oM = oAcc + round16(Br * Dv), oL = oM + round16(Br),
+                oCorr = round16(Br), oQ = oL + 2 * round16(Br), oK = oQ + (kConvert ? round16(Br * D) : 0),
+                oKt = oK + (kConvert ? round16(Bc * D) : 0), oVd = oKt + round16(nk * kt_size),
+                per = oVd + round16(Tk * Dv);
   const bool par = parallel_worth(BH * nq, BH * Tq * Tk * (D + Dv));
   const int nthreads = par ? omp_get_max_threads() : 1;
+  const int64_t chunk = BH >= 2 * nthreads ? nq : 1;
   Workspace ws(static_cast<std::size_t>(nthreads * per) * sizeof(C));
 
 #pragma omp parallel if (par)
   {
     C* base = ws.as<C>() + omp_get_thread_num() * per;
-    C *S = base + oS, *acc = base + oAcc, *m = base + oM, *l = base + oL;
-#pragma omp for schedule(dynamic, 1)
+    C *S = base + oS, *acc = base + oAcc, *m = base + oM, *l = base + oL, *KtAll = base + oKt, *Vd = base + oVd;
+    int64_t packed_bh = -1, packed_tiles = 0;  // key tiles [0, packed_tiles) of slice packed_bh are in KtAll, Vd
+#pragma omp for schedule(dynamic, chunk)
     for (int64_t task = 0; task < BH * nq; ++task) {
       const int64_t bh = task / nq, i0 = (task % nq) * Br, br = std::min(Br, Tq - i0);
       const Rows<C> Q = load_rows<C>(q + slice_at(L.q, bh, d.H) + i0 * L.q.t, L.q.t, br, D, base + oQ);
+      if (bh != packed_bh) packed_bh = bh, packed_tiles = 0;
+      // Ahead of use: this task's O rows; the next query tile's Q rows (the thread's next task
+      // when it runs whole slices), or after a slice's last tile, the first tiles of the slice
+      // a thread usually takes next.
+      prefetch_rows(o + slice_at(L.o, bh, d.H) + i0 * L.o.t, L.o.t, br, Dv, true);
+      if (i0 + Br < Tq) {
+        prefetch_rows(q + slice_at(L.q, bh, d.H) + (i0 + Br) * L.q.t, L.q.t, std::min(Br, Tq - i0 - Br), D);
+      } else if (bh + nthreads < BH) {
+        const int64_t nb = bh + nthreads, rows = std::min(Br, Tq), krows = std::min(Bc, Tk);
+        prefetch_rows(q + slice_at(L.q, nb, d.H), L.q.t, rows, D);
+        prefetch_rows(k + slice_at(L.k, nb, d.H), L.k.t, krows, D);
+        prefetch_rows(v + slice_at(L.v, nb, d.H), L.v.t, krows, Dv);
+      }
       std::fill(m, m + br, -std::numeric_limits<C>::infinity());
       std::fill(l, l + br, C(0));
       std::fill(acc, acc + br * Dv, C(0));
       // Causal: keys past the tile's last query row are masked for every row -> not visited.
       const int64_t kend = causal ? std::min(Tk, i0 + br) : Tk;
       for (int64_t j0 = 0; j0 < kend; j0 += Bc) {
-        const int64_t bc = std::min(Bc, kend - j0);
-        const Rows<C> K = load_rows<C>(k + slice_at(L.k, bh, d.H) + j0 * L.k.t, L.k.t, bc, D, base + oK);
-        const Rows<C> V = load_rows<C>(v + slice_at(L.v, bh, d.H) + j0 * L.v.t, L.v.t, bc, Dv, base + oV);
-        mm(false, true, br, bc, D, scale, Q.p, Q.ld, K.p, K.ld, C(0), S, bc);  // S = scale * Q K^T   [br, bc]
-        for (int64_t r = 0; r < br; ++r) {  // online softmax, one row at a time
-          C* s = S + r * bc;
-          const int64_t nv = visible(causal, i0 + r, j0, bc);
-          const C mnew = std::max(m[r], row_max(s, nv));
-          if (mnew == -std::numeric_limits<C>::infinity()) {  // nothing visible yet in this row
-            std::fill(s, s + bc, C(0));
-            continue;
+        const int64_t tile = j0 / Bc, bc = std::min(Bc, kend - j0);
+        for (; packed_tiles <= tile; ++packed_tiles) {  // K^T of the tile's full extent in the slice
+          const int64_t t0 = packed_tiles * Bc, tb = std::min(Bc, Tk - t0);
+          const Rows<C> K = load_rows<C>(k + slice_at(L.k, bh, d.H) + t0 * L.k.t, L.k.t, tb, D, base + oK);
+          pack_transposed(K.p, K.ld, tb, D, round16(tb), KtAll + packed_tiles * kt_size);
+          dense_rows<C>(v + slice_at(L.v, bh, d.H) + t0 * L.v.t, L.v.t, tb, Dv, Vd + t0 * Dv);
+          if (t0 + Bc < Tk) {  // the next key tile, packed with the next query tile
+            const int64_t nrows = std::min(Bc, Tk - t0 - Bc);
+            prefetch_rows(k + slice_at(L.k, bh, d.H) + (t0 + Bc) * L.k.t, L.k.t, nrows, D);
+            prefetch_rows(v + slice_at(L.v, bh, d.H) + (t0 + Bc) * L.v.t, L.v.t, nrows, Dv);
           }
-          const C corr = exp_c(m[r] - mnew);  // rescales what was accumulated under the old max
-          l[r] = l[r] * corr + row_exp(s, nv, bc, mnew);  // masked keys get probability 0
-          m[r] = mnew;
-          if (corr != C(1)) row_scale(acc + r * Dv, Dv, corr);
         }
-        mm(false, false, br, Dv, bc, C(1), S, bc, V.p, V.ld, C(1), acc, Dv);  // acc += P V
+        // Causal tiles on the diagonal: row r sees keys c <= r + (i0 - j0); the products skip
+        // score columns no row of a 4-row block sees and the P V terms past the diagonal.
+        const int64_t diag = i0 - j0;
+        const Causal cols{.cols = causal ? diag : Causal::kAll}, khi{.khi = causal ? diag : Causal::kAll};
+        const int64_t ldkt = round16(std::min(Bc, Tk - j0));
+        const bool fused_softmax = kFusedSoftmax && bc <= 64;
+        C* corr = l + oCorr;  // per row: rescale of what was accumulated under the old max
+        if (fused_softmax) {  // scores and softmax in one pass (see f32t::scores_softmax)
+#if ATHANOR_CPU_AVX512
+          if constexpr (kFusedSoftmax)
+            f32t::scores_softmax_tile(br, bc, D, scale, Q.p, Q.ld, KtAll + tile * kt_size, ldkt,
+                                      causal ? diag : Causal::kAll, S, Bc16, m, l, corr);
+#endif
+        } else {
+          // S = scale * Q K^T   [br, bc]
+          mm(false, false, br, bc, D, scale, Q.p, Q.ld, KtAll + tile * kt_size, ldkt, C(0), S, Bc16, cols);
+          for (int64_t r = 0; r < br; ++r)  // online softmax, one row at a time; only s[0, nv) was computed
+            corr[r] = softmax_row(S + r * Bc16, visible(causal, i0 + r, j0, bc), bc, m[r], l[r]);
+        }
+        for (int64_t r = 0; r < br; ++r)
+          if (corr[r] != C(1)) row_scale(acc + r * Dv, Dv, corr[r]);
+        mm(false, false, br, Dv, bc, C(1), S, Bc16, Vd + j0 * Dv, Dv, C(1), acc, Dv, khi);  // acc += P V
       }
       for (int64_t r = 0; r < br; ++r) {  // O = acc / l, L = m + log l
         const C inv = C(1) / l[r];
@@ -299,6 +334,7 @@ void attention_backward(const T* q, const T* k, const T* v, const T* o, const T*
                         double scale_d, AttentionTiles tiles) {
   using C = attn_acc_t<T>;
   constexpr bool kConvert = !std::is_same_v<T, C>;
+  constexpr bool kFused = ATHANOR_CPU_AVX512 && std::is_same_v<C, float>;  // f32t::probs_tile, dscores_tile
   const int64_t BH = d.B * d.H, Tq = d.Tq, Tk = d.Tk, D = d.D, Dv = d.Dv;
   if (Tq == 0 || Tk == 0) {  // no score entries: every gradient is zero
     auto zero = [&](T* x, const AttentionStrides& st, int64_t rows, int64_t cols) {
@@ -318,86 +354,119 @@ void attention_backward(const T* q, const T* k, const T* v, const T* o, const T*
                                      tiles);
 #endif
   const C scale = static_cast<C>(scale_d);
-  const int64_t Br = std::max<int64_t>(1, tiles.q), Bc = std::max<int64_t>(1, tiles.k);
-  // Per-thread scratch: P and dP/dS tiles, Delta for every query row of the (b, h) slice, and for
-  // half inputs f32 copies of the slice's q, k, v, dO and f32 gradient accumulators.
-  const int64_t oP = 0, odP = oP + round16(Br * Bc), oDelta = odP + round16(Br * Bc),
-                oQ = oDelta + round16(Tq), cq = kConvert ? round16(Tq * D) : 0, ck = kConvert ? round16(Tk * D) : 0,
-                cv = kConvert ? round16(Tk * Dv) : 0, cdo = kConvert ? round16(Tq * Dv) : 0, oK = oQ + cq, oV = oK + ck,
-                odO = oV + cv, odQ = odO + cdo, odK = odQ + cq, odV = odK + ck, per = odV + cv;
+  const int64_t Br = std::max<int64_t>(1, tiles.q), Bc = std::max<int64_t>(1, tiles.k), Bc16 = round16(Bc);
+  // Per-thread scratch: P and dP/dS tiles, K_j^T and V_j^T of the key tile (packed once per key
+  // tile, read by every query tile), Delta for every query row of the (b, h) slice, and for half
+  // inputs an f32 copy of the slice's v. Q, K and dO are B operands of tile products and dQ, dK,
+  // dV their accumulated C operands: always dense (see dense_rows), the gradients written out
+  // at the end of the slice.
+  const int64_t oP = 0, odP = oP + round16(Br * Bc16), oKt = odP + round16(Br * Bc16), oVt = oKt + round16(D * Bc16),
+                oDelta = oVt + round16(Dv * Bc16), oQ = oDelta + round16(Tq), cv = kConvert ? round16(Tk * Dv) : 0,
+                oK = oQ + round16(Tq * D), oV = oK + round16(Tk * D), odO = oV + cv, odQ = odO + round16(Tq * Dv),
+                odK = odQ + round16(Tq * D), odV = odK + round16(Tk * D), per = odV + round16(Tk * Dv);
   const bool par = parallel_worth(BH, BH * Tq * Tk * (D + Dv));
   const int nthreads = par ? omp_get_max_threads() : 1;
   Workspace ws(static_cast<std::size_t>(nthreads * per) * sizeof(C));
+  int64_t npairs = 0;  // tile pairs (key tile, query tile) per slice
+  for (int64_t j0 = 0; j0 < Tk; j0 += Bc) npairs += (Tq - (causal ? std::min(Tq, j0 / Br * Br) : 0) + Br - 1) / Br;
 
 #pragma omp parallel if (par)
   {
     C* base = ws.as<C>() + omp_get_thread_num() * per;
-    C *P = base + oP, *dS = base + odP, *Delta = base + oDelta;
+    C *P = base + oP, *dS = base + odP, *Kt = base + oKt, *Vt = base + oVt, *Delta = base + oDelta;
 #pragma omp for schedule(dynamic, 1)  // slices are independent: dynamic keeps a slowed thread from holding up the rest
     for (int64_t bh = 0; bh < BH; ++bh) {
-      const Rows<C> Q = load_rows<C>(q + slice_at(L.q, bh, d.H), L.q.t, Tq, D, base + oQ);
-      const Rows<C> K = load_rows<C>(k + slice_at(L.k, bh, d.H), L.k.t, Tk, D, base + oK);
+      const Rows<C> Q = dense_rows<C>(q + slice_at(L.q, bh, d.H), L.q.t, Tq, D, base + oQ);
+      const Rows<C> K = dense_rows<C>(k + slice_at(L.k, bh, d.H), L.k.t, Tk, D, base + oK);
       const Rows<C> V = load_rows<C>(v + slice_at(L.v, bh, d.H), L.v.t, Tk, Dv, base + oV);
-      const Rows<C> dO = load_rows<C>(dout + slice_at(L.o, bh, d.H), L.o.t, Tq, Dv, base + odO);
+      const Rows<C> dO = dense_rows<C>(dout + slice_at(L.o, bh, d.H), L.o.t, Tq, Dv, base + odO);
       const T* O = o + slice_at(L.o, bh, d.H);
       const C* Lse = lse + bh * Tq;
-      // Accumulators: the outputs themselves when T == C, else f32 buffers converted at the end.
-      T *dqo = dq + slice_at(L.q, bh, d.H), *dko = dk + slice_at(L.k, bh, d.H), *dvo = dv + slice_at(L.v, bh, d.H);
-      C *dQ, *dK, *dV;
-      int64_t lq = D, lk = D, lv = Dv;
-      if constexpr (kConvert) {
-        dQ = base + odQ, dK = base + odK, dV = base + odV;
-      } else {
-        dQ = dqo, dK = dko, dV = dvo, lq = L.q.t, lk = L.k.t, lv = L.v.t;
-      }
-      for (int64_t i = 0; i < Tq; ++i) std::fill(dQ + i * lq, dQ + i * lq + D, C(0));
-      for (int64_t j = 0; j < Tk; ++j) std::fill(dK + j * lk, dK + j * lk + D, C(0));
-      for (int64_t j = 0; j < Tk; ++j) std::fill(dV + j * lv, dV + j * lv + Dv, C(0));
+      C *dQ = base + odQ, *dK = base + odK, *dV = base + odV;
+      const int64_t lq = D, lk = D, lv = Dv;
+      std::fill(dQ, dQ + Tq * D, C(0));
+      std::fill(dK, dK + Tk * D, C(0));
+      std::fill(dV, dV + Tk * Dv, C(0));
       // Delta_i = sum_c dO_ic O_ic = sum_j P_ij dP_ij: the softmax Jacobian's rank-one term.
       for (int64_t i = 0; i < Tq; ++i) {
         const T* orow = O + i * L.o.t;
         const C* grow = dO.p + i * dO.ld;
         C s = 0;
+#pragma omp simd reduction(+ : s)  // on vectors: an in-order sum is a serial chain of Dv adds
         for (int64_t c = 0; c < Dv; ++c) s += grow[c] * static_cast<C>(cast_value<C>(orow[c]));
         Delta[i] = s;
       }
+      // The inputs and outputs of the slice a thread usually takes next (with slices of equal
+      // cost, bh + nthreads), asked for ahead of use in equal parts at each tile pair.
+      const int64_t next = bh + nthreads;
+      int64_t pair = 0;
+      auto prefetch_next = [&](int64_t part) {
+        if (next >= BH) return;
+        const int64_t r0 = part * Tq / npairs, r1 = (part + 1) * Tq / npairs, k0 = part * Tk / npairs,
+                      k1 = (part + 1) * Tk / npairs;
+        prefetch_rows<1>(q + slice_at(L.q, next, d.H) + r0 * L.q.t, L.q.t, r1 - r0, D);
+        prefetch_rows<1>(dout + slice_at(L.o, next, d.H) + r0 * L.o.t, L.o.t, r1 - r0, Dv);
+        prefetch_rows<1>(o + slice_at(L.o, next, d.H) + r0 * L.o.t, L.o.t, r1 - r0, Dv);
+        prefetch_rows<1>(k + slice_at(L.k, next, d.H) + k0 * L.k.t, L.k.t, k1 - k0, D);
+        prefetch_rows<1>(v + slice_at(L.v, next, d.H) + k0 * L.v.t, L.v.t, k1 - k0, Dv);
+        prefetch_rows<1>(dq + slice_at(L.q, next, d.H) + r0 * L.q.t, L.q.t, r1 - r0, D, true);
+        prefetch_rows<1>(dk + slice_at(L.k, next, d.H) + k0 * L.k.t, L.k.t, k1 - k0, D, true);
+        prefetch_rows<1>(dv + slice_at(L.v, next, d.H) + k0 * L.v.t, L.v.t, k1 - k0, Dv, true);
+      };
       for (int64_t j0 = 0; j0 < Tk; j0 += Bc) {  // key tile j: dK_j, dV_j accumulate over query tiles
-        const int64_t bc = std::min(Bc, Tk - j0);
+        const int64_t bc = std::min(Bc, Tk - j0), bc16 = round16(bc);
         const C *Kj = K.p + j0 * K.ld, *Vj = V.p + j0 * V.ld;
+        pack_transposed(Kj, K.ld, bc, D, bc16, Kt);   // for S = Q_i K_j^T
+        pack_transposed(Vj, V.ld, bc, Dv, bc16, Vt);  // for dP = dO_i V_j^T
         // Causal: query rows i < j0 see none of these keys; start at the tile holding row j0.
+        const bool fused = kFused && bc <= 64;  // products with the exp / dS in their epilogue
         for (int64_t i0 = causal ? j0 / Br * Br : 0; i0 < Tq; i0 += Br) {
           const int64_t br = std::min(Br, Tq - i0);
           const C *Qi = Q.p + i0 * Q.ld, *dOi = dO.p + i0 * dO.ld;
+          prefetch_next(pair++);
+          // Diagonal tiles: query row r sees keys c <= r + diag. The score products skip columns
+          // no row of a 4-row block sees; the key-row products (dV, dK) skip query rows before
+          // the block's first key; dQ skips keys past the block's last row (P, dS are 0 there).
+          const int64_t diag = causal ? i0 - j0 : Causal::kAll;
+          const Causal cols{.cols = diag}, khi{.khi = diag}, klo{.klo = diag};
           // S = scale Q_i K_j^T, then P = exp(S - L): the forward's softmax, recomputed from lse.
-          mm(false, true, br, bc, D, scale, Qi, Q.ld, Kj, K.ld, C(0), P, bc);
-          for (int64_t r = 0; r < br; ++r) {
-            C* p = P + r * bc;
-            const int64_t nv = visible(causal, i0 + r, j0, bc);
-            row_exp(p, nv, bc, Lse[i0 + r]);
+          if (fused) {
+#if ATHANOR_CPU_AVX512
+            if constexpr (kFused) f32t::probs_tile(br, bc, D, scale, Qi, Q.ld, Kt, bc16, diag, Lse + i0, P, Bc16);
+#endif
+          } else {
+            mm(false, false, br, bc, D, scale, Qi, Q.ld, Kt, bc16, C(0), P, Bc16, cols);
+            for (int64_t r = 0; r < br; ++r)  // reads p[0, nv), zeroes p[nv, bc)
+              row_exp(P + r * Bc16, visible(causal, i0 + r, j0, bc), bc, Lse[i0 + r]);
           }
           // dV_j += P^T dO_i            (O = P V)
-          mm(true, false, bc, Dv, br, C(1), P, bc, dOi, dO.ld, C(1), dV + j0 * lv, lv);
-          // dP = dO_i V_j^T             (dL/dP)
-          mm(false, true, br, bc, Dv, C(1), dOi, dO.ld, Vj, V.ld, C(0), dS, bc);
-          // dS = P * (dP - Delta)       (softmax backward; masked entries have P = 0)
-          for (int64_t r = 0; r < br; ++r) {
-            C* ds = dS + r * bc;
-            const C* p = P + r * bc;
-            const C del = Delta[i0 + r];
+          mm(true, false, bc, Dv, br, C(1), P, Bc16, dOi, dO.ld, C(1), dV + j0 * lv, lv, klo);
+          // dP = dO_i V_j^T, dS = P * (dP - Delta)   (softmax backward; masked entries 0)
+          if (fused) {
+#if ATHANOR_CPU_AVX512
+            if constexpr (kFused) f32t::dscores_tile(br, bc, Dv, dOi, dO.ld, Vt, bc16, diag, Delta + i0, P, Bc16, dS, Bc16);
+#endif
+          } else {
+            mm(false, false, br, bc, Dv, C(1), dOi, dO.ld, Vt, bc16, C(0), dS, Bc16, cols);
+            for (int64_t r = 0; r < br; ++r) {  // dP was computed on [0, nv) only
+              C* ds = dS + r * Bc16;
+              const C* p = P + r * Bc16;
+              const C del = Delta[i0 + r];
+              const int64_t nv = visible(causal, i0 + r, j0, bc);
 #pragma omp simd
-            for (int64_t c = 0; c < bc; ++c) ds[c] = p[c] * (ds[c] - del);
+              for (int64_t c = 0; c < nv; ++c) ds[c] = p[c] * (ds[c] - del);
+              std::fill(ds + std::max<int64_t>(nv, 0), ds + bc, C(0));
+            }
           }
           // dQ_i += scale dS K_j         (S = scale Q K^T)
-          mm(false, false, br, D, bc, scale, dS, bc, Kj, K.ld, C(1), dQ + i0 * lq, lq);
+          mm(false, false, br, D, bc, scale, dS, Bc16, Kj, K.ld, C(1), dQ + i0 * lq, lq, khi);
           // dK_j += scale dS^T Q_i
-          mm(true, false, bc, D, br, scale, dS, bc, Qi, Q.ld, C(1), dK + j0 * lk, lk);
+          mm(true, false, bc, D, br, scale, dS, Bc16, Qi, Q.ld, C(1), dK + j0 * lk, lk, klo);
         }
       }
-      if constexpr (kConvert) {
-        store_rows(dQ, Tq, D, dqo, L.q.t);
-        store_rows(dK, Tk, D, dko, L.k.t);
-        store_rows(dV, Tk, Dv, dvo, L.v.t);
-      }
+      store_rows(dQ, Tq, D, dq + slice_at(L.q, bh, d.H), L.q.t);
+      store_rows(dK, Tk, D, dk + slice_at(L.k, bh, d.H), L.k.t);
+      store_rows(dV, Tk, Dv, dv + slice_at(L.v, bh, d.H), L.v.t);
     }
   }
 }
@@ -413,6 +482,8 @@ ATHANOR_INSTANTIATE_ATTENTION(double)
 ATHANOR_INSTANTIATE_ATTENTION(bfloat16)
 ATHANOR_INSTANTIATE_ATTENTION(float16)
 #undef ATHANOR_INSTANTIATE_ATTENTION
+
+#pragma GCC diagnostic pop
 
 namespace ref {
 namespace {

@@ -6,23 +6,29 @@
 //
 // Invariants:
 //  - the Tq x Tk score matrix is never materialized: a thread holds one
-//    block_q x block_k score tile (plus its accumulators) at a time; scratch comes
-//    from the tagged allocator (MemTag::workspace), so memory reports see it;
+//    block_q x block_k score tile (plus its accumulators) at a time, and O(T D) copies of the
+//    (b, h) slice it works on (forward: K^T and V; backward: dense Q, K, dO and the dQ, dK, dV
+//    accumulators); scratch comes from the tagged allocator (MemTag::workspace), so memory
+//    reports see it;
 //  - forward is parallel over (batch, head, query tile); backward over (batch, head)
 //    pairs, so each thread owns the dq/dk/dv slices it writes (no races, deterministic
 //    whatever the thread count or schedule);
 //  - f32 tile products run on AVX-512 FMA micro-kernels (4 x 64 register tiles; a transposed
-//    A is read through strides, a transposed B is transposed 16 x 16 in registers), the
-//    oneDNN sgemm without AVX-512;
+//    A is read through strides, K^T and V^T are packed once per slice / key tile), the oneDNN
+//    sgemm without AVX-512; the score products (S, and dP in the backward) run the softmax,
+//    exp or dS of their 4-row block right after it, without a separate pass over the tile;
 //  - compute type: f64 for f64, f32 for f32/bf16/f16 (half tiles are converted on load);
 //    bf16 inputs with even D and Dv, in a build for AVX512_BF16 (-march=native on such a
 //    CPU), multiply their tiles with bf16 dot products instead (vdpbf16ps, f32 accumulation;
 //    P and dS rounded to bf16 as product operands; softmax and all accumulators stay f32);
 //    lse has the compute type (f32 except for f64 inputs, where f64 keeps gradcheck exact);
-//  - causal key tiles that lie entirely above the diagonal are skipped;
+//  - causal key tiles that lie entirely above the diagonal are skipped; in tiles on the
+//    diagonal, each 4-row block of a product skips the 16-column vectors of scores no row of
+//    it sees and the product terms whose P or dS is masked (exact zeros);
 //  - operands may be strided (AttentionLayout): each row of D elements is contiguous, rows,
 //    heads and batches are anywhere, so q, k, v can be read straight out of a packed
-//    [B, T, 3 H D] projection and O written in [B, T, H D] order, with no transpose copies.
+//    [B, T, 3 H D] projection and O written in [B, T, H D] order, with no transposed copies
+//    of the whole tensors (the kernels copy a slice's rows as they need them).
 #include <array>
 #include <cstdint>
 #include <type_traits>
