@@ -125,6 +125,22 @@ void lowp_linear_backward_gemms(const Node& n, const bfloat16* g, const SavedTen
   }
 }
 
+template <class T> void transpose_2d(const T* src, int64_t rows, int64_t cols, T* dst) {
+  constexpr int64_t kTile = 32;
+  const int64_t rt = (rows + kTile - 1) / kTile, ct = (cols + kTile - 1) / kTile;
+#pragma omp parallel for collapse(2) schedule(static) if (rows * cols > (1 << 15))
+  for (int64_t bi = 0; bi < rt; ++bi)
+    for (int64_t bj = 0; bj < ct; ++bj) {
+      const int64_t r1 = std::min(rows, (bi + 1) * kTile), c1 = std::min(cols, (bj + 1) * kTile);
+      for (int64_t c = bj * kTile; c < c1; ++c)
+        for (int64_t r = bi * kTile; r < r1; ++r) dst[c * rows + r] = src[r * cols + c];
+    }
+}
+template void transpose_2d<float>(const float*, int64_t, int64_t, float*);
+template void transpose_2d<double>(const double*, int64_t, int64_t, double*);
+template void transpose_2d<bfloat16>(const bfloat16*, int64_t, int64_t, bfloat16*);
+template void transpose_2d<float16>(const float16*, int64_t, int64_t, float16*);
+
 Tensor contiguous_raw(const Tensor& x) {
   if (x.is_contiguous()) return x;
   Tensor c = empty(x.sizes(), TensorOptions(x.dtype()));

@@ -64,6 +64,9 @@ LowpLinearInputs f32_master_inputs(const char* op, const Tensor& x, const Tensor
 // (input 1). x and W are the saved contiguous bf16 tensors.
 void lowp_linear_backward_gemms(const Node& n, const bfloat16* g, const SavedTensor& x, const SavedTensor& w, int64_t M,
                                 int64_t in, int64_t out_f, Tensor& dx, Tensor& dw);
+// dst[c, r] = src[r, c] for a row-major [rows, cols] src (dst is [cols, rows]), in 32 x 32
+// tiles over both threads. For weight gradients computed as dW^T (detail::weight_grad_t).
+template <class T> void transpose_2d(const T* src, int64_t rows, int64_t cols, T* dst);
 // A contiguous tensor with x's values (x itself when already contiguous). Not recorded.
 Tensor contiguous_raw(const Tensor& x);
 // x converted to dtype, contiguous. Not recorded.

@@ -163,6 +163,59 @@ TEST(GeluLinear, FusedBackwardMatchesDoubleLoop) {
   }
 }
 
+TEST(GeluLinear, F32RowBlocksMatchDoubleLoop) {
+  // f32 computes dx and gelu(x) per block of rows, one block per thread (an odd M = 333
+  // splits unevenly), and dW as (gelu(x)^T dy)^T since out < in. Against double loops: the
+  // forward with and without a bias, the three gradients, and each gradient alone: dx
+  // without dW (gelu(x) not kept), dW without dx (gelu(x) without the blocked pass).
+  auto dgelu = [](double x) {
+    const double u = std::sqrt(2.0 / M_PI) * (x + 0.044715 * x * x * x), t = std::tanh(u);
+    return 0.5 * (1.0 + t) + 0.5 * x * (1.0 - t * t) * std::sqrt(2.0 / M_PI) * (1.0 + 3 * 0.044715 * x * x);
+  };
+  const int64_t M = 333, in = 1024, out = 24;
+  Generator g(71);
+  const Tensor x0 = mul(randn({M, in}, {}, g), 1.5), w0 = mul(randn({out, in}, {}, g), 0.1), b0 = randn({out}, {}, g),
+               dy = randn({M, out}, {}, g);
+  const std::vector<double> xv = x0.to_vector(), wv = w0.to_vector(), dyv = dy.to_vector();
+  std::vector<double> dx_ref(M * in), dw_ref(out * in, 0.0), db_ref(out, 0.0);
+  for (int64_t m = 0; m < M; ++m) {
+    for (int64_t o = 0; o < out; ++o) db_ref[o] += dyv[m * out + o];
+    for (int64_t i = 0; i < in; ++i) {
+      double dh = 0;
+      const double h = gelu_tanh_ref(xv[m * in + i]);
+      for (int64_t o = 0; o < out; ++o) {
+        dh += dyv[m * out + o] * wv[o * in + i];
+        dw_ref[o * in + i] += dyv[m * out + o] * h;
+      }
+      dx_ref[m * in + i] = dh * dgelu(xv[m * in + i]);
+    }
+  }
+  EXPECT_CLOSE(gelu_linear(x0, w0, b0), from_vector(naive_forward(x0, w0, b0), {M, out}), 1e-4, 1e-5);
+  EXPECT_CLOSE(gelu_linear(x0, w0), from_vector(naive_forward(x0, w0, Tensor()), {M, out}), 1e-4, 1e-5);
+  const Tensor dx_expected = from_vector(dx_ref, {M, in}), dw_expected = from_vector(dw_ref, {out, in}),
+               db_expected = from_vector(db_ref, {out});
+  for (int which = 0; which < 3; ++which) {  // 0: all, 1: x only, 2: W (and b) only
+    SCOPED_TRACE(which);
+    Tensor x = x0.detach().requires_grad_(which != 2), w = w0.detach().requires_grad_(which != 1),
+           b = b0.detach().requires_grad_(which != 1);
+    gelu_linear(x, w, b).backward(dy);
+    if (which != 2) EXPECT_CLOSE(x.grad(), dx_expected, 1e-5, 1e-5);
+    else EXPECT_FALSE(x.grad().defined());
+    if (which != 1) {
+      EXPECT_CLOSE(w.grad(), dw_expected, 1e-3, 1e-5);
+      EXPECT_CLOSE(b.grad(), db_expected, 1e-4, 1e-5);
+    } else {
+      EXPECT_FALSE(w.grad().defined());
+    }
+  }
+  // No rows: empty dx, zero dW and db.
+  Tensor xe = zeros({0, in}).requires_grad_(true), we = w0.detach().requires_grad_(true), be = b0.detach().requires_grad_(true);
+  gelu_linear(xe, we, be).backward(zeros({0, out}));
+  EXPECT_EQ(xe.grad().sizes(), (Shape{0, in}));
+  EXPECT_CLOSE(we.grad(), zeros({out, in}), 0.0, 0.0);
+  EXPECT_CLOSE(be.grad(), zeros({out}), 0.0, 0.0);
+}
+
 TEST(GeluLinear, GraphKeepsOneActivationLessThanUnfused) {
   // f32 [M, in] = [256, 512]: the gelu output the unfused graph keeps is 512 KiB.
   Generator g(5);

@@ -2,6 +2,7 @@
 // views), the GEMM against the naive reference, and shape errors.
 #include "athanor/ops/autocast.h"
 #include "backend/cpu/gemm.h"
+#include "ops/op_utils.h"
 #include "test_util.h"
 
 namespace athanor {
@@ -163,6 +164,20 @@ TEST(Linear, ErrorsNameShapes) {
   EXPECT_NE(msg.find("[2, 5]"), std::string::npos) << msg;
   EXPECT_NE(msg.find("[3, 4]"), std::string::npos) << msg;
   EXPECT_NE(error_message([] { linear(zeros({2, 4}), zeros({3, 4}), zeros({4})); }).find("bias"), std::string::npos);
+}
+
+TEST(Transpose2d, MatchesIndexMappingOnRaggedTiles) {
+  // 32 x 32 tiles, both threads: shapes with partial tiles on either side, one row, one column.
+  for (auto [rows, cols] : std::vector<std::pair<int64_t, int64_t>>{{1, 1}, {1, 70}, {45, 1}, {33, 31}, {1024, 24}, {257, 300}}) {
+    SCOPED_TRACE(std::to_string(rows) + " x " + std::to_string(cols));
+    std::vector<float> src(rows * cols), dst(rows * cols, -1.0f);
+    for (int64_t i = 0; i < rows * cols; ++i) src[i] = static_cast<float>(i);
+    detail::transpose_2d(src.data(), rows, cols, dst.data());
+    int64_t wrong = 0;
+    for (int64_t r = 0; r < rows; ++r)
+      for (int64_t c = 0; c < cols; ++c) wrong += dst[c * rows + r] != static_cast<float>(r * cols + c);
+    EXPECT_EQ(wrong, 0);
+  }
 }
 
 }  // namespace athanor
