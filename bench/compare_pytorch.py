@@ -39,6 +39,11 @@ ENGINES = ["athanor", "torch-default", "torch-tuned"]
 # of the table. The GEMM probe of `athanor bench` is kept in the raw results, but on a busy
 # machine it moves with the load and makes MFU meaningless.
 REGISTER_PEAK = {"f32": 454.0, "bf16": 909.0}
+# At least these (timed, warm-up) step counts per config, whatever --steps/--warmup/--quick say:
+# 10 MLP steps are ~50 ms of timed work, within the machine's noise; and PyTorch's allocator
+# needs 3 warm-up steps on gpt2-124M (after 2, tuned bf16 still took ~400k page faults per step
+# and ran at 170-215 tok/s, against ~530 after 3).
+MIN_STEPS = {"mlp": (100, 10), "gpt2-124m": (3, 3)}
 
 
 def environments(threads, capability):
@@ -62,13 +67,19 @@ def environments(threads, capability):
     return {"athanor": base, "athanor-env": athanor_env, "torch-default": base, "torch-tuned": tuned}
 
 
+def steps_for(name, args):
+    lo_steps, lo_warmup = MIN_STEPS.get(name, (0, 0))
+    return max(args.steps, lo_steps), max(args.warmup, lo_warmup)
+
+
 def run_one(engine, cfg_path, precision, args, envs):
+    steps, warmup = steps_for(os.path.basename(cfg_path)[:-len(".yaml")], args)
     if engine.startswith("athanor"):
         cmd = [args.athanor, "bench", cfg_path, f"trainer.precision={precision}", "--json",
-               "--steps", str(args.steps), "--warmup", str(args.warmup)]
+               "--steps", str(steps), "--warmup", str(warmup)]
     else:
         cmd = [sys.executable, os.path.join(HERE, "pytorch_step.py"), cfg_path, "--precision", precision,
-               "--steps", str(args.steps), "--warmup", str(args.warmup), "--threads", str(args.threads),
+               "--steps", str(steps), "--warmup", str(warmup), "--threads", str(args.threads),
                "--label", engine]
     t0 = time.time()
     p = subprocess.run(cmd, cwd=ROOT, env=envs[engine], capture_output=True, text=True, timeout=args.timeout)
@@ -142,6 +153,7 @@ def main():
     unit_of = lambda runs: "tok/s" if runs["athanor"][0]["unit"] == "tokens" else "samples/s"
     peak_of = {"f32": args.peak_f32, "bf16": args.peak_bf16}
     print(f"\n{args.repeats} repeats x {args.steps} timed steps (after {args.warmup} warm-up), {args.threads} threads; "
+          f"{''.join(f'({n}: {steps_for(n, args)[0]} steps after {steps_for(n, args)[1]}) ' for n in args.configs if n in MIN_STEPS)}"
           f"median [min-max] over repeats; ratios paired per repeat. MFU against "
           f"{'peaks of ' + str(args.peak_f32) + ' (f32) / ' + str(args.peak_bf16) + ' (bf16) GFLOP/s' if args.peak_f32 and args.peak_bf16 else 'the GEMM probe'}.\n")
     extra = " | athanor-env | athanor-env / tuned" if args.athanor_env else ""
