@@ -74,8 +74,8 @@ template <class T>
 std::vector<Call> linear(std::vector<Call>& fwd, Pool<T>& p, Pool<float>& pf, const std::string& name, int64_t M,
                          int64_t in, int64_t out, bool bias, bool needs_dx) {
   T *x = p.get(M * in), *w = p.get(out * in), *b = bias ? p.get(out) : nullptr, *y = p.get(M * out);
-  T *dy = p.get(M * out), *dx = p.get(M * in), *dw = p.get(out * in);
-  float* dw32 = pf.get(out * in);
+  T *dy = p.get(M * out), *dx = p.get(M * in);
+  float* dw = pf.get(out * in);  // f32 in both precisions (bf16: from the f32 accumulators)
   const double f = 2.0 * M * in * out;
   fwd.push_back({name + " fwd", false, f, [=] { cpu::gemm_bias<T>(false, true, M, out, in, x, in, w, in, b, y, out); }});
   std::vector<Call> bwd;
@@ -86,7 +86,7 @@ std::vector<Call> linear(std::vector<Call>& fwd, Pool<T>& p, Pool<float>& pf, co
                    }});
   bwd.push_back({name + " dW", false, f, [=] {
                    if constexpr (std::is_same_v<T, float>) cpu::gemm(true, false, out, in, M, 1.0f, dy, out, x, in, 0.0f, dw, in);
-                   else cpu::gemm_bf16_f32out(true, false, out, in, M, 1.0f, dy, out, x, in, 0.0f, dw32, in);
+                   else cpu::gemm_bf16_f32out(true, false, out, in, M, 1.0f, dy, out, x, in, 0.0f, dw, in);
                  }});
   return bwd;
 }
