@@ -1,7 +1,7 @@
 // Gradient norm and clipping. f32 gradients (the usual case) go through one
-// multi-tensor pass: all gradients cut into fixed chunks in one OpenMP region, each
-// chunk's Σg² summed in f64 by the AVX-512 kernel, the per-chunk sums added in chunk
-// order, so the norm does not depend on the thread count. Other dtypes (f64, bf16,
+// multi-tensor pass (multi_tensor.h): each fixed chunk's Σg² summed in f64 by the
+// AVX-512 kernel, the per-chunk sums added in chunk order, so the norm does not
+// depend on the thread count. Other dtypes (f64, bf16,
 // f16 gradients) take a per-tensor loop.
 #include "athanor/optim/clip.h"
 
@@ -11,6 +11,7 @@
 #include "athanor/core/convert.h"
 #include "athanor/core/error.h"
 #include "optim/fused_update.h"
+#include "optim/multi_tensor.h"
 
 namespace athanor::optim {
 namespace {
@@ -21,7 +22,6 @@ struct Span {
   float* data;
   int64_t n;
 };
-using Chunk = std::pair<int, int64_t>;  // (span, first element)
 
 // The f32 gradients as spans; calls other(g) for every other floating gradient.
 template <class Other> std::vector<Span> f32_grads(const std::vector<Tensor>& params, const char* op, const Other& other) {
@@ -37,14 +37,18 @@ template <class Other> std::vector<Span> f32_grads(const std::vector<Tensor>& pa
   return spans;
 }
 
-std::vector<Chunk> chunks_of(const std::vector<Span>& spans, int64_t& total) {
-  std::vector<Chunk> chunks;
-  total = 0;
-  for (int k = 0; k < static_cast<int>(spans.size()); ++k) {
-    for (int64_t b = 0; b < spans[k].n; b += kChunk) chunks.emplace_back(k, b);
-    total += spans[k].n;
-  }
-  return chunks;
+std::vector<int64_t> sizes_of(const std::vector<Span>& spans) {
+  std::vector<int64_t> sizes;
+  for (const Span& s : spans) sizes.push_back(s.n);
+  return sizes;
+}
+
+// body(span, begin, end, chunk index) over every chunk of every span (multi_tensor.h).
+template <class Body> void over_chunks(const std::vector<Span>& spans, const Body& body) {
+  const std::vector<int64_t> sizes = sizes_of(spans);
+  int64_t total = 0;
+  for (const int64_t n : sizes) total += n;
+  detail::for_each_chunk(sizes, kChunk, total > kGrain, body);
 }
 
 double sum_squares_other(const Tensor& g) {
@@ -77,15 +81,8 @@ void scale_other(const Tensor& g, double coef) {
 double grad_norm(const std::vector<Tensor>& params) {
   double total = 0;
   const std::vector<Span> spans = f32_grads(params, "grad_norm", [&](const Tensor& g) { total += sum_squares_other(g); });
-  int64_t n = 0;
-  const std::vector<Chunk> chunks = chunks_of(spans, n);
-  const int64_t nc = static_cast<int64_t>(chunks.size());
-  std::vector<double> partial(nc);
-#pragma omp parallel for schedule(static) if (n > kGrain)
-  for (int64_t c = 0; c < nc; ++c) {
-    const auto [k, b] = chunks[c];
-    partial[c] = detail::sum_squares_f32(spans[k].data + b, std::min(kChunk, spans[k].n - b));
-  }
+  std::vector<double> partial(detail::num_chunks(sizes_of(spans), kChunk));
+  over_chunks(spans, [&](int k, int64_t b, int64_t e, int64_t c) { partial[c] = detail::sum_squares_f32(spans[k].data + b, e - b); });
   for (const double s : partial) total += s;
   return std::sqrt(total);
 }
@@ -97,14 +94,7 @@ double clip_grad_norm(const std::vector<Tensor>& params, double max_norm) {
   const double coef = max_norm / (norm + 1e-6);
   if (coef >= 1.0) return norm;
   const std::vector<Span> spans = f32_grads(params, "clip_grad_norm", [&](const Tensor& g) { scale_other(g, coef); });
-  int64_t n = 0;
-  const std::vector<Chunk> chunks = chunks_of(spans, n);
-  const int64_t nc = static_cast<int64_t>(chunks.size());
-#pragma omp parallel for schedule(static) if (n > kGrain)
-  for (int64_t c = 0; c < nc; ++c) {
-    const auto [k, b] = chunks[c];
-    detail::scale_f32(spans[k].data + b, std::min(kChunk, spans[k].n - b), coef);
-  }
+  over_chunks(spans, [&](int k, int64_t b, int64_t e, int64_t) { detail::scale_f32(spans[k].data + b, e - b, coef); });
   for (const Tensor& p : params)
     if (p.grad().defined()) p.grad().bump_version();
   return norm;

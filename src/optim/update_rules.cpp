@@ -15,6 +15,7 @@
 #include "athanor/core/error.h"
 #include "athanor/optim/optimizer.h"
 #include "optim/fused_update.h"
+#include "optim/multi_tensor.h"
 
 namespace athanor::optim {
 namespace {
@@ -36,27 +37,14 @@ template <class T> double sq_norm(const T* x, int64_t n) {
   return s;
 }
 
-// Multi-tensor driver: runs body(k, begin, end) over every parameter k's elements,
-// cut into fixed chunks and spread over ONE OpenMP region for all parameters, so the
-// many small tensors of a model (biases, norm weights) cost neither a parallel region
-// each nor an idle second thread, and a large tensor splits across both. Each element
-// is updated exactly as in a per-tensor loop, so results do not depend on the chunking
-// or the thread count. `chunks` is the caller's scratch (capacity reused).
-using Chunk = std::pair<int, int64_t>;  // (parameter, first element)
-constexpr int64_t kChunk = 1 << 13;    // 32 KiB of f32: long enough for the vector loop, small enough to balance
-template <class Body> void over_all_chunks(const std::vector<int64_t>& sizes, std::vector<Chunk>& chunks, const Body& body) {
-  chunks.clear();
+// f32 parameters go through one multi-tensor pass (multi_tensor.h); each element is
+// updated exactly as in a per-tensor loop, so results do not depend on the chunking or
+// the thread count.
+constexpr int64_t kChunk = 1 << 13;  // 32 KiB of f32: long enough for the vector loop, small enough to balance
+template <class Body> void over_all_chunks(const std::vector<int64_t>& sizes, const Body& body) {
   int64_t total = 0;
-  for (int k = 0; k < static_cast<int>(sizes.size()); ++k) {
-    for (int64_t b = 0; b < sizes[k]; b += kChunk) chunks.emplace_back(k, b);
-    total += sizes[k];
-  }
-  const int64_t nc = static_cast<int64_t>(chunks.size());
-#pragma omp parallel for schedule(static) if (total > kGrain)
-  for (int64_t c = 0; c < nc; ++c) {
-    const auto [k, b] = chunks[c];
-    body(k, b, std::min(sizes[k], b + kChunk));
-  }
+  for (const int64_t n : sizes) total += n;
+  detail::for_each_chunk(sizes, kChunk, total > kGrain, [&](int k, int64_t begin, int64_t end, int64_t) { body(k, begin, end); });
 }
 
 class SGD final : public Optimizer {
@@ -88,7 +76,7 @@ class SGD final : public Optimizer {
     });
     const DType cd = low_precision_copies();
     const int64_t csize = static_cast<int64_t>(dtype_size(cd));
-    over_all_chunks(sizes_, chunks_, [&](int k, int64_t begin, int64_t end) {
+    over_all_chunks(sizes_, [&](int k, int64_t begin, int64_t end) {
       const WorkF32& w = work_[k];
       detail::sgd_f32(w.w + begin, w.g + begin, w.b ? w.b + begin : nullptr, end - begin, w.k,
                       w.copy ? w.copy + begin * csize : nullptr, cd);
@@ -125,7 +113,6 @@ class SGD final : public Optimizer {
   // Per-step scratch, kept to reuse its capacity (no allocation per step).
   std::vector<WorkF32> work_;
   std::vector<int64_t> sizes_;
-  std::vector<Chunk> chunks_;
   std::vector<std::pair<const std::string*, Tensor>> published_;
 };
 
@@ -210,7 +197,7 @@ class Adam final : public Optimizer {
     });
     const DType cd = low_precision_copies();
     const int64_t csize = static_cast<int64_t>(dtype_size(cd));
-    over_all_chunks(sizes_, chunks_, [&](int k, int64_t begin, int64_t end) {
+    over_all_chunks(sizes_, [&](int k, int64_t begin, int64_t end) {
       const WorkF32& w = work_[k];
       detail::adam_f32(w.w + begin, w.g + begin, w.m + begin, w.v + begin, end - begin, w.k,
                        w.copy ? w.copy + begin * csize : nullptr, cd);
@@ -232,7 +219,6 @@ class Adam final : public Optimizer {
   bool decoupled_;
   std::vector<WorkF32> work_;  // per-step scratch, capacity reused
   std::vector<int64_t> sizes_;
-  std::vector<Chunk> chunks_;
   std::vector<std::pair<const std::string*, Tensor>> published_;
 };
 
