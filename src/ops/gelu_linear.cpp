@@ -33,11 +33,11 @@
 #include <omp.h>
 
 #include <algorithm>
-#include <exception>
 
 #include "athanor/ops/autocast.h"
 #include "backend/cpu/activation.h"
 #include "backend/cpu/gemm.h"
+#include "backend/cpu/gemm_row_blocks.h"
 #include "backend/cpu/reduce.h"
 #include "backend/cpu/unary.h"
 #include "backend/cpu/workspace.h"
@@ -119,22 +119,10 @@ void gelu_tanh_value_and_apply_slope(const float* x, float* h, float* g, int64_t
 // of W again).
 void blocked_dx_and_gelu(const float* x, const float* w, const float* dy, float* h, float* dx, int64_t M, int64_t in,
                          int64_t out_f) {
-  if (M == 0) return;
   const int64_t threads = M * in > cpu::vec::kGrainTranscendental ? omp_get_max_threads() : 1;
-  const int64_t rows = (M + threads - 1) / threads, nblocks = (M + rows - 1) / rows;
-  std::exception_ptr error;  // exceptions must not cross the OpenMP region
-#pragma omp parallel for schedule(static) if (nblocks > 1)
-  for (int64_t blk = 0; blk < nblocks; ++blk) {
-    const int64_t r0 = blk * rows, n = std::min(rows, M - r0);
-    try {
-      cpu::gemm_tile(false, false, n, in, out_f, 1.0f, dy + r0 * out_f, out_f, w, in, 0.0f, dx + r0 * in, in);
-      gelu_tanh_value_and_apply_slope(x + r0 * in, h ? h + r0 * in : nullptr, dx + r0 * in, n * in);
-    } catch (...) {
-#pragma omp critical(athanor_gelu_linear_error)
-      if (!error) error = std::current_exception();
-    }
-  }
-  if (error) std::rethrow_exception(error);
+  cpu::gemm_row_blocks(M, in, out_f, dy, out_f, w, in, dx, in, threads, [&](int64_t r0, int64_t n) {
+    gelu_tanh_value_and_apply_slope(x + r0 * in, h ? h + r0 * in : nullptr, dx + r0 * in, n * in);
+  });
 }
 
 #endif

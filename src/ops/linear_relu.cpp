@@ -4,7 +4,7 @@
 //             y = max(y, 0)          in place, while y is still in cache
 //   backward  g = dy ⊙ [y > 0]        scratch (MemTag::workspace), with
 //             db = rowsum(g)          in the same pass (cpu::relu_backward_rowsum)
-//             dx = g W,  dW = g^T x   two GEMMs
+//             dx = g W,  dW = g^T x   two GEMMs (f32 dx: each thread on its rows of g)
 //
 // Against the unfused relu(linear(...)): no separate pre-activation tensor, one graph node
 // instead of two, the ReLU forward without a second output buffer, and the ReLU backward
@@ -22,11 +22,14 @@
 // to y's dtype; g is exact).
 #include "athanor/ops/linear_relu.h"
 
+#include <omp.h>
+
 #include <vector>
 
 #include "athanor/ops/autocast.h"
 #include "backend/cpu/activation.h"
 #include "backend/cpu/gemm.h"
+#include "backend/cpu/gemm_row_blocks.h"
 #include "backend/cpu/workspace.h"
 #include "ops/op_utils.h"
 
@@ -36,6 +39,7 @@ constexpr const char* kOp = "linear_relu";
 constexpr const char* kHint =
     "linear_relu(x, W, b) is relu(linear(x, W, b)): x's last dim is W's in_features (the previous layer's output size)";
 using detail::gemm_t;
+constexpr int64_t kThreadedMacs = 1 << 18;  // ~50 us of multiply-adds: below, a second thread costs more than it saves
 
 // y = relu(x W^T + b) on contiguous x, W, b of dtype T.
 template <class T> void forward_into(const Tensor& xc, const Tensor& wc, const Tensor& bias, Tensor& y, int64_t M, int64_t out_f,
@@ -120,8 +124,13 @@ Tensor linear_relu(const Tensor& x, const Tensor& weight, const Tensor& bias) {
         if (needs_grad(n, 0)) {  // dx = g W            [M, out] @ [out, in]
           const Tensor wv = sw.unpack(n);
           dx = empty(Shape(sx.unpack(n).sizes()), TensorOptions(dy.dtype()));
-          gemm_t<T>(false, false, M, in, out_f, pg, out_f, static_cast<const T*>(wv.raw_data()), in, 0.0f,
-                    static_cast<T*>(dx.raw_data()), in);
+          if constexpr (std::is_same_v<T, float>)  // each thread on its rows (gemm_row_blocks.h); tiny: one
+            cpu::gemm_row_blocks(M, in, out_f, pg, out_f, static_cast<const float*>(wv.raw_data()), in,
+                                 static_cast<float*>(dx.raw_data()), in, M * in * out_f >= kThreadedMacs ? omp_get_max_threads() : 1,
+                                 [](int64_t, int64_t) {});
+          else
+            gemm_t<T>(false, false, M, in, out_f, pg, out_f, static_cast<const T*>(wv.raw_data()), in, 0.0f,
+                      static_cast<T*>(dx.raw_data()), in);
         }
         if (needs_grad(n, 1)) {  // dW = g^T x          [out, M] @ [M, in]
           const Tensor xv = sx.unpack(n);
