@@ -1,5 +1,7 @@
 // GEMM dispatch (see gemm.h). f32 and bf16 run on cached oneDNN matmul primitives;
 // tiny f32 GEMMs (under kMinPrimitiveWork multiply-adds) on dnnl_sgemm, f64 on OpenBLAS.
+// f32 GEMMs with one dimension <= 16 (a classifier head's linear) go first to narrow_gemm
+// (narrow_gemm.h): oneDNN blocks for square-ish shapes and ran these at 60-120 GFLOP/s.
 //
 // Why primitives rather than dnnl_sgemm for f32 (issue 7, measured on the 2-core dev
 // box, bench/gemm_shapes.cpp and /tmp harnesses):
@@ -34,6 +36,7 @@
 
 #include "athanor/core/convert.h"
 #include "athanor/core/error.h"
+#include "backend/cpu/narrow_gemm.h"
 
 namespace athanor::cpu {
 
@@ -173,6 +176,7 @@ void sgemm(bool ta, bool tb, int64_t M, int64_t N, int64_t K, float alpha, const
 void gemm(bool ta, bool tb, int64_t M, int64_t N, int64_t K, float alpha, const float* A, int64_t lda, const float* B,
           int64_t ldb, float beta, float* C, int64_t ldc) {
   if (M == 0 || N == 0) return;
+  if (narrow_gemm(ta, tb, M, N, K, alpha, A, lda, B, ldb, beta, /*bias=*/nullptr, C, ldc)) return;
   if (use_f32_primitive(M, N, K) &&
       matmul_dnnl<float, float>(ta, tb, M, N, K, alpha, A, lda, B, ldb, nullptr, beta, C, ldc))
     return;
@@ -254,6 +258,7 @@ void gemm_bias(bool ta, bool tb, int64_t M, int64_t N, int64_t K, const T* A, in
     return;
   }
   if constexpr (std::is_same_v<T, float>) {
+    if (narrow_gemm(ta, tb, M, N, K, 1.0f, A, lda, B, ldb, 0.0f, bias, C, ldc)) return;
     if (use_f32_primitive(M, N, K) && matmul_dnnl<float, float>(ta, tb, M, N, K, 1.0f, A, lda, B, ldb, bias, 0.0f, C, ldc))
       return;
   } else if constexpr (std::is_same_v<T, bfloat16>) {

@@ -4,7 +4,8 @@
 // f32 and bf16 go to oneDNN matmul primitives (JIT AVX-512 / AVX512_BF16, f32
 // accumulation), cached by dtype/shape/transposition/strides/alpha/beta/bias, with
 // their scratchpad in a per-thread buffer (no malloc, no page faults in warm
-// steps); f32 GEMMs under 16^3 multiply-adds go to dnnl_sgemm, bf16 where oneDNN has
+// steps); f32 GEMMs with one dimension <= 16 that beat oneDNN go to register-blocked
+// AVX-512 kernels (narrow_gemm.h); f32 GEMMs under 16^3 multiply-adds go to dnnl_sgemm, bf16 where oneDNN has
 // no bf16 matmul to the f32 path. f64 goes to OpenBLAS. f16 is converted to f32
 // (exact semantics; f16 speed comes from GPUs). gemm.cpp says why, with the figures.
 #include <cstddef>
