@@ -6,6 +6,7 @@
 
 #include "athanor/ops/reduction.h"
 #include "athanor/ops/shape.h"
+#include "backend/cpu/unary.h"
 #include "ops/op_utils.h"
 
 namespace athanor {
@@ -207,7 +208,7 @@ Tensor cast(const Tensor& x, DType dtype) {
   detail::check_defined(x, "cast", "x");
   if (x.dtype() == dtype) return x;
   Tensor out = empty(x.sizes(), TensorOptions(dtype));
-  copy_into(out, x);
+  if (!x.is_contiguous() || !cpu::convert(x.dtype(), dtype, x.raw_data(), out.raw_data(), x.numel())) copy_into(out, x);
   if (!is_floating(dtype)) return out;  // no gradient through integer casts
   const DType in = x.dtype();
   return record("cast", {x}, out, [in](const Node&, const Grads& g) { return Grads{cast(g[0], in)}; });

@@ -7,6 +7,8 @@
 //    bit-identical to rounding the f32 kernel's result, and within half an ulp
 //    (+ f32 noise) of the reference;
 //  - f64 kernels against the reference, and every tail length 1..40.
+#include <omp.h>
+
 #include <cmath>
 #include <cstring>
 #include <limits>
@@ -386,6 +388,53 @@ TEST(UnaryKernels, PowScalarShortcutsAndGeneral) {
     cpu::pow_scalar<float>(x.data_ptr<float>(), p, out.data_ptr<float>(), x.numel());
     EXPECT_CLOSE(out, cpu::ref::pow(x.to(DType::f64), p), 1e-30, 1e-6);  // powf / exact ops: ~1 ulp
   }
+}
+
+
+// The autocast conversions (cpu::convert, 16 lanes at a time) against the scalar
+// definition of the rounding (core/half.h: float_to_bf16_bits and the f16 conversion),
+// bit for bit: ties to even, values just below and above the rounding boundaries,
+// denormals of both formats, overflow to inf, signed zeros, NaN, on 1 and 2 threads and
+// lengths with a vector tail and more than one parallel block.
+TEST(UnaryKernels, ConvertRoundsExactlyAsCastValue) {
+  std::vector<float> f;
+  const float specials[] = {0.0f, -0.0f, 1.0f, -1.0f, 65504.0f, 65520.0f, 1e-40f, -3e-39f, 6e-8f, 3e-5f, 1e38f, 3.4e38f,
+                            std::numeric_limits<float>::infinity(), -std::numeric_limits<float>::infinity(),
+                            std::numeric_limits<float>::quiet_NaN(), std::numeric_limits<float>::denorm_min()};
+  for (float v : specials) f.push_back(v);
+  uint32_t state = 12345;
+  for (int i = 0; f.size() < 200003; ++i) {  // > kGrainCheap: the threaded path; odd length: a tail
+    state = state * 1664525u + 1013904223u;
+    uint32_t bits = state;
+    if (i % 3 == 0) bits = (bits & 0xffff0000u) | 0x8000u;           // a bf16 tie
+    if (i % 3 == 1) bits = (bits & 0xffffe000u) | 0x1000u;           // an f16 tie (in range or not)
+    float v;
+    std::memcpy(&v, &bits, 4);
+    f.push_back(v);
+  }
+  const int64_t n = static_cast<int64_t>(f.size());
+  const int threads = omp_get_max_threads();
+  for (int t : {1, 2}) {
+    omp_set_num_threads(t);
+    std::vector<bfloat16> b(n);
+    std::vector<float16> h(n);
+    ASSERT_TRUE(cpu::convert(DType::f32, DType::bf16, f.data(), b.data(), n));
+    ASSERT_TRUE(cpu::convert(DType::f32, DType::f16, f.data(), h.data(), n));
+    std::vector<float> fb(n), fh(n);
+    ASSERT_TRUE(cpu::convert(DType::bf16, DType::f32, b.data(), fb.data(), n));
+    ASSERT_TRUE(cpu::convert(DType::f16, DType::f32, h.data(), fh.data(), n));
+    for (int64_t i = 0; i < n; ++i) {
+      const bfloat16 wb = cast_value<bfloat16>(f[i]);
+      const float16 wh = cast_value<float16>(f[i]);
+      ASSERT_EQ(b[i].bits, wb.bits) << "bf16 of " << f[i] << " (element " << i << ", " << t << " threads)";
+      ASSERT_EQ(h[i].bits, wh.bits) << "f16 of " << f[i] << " (element " << i << ", " << t << " threads)";
+      const float bb = cast_value<float>(wb), hh = cast_value<float>(wh);
+      ASSERT_EQ(std::memcmp(&fb[i], &bb, 4), 0) << "f32 of bf16 bits " << wb.bits;
+      ASSERT_EQ(std::memcmp(&fh[i], &hh, 4), 0) << "f32 of f16 bits " << wh.bits;
+    }
+  }
+  omp_set_num_threads(threads);
+  EXPECT_FALSE(cpu::convert(DType::f32, DType::f64, f.data(), nullptr, n)) << "other pairs are left to the caller";
 }
 
 }  // namespace athanor

@@ -57,6 +57,12 @@ template <class T> void clamp(const T* x, double lo, double hi, T* out, int64_t 
 template <class T> void abs_backward(const T* x, const T* g, T* out, int64_t n);
 template <class T> void clamp_backward(const T* x, double lo, double hi, const T* g, T* out, int64_t n);
 
+// The dtype conversions of autocast (f32 <-> bf16, f32 <-> f16) on contiguous data:
+// out[i] = x[i] rounded exactly as cast_value rounds (nearest even, denormals kept, NaN
+// quieted), 16 lanes at a time. Returns false, touching nothing, for any other pair of
+// dtypes (the caller's generic conversion takes them).
+bool convert(DType from, DType to, const void* x, void* out, int64_t n);
+
 // out[i] = cond[i] != 0 ? a[i] : b[i]; a (b) is read at index 0 for every i when a_scalar (b_scalar).
 // Any dtype (bool is read as its byte).
 template <class T> void where(const uint8_t* cond, const T* a, bool a_scalar, const T* b, bool b_scalar, T* out, int64_t n);
