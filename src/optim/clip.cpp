@@ -1,8 +1,8 @@
 // Gradient norm and clipping. f32 gradients (the usual case) go through one
 // multi-tensor pass (multi_tensor.h): each fixed chunk's Σg² summed in f64 by the
 // AVX-512 kernel, the per-chunk sums added in chunk order, so the norm does not
-// depend on the thread count. Other dtypes (f64, bf16,
-// f16 gradients) take a per-tensor loop.
+// depend on the thread count. Other dtypes (f64, bf16, f16 gradients) take a
+// per-tensor loop.
 #include "athanor/optim/clip.h"
 
 #include <cmath>
