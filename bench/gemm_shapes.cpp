@@ -5,10 +5,9 @@
 // shared machine's load hits both alike; medians of wall time, and of process CPU
 // time per call (work done by all threads, insensitive to time slicing: a variant
 // that parallelises by duplicating work shows up there).
-// Linear's forward shapes (x W^T + b) also run with the weights pre-packed in the layout
-// oneDNN picks for them (format_tag::any, reordered once outside the timing): the ceiling
-// a packed weight copy would reach, if something (the optimizer's pass) wrote one per
-// step. A reorder per call costs more than it saves (MLP fc1/fc2 f32: 0.66/0.86 ms
+// Linear's forward (x W^T + b) and input-gradient (dy W) shapes also run with W
+// pre-packed in the layout oneDNN picks (format_tag::any, reordered once outside the
+// timing): what athanor's packed weight copies (src/ops/packed_weights.h) save per call. A reorder per call costs more than it saves (MLP fc1/fc2 f32: 0.66/0.86 ms
 // reorder + packed GEMM against 0.54/0.69 unpacked; 0.51/0.64 packed alone).
 //   ./bench_gemm_shapes [reps=15]         (set OMP_NUM_THREADS / OMP_WAIT_POLICY as for training)
 #include <oneapi/dnnl/dnnl.h>
@@ -40,24 +39,28 @@ struct Timing {
   double median(const std::vector<double>& v) const { return bench::median(v); }
 };
 
-// y[M, N] = x[M, K] W^T + b with W [N, K] reordered once into the weights layout oneDNN
-// chooses (format_tag::any); run() executes the matmul on the packed copy.
+// y[M, N] = x[M, K] op(W) (+ b) with W reordered once into the weights layout oneDNN
+// chooses (format_tag::any); run() executes the matmul on the packed copy. tb: W is
+// [N, K] (linear's forward, x W^T + b); else W is [K, N] (linear's dx = dy W, no bias).
 template <class T> class PrepackedLinear {
  public:
-  PrepackedLinear(int64_t M, int64_t N, int64_t K, const T* x, const T* w, const T* bias, T* y) {
+  PrepackedLinear(bool tb, int64_t M, int64_t N, int64_t K, const T* x, const T* w, const T* bias, T* y) {
     using md = dnnl::memory::desc;
     const auto t = std::is_same_v<T, float> ? dnnl::memory::data_type::f32 : dnnl::memory::data_type::bf16;
-    const md x_md({M, K}, t, dnnl::memory::dims{K, 1}), w_md({K, N}, t, dnnl::memory::dims{1, K}),
+    const md x_md({M, K}, t, dnnl::memory::dims{K, 1}),
+        w_md({K, N}, t, tb ? dnnl::memory::dims{1, K} : dnnl::memory::dims{N, 1}),
         any_md({K, N}, t, dnnl::memory::format_tag::any), b_md({1, N}, t, dnnl::memory::dims{N, 1}),
         y_md({M, N}, t, dnnl::memory::dims{N, 1});
-    const dnnl::matmul::primitive_desc pd(dnnl::matmul::desc(x_md, any_md, b_md, y_md), eng_);
+    const dnnl::matmul::primitive_desc pd = bias ? dnnl::matmul::primitive_desc(dnnl::matmul::desc(x_md, any_md, b_md, y_md), eng_)
+                                                 : dnnl::matmul::primitive_desc(dnnl::matmul::desc(x_md, any_md, y_md), eng_);
     prim_ = dnnl::matmul(pd);
     packed_ = dnnl::memory(pd.weights_desc(), eng_);
     dnnl::memory src(w_md, eng_, const_cast<T*>(w));
     dnnl::reorder(src, packed_).execute(stream_, src, packed_);
     stream_.wait();
     args_ = {{DNNL_ARG_SRC, dnnl::memory(x_md, eng_, const_cast<T*>(x))}, {DNNL_ARG_WEIGHTS, packed_},
-             {DNNL_ARG_BIAS, dnnl::memory(b_md, eng_, const_cast<T*>(bias))}, {DNNL_ARG_DST, dnnl::memory(y_md, eng_, y)}};
+             {DNNL_ARG_DST, dnnl::memory(y_md, eng_, y)}};
+    if (bias) args_.emplace(DNNL_ARG_BIAS, dnnl::memory(b_md, eng_, const_cast<T*>(bias)));
   }
   void run() {
     prim_.execute(stream_, args_);
@@ -112,9 +115,9 @@ int main(int argc, char** argv) {
     std::vector<float> c2(c.size());
     std::optional<PrepackedLinear<float>> packed32;
     std::optional<PrepackedLinear<bfloat16>> packed16;
-    if (s.bias && !s.ta && s.tb) {  // linear's forward: W [N, K] is op(B)
-      packed32.emplace(s.M, s.N, s.K, a.data(), b.data(), bias.data(), c2.data());
-      packed16.emplace(s.M, s.N, s.K, ah.data(), bh.data(), biash.data(), ch2.data());
+    if (!s.ta && (s.bias == s.tb)) {  // linear's forward (W [N, K] is op(B)) or its dx (B = W [K, N])
+      packed32.emplace(s.tb, s.M, s.N, s.K, a.data(), b.data(), s.bias ? bias.data() : nullptr, c2.data());
+      packed16.emplace(s.tb, s.M, s.N, s.K, ah.data(), bh.data(), s.bias ? biash.data() : nullptr, ch2.data());
     }
     std::vector<std::function<void()>> variants = {
         [&] {  // the old path: bias prefill + dnnl_sgemm (beta = 1), or plain sgemm

@@ -85,6 +85,7 @@ const char* mem_tag_name(MemTag t) {
     case MemTag::optimizer_state: return "optimizer_state";
     case MemTag::activation: return "activation";
     case MemTag::workspace: return "workspace";
+    case MemTag::packed_weights: return "packed_weights";
     case MemTag::other: return "other";
   }
   return "?";

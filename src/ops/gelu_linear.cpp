@@ -117,12 +117,14 @@ void gelu_tanh_value_and_apply_slope(const float* x, float* h, float* g, int64_t
 // (2048 x 1024 x 256), 2 threads, dx and dW: 7.19-7.49 ms against 7.74-8.35 (bench_gpt_ops
 // exp; blocks of 128 or 256 rows, sized for L2, measured 7.41-7.67: each sgemm packs all
 // of W again).
-void blocked_dx_and_gelu(const float* x, const float* w, const float* dy, float* h, float* dx, int64_t M, int64_t in,
+void blocked_dx_and_gelu(const float* x, const Tensor& wv, const float* dy, float* h, float* dx, int64_t M, int64_t in,
                          int64_t out_f) {
   const int64_t threads = M * in > cpu::vec::kGrainTranscendental ? omp_get_max_threads() : 1;
-  cpu::gemm_row_blocks(M, in, out_f, dy, out_f, w, in, dx, in, threads, [&](int64_t r0, int64_t n) {
-    gelu_tanh_value_and_apply_slope(x + r0 * in, h ? h + r0 * in : nullptr, dx + r0 * in, n * in);
-  });
+  const detail::PackedWeight pw = detail::input_grad_packed(wv, M, in, out_f);
+  cpu::gemm_row_blocks(
+      M, in, out_f, dy, out_f, static_cast<const float*>(wv.raw_data()), in, dx, in, threads,
+      [&](int64_t r0, int64_t n) { gelu_tanh_value_and_apply_slope(x + r0 * in, h ? h + r0 * in : nullptr, dx + r0 * in, n * in); },
+      pw ? &pw.layout : nullptr, static_cast<const float*>(pw.data));
 }
 
 #endif
@@ -135,7 +137,7 @@ template <class T> Tensor forward(const Tensor& xc, const Tensor& wc, const Tens
   const cpu::Workspace h(static_cast<std::size_t>(M * in) * sizeof(T));  // gelu(x), dropped after the GEMM
   cpu::activation_forward<T>(kGelu, static_cast<const T*>(xc.raw_data()), h.as<T>(), M * in);
   const Tensor bc = bias.defined() ? detail::contiguous_raw(bias) : Tensor();
-  detail::linear_gemm_t<T>(M, out_f, in, h.as<T>(), static_cast<const T*>(wc.raw_data()),
+  detail::linear_gemm_w<T>(M, out_f, in, h.as<T>(), wc,
                            bc.defined() ? static_cast<const T*>(bc.raw_data()) : nullptr, static_cast<T*>(y.raw_data()));
   return y;
 }
@@ -182,7 +184,7 @@ Grads backward(const Node& n, const Tensor& xv, const Tensor& wv, const Tensor& 
     const cpu::Workspace h(needs_grad(n, 1) ? static_cast<std::size_t>(M * in) * sizeof(float) : 0);  // gelu(x)
     if (needs_grad(n, 0)) {
       dx = empty(xv.sizes(), TensorOptions(dy.dtype()));
-      blocked_dx_and_gelu(px, static_cast<const float*>(wv.raw_data()), pdy, h.as<float>(), static_cast<float*>(dx.raw_data()), M, in, out_f);
+      blocked_dx_and_gelu(px, wv, pdy, h.as<float>(), static_cast<float*>(dx.raw_data()), M, in, out_f);
     } else {
       cpu::activation_forward<float>(kGelu, px, h.as<float>(), M * in);
     }
@@ -198,7 +200,7 @@ Grads backward(const Node& n, const Tensor& xv, const Tensor& wv, const Tensor& 
     if (needs_grad(n, 0)) {  // dh = dy W  [M, out] @ [out, in]; then dx = dh ⊙ gelu'(x) in place
       dx = empty(xv.sizes(), TensorOptions(dy.dtype()));
       T* pdx = static_cast<T*>(dx.raw_data());
-      gemm_t<T>(false, false, M, in, out_f, pdy, out_f, static_cast<const T*>(wv.raw_data()), in, 0.0f, pdx, in);
+      detail::input_grad_gemm<T>(M, in, out_f, pdy, wv, pdx);
       multiply_by_slope<T>(pdx, slope.as<float>(), M * in);
     }
     return Grads{dx, dw, db};
@@ -212,7 +214,7 @@ Grads backward(const Node& n, const Tensor& xv, const Tensor& wv, const Tensor& 
   if (needs_grad(n, 0)) {  // dh = dy W  [M, out] @ [out, in]; then dx = dh ⊙ gelu'(x) in place
     dx = empty(xv.sizes(), TensorOptions(dy.dtype()));
     T* pdx = static_cast<T*>(dx.raw_data());
-    gemm_t<T>(false, false, M, in, out_f, pdy, out_f, static_cast<const T*>(wv.raw_data()), in, 0.0f, pdx, in);
+    detail::input_grad_gemm<T>(M, in, out_f, pdy, wv, pdx);
     // The activation kernel is elementwise (reads g[i], writes dx[i]), so g and dx may alias.
     cpu::activation_backward<T>(kGelu, px, pdx, pdx, M * in);
   }

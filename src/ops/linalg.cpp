@@ -108,7 +108,7 @@ Tensor linear_f32_master(const Tensor& x, const Tensor& weight, const Tensor& bi
   Shape out_shape = l.x.sizes();
   out_shape.back() = out_f;
   Tensor y = empty(out_shape, TensorOptions(DType::bf16));
-  detail::linear_gemm_t<bfloat16>(M, out_f, in, static_cast<const bfloat16*>(xc.raw_data()), static_cast<const bfloat16*>(wc.raw_data()),
+  detail::linear_gemm_w<bfloat16>(M, out_f, in, static_cast<const bfloat16*>(xc.raw_data()), wc,
                                   bc.defined() ? static_cast<const bfloat16*>(bc.raw_data()) : nullptr, static_cast<bfloat16*>(y.raw_data()));
   if (!any_requires_grad({l.x, weight, bias})) return y;
   SavedTensor sx = save(xc, "input"), sw = save(wc, "weight (bf16 copy)");
@@ -157,7 +157,7 @@ Tensor linear(const Tensor& x, const Tensor& weight, const Tensor& bias) {
   dispatch(x.dtype(), [&]<class T>() {
     if constexpr (std::is_floating_point_v<T> || is_half_v<T>) {
       const Tensor bc = bias.defined() ? detail::contiguous_raw(bias) : Tensor();
-      detail::linear_gemm_t<T>(M, out_f, in, static_cast<const T*>(xc.raw_data()), static_cast<const T*>(wc.raw_data()),
+      detail::linear_gemm_w<T>(M, out_f, in, static_cast<const T*>(xc.raw_data()), wc,
                                bc.defined() ? static_cast<const T*>(bc.raw_data()) : nullptr, static_cast<T*>(y.raw_data()));
     }
   });
@@ -172,8 +172,7 @@ Tensor linear(const Tensor& x, const Tensor& weight, const Tensor& bias) {
         const T* pdy = static_cast<const T*>(dy.raw_data());
         if (needs_grad(n, 0)) {  // dx = dy W            [M, out] @ [out, in]
           dx = empty(xv.sizes(), TensorOptions(dy.dtype()));
-          gemm_t<T>(false, false, M, in, out_f, pdy, out_f, static_cast<const T*>(wv.raw_data()), in, 0.0f,
-                    static_cast<T*>(dx.raw_data()), in);
+          detail::input_grad_gemm<T>(M, in, out_f, pdy, wv, static_cast<T*>(dx.raw_data()));
         }
         if (needs_grad(n, 1)) {  // dW = dy^T x          [out, M] @ [M, in]
           dw = empty(wv.sizes(), TensorOptions(dy.dtype()));

@@ -46,7 +46,7 @@ template <class T> void forward_into(const Tensor& xc, const Tensor& wc, const T
                                      int64_t in) {
   const Tensor bc = bias.defined() ? detail::contiguous_raw(bias) : Tensor();
   T* py = static_cast<T*>(y.raw_data());
-  detail::linear_gemm_t<T>(M, out_f, in, static_cast<const T*>(xc.raw_data()), static_cast<const T*>(wc.raw_data()),
+  detail::linear_gemm_w<T>(M, out_f, in, static_cast<const T*>(xc.raw_data()), wc,
                            bc.defined() ? static_cast<const T*>(bc.raw_data()) : nullptr, py);
   cpu::activation_forward<T>(cpu::Activation::relu, py, py, M * out_f);  // elementwise: in place is safe
 }
@@ -124,13 +124,14 @@ Tensor linear_relu(const Tensor& x, const Tensor& weight, const Tensor& bias) {
         if (needs_grad(n, 0)) {  // dx = g W            [M, out] @ [out, in]
           const Tensor wv = sw.unpack(n);
           dx = empty(Shape(sx.unpack(n).sizes()), TensorOptions(dy.dtype()));
-          if constexpr (std::is_same_v<T, float>)  // each thread on its rows (gemm_row_blocks.h); tiny: one
+          if constexpr (std::is_same_v<T, float>) {  // each thread on its rows (gemm_row_blocks.h); tiny: one
+            const detail::PackedWeight pw = detail::input_grad_packed(wv, M, in, out_f);
             cpu::gemm_row_blocks(M, in, out_f, pg, out_f, static_cast<const float*>(wv.raw_data()), in,
                                  static_cast<float*>(dx.raw_data()), in, M * in * out_f >= kThreadedMacs ? omp_get_max_threads() : 1,
-                                 [](int64_t, int64_t) {});
-          else
-            gemm_t<T>(false, false, M, in, out_f, pg, out_f, static_cast<const T*>(wv.raw_data()), in, 0.0f,
-                      static_cast<T*>(dx.raw_data()), in);
+                                 [](int64_t, int64_t) {}, pw ? &pw.layout : nullptr, static_cast<const float*>(pw.data));
+          } else {
+            detail::input_grad_gemm<T>(M, in, out_f, pg, wv, static_cast<T*>(dx.raw_data()));
+          }
         }
         if (needs_grad(n, 1)) {  // dW = g^T x          [out, M] @ [M, in]
           const Tensor xv = sx.unpack(n);

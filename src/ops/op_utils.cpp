@@ -3,6 +3,8 @@
 #include <algorithm>
 
 #include "athanor/ops/autocast.h"
+#include "backend/cpu/weight_packing.h"
+#include "ops/packed_weights.h"
 
 namespace athanor::detail {
 
@@ -109,13 +111,44 @@ LowpLinearInputs f32_master_inputs(const char* op, const Tensor& x, const Tensor
   return in;
 }
 
+template <class T>
+void linear_gemm_w(int64_t M, int64_t out, int64_t in, const T* x, const Tensor& weight, const T* bias, T* y) {
+  if constexpr (std::is_same_v<T, float> || std::is_same_v<T, bfloat16>) {
+    if (cpu::gemm_prefers_packed_b(std::is_same_v<T, bfloat16>, true, M, out, in))
+      if (const PackedWeight p = packed_weight(weight, WeightUse::forward))
+        if (cpu::gemm_packed<T>(M, x, in, p.layout, static_cast<const T*>(p.data), bias, y, out)) return;
+  }
+  linear_gemm_t<T>(M, out, in, x, static_cast<const T*>(weight.raw_data()), bias, y);
+}
+template void linear_gemm_w<float>(int64_t, int64_t, int64_t, const float*, const Tensor&, const float*, float*);
+template void linear_gemm_w<double>(int64_t, int64_t, int64_t, const double*, const Tensor&, const double*, double*);
+template void linear_gemm_w<bfloat16>(int64_t, int64_t, int64_t, const bfloat16*, const Tensor&, const bfloat16*, bfloat16*);
+template void linear_gemm_w<float16>(int64_t, int64_t, int64_t, const float16*, const Tensor&, const float16*, float16*);
+
+PackedWeight input_grad_packed(const Tensor& weight, int64_t M, int64_t in, int64_t out) {
+  if (!cpu::gemm_prefers_packed_b(weight.dtype() == DType::bf16, false, M, in, out)) return {};
+  return packed_weight(weight, WeightUse::input_grad);
+}
+
+template <class T> void input_grad_gemm(int64_t M, int64_t in, int64_t out, const T* dy, const Tensor& weight, T* dx) {
+  if constexpr (std::is_same_v<T, float> || std::is_same_v<T, bfloat16>) {
+    if (cpu::gemm_prefers_packed_b(std::is_same_v<T, bfloat16>, false, M, in, out))
+      if (const PackedWeight p = packed_weight(weight, WeightUse::input_grad))
+        if (cpu::gemm_packed<T>(M, dy, out, p.layout, static_cast<const T*>(p.data), nullptr, dx, in)) return;
+  }
+  gemm_t<T>(false, false, M, in, out, dy, out, static_cast<const T*>(weight.raw_data()), in, 0.0f, dx, in);
+}
+template void input_grad_gemm<float>(int64_t, int64_t, int64_t, const float*, const Tensor&, float*);
+template void input_grad_gemm<double>(int64_t, int64_t, int64_t, const double*, const Tensor&, double*);
+template void input_grad_gemm<bfloat16>(int64_t, int64_t, int64_t, const bfloat16*, const Tensor&, bfloat16*);
+template void input_grad_gemm<float16>(int64_t, int64_t, int64_t, const float16*, const Tensor&, float16*);
+
 void lowp_linear_backward_gemms(const Node& n, const bfloat16* g, const SavedTensor& x, const SavedTensor& w, int64_t M,
                                 int64_t in, int64_t out_f, Tensor& dx, Tensor& dw) {
   if (needs_grad(n, 0)) {  // dx = g W     [M, out] @ [out, in], bf16 like x
     const Tensor xv = x.unpack(n), wv = w.unpack(n);
     dx = empty(xv.sizes(), TensorOptions(DType::bf16));
-    cpu::gemm_lowp<bfloat16>(false, false, M, in, out_f, 1.0f, g, out_f, static_cast<const bfloat16*>(wv.raw_data()), in, 0.0f,
-                             static_cast<bfloat16*>(dx.raw_data()), in);
+    input_grad_gemm<bfloat16>(M, in, out_f, g, wv, static_cast<bfloat16*>(dx.raw_data()));
   }
   if (needs_grad(n, 1)) {  // dW = g^T x   [out, M] @ [M, in], f32 out of the f32 accumulators
     const Tensor xv = x.unpack(n);

@@ -6,6 +6,7 @@
 #include "athanor/core/convert.h"
 #include "athanor/core/error.h"
 #include "athanor/core/tensor.h"
+#include "ops/packed_weights.h"
 #include "backend/cpu/gemm.h"
 
 namespace athanor::detail {
@@ -47,6 +48,17 @@ template <class T>
 void linear_gemm_t(int64_t M, int64_t out, int64_t in, const T* x, const T* weight, const T* bias, T* y) {
   cpu::gemm_bias<T>(false, true, M, out, in, x, in, weight, in, bias, y, out);
 }
+// The same on the weight tensor itself: through its packed copy (ops/packed_weights.h)
+// when one is current and the GEMM runs on oneDNN's blocked kernels, else as above.
+template <class T>
+void linear_gemm_w(int64_t M, int64_t out, int64_t in, const T* x, const Tensor& weight, const T* bias, T* y);
+// dx[M, in] = dy[M, out] W[out, in] (linear's input gradient), through W's packed copy
+// when one is current; else gemm_t.
+template <class T> void input_grad_gemm(int64_t M, int64_t in, int64_t out, const T* dy, const Tensor& weight, T* dx);
+// W's current packed copy for its input-gradient GEMM dx[M, in] = dy[M, out] W, when that
+// GEMM would run on oneDNN's blocked kernels (else empty): for callers that split the
+// GEMM themselves (cpu::gemm_row_blocks).
+PackedWeight input_grad_packed(const Tensor& weight, int64_t M, int64_t in, int64_t out);
 // Mixed-precision linear-shaped ops (linear, gelu_linear): under bf16 autocast with an f32
 // weight (and f32 bias, if any) and an x that autocast makes bf16, the op runs on bf16
 // copies of W and b taken outside the graph (the optimizer's persistent copies when

@@ -5,6 +5,7 @@
 #include "athanor/autograd/grad_mode.h"
 #include "athanor/core/error.h"
 #include "athanor/ops/autocast.h"
+#include "ops/packed_weights.h"
 #include "optim/fused_update.h"
 
 namespace athanor::optim {
@@ -70,6 +71,16 @@ void* Optimizer::copy_buffer(const std::string& name, const Tensor& p) {
 
 void Optimizer::publish_copy(const std::string& name, const Tensor& p) {
   autocast_set_persistent_cast(p, copies_.at(name));
+}
+
+void Optimizer::refresh_packed_weights() {
+  written_.clear();
+  for (const auto& g : groups_)
+    for (const auto& [name, p] : g.params) {
+      written_.push_back(p);
+      if (const auto it = copies_.find(name); it != copies_.end()) written_.push_back(it->second);
+    }
+  athanor::detail::refresh_packed_weights(written_);
 }
 
 void Optimizer::zero_grad() {

@@ -82,6 +82,7 @@ class SGD final : public Optimizer {
                       w.copy ? w.copy + begin * csize : nullptr, cd);
     });
     for (const auto& [name, p] : published_) publish_copy(*name, p);
+    refresh_packed_weights();
     ++steps_;
   }
 
@@ -151,6 +152,7 @@ class RMSprop final : public Optimizer {
         }
       });
     });
+    refresh_packed_weights();
     ++steps_;
   }
  private:
@@ -203,6 +205,7 @@ class Adam final : public Optimizer {
                        w.copy ? w.copy + begin * csize : nullptr, cd);
     });
     for (const auto& [name, p] : published_) publish_copy(*name, p);
+    refresh_packed_weights();
     ++steps_;
   }
 
@@ -252,6 +255,7 @@ class LAMB final : public Optimizer {
         for (int64_t i = 0; i < n; ++i) w[i] -= scale * u[i];
       });
     });
+    refresh_packed_weights();
     ++steps_;
   }
  private:
@@ -282,6 +286,7 @@ class LARS final : public Optimizer {
         }
       });
     });
+    refresh_packed_weights();
     ++steps_;
   }
  private:

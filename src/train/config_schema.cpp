@@ -43,6 +43,9 @@ const std::vector<ConfigKey>& config_schema() {
       {"optimizer.lr", 1e-3, "peak learning rate (before the schedule and the scaling rule)"},
       {"optimizer.low_precision_copies", true,
        "bf16/f16: the optimizer writes each weight's low-precision copy in its update pass; autocast uses it instead of casting"},
+      {"optimizer.packed_weights", true,
+       "keep linear weights also in the blocked layout the GEMMs read, rewritten in each optimizer step (faster forward "
+       "and input-gradient GEMMs; memory: up to two copies per weight, reported as packed_weights)"},
       {"optimizer.weight_decay", 0.0, "weight decay (decoupled for adamw/lamb; not applied to biases, norms, embeddings)"},
       {"optimizer.decay_embeddings", false, "apply weight decay to embeddings too"},
       {"optimizer.beta1", 0.9, "Adam/LAMB beta1"},

@@ -29,6 +29,7 @@
 #include "athanor/optim/clip.h"
 #include <optional>
 #include "ckpt/sha256.h"
+#include "ops/packed_weights.h"
 
 #include <nlohmann/json.hpp>
 
@@ -191,6 +192,7 @@ void Trainer::init(bool /*write_run_files: in write_files_*/) {
   // autocast need not cast them every step. Not under ZeRO: its optimizer updates shards.
   if (precision_ != DType::f32 && c.get_bool("optimizer.low_precision_copies") && (!dp_ || zero_stage_ == 0))
     optim_->enable_low_precision_copies(precision_);
+  detail::set_packed_weights_enabled(c.get_bool("optimizer.packed_weights"));
   GradScalerOptions so;
   so.enabled = precision_ == DType::f16;
   if (so.enabled) {

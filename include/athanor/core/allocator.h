@@ -20,8 +20,9 @@
 
 namespace athanor {
 
-enum class MemTag : uint8_t { parameter, gradient, optimizer_state, activation, workspace, other };
-inline constexpr int kNumMemTags = 6;
+// packed_weights: weights also kept in a GEMM library's blocked layout (ops/packed_weights.h).
+enum class MemTag : uint8_t { parameter, gradient, optimizer_state, activation, workspace, packed_weights, other };
+inline constexpr int kNumMemTags = 7;
 const char* mem_tag_name(MemTag t);
 
 struct MemoryStats {

@@ -86,10 +86,15 @@ class Optimizer {
   // True for optimizers whose update pass writes the copies; the others get a cast
   // after each parameter's update (in for_each_param).
   virtual bool writes_copies_in_pass() const { return false; }
+  // Every step() ends with this, once all parameters (and their copies) hold their new
+  // values: the packed weight copies that GEMMs asked for (src/ops/packed_weights.h)
+  // are rewritten from them.
+  void refresh_packed_weights();
 
  private:
   DType copy_dtype_ = DType::f32;
   std::map<std::string, Tensor> copies_;  // param -> its low-precision copy
+  std::vector<Tensor> written_;           // refresh_packed_weights' list, capacity kept
   std::map<std::string, std::map<std::string, Tensor>> state_;  // param -> state name -> tensor
   std::map<std::string, int64_t> param_steps_;
 };

@@ -39,6 +39,17 @@ template <class T>  // T = float, double, bfloat16, float16
 void gemm_bias(bool ta, bool tb, int64_t M, int64_t N, int64_t K, const T* A, int64_t lda, const T* B, int64_t ldb,
                const T* bias, T* C, int64_t ldc);
 
+struct PackedLayout;  // weight_packing.h
+// C[M, N] = A[M, K] B + bias (bias [N] on every row, or null), B [K, N] packed in layout
+// `l` (weight_packing.h), T = float (f32 layout) or bfloat16 (bf16 layout); C is written,
+// not read. Returns false, touching nothing, when oneDNN would not run this GEMM on
+// exactly that layout: the caller then runs its plain-B GEMM.
+template <class T>
+bool gemm_packed(int64_t M, const T* A, int64_t lda, const PackedLayout& l, const T* B, const T* bias, T* C, int64_t ldc);
+// Whether a GEMM A[M, K] op(B) with this shape runs on oneDNN's blocked kernels (so a
+// packed B would serve it), rather than on narrow_gemm or sgemm.
+bool gemm_prefers_packed_b(bool bf16, bool tb, int64_t M, int64_t N, int64_t K);
+
 // Number of cached oneDNN matmul primitives with bf16 (true) or f32 (false) inputs (tests).
 size_t gemm_cached_primitives(bool bf16_inputs);
 size_t gemm_bf16_cached_primitives();  // gemm_cached_primitives(true)

@@ -17,10 +17,13 @@
 namespace athanor::cpu {
 
 // threads: how many blocks (1 runs on the calling thread). Exceptions thrown by the
-// sgemm or the epilogue are rethrown after the parallel region.
+// sgemm or the epilogue are rethrown after the parallel region. `packed`: B also in its
+// packed layout (weight_packing.h; `packed_b`), then each block runs a single-threaded
+// matmul primitive on it (gemm_packed) instead of an sgemm that packs B itself.
 template <class Epilogue>
 void gemm_row_blocks(int64_t M, int64_t N, int64_t K, const float* A, int64_t lda, const float* B, int64_t ldb, float* C,
-                     int64_t ldc, int64_t threads, const Epilogue& epilogue) {
+                     int64_t ldc, int64_t threads, const Epilogue& epilogue, const PackedLayout* packed = nullptr,
+                     const float* packed_b = nullptr) {
   if (M == 0) return;
   const int64_t rows = (M + threads - 1) / threads, nblocks = (M + rows - 1) / rows;
   std::exception_ptr error;  // exceptions must not cross the OpenMP region
@@ -28,7 +31,8 @@ void gemm_row_blocks(int64_t M, int64_t N, int64_t K, const float* A, int64_t ld
   for (int64_t blk = 0; blk < nblocks; ++blk) {
     const int64_t r0 = blk * rows, n = std::min(rows, M - r0);
     try {
-      gemm_tile(false, false, n, N, K, 1.0f, A + r0 * lda, lda, B, ldb, 0.0f, C + r0 * ldc, ldc);
+      if (!packed || !gemm_packed<float>(n, A + r0 * lda, lda, *packed, packed_b, nullptr, C + r0 * ldc, ldc))
+        gemm_tile(false, false, n, N, K, 1.0f, A + r0 * lda, lda, B, ldb, 0.0f, C + r0 * ldc, ldc);
       epilogue(r0, n);
     } catch (...) {
 #pragma omp critical(athanor_gemm_row_blocks_error)

@@ -1,0 +1,162 @@
+// The packed-weight registry (packed_weights.h): requests from the GEMM call sites,
+// refreshes from the optimizer, all under one mutex (lookups cost a map find per GEMM).
+#include "ops/packed_weights.h"
+
+#include <omp.h>
+
+#include <cstdlib>
+#include <cstring>
+#include <map>
+#include <memory>
+#include <mutex>
+#include <tuple>
+
+namespace athanor::detail {
+namespace {
+
+constexpr uint64_t kNever = ~uint64_t{0};
+
+struct Entry {
+  std::weak_ptr<Storage> storage;
+  DType dtype = DType::f32;
+  int64_t rows = 0, cols = 0;  // W's shape
+  cpu::PackedLayout layout;
+  Tensor packed;                  // zero-filled when made (the layout's padding stays zero)
+  uint64_t packed_version = kNever;  // W's version when packed
+  uint64_t seen_version = kNever;    // W's version at the last request that missed
+  bool used = true;                  // asked for since the last refresh
+};
+
+using Key = std::tuple<const Storage*, int64_t, WeightUse>;  // storage, element offset, use
+
+struct Registry {
+  std::mutex mu;
+  std::map<Key, Entry> entries;
+  // ATHANOR_PACKED_WEIGHTS=0 turns the path off for the whole process (A/B timing), whatever set_packed_weights_enabled says.
+  const bool env_off = [] {
+    const char* v = std::getenv("ATHANOR_PACKED_WEIGHTS");
+    return v && std::strcmp(v, "0") == 0;
+  }();
+  bool enabled = !env_off;
+  PackedWeightStats stats;
+};
+Registry& registry() {
+  static Registry r;
+  return r;
+}
+
+bool packable(const Tensor& w) {
+  return w.defined() && w.dim() == 2 && w.is_contiguous() && (w.dtype() == DType::f32 || w.dtype() == DType::bf16) &&
+         w.numel() > 0;
+}
+
+cpu::PackedLayout layout_for(const Tensor& w, WeightUse use) {
+  const int64_t rows = w.size(0), cols = w.size(1);
+  // forward: B = W^T is [cols, rows]; input_grad: B = W is [rows, cols].
+  return use == WeightUse::forward ? cpu::packed_layout(w.dtype() == DType::bf16, cols, rows)
+                                   : cpu::packed_layout(w.dtype() == DType::bf16, rows, cols);
+}
+
+void ensure_buffer(Entry& e) {
+  if (!e.packed.defined()) e.packed = zeros({e.layout.elements()}, TensorOptions(e.dtype).with_tag(MemTag::packed_weights));
+}
+
+}  // namespace
+
+PackedWeight packed_weight(const Tensor& w, WeightUse use) {
+  Registry& r = registry();
+  if (!r.enabled || !packable(w)) return {};
+  const uint64_t version = w.version();
+  std::lock_guard<std::mutex> lock(r.mu);
+  const Key key{w.storage().get(), w.storage_offset(), use};
+  auto it = r.entries.find(key);
+  if (it != r.entries.end() && (it->second.storage.lock() != w.storage() || it->second.dtype != w.dtype() ||
+                                it->second.rows != w.size(0) || it->second.cols != w.size(1))) {
+    r.entries.erase(it);  // a reused address, or a view of another shape: start over
+    it = r.entries.end();
+  }
+  if (it == r.entries.end()) {
+    // Forget requests whose storage is gone (casts made per autocast region, freed weights).
+    for (auto j = r.entries.begin(); j != r.entries.end();) j = j->second.storage.expired() ? r.entries.erase(j) : std::next(j);
+    Entry e;
+    e.storage = w.storage(), e.dtype = w.dtype(), e.rows = w.size(0), e.cols = w.size(1), e.layout = layout_for(w, use);
+    it = r.entries.emplace(key, std::move(e)).first;
+  }
+  Entry& e = it->second;
+  e.used = true;
+  if (e.packed_version != version) {
+    if (e.seen_version != version) {  // first sight at this version: plain GEMM, and note the request
+      e.seen_version = version;
+      ++r.stats.misses;
+      return {};
+    }
+    ensure_buffer(e);  // second sight, not refreshed meanwhile: the weight is not changing, pack it here
+    cpu::pack_weight(e.layout, use == WeightUse::forward, w.raw_data(), e.cols, e.packed.raw_data());
+    e.packed_version = version;
+    ++r.stats.packs_in_ops;
+  }
+  ++r.stats.hits;
+  return PackedWeight{e.packed.raw_data(), e.layout};
+}
+
+void claim_packed_weights(const Tensor& t, std::vector<PackJob>& jobs) {
+  Registry& r = registry();
+  if (!r.enabled || !packable(t)) return;
+  std::lock_guard<std::mutex> lock(r.mu);
+  const Storage* s = t.storage().get();
+  for (auto it = r.entries.lower_bound({s, t.storage_offset(), WeightUse::forward});
+       it != r.entries.end() && std::get<0>(it->first) == s && std::get<1>(it->first) == t.storage_offset();) {
+    Entry& e = it->second;
+    if (!e.used || e.storage.lock() != t.storage() || e.rows != t.size(0) || e.cols != t.size(1) || e.dtype != t.dtype()) {
+      it = r.entries.erase(it);  // nobody asked for it since the last claim (or stale): drop it
+      continue;
+    }
+    e.used = false;
+    ensure_buffer(e);
+    ++r.stats.packs_in_refresh;
+    jobs.push_back({e.layout, std::get<2>(it->first) == WeightUse::forward, t.raw_data(), e.rows, e.cols, e.packed.raw_data()});
+    e.packed_version = t.version();
+    ++it;
+  }
+}
+
+void refresh_packed_weights(const std::vector<Tensor>& written) {
+  if (!registry().enabled) return;
+  thread_local std::vector<PackJob> kept;  // capacity kept: no allocation per step
+  std::vector<PackJob>& jobs = kept;       // (the OpenMP workers must see this thread's list, not their own)
+  jobs.clear();
+  for (const Tensor& t : written) claim_packed_weights(t, jobs);
+  if (jobs.empty()) return;
+  int64_t work = 0;
+  for (const PackJob& j : jobs) work += j.layout.elements();
+#pragma omp parallel if (work > (1 << 15))
+  {
+    const int t = omp_get_thread_num(), n = omp_get_num_threads();
+    for (const PackJob& j : jobs) j.run(cpu::pack_share_begin(j.rows, t, n), cpu::pack_share_begin(j.rows, t + 1, n));
+  }
+}
+
+std::size_t packed_weight_count() {
+  Registry& r = registry();
+  std::lock_guard<std::mutex> lock(r.mu);
+  std::size_t n = 0;
+  for (const auto& [key, e] : r.entries) n += e.packed.defined();
+  return n;
+}
+
+PackedWeightStats packed_weight_stats() {
+  Registry& r = registry();
+  std::lock_guard<std::mutex> lock(r.mu);
+  return r.stats;
+}
+
+void set_packed_weights_enabled(bool enabled) {
+  Registry& r = registry();
+  std::lock_guard<std::mutex> lock(r.mu);
+  r.enabled = enabled && !r.env_off;
+  if (!r.enabled) r.entries.clear();
+}
+
+bool packed_weights_enabled() { return registry().enabled; }
+
+}  // namespace athanor::detail
