@@ -296,16 +296,17 @@ template bool gemm_packed<float>(int64_t, const float*, int64_t, const PackedLay
 template bool gemm_packed<bfloat16>(int64_t, const bfloat16*, int64_t, const PackedLayout&, const bfloat16*, const bfloat16*,
                                     bfloat16*, int64_t);
 
-// Packed weights pay when many rows share one packing. f32 at the MLP's batch of 128
-// gained nothing: its forward GEMMs were 0.2 ms faster per step, the optimizer's step
-// 0.15-0.17 ms slower writing the copies (profiler spans, interleaved runs). bf16 copies
-// are half the bytes: the MLP's bf16 step gained 0-0.09 ms; GPT steps (1024-2048 rows)
-// 3-8% in both precisions (athanor bench, ATHANOR_PACKED_WEIGHTS=0 against 1).
-constexpr int64_t kMinPackedRowsF32 = 256;
+// Packed weights pay when many rows share one packing: GPT steps (1024-2048 rows) ran
+// 3-8% faster in f32 and bf16 (athanor bench, ATHANOR_PACKED_WEIGHTS=0 against 1). At the
+// MLP's batch of 128 they gained nothing: f32, its forward GEMMs were 0.2 ms faster per
+// step and the optimizer's step 0.15-0.17 ms slower writing the copies (profiler spans,
+// interleaved runs); bf16, 0-0.09 ms faster in the step and 0.2 ms slower in
+// bench_step_floor (packing 0.36 ms of its 0.86 ms optimizer phase).
+constexpr int64_t kMinPackedRows = 256;
 
 bool gemm_prefers_packed_b(bool bf16, bool tb, int64_t M, int64_t N, int64_t K) {
-  if (bf16) return K > 0 && M > 0 && N > 0;
-  return M >= kMinPackedRowsF32 && use_f32_primitive(M, N, K) && !narrow_gemm_applies(false, tb, M, N, K, 1.0f);
+  if (M < kMinPackedRows || N == 0 || K == 0) return false;
+  return bf16 || (use_f32_primitive(M, N, K) && !narrow_gemm_applies(false, tb, M, N, K, 1.0f));
 }
 
 size_t gemm_cached_primitives(bool bf16_inputs) {

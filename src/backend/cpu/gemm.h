@@ -46,8 +46,9 @@ struct PackedLayout;  // weight_packing.h
 // exactly that layout: the caller then runs its plain-B GEMM.
 template <class T>
 bool gemm_packed(int64_t M, const T* A, int64_t lda, const PackedLayout& l, const T* B, const T* bias, T* C, int64_t ldc);
-// Whether a GEMM A[M, K] op(B) with this shape runs on oneDNN's blocked kernels (so a
-// packed B would serve it), rather than on narrow_gemm or sgemm.
+// Whether a GEMM A[M, K] op(B) with this shape should take a packed B: it runs on
+// oneDNN's blocked kernels (not narrow_gemm or sgemm) with enough rows (M >= 256) to
+// repay writing the packed copy once per optimizer step (figures in gemm.cpp).
 bool gemm_prefers_packed_b(bool bf16, bool tb, int64_t M, int64_t N, int64_t K);
 
 // Number of cached oneDNN matmul primitives with bf16 (true) or f32 (false) inputs (tests).
