@@ -136,6 +136,17 @@ void refresh_packed_weights(const std::vector<Tensor>& written) {
   }
 }
 
+void drop_packed_weights(const std::vector<Tensor>& tensors) {
+  Registry& r = registry();
+  std::lock_guard<std::mutex> lock(r.mu);
+  for (auto it = r.entries.begin(); it != r.entries.end();) {
+    bool drop = it->second.storage.expired();
+    for (const Tensor& t : tensors)
+      drop = drop || (t.defined() && std::get<0>(it->first) == t.storage().get() && std::get<1>(it->first) == t.storage_offset());
+    it = drop ? r.entries.erase(it) : std::next(it);
+  }
+}
+
 std::size_t packed_weight_count() {
   Registry& r = registry();
   std::lock_guard<std::mutex> lock(r.mu);

@@ -62,6 +62,9 @@ void claim_packed_weights(const Tensor& t, std::vector<PackJob>& jobs);
 // (pack_share_begin), the rows a multi-tensor pass split the same way wrote on it.
 void refresh_packed_weights(const std::vector<Tensor>& written);
 
+// Drops the copies (and requests) of these tensors and of every tensor already freed: the
+// Optimizer does this for its parameters and low-precision copies when it goes away.
+void drop_packed_weights(const std::vector<Tensor>& tensors);
 std::size_t packed_weight_count();  // copies held (tests, debugging)
 struct PackedWeightStats {
   uint64_t hits = 0, misses = 0;  // packed_weight() calls that returned a copy / none

@@ -37,7 +37,14 @@ Optimizer::Optimizer(std::vector<ParamGroup> groups) : groups_(std::move(groups)
     }
 }
 
-Optimizer::~Optimizer() { disable_low_precision_copies(); }
+Optimizer::~Optimizer() {
+  std::vector<Tensor> mine;
+  for (const auto& g : groups_)
+    for (const auto& [name, p] : g.params) mine.push_back(p);
+  for (const auto& [name, c] : copies_) mine.push_back(c);
+  athanor::detail::drop_packed_weights(mine);  // the weights' packed copies go with the optimizer that kept them current
+  disable_low_precision_copies();
+}
 
 void Optimizer::enable_low_precision_copies(DType dtype) {
   ATH_CHECK(dtype == DType::bf16 || dtype == DType::f16, "optimizer", "low-precision copies are bf16 or f16, got ",
@@ -54,9 +61,11 @@ void Optimizer::enable_low_precision_copies(DType dtype) {
 }
 
 void Optimizer::disable_low_precision_copies() {
+  std::vector<Tensor> dropped;
   for (const auto& g : groups_)
     for (const auto& [name, p] : g.params)
-      if (copies_.count(name)) autocast_forget_persistent_cast(p, copy_dtype_);
+      if (copies_.count(name)) autocast_forget_persistent_cast(p, copy_dtype_), dropped.push_back(copies_.at(name));
+  if (!dropped.empty()) athanor::detail::drop_packed_weights(dropped);
   copies_.clear();
   copy_dtype_ = DType::f32;
 }

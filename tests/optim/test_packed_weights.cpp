@@ -151,6 +151,8 @@ TEST(PackedWeights, CopiesNobodyUsesAreDroppedAndTheirMemoryIsReported) {
   step(false);  // the second and third layers are not used: their copies go at this step's refresh
   step(false);
   EXPECT_EQ(detail::packed_weight_count(), 1u);  // w1's forward copy
+  opt.reset();  // the optimizer that kept it current goes: so does the copy
+  EXPECT_EQ(detail::packed_weight_count(), 0u);
   detail::set_packed_weights_enabled(false);
   EXPECT_EQ(detail::packed_weight_count(), 0u);
   EXPECT_EQ(Allocator::cpu().stats().of(MemTag::packed_weights), 0u);

@@ -37,7 +37,7 @@ std::vector<ParamGroup> default_param_groups(const NamedTensors& named, double l
 class Optimizer {
  public:
   explicit Optimizer(std::vector<ParamGroup> groups);
-  virtual ~Optimizer();  // forgets the low-precision copies it registered with autocast
+  virtual ~Optimizer();  // forgets the low-precision copies it registered with autocast, and the packed weight copies
   Optimizer(const Optimizer&) = delete;
   Optimizer& operator=(const Optimizer&) = delete;
   virtual void step() = 0;
