@@ -5,6 +5,9 @@
 // per-tensor loop.
 #include "athanor/optim/clip.h"
 
+#include <omp.h>
+
+#include <algorithm>
 #include <cmath>
 #include <utility>
 
@@ -87,11 +90,16 @@ double grad_norm(const std::vector<Tensor>& params) {
   return std::sqrt(total);
 }
 
+double clip_coefficient(double norm, double max_norm) {
+  if (!std::isfinite(norm)) return 1.0;
+  return std::min(1.0, max_norm / (norm + 1e-6));
+}
+
 double clip_grad_norm(const std::vector<Tensor>& params, double max_norm) {
   ATH_CHECK(max_norm > 0, "clip_grad_norm", "max_norm must be > 0, got ", max_norm);
   const double norm = grad_norm(params);
   if (!std::isfinite(norm)) return norm;  // leave the gradients alone; the caller reports/skips
-  const double coef = max_norm / (norm + 1e-6);
+  const double coef = clip_coefficient(norm, max_norm);
   if (coef >= 1.0) return norm;
   const std::vector<Span> spans = f32_grads(params, "clip_grad_norm", [&](const Tensor& g) { scale_other(g, coef); });
   over_chunks(spans, [&](int k, int64_t b, int64_t e, int64_t) { detail::scale_f32(spans[k].data + b, e - b, coef); });
@@ -114,5 +122,22 @@ void clip_grad_value(const std::vector<Tensor>& params, double clip) {
     g.bump_version();
   }
 }
+
+namespace detail {
+void scale_gradient(const Tensor& g, double coef) {
+  if (g.dtype() == DType::f32) {
+    float* d = static_cast<float*>(g.raw_data());
+    const int64_t n = g.numel();
+#pragma omp parallel if (n > kGrain)
+    {
+      const int64_t t = omp_get_thread_num(), nt = omp_get_num_threads(), b = n * t / nt / 16 * 16,
+                    e = t + 1 == nt ? n : n * (t + 1) / nt / 16 * 16;
+      scale_f32(d + b, e - b, coef);
+    }
+  } else {
+    scale_other(g, coef);
+  }
+}
+}  // namespace detail
 
 }  // namespace athanor::optim

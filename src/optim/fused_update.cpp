@@ -52,6 +52,16 @@ template <class T> [[gnu::always_inline]] inline void prefetch_for_write(const T
   // A call per 16 elements: each 64-byte line of f32 once; 2-byte copies twice (harmless).
   if (i + kWriteAhead < n) __builtin_prefetch(w + i + kWriteAhead, 1, 3);
 }
+// 16 gradients, times the clip coefficient when kScale, rounded as scale_f32 rounds them:
+// f32(f64(g) * coef), so a step that folds the coefficient in gives the bits of one after
+// the scaling pass.
+template <bool kTail, bool kScale> inline __m512 load_grad(const float* g, __mmask16 m, __m512d coef) {
+  const __m512 x = load<kTail>(g, m);
+  if constexpr (!kScale) return x;
+  const __m256 lo = _mm512_cvtpd_ps(_mm512_mul_pd(_mm512_cvtps_pd(_mm512_castps512_ps256(x)), coef));
+  const __m256 hi = _mm512_cvtpd_ps(_mm512_mul_pd(_mm512_cvtps_pd(_mm512_extractf32x8_ps(x, 1)), coef));
+  return _mm512_insertf32x8(_mm512_castps256_ps512(lo), hi, 1);
+}
 // Runs block.template operator()<kTail>(i, mask) over [0, n) in 16-lane blocks.
 template <class Block> inline void for_blocks(int64_t n, const Block& block) {
   int64_t i = 0;
@@ -60,22 +70,28 @@ template <class Block> inline void for_blocks(int64_t n, const Block& block) {
 }
 #endif
 
+template <bool kScale> inline float scalar_grad(float g, double coef) {
+  if constexpr (kScale) return static_cast<float>(static_cast<double>(g) * coef);
+  else return g;
+}
+
 inline void store_copy_scalar(void* copy, DType dt, int64_t i, float w) {
   if (dt == DType::bf16) static_cast<bfloat16*>(copy)[i] = cast_value<bfloat16>(w);
   else static_cast<float16*>(copy)[i] = cast_value<float16>(w);
 }
 
 // The SGD loop for one combination of the flags (hoisted out of the element loop).
-template <bool kMomentum, bool kFirst, bool kNesterov, bool kCopy>
+template <bool kMomentum, bool kFirst, bool kNesterov, bool kCopy, bool kScale>
 void sgd_loop(float* w, const float* g, float* b, int64_t n, const SgdConsts& k, void* copy, DType copy_dtype) {
 #if ATHANOR_CPU_AVX512
   const __m512 lr = _mm512_set1_ps(k.lr), wd = _mm512_set1_ps(k.wd), mom = _mm512_set1_ps(k.momentum),
                omd = _mm512_set1_ps(k.one_minus_dampening);
+  const __m512d coef = _mm512_set1_pd(k.grad_scale);
   for_blocks(n, [&]<bool kTail>(int64_t i, __mmask16 m) {
     prefetch_for_write(w, i, n);
     if constexpr (kCopy) prefetch_for_write(static_cast<const uint16_t*>(copy), i, n);
     const __m512 wi = load<kTail>(w + i, m);
-    __m512 d = _mm512_fmadd_ps(wi, wd, load<kTail>(g + i, m));  // L2 weight decay enters the gradient
+    __m512 d = _mm512_fmadd_ps(wi, wd, load_grad<kTail, kScale>(g + i, m, coef));  // L2 weight decay enters the gradient
     if constexpr (kMomentum) {
       const __m512 bi = kFirst ? d : _mm512_fmadd_ps(load<kTail>(b + i, m), mom, _mm512_mul_ps(omd, d));
       store<kTail>(b + i, m, bi);
@@ -88,7 +104,7 @@ void sgd_loop(float* w, const float* g, float* b, int64_t n, const SgdConsts& k,
 #else
   const float omd = k.one_minus_dampening;
   for (int64_t i = 0; i < n; ++i) {
-    float d = std::fma(w[i], k.wd, g[i]);
+    float d = std::fma(w[i], k.wd, scalar_grad<kScale>(g[i], k.grad_scale));
     if constexpr (kMomentum) {
       b[i] = kFirst ? d : std::fma(b[i], k.momentum, omd * d);
       d = kNesterov ? std::fma(b[i], k.momentum, d) : b[i];
@@ -99,7 +115,7 @@ void sgd_loop(float* w, const float* g, float* b, int64_t n, const SgdConsts& k,
 #endif
 }
 
-template <bool kL2, bool kCopy>
+template <bool kL2, bool kCopy, bool kScale>
 void adam_loop(float* w, const float* g, float* mm, float* vv, int64_t n, const AdamConsts& k, void* copy,
                DType copy_dtype) {
   const float omb1 = 1.0f - k.beta1, omb2 = 1.0f - k.beta2;
@@ -108,10 +124,11 @@ void adam_loop(float* w, const float* g, float* mm, float* vv, int64_t n, const 
                c2 = _mm512_set1_ps(omb2), eps = _mm512_set1_ps(k.eps), wd = _mm512_set1_ps(k.wd),
                step = _mm512_set1_ps(k.step_size), inv_bc2 = _mm512_set1_ps(k.inv_sqrt_bc2),
                decay = _mm512_set1_ps(k.decay);
+  const __m512d coef = _mm512_set1_pd(k.grad_scale);
   for_blocks(n, [&]<bool kTail>(int64_t i, __mmask16 msk) {
     prefetch_for_write(w, i, n);
     if constexpr (kCopy) prefetch_for_write(static_cast<const uint16_t*>(copy), i, n);
-    const __m512 wi = load<kTail>(w + i, msk), gi = load<kTail>(g + i, msk);
+    const __m512 wi = load<kTail>(w + i, msk), gi = load_grad<kTail, kScale>(g + i, msk, coef);
     const __m512 d = kL2 ? _mm512_fmadd_ps(wi, wd, gi) : gi;
     const __m512 m = _mm512_fmadd_ps(load<kTail>(mm + i, msk), b1, _mm512_mul_ps(c1, d));
     const __m512 v = _mm512_fmadd_ps(load<kTail>(vv + i, msk), b2, _mm512_mul_ps(_mm512_mul_ps(c2, d), d));
@@ -128,7 +145,8 @@ void adam_loop(float* w, const float* g, float* mm, float* vv, int64_t n, const 
   });
 #else
   for (int64_t i = 0; i < n; ++i) {
-    const float d = kL2 ? std::fma(w[i], k.wd, g[i]) : g[i];
+    const float gi = scalar_grad<kScale>(g[i], k.grad_scale);
+    const float d = kL2 ? std::fma(w[i], k.wd, gi) : gi;
     mm[i] = std::fma(mm[i], k.beta1, omb1 * d);
     const float d2 = (omb2 * d) * d;
     vv[i] = std::fma(vv[i], k.beta2, d2);
@@ -144,21 +162,27 @@ void adam_loop(float* w, const float* g, float* mm, float* vv, int64_t n, const 
 
 void sgd_f32(float* w, const float* g, float* b, int64_t n, const SgdConsts& k, void* copy, DType copy_dtype) {
   // Dispatch the flags once per chunk; each combination is its own branch-free loop.
-  auto run = [&]<bool kCopy>() {
-    if (!b) return sgd_loop<false, false, false, kCopy>(w, g, b, n, k, copy, copy_dtype);
-    if (k.first && k.nesterov) return sgd_loop<true, true, true, kCopy>(w, g, b, n, k, copy, copy_dtype);
-    if (k.first) return sgd_loop<true, true, false, kCopy>(w, g, b, n, k, copy, copy_dtype);
-    if (k.nesterov) return sgd_loop<true, false, true, kCopy>(w, g, b, n, k, copy, copy_dtype);
-    return sgd_loop<true, false, false, kCopy>(w, g, b, n, k, copy, copy_dtype);
+  auto run = [&]<bool kCopy, bool kScale>() {
+    if (!b) return sgd_loop<false, false, false, kCopy, kScale>(w, g, b, n, k, copy, copy_dtype);
+    if (k.first && k.nesterov) return sgd_loop<true, true, true, kCopy, kScale>(w, g, b, n, k, copy, copy_dtype);
+    if (k.first) return sgd_loop<true, true, false, kCopy, kScale>(w, g, b, n, k, copy, copy_dtype);
+    if (k.nesterov) return sgd_loop<true, false, true, kCopy, kScale>(w, g, b, n, k, copy, copy_dtype);
+    return sgd_loop<true, false, false, kCopy, kScale>(w, g, b, n, k, copy, copy_dtype);
   };
-  if (copy) run.template operator()<true>();
-  else run.template operator()<false>();
+  const bool scale = k.grad_scale != 1.0;
+  if (copy) scale ? run.template operator()<true, true>() : run.template operator()<true, false>();
+  else scale ? run.template operator()<false, true>() : run.template operator()<false, false>();
 }
 
 void adam_f32(float* w, const float* g, float* m, float* v, int64_t n, const AdamConsts& k, void* copy,
               DType copy_dtype) {
-  if (k.l2) copy ? adam_loop<true, true>(w, g, m, v, n, k, copy, copy_dtype) : adam_loop<true, false>(w, g, m, v, n, k, copy, copy_dtype);
-  else copy ? adam_loop<false, true>(w, g, m, v, n, k, copy, copy_dtype) : adam_loop<false, false>(w, g, m, v, n, k, copy, copy_dtype);
+  auto run = [&]<bool kCopy, bool kScale>() {
+    if (k.l2) adam_loop<true, kCopy, kScale>(w, g, m, v, n, k, copy, copy_dtype);
+    else adam_loop<false, kCopy, kScale>(w, g, m, v, n, k, copy, copy_dtype);
+  };
+  const bool scale = k.grad_scale != 1.0;
+  if (copy) scale ? run.template operator()<true, true>() : run.template operator()<true, false>();
+  else scale ? run.template operator()<false, true>() : run.template operator()<false, false>();
 }
 
 double sum_squares_f32(const float* x, int64_t n) {

@@ -15,6 +15,7 @@
 #include <cstdint>
 
 #include "athanor/core/dtype.h"
+#include "athanor/core/tensor.h"
 
 namespace athanor::optim::detail {
 
@@ -22,6 +23,7 @@ struct SgdConsts {
   float lr, wd, momentum, one_minus_dampening;
   bool nesterov;
   bool first;  // the first step seeds the momentum buffer with the gradient
+  double grad_scale = 1.0;  // g is taken as f32(f64(g) * grad_scale), as scale_f32 scales it (gradient clipping)
 };
 // d = g + wd w; b = first ? d : momentum b + (1 - dampening) d; d = nesterov ? d + momentum b : b;
 // w -= lr d. `b` null: plain SGD (w -= lr d).
@@ -30,6 +32,7 @@ void sgd_f32(float* w, const float* g, float* b, int64_t n, const SgdConsts& k, 
 struct AdamConsts {
   float beta1, beta2, eps, wd, step_size, inv_sqrt_bc2, decay;
   bool l2;  // Adam: wd enters the gradient; AdamW: the weight decays by `decay`
+  double grad_scale = 1.0;  // as in SgdConsts
 };
 // m = b1 m + (1-b1) d; v = b2 v + (1-b2) d²; w = w decay - step_size m / (sqrt(v) inv_sqrt_bc2 + eps).
 void adam_f32(float* w, const float* g, float* m, float* v, int64_t n, const AdamConsts& k, void* copy,
@@ -39,6 +42,9 @@ void adam_f32(float* w, const float* g, float* m, float* v, int64_t n, const Ada
 double sum_squares_f32(const float* x, int64_t n);
 // x = f32(f64(x) * coef), as the scalar clip loop did.
 void scale_f32(float* x, int64_t n, double coef);
+// A whole gradient tensor (any floating dtype) scaled so: scale_f32 for f32, the same
+// rounding through f64 for the others; parallel over elements. Not version-bumped.
+void scale_gradient(const Tensor& g, double coef);
 // dst = the weights in `copy_dtype` (bf16 or f16), rounded as cast() rounds.
 void narrow_f32(const float* w, void* dst, int64_t n, DType copy_dtype);
 

@@ -1,5 +1,6 @@
 #include "athanor/optim/optimizer.h"
 
+#include <cmath>
 #include <set>
 
 #include "athanor/autograd/grad_mode.h"
@@ -92,6 +93,11 @@ void Optimizer::refresh_packed_weights() {
   athanor::detail::refresh_packed_weights(written_);
 }
 
+void Optimizer::scale_grads_in_next_step(double coef) {
+  ATH_CHECK(coef > 0 && std::isfinite(coef), "optimizer", "the gradient scale must be finite and > 0, got ", coef);
+  grad_scale_ = coef;
+}
+
 void Optimizer::zero_grad() {
   for (auto& g : groups_)
     for (auto& [name, p] : g.params) p.set_grad(Tensor());
@@ -115,6 +121,10 @@ void Optimizer::for_each_param(const std::function<void(ParamGroup&, const std::
       ATH_CHECK(grad.sizes() == p.sizes() && grad.dtype() == p.dtype() && grad.is_contiguous() && p.is_contiguous(),
                 "optimizer", "gradient of '", name, "' ", grad.describe(), " does not fit the parameter ", p.describe(),
                 Hint{"gradients must have the parameter's shape and dtype"});
+      if (grad_scale_ != 1.0 && !(folds_grad_scale() && p.dtype() == DType::f32)) {
+        detail::scale_gradient(grad, grad_scale_);  // as clip_grad_norm scales it
+        grad.bump_version();
+      }
       fn(g, name, p, grad);
       p.bump_version();
       if (!writes_copies_in_pass())
@@ -123,6 +133,7 @@ void Optimizer::for_each_param(const std::function<void(ParamGroup&, const std::
           publish_copy(name, p);
         }
     }
+  grad_scale_ = 1.0;  // one step's
 }
 
 NamedTensors Optimizer::state_tensors() const {

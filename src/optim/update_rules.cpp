@@ -60,7 +60,7 @@ class SGD final : public Optimizer {
       if (p.dtype() == DType::f32) {
         const float damp = static_cast<float>(o_.dampening);
         const detail::SgdConsts k{static_cast<float>(g.lr), static_cast<float>(g.weight_decay),
-                                  static_cast<float>(o_.momentum), 1.0f - damp, o_.nesterov, first};
+                                  static_cast<float>(o_.momentum), 1.0f - damp, o_.nesterov, first, grad_scale()};
         void* copy = copy_buffer(name, p);
         work_.push_back({ptr<float>(p), ptr<float>(grad), buf.defined() ? ptr<float>(buf) : nullptr,
                          static_cast<char*>(copy), k});
@@ -88,6 +88,7 @@ class SGD final : public Optimizer {
 
  private:
   bool writes_copies_in_pass() const override { return true; }
+  bool folds_grad_scale() const override { return true; }
   struct WorkF32 {
     float* w;
     const float* g;
@@ -177,7 +178,8 @@ class Adam final : public Optimizer {
       if (p.dtype() == DType::f32) {
         const detail::AdamConsts k{static_cast<float>(o_.beta1), static_cast<float>(o_.beta2), static_cast<float>(o_.eps),
                                    static_cast<float>(g.weight_decay), static_cast<float>(step_size),
-                                   static_cast<float>(inv_sqrt_bc2), static_cast<float>(decay), !decoupled_};
+                                   static_cast<float>(inv_sqrt_bc2), static_cast<float>(decay), !decoupled_,
+                                   grad_scale()};
         void* copy = copy_buffer(name, p);
         work_.push_back({ptr<float>(p), ptr<float>(grad), ptr<float>(m), ptr<float>(v), static_cast<char*>(copy), k});
         sizes_.push_back(p.numel());
@@ -211,6 +213,7 @@ class Adam final : public Optimizer {
 
  private:
   bool writes_copies_in_pass() const override { return true; }
+  bool folds_grad_scale() const override { return true; }
   struct WorkF32 {
     float* w;
     const float* g;

@@ -172,8 +172,10 @@ bool Trainer::train_step() {
   const double clip = config_.get_float("optimizer.grad_clip");
   if (!found_inf && config_.get_float("optimizer.clip_value") > 0)
     optim::clip_grad_value(params, config_.get_float("optimizer.clip_value"));
+  // Without data parallelism the clip coefficient is folded into the optimizer's update
+  // (scale_grads_in_next_step, below): the same bits, one pass over the gradients fewer.
   if (dp_) m.grad_norm = clip > 0 ? dp_->clip_grad_norm(clip) : dp_->grad_norm();  // global norm over all shards
-  else m.grad_norm = clip > 0 ? optim::clip_grad_norm(params, clip) : optim::grad_norm(params);
+  else m.grad_norm = optim::grad_norm(params);
   found_inf = found_inf || !std::isfinite(m.grad_norm);
   if (found_inf && !scaler_->enabled()) {
     scaler_->unscale(named);  // disabled: divides by nothing, records the names
@@ -184,6 +186,8 @@ bool Trainer::train_step() {
   bool rolled_back = false;
   auto zero_grad = [&] { dp_ ? dp_->zero_grad() : optimizer_->zero_grad(); };
   if (!found_inf) {
+    if (!dp_ && clip > 0 && optim::clip_coefficient(m.grad_norm, clip) < 1.0)
+      optimizer_->scale_grads_in_next_step(optim::clip_coefficient(m.grad_norm, clip));
     if (dp_) dp_->step();  // owned parameters, then (ZeRO >= 1) all-gathered
     else optimizer_->step();
     scaler_->update(false);

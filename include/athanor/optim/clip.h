@@ -12,6 +12,9 @@ namespace athanor::optim {
 double clip_grad_norm(const std::vector<Tensor>& params, double max_norm);
 // The global L2 norm of the gradients, without clipping.
 double grad_norm(const std::vector<Tensor>& params);
+// The factor clip_grad_norm scales gradients of total norm `norm` by: min(1, max_norm /
+// (norm + 1e-6)); 1 for a non-finite norm (clip_grad_norm leaves those alone).
+double clip_coefficient(double norm, double max_norm);
 // Clamps every gradient element to [-clip, clip].
 void clip_grad_value(const std::vector<Tensor>& params, double clip);
 

@@ -43,6 +43,13 @@ class Optimizer {
   virtual void step() = 0;
   virtual std::string name() const = 0;
   void zero_grad();  // sets every .grad to undefined
+  // The next step() takes every gradient as multiplied by coef (> 0), rounded as
+  // clip_grad_norm's scaling rounds it (f32(f64(g) * coef)), without writing the
+  // gradients: clipping by norm folded into the update. SGD and Adam/AdamW apply it in
+  // their update pass over f32 parameters; everything else scales its gradients in
+  // place first. So grad_norm + scale_grads_in_next_step(clip_coefficient(...)) + step()
+  // gives the bits of clip_grad_norm + step(), one pass over the gradients fewer.
+  void scale_grads_in_next_step(double coef);
   std::vector<ParamGroup>& param_groups() { return groups_; }
   const std::vector<ParamGroup>& param_groups() const { return groups_; }
   int64_t steps() const { return steps_; }
@@ -86,6 +93,10 @@ class Optimizer {
   // True for optimizers whose update pass writes the copies; the others get a cast
   // after each parameter's update (in for_each_param).
   virtual bool writes_copies_in_pass() const { return false; }
+  // True for optimizers whose update pass over f32 parameters applies grad_scale()
+  // itself; for the others (and other dtypes) for_each_param scales the gradient first.
+  virtual bool folds_grad_scale() const { return false; }
+  double grad_scale() const { return grad_scale_; }  // this step's (1: none); reset when for_each_param returns
   // Every step() ends with this, once all parameters (and their copies) hold their new
   // values: the packed weight copies that GEMMs asked for (src/ops/packed_weights.h)
   // are rewritten from them.
@@ -93,6 +104,7 @@ class Optimizer {
 
  private:
   DType copy_dtype_ = DType::f32;
+  double grad_scale_ = 1.0;
   std::map<std::string, Tensor> copies_;  // param -> its low-precision copy
   std::vector<Tensor> written_;           // refresh_packed_weights' list, capacity kept
   std::map<std::string, std::map<std::string, Tensor>> state_;  // param -> state name -> tensor
