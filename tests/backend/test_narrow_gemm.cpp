@@ -22,12 +22,6 @@ using namespace athanor::testing;
 
 namespace {
 
-struct ThreadCount {
-  int prev;
-  explicit ThreadCount(int n) : prev(omp_get_max_threads()) { omp_set_num_threads(n); }
-  ~ThreadCount() { omp_set_num_threads(prev); }
-};
-
 struct Gemm {
   bool ta = false, tb = false;
   int64_t M = 0, N = 0, K = 0;

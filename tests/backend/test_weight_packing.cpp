@@ -21,12 +21,6 @@ using namespace athanor::testing;
 
 namespace {
 
-struct ThreadCount {
-  int prev;
-  explicit ThreadCount(int n) : prev(omp_get_max_threads()) { omp_set_num_threads(n); }
-  ~ThreadCount() { omp_set_num_threads(prev); }
-};
-
 // W filled with distinct, exactly representable values (bf16 too), NaN-free.
 template <class T> std::vector<T> make_w(int64_t rows, int64_t ld, uint32_t seed) {
   std::vector<T> w(rows * ld);

@@ -20,15 +20,8 @@ std::array<uint32_t, 4> r123(std::array<uint32_t, 4> c, std::array<uint32_t, 2> 
   return philox4x32(pack(k[0], k[1]), pack(c[0], c[1]), pack(c[2], c[3]));
 }
 
-// Restores the OpenMP thread count on scope exit.
-struct OmpThreads {
-  int prev = omp_get_max_threads();
-  explicit OmpThreads(int n) { omp_set_num_threads(n); }
-  ~OmpThreads() { omp_set_num_threads(prev); }
-};
-
 std::vector<double> values_with_threads(int threads, bool normal, DType dt, int64_t n) {
-  OmpThreads guard(threads);
+  ThreadCount guard(threads);
   Generator g(1234);
   Tensor t = normal ? randn({n}, dt, g) : rand({n}, dt, g);
   return t.to_vector();

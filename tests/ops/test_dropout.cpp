@@ -17,11 +17,6 @@ bool keep_ref(GeneratorState s, int64_t i, double p) {
   return static_cast<double>(uint_to_unit_float(r[i % 4])) >= p;
 }
 
-struct ThreadCount {  // sets the OpenMP thread count for a scope
-  int prev;
-  explicit ThreadCount(int n) : prev(omp_get_max_threads()) { omp_set_num_threads(n); }
-  ~ThreadCount() { omp_set_num_threads(prev); }
-};
 }  // namespace
 
 TEST(Dropout, MaskMatchesPhiloxReferenceAndScalingIsExact) {

@@ -2,8 +2,10 @@
 // Shared test machinery:
 //  - gradcheck: autograd gradients vs central finite differences in f64;
 //  - make_noncontiguous: the same values in a strided (non-contiguous) layout;
-//  - expect_close: elementwise |a - b| <= atol + rtol * |b| with a report of the worst element.
+//  - expect_close: elementwise |a - b| <= atol + rtol * |b| with a report of the worst element;
+//  - ThreadCount: the OpenMP thread count for a scope.
 #include <gtest/gtest.h>
+#include <omp.h>
 
 #include <functional>
 #include <vector>
@@ -11,6 +13,15 @@
 #include "athanor/ops.h"
 
 namespace athanor::testing {
+
+// Sets the OpenMP thread count for a scope (results that must not depend on it).
+struct ThreadCount {
+  int prev;
+  explicit ThreadCount(int n) : prev(omp_get_max_threads()) { omp_set_num_threads(n); }
+  ~ThreadCount() { omp_set_num_threads(prev); }
+  ThreadCount(const ThreadCount&) = delete;
+  ThreadCount& operator=(const ThreadCount&) = delete;
+};
 
 struct GradcheckOptions {
   double eps = 1e-6;   // finite-difference step
