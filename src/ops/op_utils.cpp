@@ -132,9 +132,8 @@ PackedWeight input_grad_packed(const Tensor& weight, int64_t M, int64_t in, int6
 
 template <class T> void input_grad_gemm(int64_t M, int64_t in, int64_t out, const T* dy, const Tensor& weight, T* dx) {
   if constexpr (std::is_same_v<T, float> || std::is_same_v<T, bfloat16>) {
-    if (cpu::gemm_prefers_packed_b(std::is_same_v<T, bfloat16>, false, M, in, out))
-      if (const PackedWeight p = packed_weight(weight, WeightUse::input_grad))
-        if (cpu::gemm_packed<T>(M, dy, out, p.layout, static_cast<const T*>(p.data), nullptr, dx, in)) return;
+    if (const PackedWeight p = input_grad_packed(weight, M, in, out))
+      if (cpu::gemm_packed<T>(M, dy, out, p.layout, static_cast<const T*>(p.data), nullptr, dx, in)) return;
   }
   gemm_t<T>(false, false, M, in, out, dy, out, static_cast<const T*>(weight.raw_data()), in, 0.0f, dx, in);
 }

@@ -99,16 +99,16 @@ PackedWeight packed_weight(const Tensor& w, WeightUse use) {
   return PackedWeight{e.packed.raw_data(), e.layout};
 }
 
-void claim_packed_weights(const Tensor& t, std::vector<PackJob>& jobs) {
-  Registry& r = registry();
-  if (!r.enabled || !packable(t)) return;
-  std::lock_guard<std::mutex> lock(r.mu);
+namespace {
+// Appends the jobs that rewrite every requested copy of `t` and marks those copies current
+// at t's version; drops the copies nobody asked for since the last refresh. Under r.mu.
+void claim_locked(Registry& r, const Tensor& t, std::vector<PackJob>& jobs) {
   const Storage* s = t.storage().get();
   for (auto it = r.entries.lower_bound({s, t.storage_offset(), WeightUse::forward});
        it != r.entries.end() && std::get<0>(it->first) == s && std::get<1>(it->first) == t.storage_offset();) {
     Entry& e = it->second;
     if (!e.used || e.storage.lock() != t.storage() || e.rows != t.size(0) || e.cols != t.size(1) || e.dtype != t.dtype()) {
-      it = r.entries.erase(it);  // nobody asked for it since the last claim (or stale): drop it
+      it = r.entries.erase(it);  // nobody asked for it since the last refresh (or stale): drop it
       continue;
     }
     e.used = false;
@@ -119,14 +119,22 @@ void claim_packed_weights(const Tensor& t, std::vector<PackJob>& jobs) {
     ++it;
   }
 }
+}  // namespace
 
 void refresh_packed_weights(const std::vector<Tensor>& written) {
-  if (!registry().enabled) return;
+  Registry& r = registry();
   thread_local std::vector<PackJob> kept;  // capacity kept: no allocation per step
   std::vector<PackJob>& jobs = kept;       // (the OpenMP workers must see this thread's list, not their own)
   jobs.clear();
-  for (const Tensor& t : written) claim_packed_weights(t, jobs);
+  {
+    std::lock_guard<std::mutex> lock(r.mu);
+    if (!r.enabled || r.entries.empty()) return;  // nothing ever asked (the MLP, f64 models): one lock per step
+    for (const Tensor& t : written)
+      if (packable(t)) claim_locked(r, t, jobs);
+  }
   if (jobs.empty()) return;
+  // The copies are marked current already; nothing reads them before this region ends
+  // (the caller is the optimizer's step, on the training thread).
   int64_t work = 0;
   for (const PackJob& j : jobs) work += j.layout.elements();
 #pragma omp parallel if (work > (1 << 15))

@@ -51,15 +51,10 @@ struct PackJob {
   // Packs W's rows [r0, r1) (r0 a multiple of 16, as pack_weight_rows wants).
   void run(int64_t r0, int64_t r1) const { cpu::pack_weight_rows(layout, w_is_bt, w, cols, r0, r1, dst); }
 };
-// For a pass about to write `t` (whose version the caller has already bumped): appends
-// the jobs that rewrite every requested packed copy of t and marks those copies current
-// at t's version. The caller must run every job on all of t's rows, after writing them,
-// before anything reads t's copies again. Copies no op asked for since the last claim
-// are dropped instead.
-void claim_packed_weights(const Tensor& t, std::vector<PackJob>& jobs);
-// Claims the copies of these tensors (already written) and runs the jobs in one
-// parallel region; thread t packs the t-th share of each weight's rows
-// (pack_share_begin), the rows a multi-tensor pass split the same way wrote on it.
+// Rewrites the requested copies of these tensors (already written; their versions
+// bumped), marks them current at those versions and drops the copies nobody asked for
+// since the last refresh. One parallel region; thread t packs the t-th share of each
+// weight's rows (pack_share_begin), the rows a multi-tensor pass wrote on it.
 void refresh_packed_weights(const std::vector<Tensor>& written);
 
 // Drops the copies (and requests) of these tensors and of every tensor already freed: the

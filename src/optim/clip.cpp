@@ -5,8 +5,6 @@
 // per-tensor loop.
 #include "athanor/optim/clip.h"
 
-#include <omp.h>
-
 #include <algorithm>
 #include <cmath>
 #include <utility>
@@ -126,14 +124,8 @@ void clip_grad_value(const std::vector<Tensor>& params, double clip) {
 namespace detail {
 void scale_gradient(const Tensor& g, double coef) {
   if (g.dtype() == DType::f32) {
-    float* d = static_cast<float*>(g.raw_data());
-    const int64_t n = g.numel();
-#pragma omp parallel if (n > kGrain)
-    {
-      const int64_t t = omp_get_thread_num(), nt = omp_get_num_threads(), b = n * t / nt / 16 * 16,
-                    e = t + 1 == nt ? n : n * (t + 1) / nt / 16 * 16;
-      scale_f32(d + b, e - b, coef);
-    }
+    const std::vector<Span> one{{static_cast<float*>(g.raw_data()), g.numel()}};
+    over_chunks(one, [&](int, int64_t b, int64_t e, int64_t) { scale_f32(one[0].data + b, e - b, coef); });
   } else {
     scale_other(g, coef);
   }

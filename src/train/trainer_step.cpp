@@ -186,8 +186,8 @@ bool Trainer::train_step() {
   bool rolled_back = false;
   auto zero_grad = [&] { dp_ ? dp_->zero_grad() : optimizer_->zero_grad(); };
   if (!found_inf) {
-    if (!dp_ && clip > 0 && optim::clip_coefficient(m.grad_norm, clip) < 1.0)
-      optimizer_->scale_grads_in_next_step(optim::clip_coefficient(m.grad_norm, clip));
+    if (const double coef = optim::clip_coefficient(m.grad_norm, clip); !dp_ && clip > 0 && coef < 1.0)
+      optimizer_->scale_grads_in_next_step(coef);
     if (dp_) dp_->step();  // owned parameters, then (ZeRO >= 1) all-gathered
     else optimizer_->step();
     scaler_->update(false);
