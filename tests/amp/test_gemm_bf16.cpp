@@ -10,7 +10,11 @@
 // atol = rtol = 1e-4 (the f32 test's bound).
 #include <array>
 
+#include <cmath>
+
 #include "backend/cpu/gemm.h"
+#include "backend/cpu/weight_packing.h"
+#include "backend/cpu/workspace.h"
 #include "test_util.h"
 
 namespace athanor {
@@ -44,6 +48,44 @@ TEST(GemmBf16, MatchesReferenceWithTransposesAndOddSizes) {
           EXPECT_CLOSE(fast32, ref32, 1e-4, 1e-4);
         }
       }
+}
+
+TEST(GemmBf16, ManyRowsPackBOnceAndMatchReference) {
+  // From 512 rows a plain B (a weight gradient's activation) is packed into oneDNN's blocked
+  // layout by gemm_bf16_f32out / gemm_lowp before the GEMM. Sizes off the layout's blocks
+  // (K % 32, N % 64) leave padding, which must read as zeros: the scratch the packed copy
+  // lands in is first filled with NaN (the allocator hands the same block back).
+  Generator g(25);
+  for (auto [M, N, K] : std::vector<std::array<int64_t, 3>>{{520, 100, 70}, {512, 64, 32}, {600, 784, 128}, {640, 130, 33}})
+    for (bool ta : {false, true}) {
+      SCOPED_TRACE(std::to_string(M) + "x" + std::to_string(N) + "x" + std::to_string(K) + (ta ? " ta" : ""));
+      const int64_t ldb = N + 3;
+      Tensor A = randn(ta ? Shape{K, M} : Shape{M, K}, DType::bf16, g), B = randn({K, ldb}, DType::bf16, g);
+      const cpu::PackedLayout l = cpu::packed_layout(true, K, N);
+      for (float beta : {0.0f, 0.5f}) {
+        {
+          const cpu::Workspace poison(static_cast<std::size_t>(l.bytes()));
+          std::fill_n(poison.as<float>(), l.bytes() / 4, std::nanf(""));
+        }
+        Tensor fast32 = full({M, N}, 0.5), ref32 = full({M, N}, 0.5);
+        Tensor A32 = A.to(DType::f32), B32 = B.to(DType::f32);
+        cpu::gemm_bf16_f32out(ta, false, M, N, K, 1.5f, A.data_ptr<bfloat16>(), A.size(1), B.data_ptr<bfloat16>(), ldb,
+                              beta, fast32.data_ptr<float>(), N);
+        cpu::ref::gemm<float>(ta, false, M, N, K, 1.5, A32.data_ptr<float>(), A32.size(1), B32.data_ptr<float>(), ldb,
+                              beta, ref32.data_ptr<float>(), N);
+        EXPECT_CLOSE(fast32, ref32, 1e-4, 1e-4);
+        {
+          const cpu::Workspace poison(static_cast<std::size_t>(l.bytes()));
+          std::fill_n(poison.as<float>(), l.bytes() / 4, std::nanf(""));
+        }
+        Tensor fast = full({M, N}, 0.5, DType::bf16), ref = full({M, N}, 0.5, DType::bf16);
+        cpu::gemm_lowp<bfloat16>(ta, false, M, N, K, 1.5f, A.data_ptr<bfloat16>(), A.size(1), B.data_ptr<bfloat16>(), ldb,
+                                 beta, fast.data_ptr<bfloat16>(), N);
+        cpu::ref::gemm<bfloat16>(ta, false, M, N, K, 1.5, A.data_ptr<bfloat16>(), A.size(1), B.data_ptr<bfloat16>(), ldb,
+                                 beta, ref.data_ptr<bfloat16>(), N);
+        EXPECT_CLOSE(fast, ref, 1e-2, 1.0 / 128);
+      }
+    }
 }
 
 TEST(GemmBf16, LeadingDimensionsLargerThanRows) {

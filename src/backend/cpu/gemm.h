@@ -6,7 +6,9 @@
 // their scratchpad in a per-thread buffer (no malloc, no page faults in warm
 // steps); f32 GEMMs with one dimension <= 16 that beat oneDNN go to register-blocked
 // AVX-512 kernels (narrow_gemm.h); f32 GEMMs under 16^3 multiply-adds go to dnnl_sgemm, bf16 where oneDNN has
-// no bf16 matmul to the f32 path. f64 goes to OpenBLAS. f16 is converted to f32
+// no bf16 matmul to the f32 path; a bf16 GEMM with many rows and a plain (not transposed)
+// B, such as a weight gradient dW = dy^T x, packs B once into oneDNN's blocked layout
+// first (gemm.cpp says why). f64 goes to OpenBLAS. f16 is converted to f32
 // (exact semantics; f16 speed comes from GPUs). gemm.cpp says why, with the figures.
 #include <cstddef>
 #include <cstdint>
