@@ -24,6 +24,7 @@
 #include <cblas.h>
 #include <oneapi/dnnl/dnnl.h>
 #include <oneapi/dnnl/dnnl.hpp>
+#include <omp.h>
 
 #include <algorithm>
 #include <cstdlib>
@@ -217,7 +218,8 @@ constexpr int64_t kMinRowsToPackB = 512;
 template <class TC>
 bool matmul_bf16_packing_b(bool ta, int64_t M, int64_t N, int64_t K, float alpha, const bfloat16* A, int64_t lda,
                            const bfloat16* B, int64_t ldb, float beta, TC* C, int64_t ldc) {
-  if (M < kMinRowsToPackB || K < 32 || N < 64) return false;
+  // Not from inside a parallel region: the workspace may throw, which must not cross OpenMP.
+  if (M < kMinRowsToPackB || K < 32 || N < 64 || omp_in_parallel()) return false;
   const PackedLayout l = packed_layout(/*bf16=*/true, K, N);
   const MatmulCall c = matmul_call<bfloat16, TC>(ta, false, M, N, K, alpha, lda, 0, false, beta, ldc, &l);
   const std::optional<CachedMatmul> m = find_matmul<bfloat16>(c, /*packed=*/true);
