@@ -131,7 +131,8 @@ MatmulCall matmul_call(bool ta, bool tb, int64_t M, int64_t N, int64_t K, float 
 // (or, for a packed B, would not read exactly that layout: any other implementation would
 // be slow) or the cache is full and sgemm can take an f32 GEMM instead.
 template <class TA>
-std::optional<CachedMatmul> find_matmul(const MatmulCall& c, bool packed) {
+std::optional<CachedMatmul> find_matmul(const MatmulCall& c) {
+  const bool packed = std::get<9>(c.key) == -1;  // matmul_call's key of a packed B
   DnnlState& st = dnnl_state();
   // Each thread keeps the primitives it used (no lock on the hot path: the attention
   // kernels call this from inside their parallel regions); misses go to the shared cache.
@@ -202,7 +203,7 @@ template <class TA, class TC>
 bool matmul_dnnl(bool ta, bool tb, int64_t M, int64_t N, int64_t K, float alpha, const TA* A, int64_t lda, const TA* B,
                  int64_t ldb, const TC* bias, float beta, TC* C, int64_t ldc, const PackedLayout* packed = nullptr) {
   const MatmulCall c = matmul_call<TA, TC>(ta, tb, M, N, K, alpha, lda, ldb, bias != nullptr, beta, ldc, packed);
-  const std::optional<CachedMatmul> m = find_matmul<TA>(c, packed != nullptr);
+  const std::optional<CachedMatmul> m = find_matmul<TA>(c);
   return m && run_matmul<TA, TC>(*m, c, A, B, bias, C);
 }
 
@@ -222,10 +223,11 @@ bool matmul_bf16_packing_b(bool ta, int64_t M, int64_t N, int64_t K, float alpha
   if (M < kMinRowsToPackB || K < 32 || N < 64 || omp_in_parallel()) return false;
   const PackedLayout l = packed_layout(/*bf16=*/true, K, N);
   const MatmulCall c = matmul_call<bfloat16, TC>(ta, false, M, N, K, alpha, lda, 0, false, beta, ldc, &l);
-  const std::optional<CachedMatmul> m = find_matmul<bfloat16>(c, /*packed=*/true);
+  const std::optional<CachedMatmul> m = find_matmul<bfloat16>(c);
   if (!m) return false;
   const Workspace packed(static_cast<std::size_t>(l.bytes()));
-  // pack_weight writes no padding; oneDNN reads the padding rows (k >= K) into its sums.
+  // pack_weight writes no padding. oneDNN reads the padding rows (k >= K) into its sums;
+  // the padding columns (n >= N) only into outputs it drops, zeroed all the same.
   if (l.Kp != K) std::memset(packed.as<void>(), 0, static_cast<std::size_t>(l.bytes()));
   else if (l.Np != N) std::memset(static_cast<void*>(packed.as<bfloat16>() + (l.Np - 64) * l.Kp), 0, static_cast<std::size_t>(64 * l.Kp) * 2);
   pack_weight(l, /*w_is_bt=*/false, B, ldb, packed.as<void>());
