@@ -39,6 +39,7 @@
 #include "athanor/core/convert.h"
 #include "athanor/core/error.h"
 #include "backend/cpu/narrow_gemm.h"
+#include "backend/cpu/small_batch_gemm.h"
 #include "backend/cpu/weight_packing.h"
 #include "backend/cpu/workspace.h"
 
@@ -248,6 +249,7 @@ void gemm(bool ta, bool tb, int64_t M, int64_t N, int64_t K, float alpha, const 
           int64_t ldb, float beta, float* C, int64_t ldc) {
   if (M == 0 || N == 0) return;
   if (narrow_gemm(ta, tb, M, N, K, alpha, A, lda, B, ldb, beta, /*bias=*/nullptr, C, ldc)) return;
+  if (small_batch_gemm(ta, tb, M, N, K, alpha, A, lda, B, ldb, beta, /*bias=*/nullptr, C, ldc)) return;
   if (use_f32_primitive(M, N, K) &&
       matmul_dnnl<float, float>(ta, tb, M, N, K, alpha, A, lda, B, ldb, nullptr, beta, C, ldc))
     return;
@@ -332,6 +334,7 @@ void gemm_bias(bool ta, bool tb, int64_t M, int64_t N, int64_t K, const T* A, in
   }
   if constexpr (std::is_same_v<T, float>) {
     if (narrow_gemm(ta, tb, M, N, K, 1.0f, A, lda, B, ldb, 0.0f, bias, C, ldc)) return;
+    if (small_batch_gemm(ta, tb, M, N, K, 1.0f, A, lda, B, ldb, 0.0f, bias, C, ldc)) return;
     if (use_f32_primitive(M, N, K) && matmul_dnnl<float, float>(ta, tb, M, N, K, 1.0f, A, lda, B, ldb, bias, 0.0f, C, ldc))
       return;
   } else if constexpr (std::is_same_v<T, bfloat16>) {

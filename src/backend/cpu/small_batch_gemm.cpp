@@ -1,0 +1,326 @@
+// Small-batch f32 GEMMs (see small_batch_gemm.h). Two register-blocked AVX-512 kernels,
+// each keeping 24 accumulators of 16 lanes in registers:
+//
+//  - "dot" (NT: C = A B^T, rows of A and of B contiguous along K): a tile of 3 rows of A
+//    x 8 rows of B keeps one 16-lane partial sum per element of C over all of K (<= 1024),
+//    then sums the lanes four elements at a time. A step loads 3 + 8 vectors for 24 FMAs;
+//    the 8 rows of B (32 KiB at K = 1024) stay in L1 while the tile walks down every row of
+//    A (512 KiB at 128 x 1024, in L2). The weight is not copied. Tiles of 2 x 8 and 2 x 12
+//    ran within 3% of 3 x 8; 4 x 4 / 5 x 4 / 6 x 4 at half its speed (more rows of A per
+//    tile: more L2 traffic per FMA, and more rows in one L1 set when they alias).
+//  - "outer" (NN, TN: op(B) row-major): a tile of 5-6 rows x 64 columns of C over a panel
+//    of op(B), at most 256 x 64, used by every row of C; op(A) is read in place, one
+//    broadcast per row and step (6 broadcasts + 4 vectors per 24 FMAs). TN copies the
+//    panel into scratch first, NN reads it in place (run_outer says why).
+// In L1 alone, one thread: outer 200-218 GFLOP/s, dot 200-206, of this core's 227.
+//
+// Measured on the 2-core dev box (session 9; /tmp harness, 2 threads, this path and
+// cpu::gemm's oneDNN matmul alternating call by call, medians of 38). The box's speed
+// swung by up to 2x within minutes, and the two paths with it, differently:
+//  - in quiet stretches (oneDNN at 365-387 GFLOP/s) the MLP's five GEMMs ran within 0.99-
+//    1.04x of oneDNN's time;
+//  - in busy ones the forward of the 1024 x 1024 weight (128 x 1024 x 1024 NT) took
+//    oneDNN 1,350-1,520 us (177-199 GFLOP/s) and this path 700-1,460 us; dx 0.92-1.02x,
+//    dW 0.87-1.20x.
+// In the MLP's step, 10 interleaved pairs of `athanor bench bench/configs/mlp.yaml --steps
+// 200` with ATHANOR_SMALL_BATCH_GEMM=1 / 0: time ratio 0.968 median [0.844-1.030], 9 of
+// 10 pairs faster; profiler spans (300 steps, two runs each way): fc2's forward 936-1041
+// -> 794-874 us, the backward 2477-2868 -> 2441-2509 us.
+//
+// Each element of C is summed by one thread in a fixed order (dot: 16 lane sums over k,
+// then a fixed tree; outer: k = 0..K-1), whatever the tiling or the thread count.
+#include "backend/cpu/small_batch_gemm.h"
+
+#include <omp.h>
+
+#include <algorithm>
+#include <array>
+#include <atomic>
+#include <cstdlib>
+#include <string>
+#include <type_traits>
+#include <utility>
+
+#include "backend/cpu/unary.h"  // ATHANOR_CPU_AVX512, immintrin.h, vec::tail_mask
+#include "backend/cpu/workspace.h"
+
+namespace athanor::cpu {
+
+namespace {
+
+std::atomic<bool> g_enabled{[] {
+  const char* v = std::getenv("ATHANOR_SMALL_BATCH_GEMM");
+  return !(v && std::string(v) == "0");
+}()};
+
+// The batch (rows of C for NT / NN, the reduction for TN) and the other two sizes.
+// The dot tiles only where they measured at least as fast as oneDNN: a batch of about 128
+// with K 768..1024 and N <= 2048 (at 256 rows A no longer fits L2 beside the block of B:
+// 1.26-1.42x oneDNN's time; at K = 512, N = 4096 or 256 x 2304 x 768: 1.03-1.29x; at 64
+// rows 0.84-1.30x from run to run). The outer tiles at 64..256 (0.88-1.08x).
+constexpr int64_t kMinBatch = 64, kMaxBatch = 256, kMinWide = 256;
+constexpr int64_t kDotMinBatch = 96, kDotMaxBatch = 160, kDotMinK = 768, kDotMaxK = 1024, kDotMaxN = 2048;
+
+enum class Path { none, dot, outer };
+
+Path choose_path(bool ta, bool tb, int64_t M, int64_t N, int64_t K, float alpha) {
+  if (alpha == 0.0f || N < kMinWide) return Path::none;
+  auto batch = [](int64_t b) { return b >= kMinBatch && b <= kMaxBatch; };
+  if (!ta && tb)
+    return M >= kDotMinBatch && M <= kDotMaxBatch && K >= kDotMinK && K <= kDotMaxK && N <= kDotMaxN ? Path::dot
+                                                                                                   : Path::none;
+  if (!ta && !tb) return batch(M) && K >= kMinWide ? Path::outer : Path::none;
+  if (ta && !tb) return batch(K) && M >= kMinWide ? Path::outer : Path::none;
+  return Path::none;
+}
+
+inline int64_t ceil_div(int64_t a, int64_t b) { return (a + b - 1) / b; }
+
+#if ATHANOR_CPU_AVX512
+
+// ---- dot (NT) ----
+
+constexpr int kDotRowsA = 3, kDotRowsB = 8;
+
+// The 16 lanes of each of v0..v3 summed: {sum v0, sum v1, sum v2, sum v3}.
+inline __m128 sum_lanes4(__m512 v0, __m512 v1, __m512 v2, __m512 v3) {
+  // Zero-masking forms throughout: the plain unpacks and casts build on _mm512_undefined_ps,
+  // which trips GCC 12's -Wuninitialized once inlined (see narrow_gemm.cpp's sum_lanes).
+  constexpr __mmask16 all = 0xffff;
+  const __m512 s01 = _mm512_add_ps(_mm512_maskz_unpacklo_ps(all, v0, v1), _mm512_maskz_unpackhi_ps(all, v0, v1));
+  const __m512 s23 = _mm512_add_ps(_mm512_maskz_unpacklo_ps(all, v2, v3), _mm512_maskz_unpackhi_ps(all, v2, v3));
+  // Each 128-bit lane of t now holds {v0, v1, v2, v3} partial sums.
+  const __m512 t = _mm512_add_ps(_mm512_shuffle_ps(s01, s23, 0x44), _mm512_shuffle_ps(s01, s23, 0xEE));
+  const __m256 lo = _mm256_castpd_ps(_mm512_maskz_extractf64x4_pd(0xff, _mm512_castps_pd(t), 0));
+  const __m256 hi = _mm256_castpd_ps(_mm512_maskz_extractf64x4_pd(0xff, _mm512_castps_pd(t), 1));
+  const __m256 s = _mm256_add_ps(lo, hi);
+  return _mm_add_ps(_mm256_castps256_ps128(s), _mm256_extractf128_ps(s, 1));
+}
+
+// C[0..RA) x [0..RB) (row stride ldc) from K columns of RA rows of A and RB rows of B:
+// alpha sum + bias + beta C (bias null and beta 1 for the passes after the first).
+template <int RA, int RB>
+void dot_tile(int64_t K, const float* a, int64_t lda, const float* b, int64_t ldb, float* c, int64_t ldc,
+              const float* bias, float alpha, float beta) {
+  constexpr int RB4 = (RB + 3) / 4 * 4;  // the groups of 4 the lane sums take; the extra ones stay zero
+  __m512 acc[RA][RB4];
+#pragma GCC unroll 4
+  for (int r = 0; r < RA; ++r)
+#pragma GCC unroll 8
+    for (int j = 0; j < RB4; ++j) acc[r][j] = _mm512_setzero_ps();
+  // Locals, and every loop over the tile unrolled: the accumulators must live in registers.
+  auto step = [&](int64_t k, __mmask16 m, auto full) {
+    __m512 av[RA];
+#pragma GCC unroll 4
+    for (int r = 0; r < RA; ++r) av[r] = full ? _mm512_loadu_ps(a + r * lda + k) : _mm512_maskz_loadu_ps(m, a + r * lda + k);
+#pragma GCC unroll 8
+    for (int j = 0; j < RB; ++j) {
+      __m512 bv = full ? _mm512_loadu_ps(b + j * ldb + k) : _mm512_maskz_loadu_ps(m, b + j * ldb + k);
+      // One load per vector, kept in a register (GCC would fold it into each of RA FMAs).
+      __asm__("" : "+v"(bv));
+#pragma GCC unroll 4
+      for (int r = 0; r < RA; ++r) acc[r][j] = _mm512_fmadd_ps(av[r], bv, acc[r][j]);
+    }
+  };
+  const int64_t full_end = K / 16 * 16;
+  for (int64_t k = 0; k < full_end; k += 16) step(k, __mmask16(0xffff), std::true_type{});
+  if (K > full_end) step(full_end, vec::tail_mask(K - full_end), std::false_type{});  // masked lanes load as 0
+#pragma GCC unroll 4
+  for (int r = 0; r < RA; ++r)
+#pragma GCC unroll 2
+    for (int j = 0; j < RB4; j += 4) {
+      const __mmask8 m = static_cast<__mmask8>((1u << std::min(4, RB - j)) - 1u);
+      float* out = c + r * ldc + j;
+      __m128 s = _mm_mul_ps(_mm_set1_ps(alpha), sum_lanes4(acc[r][j], acc[r][j + 1], acc[r][j + 2], acc[r][j + 3]));
+      if (bias) s = _mm_add_ps(s, _mm_maskz_loadu_ps(m, bias + j));
+      if (beta != 0.0f) s = _mm_fmadd_ps(_mm_set1_ps(beta), _mm_maskz_loadu_ps(m, out), s);
+      _mm_mask_storeu_ps(out, m, s);
+    }
+}
+
+using DotTile = void (*)(int64_t, const float*, int64_t, const float*, int64_t, float*, int64_t, const float*, float,
+                         float);
+template <int... I> constexpr std::array<DotTile, sizeof...(I)> dot_table(std::integer_sequence<int, I...>) {
+  return {&dot_tile<I / kDotRowsB + 1, I % kDotRowsB + 1>...};
+}
+constexpr auto kDotTiles = dot_table(std::make_integer_sequence<int, kDotRowsA * kDotRowsB>{});  // [RA-1][RB-1]
+
+// Whether rows `ld` floats apart alias in L1: at a multiple of 2 KiB, the same column of
+// rows 0 and 2 falls in the same set of this 64-set cache (at 4 KiB, of all rows).
+inline bool rows_alias(int64_t ld) { return (ld * static_cast<int64_t>(sizeof(float))) % 2048 == 0; }
+
+// Threads take contiguous runs of 8-row blocks of B; each block walks down all of A.
+// A whose rows alias (K = 1024 as stored) is first copied with rows 16 floats longer,
+// starting half a page away from B's rows: the tile's 3 rows of A would otherwise share
+// L1 sets with the 8 resident rows of B at every step. 128 x 1024 x 1024 with both
+// operands' rows 4 KiB apart, against the same with them 16 floats longer (same run): A
+// read in place 0.48-0.60x the speed, copied at the same offset as B 0.60, copied half a
+// page away 0.88-0.99.
+void run_dot(int64_t M, int64_t N, int64_t K, float alpha, const float* A, int64_t lda, const float* B, int64_t ldb,
+             float beta, const float* bias, float* C, int64_t ldc) {
+  const int64_t nbb = ceil_div(N, kDotRowsB);
+  const int nthreads = static_cast<int>(std::min<int64_t>(omp_get_max_threads(), nbb));
+  const bool copy_a = rows_alias(lda);
+  const int64_t lda_copy = copy_a ? ceil_div(K, 16) * 16 + 16 : lda;
+  constexpr int64_t kPage = 4096 / sizeof(float);
+  Workspace a_copy(copy_a ? static_cast<std::size_t>(M * lda_copy + kPage) * sizeof(float) : 0);
+  float* a_base = nullptr;
+  if (copy_a) {
+    const auto page_offset = [](const float* p) { return static_cast<int64_t>(reinterpret_cast<uintptr_t>(p) / sizeof(float)); };
+    a_base = a_copy.as<float>() + ((page_offset(B) + kPage / 2 - page_offset(a_copy.as<float>())) & (kPage - 1));
+  }
+  const float* const a = copy_a ? a_base : A;
+#pragma omp parallel num_threads(nthreads) if (nthreads > 1)
+  {
+    const int64_t nt = omp_get_num_threads(), t = omp_get_thread_num();
+    if (copy_a) {
+      for (int64_t i = M * t / nt; i < M * (t + 1) / nt; ++i) std::copy(A + i * lda, A + i * lda + K, a_base + i * lda_copy);
+#pragma omp barrier
+    }
+    for (int64_t bb = nbb * t / nt; bb < nbb * (t + 1) / nt; ++bb) {
+      const int64_t n0 = bb * kDotRowsB, rb = std::min<int64_t>(kDotRowsB, N - n0);
+      for (int64_t i0 = 0; i0 < M; i0 += kDotRowsA) {
+        const int64_t ra = std::min<int64_t>(kDotRowsA, M - i0);
+        kDotTiles[(ra - 1) * kDotRowsB + (rb - 1)](K, a + i0 * lda_copy, lda_copy, B + n0 * ldb, ldb, C + i0 * ldc + n0,
+                                                   ldc, bias ? bias + n0 : nullptr, alpha, beta);
+      }
+    }
+  }
+}
+
+// ---- outer (NN, TN) ----
+
+constexpr int kOuterRows = 6, kOuterVecs = 4;
+constexpr int64_t kPanelCols = 16 * kOuterVecs, kPanelMaxK = 256;
+
+// C[0..RM) x [0..16 JB) (the last vector under `last`) from kc steps: op(A)(r, k) =
+// a[r * a_rs + k * a_ks], op(B)(k, 16 v + l) = b[k * ldb + 16 v + l].
+template <int RM, int JB>
+void outer_tile(int64_t kc, const float* a, int64_t a_rs, int64_t a_ks, const float* b, int64_t ldb, float* c,
+                int64_t ldc, __mmask16 last, const float* bias, float alpha, float beta) {
+  __m512 acc[RM][JB];
+#pragma GCC unroll 8
+  for (int r = 0; r < RM; ++r)
+#pragma GCC unroll 4
+    for (int v = 0; v < JB; ++v) acc[r][v] = _mm512_setzero_ps();
+  for (int64_t k = 0; k < kc; ++k) {
+    __m512 bv[JB];
+#pragma GCC unroll 4
+    for (int v = 0; v < JB; ++v)
+      bv[v] = v == JB - 1 ? _mm512_maskz_loadu_ps(last, b + k * ldb + 16 * v) : _mm512_loadu_ps(b + k * ldb + 16 * v);
+#pragma GCC unroll 8
+    for (int r = 0; r < RM; ++r) {
+      const __m512 av = _mm512_set1_ps(a[r * a_rs + k * a_ks]);
+#pragma GCC unroll 4
+      for (int v = 0; v < JB; ++v) acc[r][v] = _mm512_fmadd_ps(av, bv[v], acc[r][v]);
+    }
+  }
+#pragma GCC unroll 8
+  for (int r = 0; r < RM; ++r)
+#pragma GCC unroll 4
+    for (int v = 0; v < JB; ++v) {
+      const __mmask16 m = v == JB - 1 ? last : __mmask16(0xffff);
+      float* out = c + r * ldc + 16 * v;
+      __m512 o = alpha == 1.0f ? acc[r][v] : _mm512_mul_ps(_mm512_set1_ps(alpha), acc[r][v]);
+      if (bias) o = _mm512_add_ps(o, _mm512_maskz_loadu_ps(m, bias + 16 * v));
+      if (beta != 0.0f) o = _mm512_fmadd_ps(_mm512_set1_ps(beta), _mm512_maskz_loadu_ps(m, out), o);
+      _mm512_mask_storeu_ps(out, m, o);
+    }
+}
+
+using OuterTile = void (*)(int64_t, const float*, int64_t, int64_t, const float*, int64_t, float*, int64_t,
+                           __mmask16, const float*, float, float);
+template <int... I> constexpr std::array<OuterTile, sizeof...(I)> outer_table(std::integer_sequence<int, I...>) {
+  return {&outer_tile<I / kOuterVecs + 1, I % kOuterVecs + 1>...};
+}
+constexpr auto kOuterTiles = outer_table(std::make_integer_sequence<int, kOuterRows * kOuterVecs>{});  // [RM-1][JB-1]
+
+// Rows [k0, k0 + kc) x columns [j0, j0 + cols) of op(B) (row-major, row stride ldb) into
+// panel, kPanelCols floats per row, zero past cols.
+void pack_panel(const float* B, int64_t ldb, int64_t k0, int64_t kc, int64_t j0, int64_t cols, float* panel) {
+  for (int64_t k = 0; k < kc; ++k) {
+    const float* src = B + (k0 + k) * ldb + j0;
+    for (int64_t v = 0; v < kOuterVecs; ++v)
+      _mm512_storeu_ps(panel + k * kPanelCols + 16 * v, _mm512_maskz_loadu_ps(vec::tail_mask(cols - 16 * v), src + 16 * v));
+  }
+}
+
+// NN reads op(B) (the weight W of dx = g W) in place; TN copies each panel of op(B) (the
+// activation x of dW = g^T x) first. Measured both ways (/tmp harness, 2 threads, medians
+// of 40): dx 128 x 1024 x 1024 in place 848-881 us, copied 1019-1059 (W's 4 MiB come in
+// once either way, and the copy stalls on them before any FMA runs); dW 1024 x 1024 x 128
+// copied 766-804, in place 888-918 (x's 128 rows 4 KiB apart thrash L1 without the copy,
+// and each panel is used by 85 tiles). Panels of 256 rows: 128 read 5-10% slower in place.
+//
+// Each thread takes either a run of 64-column blocks (all rows) or a run of rows (all
+// column blocks, copying its own panels): columns when they split evenly, so that no panel
+// is copied twice (N = 1024: 16 blocks), rows otherwise (dW of 784 columns: 13 blocks would
+// split 7 / 6). A thread's rows go in tiles of 5-6 (128 = 18 x 6 + 4 x 5, not 21 x 6 + 2).
+void run_outer(bool ta, int64_t M, int64_t N, int64_t K, float alpha, const float* A, int64_t lda, const float* B,
+               int64_t ldb, float beta, const float* bias, float* C, int64_t ldc) {
+  const int64_t a_rs = ta ? 1 : lda, a_ks = ta ? lda : 1;
+  const bool in_place = !ta;
+  const int64_t ncb = ceil_div(N, kPanelCols), nkb = ceil_div(K, kPanelMaxK);
+  const int nthreads = omp_get_max_threads();
+  const bool split_columns = ncb % nthreads == 0 || M < 8 * kOuterRows * nthreads;
+  Workspace scratch(in_place ? 0 : static_cast<std::size_t>(nthreads) * kPanelMaxK * kPanelCols * sizeof(float));
+  float* const panels = scratch.as<float>();
+#pragma omp parallel num_threads(nthreads) if (nthreads > 1)
+  {
+    const int64_t nt = omp_get_num_threads(), t = omp_get_thread_num();
+    float* const panel = in_place ? nullptr : panels + t * kPanelMaxK * kPanelCols;
+    const int64_t cb0 = split_columns ? ncb * t / nt : 0, cb1 = split_columns ? ncb * (t + 1) / nt : ncb;
+    const int64_t i_begin = split_columns ? 0 : M * t / nt, i_end = split_columns ? M : M * (t + 1) / nt;
+    const int64_t rows = i_end - i_begin, nrb = ceil_div(rows, kOuterRows);
+    for (int64_t kb = 0; kb < nkb; ++kb) {
+      const int64_t k0 = K * kb / nkb, kc = K * (kb + 1) / nkb - k0;
+      const float pass_beta = kb == 0 ? beta : 1.0f;
+      for (int64_t cb = cb0; cb < cb1; ++cb) {
+        const int64_t j0 = cb * kPanelCols, cols = std::min(kPanelCols, N - j0), nv = ceil_div(cols, 16);
+        const __mmask16 last = vec::tail_mask(cols - 16 * (nv - 1));
+        const float* pass_bias = kb == 0 && bias ? bias + j0 : nullptr;
+        if (!in_place) pack_panel(B, ldb, k0, kc, j0, cols, panel);
+        const float* b = in_place ? B + k0 * ldb + j0 : panel;
+        const int64_t ldp = in_place ? ldb : kPanelCols;
+        for (int64_t rb = 0; rb < nrb; ++rb) {
+          const int64_t i0 = i_begin + rows * rb / nrb, rm = i_begin + rows * (rb + 1) / nrb - i0;
+          kOuterTiles[(rm - 1) * kOuterVecs + (nv - 1)](kc, A + i0 * a_rs + k0 * a_ks, a_rs, a_ks, b, ldp,
+                                                       C + i0 * ldc + j0, ldc, last, pass_bias, alpha, pass_beta);
+        }
+      }
+    }
+  }
+}
+
+#endif  // ATHANOR_CPU_AVX512
+
+}  // namespace
+
+bool small_batch_gemm_applies(bool ta, bool tb, int64_t M, int64_t N, int64_t K, float alpha) {
+#if ATHANOR_CPU_AVX512
+  return choose_path(ta, tb, M, N, K, alpha) != Path::none;
+#else
+  (void)ta, (void)tb, (void)M, (void)N, (void)K, (void)alpha;
+  return false;
+#endif
+}
+
+void set_small_batch_gemm_enabled(bool enabled) { g_enabled.store(enabled, std::memory_order_relaxed); }
+bool small_batch_gemm_enabled() { return g_enabled.load(std::memory_order_relaxed); }
+
+bool small_batch_gemm(bool ta, bool tb, int64_t M, int64_t N, int64_t K, float alpha, const float* A, int64_t lda,
+                      const float* B, int64_t ldb, float beta, const float* bias, float* C, int64_t ldc) {
+#if ATHANOR_CPU_AVX512
+  if (!small_batch_gemm_enabled()) return false;
+  const Path path = choose_path(ta, tb, M, N, K, alpha);
+  if (path == Path::dot) run_dot(M, N, K, alpha, A, lda, B, ldb, beta, bias, C, ldc);
+  else if (path == Path::outer) run_outer(ta, M, N, K, alpha, A, lda, B, ldb, beta, bias, C, ldc);
+  return path != Path::none;
+#else
+  (void)ta, (void)tb, (void)M, (void)N, (void)K, (void)alpha, (void)A, (void)lda, (void)B, (void)ldb, (void)beta,
+      (void)bias, (void)C, (void)ldc;
+  return false;
+#endif
+}
+
+}  // namespace athanor::cpu

@@ -1,0 +1,149 @@
+// Small-batch f32 GEMMs (backend/cpu/small_batch_gemm) against a naive f64 reference: the
+// three kinds it takes (NT forward, NN dx, TN dW; NT with A's rows 4 KiB apart, which it
+// copies first) on sizes off every block (rows of A and B not multiples of the tiles, K
+// off the 16-lane vectors and across the 256-deep panels, columns off the 64-column
+// panels), padded leading dimensions, alpha, beta (NaN-filled C with beta = 0), bias; 1
+// and 2 OpenMP threads must give bitwise the same C; shapes it refuses leave C untouched;
+// and cpu::gemm / gemm_bias on the MLP's shapes agree with the oneDNN path they replace.
+#include <omp.h>
+
+#include <cmath>
+#include <cstring>
+#include <string>
+#include <vector>
+
+#include "backend/cpu/gemm.h"
+#include "backend/cpu/small_batch_gemm.h"
+#include "gemm_check.h"
+#include "test_util.h"
+
+namespace athanor {
+using namespace athanor::testing;
+
+namespace {
+
+bool run_small_batch(const Gemm& g, const Data& d, std::vector<float>& c) {
+  c = d.c0;
+  return cpu::small_batch_gemm(g.ta, g.tb, g.M, g.N, g.K, g.alpha, d.a.data(), g.lda(), d.b.data(), g.ldb(), g.beta,
+                               g.bias ? d.bias.data() : nullptr, c.data(), g.ldc());
+}
+
+bool have_path() { return cpu::small_batch_gemm_applies(false, true, 128, 1024, 1024, 1.0f); }
+
+}  // namespace
+
+TEST(SmallBatchGemm, AppliesToALinearLayersGemmsAtSmallBatch) {
+  if (!have_path()) GTEST_SKIP() << "built without AVX-512: the path is off";
+  // The MLP's 784 -> 1024 -> 1024 at batch 128: forward (NT), dx (NN), dW (TN).
+  EXPECT_TRUE(cpu::small_batch_gemm_applies(false, true, 128, 1024, 784, 1.0f));
+  EXPECT_TRUE(cpu::small_batch_gemm_applies(false, false, 128, 1024, 1024, 1.0f));
+  EXPECT_TRUE(cpu::small_batch_gemm_applies(true, false, 1024, 784, 128, 1.0f));
+  // Batches of 2048 rows (a GPT's T x B), short K for the dot tiles, narrow sizes, TT,
+  // alpha = 0: the usual path.
+  EXPECT_FALSE(cpu::small_batch_gemm_applies(false, true, 2048, 1024, 256, 1.0f));
+  EXPECT_FALSE(cpu::small_batch_gemm_applies(false, false, 2048, 256, 1024, 1.0f));
+  EXPECT_FALSE(cpu::small_batch_gemm_applies(true, false, 1024, 256, 2048, 1.0f));
+  EXPECT_FALSE(cpu::small_batch_gemm_applies(false, true, 128, 1024, 256, 1.0f));
+  EXPECT_FALSE(cpu::small_batch_gemm_applies(false, true, 256, 1024, 1024, 1.0f));  // dot tiles measured slower
+  EXPECT_FALSE(cpu::small_batch_gemm_applies(false, true, 128, 4096, 1024, 1.0f));
+  EXPECT_FALSE(cpu::small_batch_gemm_applies(false, true, 128, 1024, 2048, 1.0f));
+  EXPECT_FALSE(cpu::small_batch_gemm_applies(false, true, 128, 10, 1024, 1.0f));
+  EXPECT_FALSE(cpu::small_batch_gemm_applies(true, true, 128, 1024, 1024, 1.0f));
+  EXPECT_FALSE(cpu::small_batch_gemm_applies(false, true, 128, 1024, 1024, 0.0f));
+}
+
+TEST(SmallBatchGemm, MatchesF64ReferenceOnRaggedShapesAndThreadCounts) {
+  if (!have_path()) GTEST_SKIP() << "built without AVX-512: the path is off";
+  const Gemm shapes[] = {
+      // NT (dot tiles: 3 rows of A x 8 rows of B; K passes of <= 1024)
+      {false, true, 128, 1024, 784, 0, 1.0f, 0.0f, true, true},   // the MLP's fc1 forward, bias
+      {false, true, 97, 259, 807, 3, -0.75f, 0.5f, false, false},  // every edge: rows 97 = 32*3+1, 259 = 32*8+3, K tail 7
+      {false, true, 160, 262, 1024, 0, 1.0f, 1.0f, true, false},  // beta = 1 with bias
+      {false, true, 100, 2047, 769, 5, 2.0f, 0.0f, false, true},
+      {false, true, 97, 259, 1000, 24, 1.0f, 0.0f, true, true},  // lda = 1024: A copied to unaliased rows, K < lda
+      // NN (outer tiles: 6 rows x 64 columns over 256-deep panels)
+      {false, false, 128, 1024, 1024, 0, 1.0f, 0.0f, false, true},  // the MLP's fc2 dx
+      {false, false, 101, 300, 600, 4, 0.5f, 1.0f, true, false},    // 101 = 16*6+5, 300 = 4*64+44, 3 panels of K
+      {false, false, 64, 257, 256, 0, 1.0f, 0.0f, false, true},     // last column block of one column
+      // TN (the batch is K)
+      {true, false, 1024, 784, 128, 0, 1.0f, 0.0f, false, true},  // the MLP's fc1 dW: rows split across threads
+      {true, false, 1024, 1024, 128, 2, 1.0f, 1.0f, false, false},  // fc2 dW accumulated: columns split
+      {true, false, 301, 333, 77 + 64, 0, -1.0f, 0.25f, true, false},
+  };
+  for (const Gemm& g : shapes) {
+    ASSERT_TRUE(cpu::small_batch_gemm_applies(g.ta, g.tb, g.M, g.N, g.K, g.alpha)) << g.str();
+    const Data d = make_data(g, 700 + g.M * 5 + g.N * 3 + g.K);
+    std::vector<float> c1, c2;
+    {
+      ThreadCount one(1);
+      ASSERT_TRUE(run_small_batch(g, d, c1)) << g.str();
+    }
+    {
+      ThreadCount two(2);
+      ASSERT_TRUE(run_small_batch(g, d, c2)) << g.str();
+    }
+    EXPECT_TRUE(check(g, d, c2));
+    // Each element is summed by one thread in a fixed order: the thread count changes nothing.
+    EXPECT_EQ(std::memcmp(c1.data(), c2.data(), c1.size() * sizeof(float)), 0) << g.str() << ": 1 vs 2 threads";
+  }
+}
+
+TEST(SmallBatchGemm, RefusedShapesAndSwitchedOffLeaveCUntouched) {
+  const Gemm refused{false, true, 2048, 300, 256};
+  Data d = make_data(refused, 9);
+  std::vector<float> c;
+  EXPECT_FALSE(run_small_batch(refused, d, c));
+  EXPECT_EQ(c, d.c0);
+  if (!have_path()) return;
+  const Gemm g{false, false, 128, 300, 300};
+  d = make_data(g, 10);
+  cpu::set_small_batch_gemm_enabled(false);
+  const bool took = run_small_batch(g, d, c);
+  cpu::set_small_batch_gemm_enabled(true);
+  EXPECT_FALSE(took);
+  EXPECT_EQ(c, d.c0);
+  EXPECT_TRUE(run_small_batch(g, d, c));
+  EXPECT_TRUE(check(g, d, c));
+}
+
+// cpu::gemm / cpu::gemm_bias on the MLP's hidden layer (1024 -> 1024 at batch 128): this
+// path (now taken) and the oneDNN path (switch off) both match the f64 reference, and each
+// other within f32 rounding.
+TEST(SmallBatchGemm, PublicGemmEntryPointsOnMlpShapes) {
+  struct Shape3 {
+    bool ta, tb;
+    int64_t M, N, K;
+    bool bias;
+    float beta;
+  };
+  const Shape3 shapes[] = {
+      {false, true, 128, 1024, 1024, true, 0.0f},    // y = x W^T + b
+      {false, false, 128, 1024, 1024, false, 0.0f},  // dx = g W
+      {true, false, 1024, 1024, 128, false, 1.0f},   // dW += g^T x (gradient accumulation)
+  };
+  ThreadCount two(2);
+  for (const Shape3& s : shapes) {
+    Gemm g{s.ta, s.tb, s.M, s.N, s.K, 0, 1.0f, s.beta, s.bias, s.beta == 0.0f};
+    const Data d = make_data(g, 57 + s.K);
+    std::vector<float> fast, onednn;
+    for (bool on : {true, false}) {
+      cpu::set_small_batch_gemm_enabled(on);
+      std::vector<float>& c = on ? fast : onednn;
+      c = d.c0;
+      if (s.bias)
+        cpu::gemm_bias<float>(g.ta, g.tb, g.M, g.N, g.K, d.a.data(), g.lda(), d.b.data(), g.ldb(), d.bias.data(),
+                              c.data(), g.ldc());
+      else
+        cpu::gemm(g.ta, g.tb, g.M, g.N, g.K, 1.0f, d.a.data(), g.lda(), d.b.data(), g.ldb(), g.beta, c.data(), g.ldc());
+    }
+    cpu::set_small_batch_gemm_enabled(true);
+    EXPECT_TRUE(check(g, d, fast)) << "small-batch path";
+    EXPECT_TRUE(check(g, d, onednn)) << "oneDNN path";
+    double worst = 0;
+    for (size_t i = 0; i < fast.size(); ++i)
+      worst = std::max(worst, double(std::abs(fast[i] - onednn[i])) / (1.0 + std::abs(onednn[i])));
+    EXPECT_LT(worst, 1e-4) << g.str();
+  }
+}
+
+}  // namespace athanor
