@@ -1,6 +1,7 @@
 // Fashion-MNIST (Xiao et al. 2017) from Debian's dataset-fashion-mnist: four
 // gzipped IDX files, read once into memory as u8. get() normalizes on the fly:
 // image [1, 28, 28] f32 = (x / 255 - 0.2860) / 0.3530, label [] i64 in 0..9.
+#include <algorithm>
 #include <cstring>
 #include <filesystem>
 
@@ -39,7 +40,6 @@ class FashionMnist final : public Dataset {
     count_ = images.dims[0];
     pixels_ = std::move(images.data);
     labels_ = std::move(labels.data);
-    for (int v = 0; v < 256; ++v) lut_[v] = (static_cast<float>(v) / 255.0f - kMean) / kStd;
   }
 
   int64_t size() const override { return count_; }
@@ -63,7 +63,17 @@ class FashionMnist final : public Dataset {
     b.target = empty({n}, DType::i64);
     float* images = b.input.data_ptr<float>();
     int64_t* labels = b.target.data_ptr<int64_t>();
-    for (int64_t i = 0; i < n; ++i) write_sample(ids[i], images + i * kRows * kCols, labels + i);
+    // The images of a shuffled batch are scattered over the 47 MB of pixels: each one is
+    // a round trip to memory, so the loop asks for a few images ahead. 128 images: 78 ->
+    // 11 us (with the arithmetic below instead of a table lookup; /tmp harness, medians of
+    // 2000 batches). A loader thread building a batch takes a core from the step: the
+    // MLP's first GEMM ran 110 us longer with loader threads than without.
+    constexpr int64_t kAhead = 4;
+    for (int64_t i = 0; i < std::min(n, kAhead); ++i) prefetch_image(ids[i]);
+    for (int64_t i = 0; i < n; ++i) {
+      if (i + kAhead < n) prefetch_image(ids[i + kAhead]);
+      write_sample(ids[i], images + i * kRows * kCols, labels + i);
+    }
     b.sample_ids = ids;
     b.num_targets = n;
     return b;
@@ -78,16 +88,23 @@ class FashionMnist final : public Dataset {
     ATH_CHECK(index >= 0 && index < count_, kOp, "index ", index, " is out of range for ", describe(),
               Hint{"valid indices are 0 .. size()-1"});
   }
+  void prefetch_image(int64_t index) const {
+    const uint8_t* src = pixels_.data() + index * kRows * kCols;
+    for (int64_t at = 0; at < kRows * kCols; at += 64) __builtin_prefetch(src + at);
+    __builtin_prefetch(src + kRows * kCols - 1);
+  }
+  // (x / 255 - mean) / std in f32, computed per pixel rather than looked up in a 256-entry
+  // table: the loop vectorizes, and each operation is exactly rounded, so the values are
+  // bitwise those of the table it replaced.
   void write_sample(int64_t index, float* image, int64_t* label) const {
     const uint8_t* src = pixels_.data() + index * kRows * kCols;
-    for (int64_t i = 0; i < kRows * kCols; ++i) image[i] = lut_[src[i]];
+    for (int64_t i = 0; i < kRows * kCols; ++i) image[i] = (static_cast<float>(src[i]) / 255.0f - kMean) / kStd;
     *label = labels_[index];
   }
 
   bool train_;
   int64_t count_ = 0;
   std::vector<uint8_t> pixels_, labels_;
-  float lut_[256];
 };
 
 }  // namespace
