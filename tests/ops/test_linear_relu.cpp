@@ -9,6 +9,7 @@
 #include "athanor/ops/autocast.h"
 #include "athanor/ops/linear_relu.h"
 #include "backend/cpu/activation.h"
+#include "backend/cpu/small_batch_gemm.h"
 #include "test_util.h"
 
 namespace athanor {
@@ -71,6 +72,24 @@ TEST(LinearRelu, ForwardAndGradientsMatchNaiveDoubleLoop) {
     EXPECT_GT(zeros_count, static_cast<long>(yv.size() / 4));
     EXPECT_LT(zeros_count, static_cast<long>(3 * yv.size() / 4));
   }
+}
+
+// At an MLP's batch (128 rows, in = 784) all three GEMMs take cpu::gemm's small-batch tiles
+// (backend/cpu/small_batch_gemm.h), dx included, which then bypasses gemm_row_blocks.
+TEST(LinearRelu, AtAnMlpBatchTheSmallBatchGemmsMatchNaiveDoubleLoop) {
+  const int64_t M = 128, in = 784, out = 300;
+  if (!cpu::small_batch_gemm_applies(false, true, M, out, in, 1.0f)) GTEST_SKIP() << "built without AVX-512";
+  ASSERT_TRUE(cpu::small_batch_gemm_applies(false, false, M, in, out, 1.0f));  // dx = g W
+  ASSERT_TRUE(cpu::small_batch_gemm_applies(true, false, out, in, M, 1.0f));   // dW = g^T x
+  Generator g(11);
+  const Tensor x = randn({M, in}, {}, g), w = mul(randn({out, in}, {}, g), 0.05), b = randn({out}, {}, g);
+  const Tensor dy = randn({M, out}, {}, g);
+  const Result f = run_linear_like(fused, x, w, b, dy);
+  const Reference r = naive(x, w, b, dy);
+  EXPECT_CLOSE(f.y.to(DType::f64), as(r.y, f.y), 1e-4, 1e-4);
+  EXPECT_CLOSE(f.dx.to(DType::f64), as(r.dx, x), 1e-4, 1e-4);
+  EXPECT_CLOSE(f.dw.to(DType::f64), as(r.dw, w), 1e-3, 1e-4);
+  EXPECT_CLOSE(f.db.to(DType::f64), as(r.db, b), 1e-3, 1e-4);
 }
 
 TEST(LinearRelu, WithoutBiasAndWithAnInputThatNeedsNoGradient) {
