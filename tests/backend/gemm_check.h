@@ -2,12 +2,14 @@
 // A GEMM case (transposes, sizes, padded leading dimensions, alpha, beta, bias, NaN in C)
 // with its random operands, and the check of a computed C against alpha op(A) op(B) +
 // bias + beta C0 summed in double: shared by the tests of the f32 GEMM paths.
+#include <algorithm>
 #include <cmath>
 #include <cstring>
 #include <limits>
 #include <string>
 #include <vector>
 
+#include "backend/cpu/gemm.h"
 #include "test_util.h"
 
 namespace athanor::testing {
@@ -72,6 +74,31 @@ inline ::testing::AssertionResult check(const Gemm& g, const Data& d, const std:
                                              << ref << ", tolerance " << tol;
     }
   return ::testing::AssertionSuccess();
+}
+
+// The public entry points on g (cpu::gemm_bias when g.bias, else cpu::gemm with g's beta;
+// alpha 1, no padding) with a fast path switched on and then off through set_enabled: both
+// results match the f64 reference, and each other within f32 rounding.
+inline void expect_fast_path_matches_onednn(const Gemm& g, uint64_t seed, void (*set_enabled)(bool), const char* path) {
+  const Data d = make_data(g, seed);
+  std::vector<float> fast, onednn;
+  for (bool on : {true, false}) {
+    set_enabled(on);
+    std::vector<float>& c = on ? fast : onednn;
+    c = d.c0;
+    if (g.bias)
+      cpu::gemm_bias<float>(g.ta, g.tb, g.M, g.N, g.K, d.a.data(), g.lda(), d.b.data(), g.ldb(), d.bias.data(),
+                            c.data(), g.ldc());
+    else
+      cpu::gemm(g.ta, g.tb, g.M, g.N, g.K, 1.0f, d.a.data(), g.lda(), d.b.data(), g.ldb(), g.beta, c.data(), g.ldc());
+  }
+  set_enabled(true);
+  EXPECT_TRUE(check(g, d, fast)) << path;
+  EXPECT_TRUE(check(g, d, onednn)) << "oneDNN path";
+  double worst = 0;
+  for (size_t i = 0; i < fast.size(); ++i)
+    worst = std::max(worst, double(std::abs(fast[i] - onednn[i])) / (1.0 + std::abs(onednn[i])));
+  EXPECT_LT(worst, 1e-4) << g.str();
 }
 
 }  // namespace athanor::testing

@@ -170,41 +170,15 @@ TEST(NarrowGemm, SwitchedOffItRefuses) {
 // and the oneDNN path (switch off) both match the f64 reference, and each other within
 // f32 rounding.
 TEST(NarrowGemm, PublicGemmEntryPointsOnMlpHeadShapes) {
-  struct Shape3 {
-    bool ta, tb;
-    int64_t M, N, K;
-    bool bias;
-    float beta;
-  };
-  const Shape3 shapes[] = {
-      {false, true, 128, 10, 1024, true, 0.0f},    // y = x W^T + b
-      {false, false, 128, 1024, 10, false, 0.0f},  // dx = g W
-      {true, false, 10, 1024, 128, false, 0.0f},   // dW = g^T x
-      {true, false, 10, 1024, 128, false, 1.0f},   // dW += g^T x (gradient accumulation)
-  };
   ThreadCount two(2);
-  for (const Shape3& s : shapes) {
-    Gemm g{s.ta, s.tb, s.M, s.N, s.K, 0, 1.0f, s.beta, s.bias, s.beta == 0.0f};
-    const Data d = make_data(g, 31 + s.K);
-    std::vector<float> fast, onednn;
-    for (bool narrow : {true, false}) {
-      cpu::set_narrow_gemm_enabled(narrow);
-      std::vector<float>& c = narrow ? fast : onednn;
-      c = d.c0;
-      if (s.bias)
-        cpu::gemm_bias<float>(g.ta, g.tb, g.M, g.N, g.K, d.a.data(), g.lda(), d.b.data(), g.ldb(), d.bias.data(),
-                              c.data(), g.ldc());
-      else
-        cpu::gemm(g.ta, g.tb, g.M, g.N, g.K, 1.0f, d.a.data(), g.lda(), d.b.data(), g.ldb(), g.beta, c.data(), g.ldc());
-    }
-    cpu::set_narrow_gemm_enabled(true);
-    EXPECT_TRUE(check(g, d, fast)) << "narrow path";
-    EXPECT_TRUE(check(g, d, onednn)) << "oneDNN path";
-    double worst = 0;
-    for (size_t i = 0; i < fast.size(); ++i)
-      worst = std::max(worst, double(std::abs(fast[i] - onednn[i])) / (1.0 + std::abs(onednn[i])));
-    EXPECT_LT(worst, 1e-4) << g.str();
-  }
+  // {ta, tb, M, N, K, pad, alpha, beta, bias, nan_c}
+  const Gemm shapes[] = {
+      {false, true, 128, 10, 1024, 0, 1.0f, 0.0f, true, true},    // y = x W^T + b
+      {false, false, 128, 1024, 10, 0, 1.0f, 0.0f, false, true},  // dx = g W
+      {true, false, 10, 1024, 128, 0, 1.0f, 0.0f, false, true},   // dW = g^T x
+      {true, false, 10, 1024, 128, 0, 1.0f, 1.0f, false, false},  // dW += g^T x (gradient accumulation)
+  };
+  for (const Gemm& g : shapes) expect_fast_path_matches_onednn(g, 31 + g.K, cpu::set_narrow_gemm_enabled, "narrow path");
 }
 
 }  // namespace athanor

@@ -110,40 +110,14 @@ TEST(SmallBatchGemm, RefusedShapesAndSwitchedOffLeaveCUntouched) {
 // path (now taken) and the oneDNN path (switch off) both match the f64 reference, and each
 // other within f32 rounding.
 TEST(SmallBatchGemm, PublicGemmEntryPointsOnMlpShapes) {
-  struct Shape3 {
-    bool ta, tb;
-    int64_t M, N, K;
-    bool bias;
-    float beta;
-  };
-  const Shape3 shapes[] = {
-      {false, true, 128, 1024, 1024, true, 0.0f},    // y = x W^T + b
-      {false, false, 128, 1024, 1024, false, 0.0f},  // dx = g W
-      {true, false, 1024, 1024, 128, false, 1.0f},   // dW += g^T x (gradient accumulation)
-  };
   ThreadCount two(2);
-  for (const Shape3& s : shapes) {
-    Gemm g{s.ta, s.tb, s.M, s.N, s.K, 0, 1.0f, s.beta, s.bias, s.beta == 0.0f};
-    const Data d = make_data(g, 57 + s.K);
-    std::vector<float> fast, onednn;
-    for (bool on : {true, false}) {
-      cpu::set_small_batch_gemm_enabled(on);
-      std::vector<float>& c = on ? fast : onednn;
-      c = d.c0;
-      if (s.bias)
-        cpu::gemm_bias<float>(g.ta, g.tb, g.M, g.N, g.K, d.a.data(), g.lda(), d.b.data(), g.ldb(), d.bias.data(),
-                              c.data(), g.ldc());
-      else
-        cpu::gemm(g.ta, g.tb, g.M, g.N, g.K, 1.0f, d.a.data(), g.lda(), d.b.data(), g.ldb(), g.beta, c.data(), g.ldc());
-    }
-    cpu::set_small_batch_gemm_enabled(true);
-    EXPECT_TRUE(check(g, d, fast)) << "small-batch path";
-    EXPECT_TRUE(check(g, d, onednn)) << "oneDNN path";
-    double worst = 0;
-    for (size_t i = 0; i < fast.size(); ++i)
-      worst = std::max(worst, double(std::abs(fast[i] - onednn[i])) / (1.0 + std::abs(onednn[i])));
-    EXPECT_LT(worst, 1e-4) << g.str();
-  }
+  // {ta, tb, M, N, K, pad, alpha, beta, bias, nan_c}
+  expect_fast_path_matches_onednn({false, true, 128, 1024, 1024, 0, 1.0f, 0.0f, true, true}, 58, cpu::set_small_batch_gemm_enabled,
+                                  "small-batch path");  // y = x W^T + b
+  expect_fast_path_matches_onednn({false, false, 128, 1024, 1024, 0, 1.0f, 0.0f, false, true}, 59,
+                                  cpu::set_small_batch_gemm_enabled, "small-batch path");  // dx = g W
+  expect_fast_path_matches_onednn({true, false, 1024, 1024, 128, 0, 1.0f, 1.0f, false, false}, 60,
+                                  cpu::set_small_batch_gemm_enabled, "small-batch path");  // dW += g^T x
 }
 
 }  // namespace athanor

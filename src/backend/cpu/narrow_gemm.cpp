@@ -39,6 +39,7 @@
 #include <utility>
 #include <vector>
 
+#include "backend/cpu/bcast_tile.h"
 #include "backend/cpu/unary.h"  // ATHANOR_CPU_AVX512, immintrin.h, vec::tail_mask
 
 namespace athanor::cpu {
@@ -111,20 +112,6 @@ const float* pack_b_transposed(int64_t N, int64_t K, const float* B, int64_t ldb
   return p;
 }
 
-// Everything a tile needs besides its position. op(A)(i, k) = A[i * a_rs + k * a_ks];
-// bcast: op(B)(k, j) = B[k * ldb + j]; dot: op(B)(k, j) = B[j * ldb + k].
-struct Operands {
-  int64_t K;
-  float alpha, beta;
-  const float* A;
-  int64_t a_rs, a_ks;
-  const float* B;
-  int64_t ldb;
-  const float* bias;
-  float* C;
-  int64_t ldc;
-};
-
 #if ATHANOR_CPU_AVX512
 
 // Runs prepare(i, n) on each thread i of n, then (after a barrier) tile(t) for t in
@@ -146,64 +133,14 @@ void run_tiles(int64_t ntiles, int nthreads, const Prepare& prepare, const Tile&
 }
 constexpr auto kNothingToPrepare = [](int64_t, int64_t) {};
 
-// The epilogue's scalars, copied out of Operands: stores to C are float stores, which
-// may alias Operands' float fields as far as the compiler knows, so reading them through
-// the struct reloads them after every store.
-struct Epilogue {
-  float alpha, beta;
-  const float* bias;
-};
-
-// acc (op(A) op(B), unscaled) -> C[0..15] under mask m: alpha acc + bias + beta C.
-inline void store_result(const Epilogue& e, __m512 acc, const float* bias, float* c, __mmask16 m) {
-  __m512 out = e.alpha == 1.0f ? acc : _mm512_mul_ps(_mm512_set1_ps(e.alpha), acc);
-  if (bias) out = _mm512_add_ps(out, _mm512_maskz_loadu_ps(m, bias));
-  if (e.beta != 0.0f) out = _mm512_fmadd_ps(_mm512_set1_ps(e.beta), _mm512_maskz_loadu_ps(m, c), out);
-  _mm512_mask_storeu_ps(c, m, out);
-}
-
-// C[i0 .. i0+RM, j0 .. j0+16*JB) (the last vector under `last`).
-template <int RM, int JB> void bcast_tile(const Operands& o, int64_t i0, int64_t j0, __mmask16 last) {
-  __m512 acc[RM][JB];
-#pragma GCC unroll 12
-  for (int r = 0; r < RM; ++r)
-#pragma GCC unroll 8
-    for (int v = 0; v < JB; ++v) acc[r][v] = _mm512_setzero_ps();
-  // Locals, and every loop over the tile unrolled: the accumulators must live in
-  // registers (GCC otherwise keeps the array on the stack and stores it every step).
-  const int64_t K = o.K, a_rs = o.a_rs, a_ks = o.a_ks, ldb = o.ldb, ldc = o.ldc;
-  const Epilogue e{o.alpha, o.beta, o.bias};
-  float* const C = o.C;
-  const float* a = o.A + i0 * a_rs;
-  const float* b = o.B + j0;
-  for (int64_t k = 0; k < K; ++k) {
-    __m512 bv[JB];
-#pragma GCC unroll 8
-    for (int v = 0; v < JB; ++v)
-      bv[v] = v == JB - 1 ? _mm512_maskz_loadu_ps(last, b + k * ldb + 16 * v) : _mm512_loadu_ps(b + k * ldb + 16 * v);
-#pragma GCC unroll 12
-    for (int r = 0; r < RM; ++r) {
-      const __m512 av = _mm512_set1_ps(a[r * a_rs + k * a_ks]);
-#pragma GCC unroll 8
-      for (int v = 0; v < JB; ++v) acc[r][v] = _mm512_fmadd_ps(av, bv[v], acc[r][v]);
-    }
-  }
-#pragma GCC unroll 12
-  for (int r = 0; r < RM; ++r)
-#pragma GCC unroll 8
-    for (int v = 0; v < JB; ++v)
-      store_result(e, acc[r][v], e.bias ? e.bias + j0 + 16 * v : nullptr, C + (i0 + r) * ldc + j0 + 16 * v,
-                   v == JB - 1 ? last : __mmask16(0xffff));
-}
-
 // Narrow K (<= 16): C[i0 .. i1, j0 .. j0+16*JB) with op(B)'s K x 16*JB slice held in
 // registers for the whole row range; each row of C is then K broadcasts, K * JB FMAs and
 // JB stores, and consecutive rows are independent work for the out-of-order core. (The
 // bcast tile re-reads B and refills its accumulators every K = 10 steps: there the
 // start-up latency of each tile showed, 21 us against 16 us for oneDNN on dx = g W.)
-template <int KK, int JB> void kstat_tile(const Operands& o, int64_t i0, int64_t i1, int64_t j0, __mmask16 last) {
+template <int KK, int JB> void kstat_tile(const TileOperands& o, int64_t i0, int64_t i1, int64_t j0, __mmask16 last) {
   const int64_t a_rs = o.a_rs, a_ks = o.a_ks, ldb = o.ldb, ldc = o.ldc;
-  const Epilogue e{o.alpha, o.beta, o.bias};
+  const TileEpilogue e{o.alpha, o.beta, o.bias};
   const float* const A = o.A;
   float* const C = o.C;
   __m512 bw[KK][JB];
@@ -227,7 +164,7 @@ template <int KK, int JB> void kstat_tile(const Operands& o, int64_t i0, int64_t
     }
 #pragma GCC unroll 4
     for (int v = 0; v < JB; ++v)
-      store_result(e, acc[v], e.bias ? e.bias + j0 + 16 * v : nullptr, C + i * ldc + j0 + 16 * v,
+      store_tile_result(e, acc[v], e.bias ? e.bias + j0 + 16 * v : nullptr, C + i * ldc + j0 + 16 * v,
                    v == JB - 1 ? last : __mmask16(0xffff));
   }
 }
@@ -292,7 +229,7 @@ template <int RW, int NP> void dot_tile(const DotOperands& o, int64_t w0, int64_
   const int64_t full_chunks = K / 16;
   for (int64_t kc = 0; kc < full_chunks; ++kc) step(kc, __mmask16(0xffff), std::true_type{});
   if (K % 16) step(full_chunks, vec::tail_mask(K % 16), std::false_type{});  // masked lanes load as 0
-  const float alpha = o.alpha, beta = o.beta;  // locals: see Epilogue
+  const float alpha = o.alpha, beta = o.beta;  // locals: see TileEpilogue
   const float* const bias = o.bias;
   float* const C = o.C;
   const int64_t c_ws = o.c_ws, c_ps = o.c_ps, bias_ws = o.bias_ws, bias_ps = o.bias_ps;
@@ -324,7 +261,7 @@ constexpr int kMaxAccumulators = 24;  // of 32 zmm registers: the rest hold op(A
 // dx = g W bimodal, 16 or 25-40 us (the rows' lines share L1 sets); 16 rows: 17 us steady.
 constexpr int64_t kKstatRows = 16;
 
-using BcastTile = void (*)(const Operands&, int64_t, int64_t, __mmask16);
+using BcastTile = void (*)(const TileOperands&, int64_t, int64_t, __mmask16);
 using DotTile = void (*)(const DotOperands&, int64_t, int64_t);
 template <int RM, int JB> constexpr BcastTile bcast_entry() {
   if constexpr (RM * JB <= kMaxAccumulators) return &bcast_tile<RM, JB>;
@@ -340,7 +277,7 @@ template <int RM, int NB> constexpr DotTile dot_entry() {
 template <int... I> constexpr std::array<DotTile, sizeof...(I)> dot_table(std::integer_sequence<int, I...>) {
   return {dot_entry<I / kDotMaxSide + 1, I % kDotMaxSide + 1>()...};
 }
-using KstatTile = void (*)(const Operands&, int64_t, int64_t, int64_t, __mmask16);
+using KstatTile = void (*)(const TileOperands&, int64_t, int64_t, int64_t, __mmask16);
 template <int KK, int JB> constexpr KstatTile kstat_entry() {
   if constexpr (KK * JB <= kMaxAccumulators) return &kstat_tile<KK, JB>;
   else return nullptr;
@@ -363,7 +300,7 @@ inline int64_t ceil_div(int64_t a, int64_t b) { return (a + b - 1) / b; }
 // (dW = g^T x, M = 10: 14 us on one thread; in two blocks of 5, 13-14 us); column blocks
 // of JB vectors with rows * JB <= 24; row blocks inner (they share the column block's
 // slice of op(B) from cache).
-void run_bcast(const Operands& o, int64_t M, int64_t N) {
+void run_bcast(const TileOperands& o, int64_t M, int64_t N) {
   const int64_t nrb = ceil_div(M, kBcastMaxRows), rows = ceil_div(M, nrb);
   const int64_t jb = std::min<int64_t>(kBcastMaxVecs, kMaxAccumulators / rows), width = 16 * jb;
   const int64_t ncb = ceil_div(N, width);
@@ -376,7 +313,7 @@ void run_bcast(const Operands& o, int64_t M, int64_t N) {
 }
 
 // K <= 12: column blocks of JB vectors (K * JB <= 24) x row ranges of kKstatRows.
-void run_kstat(const Operands& o, int64_t M, int64_t N) {
+void run_kstat(const TileOperands& o, int64_t M, int64_t N) {
   const int64_t K = o.K, jb = std::min<int64_t>(kKstatMaxVecs, kMaxAccumulators / K), width = 16 * jb;
   const int64_t ncb = ceil_div(N, width), nrb = ceil_div(M, kKstatRows);
   // Column blocks inner: C is written row strip by row strip; op(B) (K x N) is small.
@@ -470,7 +407,7 @@ bool narrow_gemm(bool ta, bool tb, int64_t M, int64_t N, int64_t K, float alpha,
   const Path path = choose_path(ta, tb, M, N, K, alpha);
   if (path == Path::none) return false;
 #if ATHANOR_CPU_AVX512
-  Operands o{K, alpha, beta, A, ta ? 1 : lda, ta ? lda : 1, B, ldb, bias, C, ldc};
+  TileOperands o{K, alpha, beta, A, ta ? 1 : lda, ta ? lda : 1, B, ldb, bias, C, ldc};
   if (path == Path::dot) {
     run_dot(N <= M, M, N, K, alpha, A, lda, B, ldb, beta, bias, C, ldc);
   } else if (path == Path::bcast) {

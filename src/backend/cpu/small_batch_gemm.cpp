@@ -41,6 +41,7 @@
 #include <type_traits>
 #include <utility>
 
+#include "backend/cpu/bcast_tile.h"
 #include "backend/cpu/unary.h"  // ATHANOR_CPU_AVX512, immintrin.h, vec::tail_mask
 #include "backend/cpu/workspace.h"
 
@@ -193,45 +194,10 @@ void run_dot(int64_t M, int64_t N, int64_t K, float alpha, const float* A, int64
 constexpr int kOuterRows = 6, kOuterVecs = 4;
 constexpr int64_t kPanelCols = 16 * kOuterVecs, kPanelMaxK = 256;
 
-// C[0..RM) x [0..16 JB) (the last vector under `last`) from kc steps: op(A)(r, k) =
-// a[r * a_rs + k * a_ks], op(B)(k, 16 v + l) = b[k * ldb + 16 v + l].
-template <int RM, int JB>
-void outer_tile(int64_t kc, const float* a, int64_t a_rs, int64_t a_ks, const float* b, int64_t ldb, float* c,
-                int64_t ldc, __mmask16 last, const float* bias, float alpha, float beta) {
-  __m512 acc[RM][JB];
-#pragma GCC unroll 8
-  for (int r = 0; r < RM; ++r)
-#pragma GCC unroll 4
-    for (int v = 0; v < JB; ++v) acc[r][v] = _mm512_setzero_ps();
-  for (int64_t k = 0; k < kc; ++k) {
-    __m512 bv[JB];
-#pragma GCC unroll 4
-    for (int v = 0; v < JB; ++v)
-      bv[v] = v == JB - 1 ? _mm512_maskz_loadu_ps(last, b + k * ldb + 16 * v) : _mm512_loadu_ps(b + k * ldb + 16 * v);
-#pragma GCC unroll 8
-    for (int r = 0; r < RM; ++r) {
-      const __m512 av = _mm512_set1_ps(a[r * a_rs + k * a_ks]);
-#pragma GCC unroll 4
-      for (int v = 0; v < JB; ++v) acc[r][v] = _mm512_fmadd_ps(av, bv[v], acc[r][v]);
-    }
-  }
-#pragma GCC unroll 8
-  for (int r = 0; r < RM; ++r)
-#pragma GCC unroll 4
-    for (int v = 0; v < JB; ++v) {
-      const __mmask16 m = v == JB - 1 ? last : __mmask16(0xffff);
-      float* out = c + r * ldc + 16 * v;
-      __m512 o = alpha == 1.0f ? acc[r][v] : _mm512_mul_ps(_mm512_set1_ps(alpha), acc[r][v]);
-      if (bias) o = _mm512_add_ps(o, _mm512_maskz_loadu_ps(m, bias + 16 * v));
-      if (beta != 0.0f) o = _mm512_fmadd_ps(_mm512_set1_ps(beta), _mm512_maskz_loadu_ps(m, out), o);
-      _mm512_mask_storeu_ps(out, m, o);
-    }
-}
-
-using OuterTile = void (*)(int64_t, const float*, int64_t, int64_t, const float*, int64_t, float*, int64_t,
-                           __mmask16, const float*, float, float);
+// The outer tiles are bcast_tile (bcast_tile.h), shared with narrow_gemm's M <= 16 path.
+using OuterTile = void (*)(const TileOperands&, int64_t, int64_t, __mmask16);
 template <int... I> constexpr std::array<OuterTile, sizeof...(I)> outer_table(std::integer_sequence<int, I...>) {
-  return {&outer_tile<I / kOuterVecs + 1, I % kOuterVecs + 1>...};
+  return {&bcast_tile<I / kOuterVecs + 1, I % kOuterVecs + 1>...};
 }
 constexpr auto kOuterTiles = outer_table(std::make_integer_sequence<int, kOuterRows * kOuterVecs>{});  // [RM-1][JB-1]
 
@@ -280,12 +246,12 @@ void run_outer(bool ta, int64_t M, int64_t N, int64_t K, float alpha, const floa
         const __mmask16 last = vec::tail_mask(cols - 16 * (nv - 1));
         const float* pass_bias = kb == 0 && bias ? bias + j0 : nullptr;
         if (!in_place) pack_panel(B, ldb, k0, kc, j0, cols, panel);
-        const float* b = in_place ? B + k0 * ldb + j0 : panel;
-        const int64_t ldp = in_place ? ldb : kPanelCols;
+        // This pass over column block cb: K = kc steps from k0, columns from j0.
+        const TileOperands o{kc, alpha, pass_beta, A + k0 * a_ks, a_rs, a_ks, in_place ? B + k0 * ldb + j0 : panel,
+                             in_place ? ldb : kPanelCols, pass_bias, C + j0, ldc};
         for (int64_t rb = 0; rb < nrb; ++rb) {
           const int64_t i0 = i_begin + rows * rb / nrb, rm = i_begin + rows * (rb + 1) / nrb - i0;
-          kOuterTiles[(rm - 1) * kOuterVecs + (nv - 1)](kc, A + i0 * a_rs + k0 * a_ks, a_rs, a_ks, b, ldp,
-                                                       C + i0 * ldc + j0, ldc, last, pass_bias, alpha, pass_beta);
+          kOuterTiles[(rm - 1) * kOuterVecs + (nv - 1)](o, i0, 0, last);
         }
       }
     }
