@@ -1,7 +1,8 @@
 // linear_relu(x, W, b) = relu(linear(x, W, b)), the hidden layer of an MLP, fused:
 //
 //   forward   y = x W^T + b          one GEMM, the bias in its epilogue (cpu::gemm_bias)
-//             y = max(y, 0)          in place, while y is still in cache
+//             y = max(y, 0)          in place, while y is still in cache (f32 at a batch of
+//                                    ~128: in the GEMM's epilogue, cpu::small_batch_gemm)
 //   backward  g = dy ⊙ [y > 0]        scratch (MemTag::workspace), with
 //             db = rowsum(g)          in the same pass (cpu::relu_backward_rowsum)
 //             dx = g W,  dW = g^T x   two GEMMs (f32 dx at a batch of ~128: cpu::gemm's small-
@@ -48,8 +49,13 @@ template <class T> void forward_into(const Tensor& xc, const Tensor& wc, const T
                                      int64_t in) {
   const Tensor bc = bias.defined() ? detail::contiguous_raw(bias) : Tensor();
   T* py = static_cast<T*>(y.raw_data());
-  detail::linear_gemm_w<T>(M, out_f, in, static_cast<const T*>(xc.raw_data()), wc,
-                           bc.defined() ? static_cast<const T*>(bc.raw_data()) : nullptr, py);
+  const T* px = static_cast<const T*>(xc.raw_data());
+  const T* pb = bc.defined() ? static_cast<const T*>(bc.raw_data()) : nullptr;
+  if constexpr (std::is_same_v<T, float>)  // a batch of ~128: the ReLU in the GEMM's epilogue (a pass of 23-36 us saved)
+    if (cpu::small_batch_gemm(false, true, M, out_f, in, 1.0f, px, in, static_cast<const float*>(wc.raw_data()), in, 0.0f,
+                              pb, py, out_f, /*relu=*/true))
+      return;
+  detail::linear_gemm_w<T>(M, out_f, in, px, wc, pb, py);
   cpu::activation_forward<T>(cpu::Activation::relu, py, py, M * out_f);  // elementwise: in place is safe
 }
 

@@ -7,6 +7,7 @@
 // and cpu::gemm / gemm_bias on the MLP's shapes agree with the oneDNN path they replace.
 #include <omp.h>
 
+#include <algorithm>
 #include <cmath>
 #include <cstring>
 #include <string>
@@ -86,6 +87,37 @@ TEST(SmallBatchGemm, MatchesF64ReferenceOnRaggedShapesAndThreadCounts) {
     // Each element is summed by one thread in a fixed order: the thread count changes nothing.
     EXPECT_EQ(std::memcmp(c1.data(), c2.data(), c1.size() * sizeof(float)), 0) << g.str() << ": 1 vs 2 threads";
   }
+}
+
+// relu (linear_relu's forward): C is max(the same GEMM's C, 0), bitwise, padding untouched;
+// only the NT (dot) shapes take it.
+TEST(SmallBatchGemm, ReluEpilogueIsMaxOfThePlainResult) {
+  if (!have_path()) GTEST_SKIP() << "built without AVX-512: the path is off";
+  ThreadCount two(2);
+  for (const Gemm& g : {Gemm{false, true, 128, 1024, 784, 0, 1.0f, 0.0f, true, true},
+                        Gemm{false, true, 97, 259, 1000, 24, 0.5f, 1.0f, true, false}}) {
+    const Data d = make_data(g, 300 + g.K);
+    std::vector<float> plain, fused = d.c0;
+    ASSERT_TRUE(run_small_batch(g, d, plain)) << g.str();
+    ASSERT_TRUE(cpu::small_batch_gemm(g.ta, g.tb, g.M, g.N, g.K, g.alpha, d.a.data(), g.lda(), d.b.data(), g.ldb(), g.beta,
+                                      g.bias ? d.bias.data() : nullptr, fused.data(), g.ldc(), /*relu=*/true))
+        << g.str();
+    int64_t clamped = 0;
+    for (int64_t i = 0; i < g.M; ++i)
+      for (int64_t j = 0; j < g.ldc(); ++j) {
+        const int64_t at = i * g.ldc() + j;
+        const float want = j < g.N ? std::max(plain[at], 0.0f) : d.c0[at];
+        ASSERT_EQ(std::memcmp(&fused[at], &want, sizeof(float)), 0) << g.str() << " at (" << i << ", " << j << ")";
+        clamped += j < g.N && plain[at] < 0.0f;
+      }
+    EXPECT_GT(clamped, g.M * g.N / 4) << g.str();  // the clamp is really exercised
+  }
+  const Gemm nn{false, false, 128, 300, 300};
+  const Data d = make_data(nn, 12);
+  std::vector<float> c = d.c0;
+  EXPECT_FALSE(cpu::small_batch_gemm(false, false, nn.M, nn.N, nn.K, 1.0f, d.a.data(), nn.lda(), d.b.data(), nn.ldb(), 0.0f,
+                                     nullptr, c.data(), nn.ldc(), /*relu=*/true));
+  EXPECT_EQ(c, d.c0);
 }
 
 TEST(SmallBatchGemm, RefusedShapesAndSwitchedOffLeaveCUntouched) {

@@ -64,8 +64,9 @@ constexpr int64_t kDotMinBatch = 96, kDotMaxBatch = 160, kDotMinK = 768, kDotMax
 
 enum class Path { none, dot, outer };
 
-Path choose_path(bool ta, bool tb, int64_t M, int64_t N, int64_t K, float alpha) {
+Path choose_path(bool ta, bool tb, int64_t M, int64_t N, int64_t K, float alpha, bool relu = false) {
   if (alpha == 0.0f || N < kMinWide) return Path::none;
+  if (relu && !(!ta && tb)) return Path::none;  // only the dot tiles' epilogue applies it
   auto batch = [](int64_t b) { return b >= kMinBatch && b <= kMaxBatch; };
   if (!ta && tb)
     return M >= kDotMinBatch && M <= kDotMaxBatch && K >= kDotMinK && K <= kDotMaxK && N <= kDotMaxN ? Path::dot
@@ -99,10 +100,10 @@ inline __m128 sum_lanes4(__m512 v0, __m512 v1, __m512 v2, __m512 v3) {
 }
 
 // C[0..RA) x [0..RB) (row stride ldc) from K columns of RA rows of A and RB rows of B:
-// alpha sum + bias + beta C (bias null and beta 1 for the passes after the first).
+// alpha sum + bias + beta C, then max(., 0) when relu.
 template <int RA, int RB>
 void dot_tile(int64_t K, const float* a, int64_t lda, const float* b, int64_t ldb, float* c, int64_t ldc,
-              const float* bias, float alpha, float beta) {
+              const float* bias, float alpha, float beta, bool relu) {
   constexpr int RB4 = (RB + 3) / 4 * 4;  // the groups of 4 the lane sums take; the extra ones stay zero
   __m512 acc[RA][RB4];
 #pragma GCC unroll 4
@@ -135,12 +136,13 @@ void dot_tile(int64_t K, const float* a, int64_t lda, const float* b, int64_t ld
       __m128 s = _mm_mul_ps(_mm_set1_ps(alpha), sum_lanes4(acc[r][j], acc[r][j + 1], acc[r][j + 2], acc[r][j + 3]));
       if (bias) s = _mm_add_ps(s, _mm_maskz_loadu_ps(m, bias + j));
       if (beta != 0.0f) s = _mm_fmadd_ps(_mm_set1_ps(beta), _mm_maskz_loadu_ps(m, out), s);
+      if (relu) s = _mm_max_ps(s, _mm_setzero_ps());
       _mm_mask_storeu_ps(out, m, s);
     }
 }
 
 using DotTile = void (*)(int64_t, const float*, int64_t, const float*, int64_t, float*, int64_t, const float*, float,
-                         float);
+                         float, bool);
 template <int... I> constexpr std::array<DotTile, sizeof...(I)> dot_table(std::integer_sequence<int, I...>) {
   return {&dot_tile<I / kDotRowsB + 1, I % kDotRowsB + 1>...};
 }
@@ -158,7 +160,7 @@ inline bool rows_alias(int64_t ld) { return (ld * static_cast<int64_t>(sizeof(fl
 // read in place 0.48-0.60x the speed, copied at the same offset as B 0.60, copied half a
 // page away 0.88-0.99.
 void run_dot(int64_t M, int64_t N, int64_t K, float alpha, const float* A, int64_t lda, const float* B, int64_t ldb,
-             float beta, const float* bias, float* C, int64_t ldc) {
+             float beta, const float* bias, float* C, int64_t ldc, bool relu) {
   const int64_t nbb = ceil_div(N, kDotRowsB);
   const int nthreads = static_cast<int>(std::min<int64_t>(omp_get_max_threads(), nbb));
   const bool copy_a = rows_alias(lda);
@@ -183,7 +185,7 @@ void run_dot(int64_t M, int64_t N, int64_t K, float alpha, const float* A, int64
       for (int64_t i0 = 0; i0 < M; i0 += kDotRowsA) {
         const int64_t ra = std::min<int64_t>(kDotRowsA, M - i0);
         kDotTiles[(ra - 1) * kDotRowsB + (rb - 1)](K, a + i0 * lda_copy, lda_copy, B + n0 * ldb, ldb, C + i0 * ldc + n0,
-                                                   ldc, bias ? bias + n0 : nullptr, alpha, beta);
+                                                   ldc, bias ? bias + n0 : nullptr, alpha, beta, relu);
       }
     }
   }
@@ -262,11 +264,11 @@ void run_outer(bool ta, int64_t M, int64_t N, int64_t K, float alpha, const floa
 
 }  // namespace
 
-bool small_batch_gemm_applies(bool ta, bool tb, int64_t M, int64_t N, int64_t K, float alpha) {
+bool small_batch_gemm_applies(bool ta, bool tb, int64_t M, int64_t N, int64_t K, float alpha, bool relu) {
 #if ATHANOR_CPU_AVX512
-  return choose_path(ta, tb, M, N, K, alpha) != Path::none;
+  return choose_path(ta, tb, M, N, K, alpha, relu) != Path::none;
 #else
-  (void)ta, (void)tb, (void)M, (void)N, (void)K, (void)alpha;
+  (void)ta, (void)tb, (void)M, (void)N, (void)K, (void)alpha, (void)relu;
   return false;
 #endif
 }
@@ -275,16 +277,16 @@ void set_small_batch_gemm_enabled(bool enabled) { g_enabled.store(enabled, std::
 bool small_batch_gemm_enabled() { return g_enabled.load(std::memory_order_relaxed); }
 
 bool small_batch_gemm(bool ta, bool tb, int64_t M, int64_t N, int64_t K, float alpha, const float* A, int64_t lda,
-                      const float* B, int64_t ldb, float beta, const float* bias, float* C, int64_t ldc) {
+                      const float* B, int64_t ldb, float beta, const float* bias, float* C, int64_t ldc, bool relu) {
 #if ATHANOR_CPU_AVX512
   if (!small_batch_gemm_enabled()) return false;
-  const Path path = choose_path(ta, tb, M, N, K, alpha);
-  if (path == Path::dot) run_dot(M, N, K, alpha, A, lda, B, ldb, beta, bias, C, ldc);
+  const Path path = choose_path(ta, tb, M, N, K, alpha, relu);
+  if (path == Path::dot) run_dot(M, N, K, alpha, A, lda, B, ldb, beta, bias, C, ldc, relu);
   else if (path == Path::outer) run_outer(ta, M, N, K, alpha, A, lda, B, ldb, beta, bias, C, ldc);
   return path != Path::none;
 #else
   (void)ta, (void)tb, (void)M, (void)N, (void)K, (void)alpha, (void)A, (void)lda, (void)B, (void)ldb, (void)beta,
-      (void)bias, (void)C, (void)ldc;
+      (void)bias, (void)C, (void)ldc, (void)relu;
   return false;
 #endif
 }

@@ -18,13 +18,16 @@
 namespace athanor::cpu {
 
 // Computes the GEMM and returns true when it is a shape this path handles (see
-// small_batch_gemm_applies); otherwise returns false and touches nothing.
+// small_batch_gemm_applies); otherwise returns false and touches nothing. relu: C =
+// max(alpha op(A) op(B) + bias + beta C, 0), for linear_relu's forward; only the NT shapes
+// take it (the others return false with relu set).
 bool small_batch_gemm(bool ta, bool tb, int64_t M, int64_t N, int64_t K, float alpha, const float* A, int64_t lda,
-                      const float* B, int64_t ldb, float beta, const float* bias, float* C, int64_t ldc);
+                      const float* B, int64_t ldb, float beta, const float* bias, float* C, int64_t ldc,
+                      bool relu = false);
 
 // Whether small_batch_gemm would take this shape (independent of the switch below). False
 // on a build without AVX-512.
-bool small_batch_gemm_applies(bool ta, bool tb, int64_t M, int64_t N, int64_t K, float alpha);
+bool small_batch_gemm_applies(bool ta, bool tb, int64_t M, int64_t N, int64_t K, float alpha, bool relu = false);
 
 // Process-wide switch (default on; ATHANOR_SMALL_BATCH_GEMM=0 starts it off): off makes
 // small_batch_gemm return false, so cpu::gemm takes its oneDNN path (A/B timing, tests).
