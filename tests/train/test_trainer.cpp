@@ -7,6 +7,7 @@
 #include <fstream>
 
 #include "athanor/data/dataset.h"
+#include "athanor/observe/profiler.h"
 #include "athanor/train/trainer.h"
 #include "test_util.h"
 
@@ -114,6 +115,36 @@ TEST(Trainer, WritesResolvedConfigAndMetrics) {
   EXPECT_EQ(evals, 1);
   EXPECT_NE(log.find("step 3/3"), std::string::npos) << log;
   EXPECT_NE(log.find("accuracy"), std::string::npos) << log;
+}
+
+// profile.enabled: the window's table has the step's phases, and the optimizer span is
+// broken into its parts (gradient norm, update, zero_grad), each once per profiled step.
+TEST(Trainer, ProfileWindowBreaksTheOptimizerIntoItsParts) {
+  if (!have_fashion()) GTEST_SKIP() << "dataset-fashion-mnist is not installed";
+  const std::string out = tmp_dir("profile");
+  train::Trainer t(mlp_config(out, {"name=profile", "trainer.max_steps=4", "profile.enabled=true", "profile.start_step=2",
+                                    "profile.num_steps=3"}));
+  std::string log;
+  t.set_output([&](const std::string& s) { log += s; });
+  t.fit();
+  EXPECT_NE(log.find("profile of steps 2-4"), std::string::npos) << log;
+  EXPECT_TRUE(fs::exists(out + "/profile/trace.json"));
+  const auto rows = observe::Profiler::instance().rows();
+  auto span = [&](const std::string& name) -> const observe::ProfileRow* {
+    for (const auto& r : rows)
+      if (r.name == name && r.kind == 's') return &r;
+    return nullptr;
+  };
+  for (const char* name : {"forward", "backward", "optimizer", "grad_norm", "optimizer_step", "zero_grad"}) {
+    ASSERT_NE(span(name), nullptr) << name << "\n" << log;
+    EXPECT_EQ(span(name)->calls, 3) << name;
+  }
+  // Nested: the optimizer's own time is what its three parts leave.
+  const int64_t parts = span("grad_norm")->total_ns + span("optimizer_step")->total_ns + span("zero_grad")->total_ns;
+  EXPECT_GT(span("optimizer_step")->total_ns, 0);
+  EXPECT_EQ(span("optimizer")->self_ns, span("optimizer")->total_ns - parts);
+  EXPECT_NE(log.find("optimizer_step"), std::string::npos) << log;
+  observe::Profiler::instance().reset();
 }
 
 TEST(Trainer, NonFiniteGradientSkipsTheUpdate) {

@@ -118,8 +118,9 @@ class Profiler {
   void add_event(ProfileEvent e);
 };
 
-// RAII span: times a phase ("data_wait", "forward", "backward", "optimizer",
-// "comm", anything). Free when the profiler is off.
+// RAII span: times a phase ("data_wait", "forward", "backward", "optimizer" with
+// "grad_norm", "optimizer_step" and "zero_grad" inside it, "comm", anything). Free when
+// the profiler is off.
 class ProfileSpan {
  public:
   explicit ProfileSpan(std::string name, std::string category = "phase") {
