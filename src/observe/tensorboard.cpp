@@ -96,9 +96,11 @@ TensorBoardWriter::~TensorBoardWriter() {
   if (file_) std::fclose(file_);
 }
 
-void TensorBoardWriter::write_record(const std::string& data) {
-  const std::string rec = frame_tfrecord(data);
-  const bool ok = std::fwrite(rec.data(), 1, rec.size(), file_) == rec.size() && std::fflush(file_) == 0;
+void TensorBoardWriter::write_record(const std::string& data) { write_framed(frame_tfrecord(data)); }
+
+// One write and one flush for any number of framed records.
+void TensorBoardWriter::write_framed(const std::string& records) {
+  const bool ok = std::fwrite(records.data(), 1, records.size(), file_) == records.size() && std::fflush(file_) == 0;
   ATH_CHECK(ok, "tensorboard", "writing '", path_, "' failed: ", std::strerror(errno), Hint{"check free space of the run directory"});
 }
 
@@ -106,14 +108,23 @@ void TensorBoardWriter::add_scalar(const std::string& tag, double value, int64_t
   write_record(encode_scalar_event(wall_time < 0 ? now_seconds() : wall_time, step, tag, static_cast<float>(value)));
 }
 
+void TensorBoardWriter::add_scalars(const std::vector<std::pair<std::string, double>>& scalars, int64_t step,
+                                    double wall_time) {
+  const double t = wall_time < 0 ? now_seconds() : wall_time;
+  std::string records;
+  for (const auto& [tag, value] : scalars) records += frame_tfrecord(encode_scalar_event(t, step, tag, static_cast<float>(value)));
+  if (!records.empty()) write_framed(records);
+}
+
 // Non-finite values draw badly in TensorBoard and are left out, except the loss:
 // a NaN loss is the thing to see.
+// A step's scalars go out in one write: a flush per scalar (~25 a step) cost ~110 us of
+// serial time per step, 2% of the MLP's.
 void TensorBoardSink::on_step(const StepMetrics& m) {
-  const double t = now_seconds();
+  std::vector<std::pair<std::string, double>> scalars{{"train/loss", m.loss}};
   auto scalar = [&](const std::string& tag, double v) {
-    if (std::isfinite(v)) writer_.add_scalar(tag, v, m.step, t);
+    if (std::isfinite(v)) scalars.emplace_back(tag, v);
   };
-  writer_.add_scalar("train/loss", m.loss, m.step, t);
   scalar("train/lr", m.lr);
   scalar("train/grad_norm", m.grad_norm);
   scalar("train/grad_norm_clipped", m.grad_norm_clipped);
@@ -132,12 +143,13 @@ void TensorBoardSink::on_step(const StepMetrics& m) {
     scalar("mem/" + mem.tag + "_peak_mib", static_cast<double>(mem.peak) / kMiB);
     scalar("mem/" + mem.tag + "_mib", static_cast<double>(mem.current) / kMiB);
   }
+  writer_.add_scalars(scalars, m.step);
 }
 
 void TensorBoardSink::on_eval(const EvalMetrics& m) {
-  const double t = now_seconds();
-  writer_.add_scalar("eval/loss", m.loss, m.step, t);
-  if (m.accuracy >= 0 && std::isfinite(m.accuracy)) writer_.add_scalar("eval/accuracy", m.accuracy, m.step, t);
+  std::vector<std::pair<std::string, double>> scalars{{"eval/loss", m.loss}};
+  if (m.accuracy >= 0 && std::isfinite(m.accuracy)) scalars.emplace_back("eval/accuracy", m.accuracy);
+  writer_.add_scalars(scalars, m.step);
 }
 
 }  // namespace athanor::observe

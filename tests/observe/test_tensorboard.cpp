@@ -265,6 +265,32 @@ TEST(TensorBoard, SinkMapsMetricsToTags) {
   EXPECT_EQ(got.count({9, "eval/loss"}), 1u);
 }
 
+// A step's scalars are written together and flushed before on_step returns: a run
+// killed after a step keeps all of it (the file is read while the sink is still open).
+TEST(TensorBoard, SinkFlushesEachStepWhole) {
+  const std::string dir = testing::fresh_temp_dir("tb_flush");
+  TensorBoardSink sink(dir);
+  StepMetrics m;
+  m.step = 3;
+  m.loss = 2.0;
+  m.lr = 0.1;
+  sink.on_step(m);
+  auto records = read_records(read_file(sink.path()));
+  ASSERT_GE(records.size(), 3u);  // file_version, train/loss, train/lr, ...
+  std::set<std::string> tags;
+  for (size_t i = 1; i < records.size(); ++i) {
+    const DecodedEvent e = decode_event(records[i]);
+    EXPECT_EQ(e.step, 3);
+    for (const auto& [tag, v] : e.values) tags.insert(tag);
+  }
+  EXPECT_TRUE(tags.count("train/loss") && tags.count("train/lr") && tags.count("time/step_ms"));
+  const size_t after_one = records.size();
+  m.step = 4;
+  sink.on_step(m);
+  records = read_records(read_file(sink.path()));
+  EXPECT_EQ(records.size(), 2 * after_one - 1);
+}
+
 TEST(TensorBoard, UnwritableDirectoryIsAnError) {
   const std::string dir = testing::fresh_temp_dir("tb_unwritable");
   std::ofstream(dir + "/file") << "x";

@@ -4,6 +4,7 @@
 // person needs (lower the lr, add warmup or clipping) — and the same run at a
 // sane lr must report nothing (no false alarms). Checks (b)-(d) live in
 // test_nonfinite.cpp and test_mixed_precision.cpp.
+#include <algorithm>
 #include <filesystem>
 #include <fstream>
 #include <set>
@@ -65,6 +66,9 @@ TEST(BrokenRuns, LrHundredTimesTooHighIsReportedWithAdvice) {
     for (const auto& s : e.at("suggestions")) advice += s.get<std::string>() + "\n";
     EXPECT_NE(advice.find("lr"), std::string::npos) << advice;
     EXPECT_TRUE(advice.find("warmup") != std::string::npos || advice.find("clip") != std::string::npos) << advice;
+    // The step's batch: 8 sample ids, comma-separated.
+    const std::string ids = e.at("details").at("sample_ids");
+    EXPECT_EQ(std::count(ids.begin(), ids.end(), ','), 7) << ids;
     found = true;
   }
   EXPECT_TRUE(found) << "events: " << nlohmann::json(events).dump();

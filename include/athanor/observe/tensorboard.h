@@ -9,6 +9,8 @@
 #include <cstdint>
 #include <cstdio>
 #include <string>
+#include <utility>
+#include <vector>
 
 #include "athanor/observe/metrics.h"
 
@@ -24,10 +26,13 @@ class TensorBoardWriter {
 
   // wall_time < 0: now. Each record is flushed, so a crash loses at most the record being written.
   void add_scalar(const std::string& tag, double value, int64_t step, double wall_time = -1);
+  // Several scalars of one step, written and flushed together: a crash loses at most this call's.
+  void add_scalars(const std::vector<std::pair<std::string, double>>& scalars, int64_t step, double wall_time = -1);
   const std::string& path() const { return path_; }
 
  private:
   void write_record(const std::string& data);
+  void write_framed(const std::string& records);
   std::string path_;
   std::FILE* file_ = nullptr;
 };

@@ -224,6 +224,7 @@ class Trainer {
   bool health_started_ = false;   // health.jsonl likewise
   double start_time_ = 0;
   bool tty_ = false;
+  double last_redraw_ = 0;  // when a terminal's progress line was last drawn
   bool run_files_ = true;    // the run has files (checkpoints are collectives: every rank takes part)
   bool write_files_ = true;  // this process writes them (run_files_ and rank 0)
 };
