@@ -279,12 +279,12 @@ void Trainer::memory_report(const StepMetrics& m) {
 
 void Trainer::log_step(const StepMetrics& m) {
   const int64_t every = std::max<int64_t>(1, config_.get_int("trainer.log_every"));
-  if (write_files_ && (m.step % every == 0 || m.step == max_steps_ || m.step == 1 || m.skipped)) write_jsonl(observe::to_json(m));
+  const bool periodic = m.step % every == 0 || m.step == max_steps_ || m.step == 1;
+  if (write_files_ && (periodic || m.skipped)) write_jsonl(observe::to_json(m));
 
   // The progress line: plain periodic lines, or in a terminal redrawn at most ~10 times a
   // second (and on those steps). Formatting it every step cost ~40 us of serial time per
   // step, ~1% of the MLP's, with nothing to show for it between prints.
-  const bool periodic = m.step % every == 0 || m.step == max_steps_ || m.step == 1;
   if (tty_) {
     const double now = now_seconds();
     if (!periodic && now - last_redraw_ < 0.1) return;
