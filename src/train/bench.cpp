@@ -123,12 +123,21 @@ BenchResult run_bench(Trainer& trainer, const BenchOptions& opts) {
   const MemoryStats before = alloc.stats();
   const Faults p0 = faults(RUSAGE_SELF), t0 = faults(RUSAGE_THREAD);
   r.step_seconds.reserve(opts.steps);  // no allocation inside the timed loop
+  struct Phases {
+    double data, forward, backward, optimizer, comm;
+  };
+  std::vector<Phases> phases;
+  phases.reserve(opts.steps);
   for (int64_t i = 0; i < opts.steps; ++i) {
     const double s0 = now_seconds();
     ATH_CHECK(trainer.train_step(), "bench", "the trainer stopped after step ", trainer.step(),
               Hint{"raise trainer.max_steps; a time limit (trainer.time_limit_s) also stops it"});
     r.step_seconds.push_back(now_seconds() - s0);
-    if (!trainer.history().empty()) r.targets_per_step = trainer.history().back().targets;
+    if (!trainer.history().empty()) {
+      r.targets_per_step = trainer.history().back().targets;
+      const observe::StepMetrics& m = trainer.history().back();
+      phases.push_back({m.data_seconds, m.forward_seconds, m.backward_seconds, m.optimizer_seconds, m.comm_seconds});
+    }
   }
   const Faults p1 = faults(RUSAGE_SELF), t1 = faults(RUSAGE_THREAD);
   r.memory = alloc.stats();
@@ -150,6 +159,20 @@ BenchResult run_bench(Trainer& trainer, const BenchOptions& opts) {
   r.median_ms = median * 1e3;
   r.throughput = static_cast<double>(r.targets_per_step) / median;
   r.throughput_mean = static_cast<double>(r.targets_per_step) * n / std::accumulate(sorted.begin(), sorted.end(), 0.0);
+  auto median_ms_of = [&](auto seconds) {
+    std::vector<double> v;
+    for (size_t i = 0; i < phases.size(); ++i) v.push_back(seconds(phases[i], r.step_seconds[i]));
+    if (v.empty()) return 0.0;
+    std::sort(v.begin(), v.end());
+    return 1e3 * (v.size() % 2 ? v[v.size() / 2] : 0.5 * (v[v.size() / 2 - 1] + v[v.size() / 2]));
+  };
+  using P = const Phases&;
+  r.data_ms = median_ms_of([](P p, double) { return p.data; });
+  r.forward_ms = median_ms_of([](P p, double) { return p.forward; });
+  r.backward_ms = median_ms_of([](P p, double) { return p.backward; });
+  r.optimizer_ms = median_ms_of([](P p, double) { return p.optimizer; });
+  r.comm_ms = median_ms_of([](P p, double) { return p.comm; });
+  r.other_ms = median_ms_of([](P p, double wall) { return wall - p.data - p.forward - p.backward - p.optimizer - p.comm; });
   r.flops_per_step = training_flops_per_step(trainer);
   r.achieved_gflops = r.flops_per_step / median * 1e-9;
   if (opts.peak_gflops > 0) {
@@ -178,7 +201,9 @@ std::string BenchResult::json() const {
     << ",\"major_faults_per_step\":" << major_faults_per_step
     << ",\"thread_minor_faults_per_step\":" << thread_minor_faults_per_step
     << ",\"system_allocs_per_step\":" << system_allocs_per_step << ",\"system_frees_per_step\":" << system_frees_per_step
-    << ",\"final_loss\":" << final_loss << ",\"peak_bytes\":{";
+    << ",\"final_loss\":" << final_loss << ",\"phase_ms\":{\"data\":" << data_ms << ",\"forward\":" << forward_ms
+    << ",\"backward\":" << backward_ms << ",\"optimizer\":" << optimizer_ms << ",\"comm\":" << comm_ms
+    << ",\"other\":" << other_ms << "},\"peak_bytes\":{";
   for (int t = 0; t < kNumMemTags; ++t) o << "\"" << mem_tag_name(static_cast<MemTag>(t)) << "\":" << memory.peak[t] << ",";
   o << "\"total\":" << memory.peak_total << "},\"reserved_bytes\":" << memory.reserved << "}";
   return o.str();
@@ -195,6 +220,10 @@ std::string BenchResult::text() const {
   o << "  ms/step      min " << std::setprecision(1) << min_ms << "  median " << median_ms << "  max " << max_ms << "\n";
   o << "  MFU          " << std::setprecision(1) << 100 * mfu << "% (" << achieved_gflops << " GFLOP/s of "
     << peak_gflops << (peak_measured ? " measured by a " + precision + " GEMM probe)\n" : " given)\n");
+  o << "  phases       " << std::setprecision(2) << "data " << data_ms << "  forward " << forward_ms << "  backward "
+    << backward_ms << "  optimizer " << optimizer_ms;
+  if (comm_ms > 0) o << "  comm " << comm_ms;
+  o << "  other " << other_ms << " ms (medians)\n";
   o << "  page faults  " << std::setprecision(1) << minor_faults_per_step << " minor/step (training thread "
     << thread_minor_faults_per_step << "), " << major_faults_per_step << " major/step\n";
   o << "  allocator    " << std::setprecision(2) << system_allocs_per_step << " system allocs/step, " << system_frees_per_step

@@ -69,6 +69,23 @@ TEST(Bench, TimesExactlyTheRequestedStepsAndDerivesItsStatistics) {
   EXPECT_DOUBLE_EQ(r.final_loss, t.history().back().loss);
   EXPECT_GT(r.memory.peak_of(MemTag::parameter), 0u);
   EXPECT_GT(r.memory.peak_of(MemTag::activation), 0u);
+  // The phases are the medians of the trainer's own per-step clocks over the timed steps;
+  // "other" is what the step's wall time has beyond them (never negative: it encloses them).
+  auto median_of = [&](auto field) {
+    std::vector<double> v;
+    for (size_t i = 0; i < 3; ++i) v.push_back(field(t.history()[2 + i]) * 1e3);
+    std::sort(v.begin(), v.end());
+    return v[1];
+  };
+  EXPECT_DOUBLE_EQ(r.forward_ms, median_of([](const auto& m) { return m.forward_seconds; }));
+  EXPECT_DOUBLE_EQ(r.backward_ms, median_of([](const auto& m) { return m.backward_seconds; }));
+  EXPECT_DOUBLE_EQ(r.optimizer_ms, median_of([](const auto& m) { return m.optimizer_seconds; }));
+  EXPECT_DOUBLE_EQ(r.data_ms, median_of([](const auto& m) { return m.data_seconds; }));
+  EXPECT_EQ(r.comm_ms, 0.0);  // one process
+  EXPECT_GT(r.forward_ms, 0);
+  EXPECT_GT(r.backward_ms, 0);
+  EXPECT_GT(r.optimizer_ms, 0);
+  EXPECT_GE(r.other_ms, 0);
 
   // The JSON carries the same figures.
   const auto j = nlohmann::json::parse(r.json());
@@ -81,7 +98,11 @@ TEST(Bench, TimesExactlyTheRequestedStepsAndDerivesItsStatistics) {
   EXPECT_EQ(j["peak_bytes"]["parameter"].get<size_t>(), r.memory.peak_of(MemTag::parameter));
   EXPECT_TRUE(j.contains("minor_faults_per_step"));
   EXPECT_TRUE(j.contains("system_allocs_per_step"));
+  EXPECT_NEAR(j["phase_ms"]["forward"].get<double>(), r.forward_ms, 1e-6 * r.forward_ms);
+  EXPECT_NEAR(j["phase_ms"]["other"].get<double>(), r.other_ms, 1e-6 * r.other_ms + 1e-9);
+  EXPECT_TRUE(j["phase_ms"].contains("optimizer") && j["phase_ms"].contains("comm") && j["phase_ms"].contains("data"));
   EXPECT_NE(r.text().find("tok/s"), std::string::npos);
+  EXPECT_NE(r.text().find("phases"), std::string::npos);
 }
 
 TEST(Bench, GptFlopsMatchAHandCountOfTheShapes) {

@@ -41,6 +41,11 @@ struct BenchResult {
   double system_allocs_per_step = 0, system_frees_per_step = 0;   // Allocator::cpu()
   MemoryStats memory;                  // peaks over the timed steps (reset after warm-up)
   double final_loss = 0;
+  // Where a step's time goes, medians over the timed steps (the trainer's StepMetrics):
+  // waiting for data, forward, backward, optimizer (norm, clip, update, zero_grad),
+  // gradient communication, and "other": the rest of the step's wall time (the loss's
+  // read-back, metrics, logging), step by step.
+  double data_ms = 0, forward_ms = 0, backward_ms = 0, optimizer_ms = 0, comm_ms = 0, other_ms = 0;
 
   std::string json() const;   // one JSON object on one line
   std::string text() const;   // the human-readable report
