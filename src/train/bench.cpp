@@ -44,6 +44,12 @@ double median_seconds(F&& f, int runs) {
   return t[t.size() / 2];
 }
 
+// The middle value, or the mean of the two middle ones (v sorted, not empty).
+double median_of_sorted(const std::vector<double>& v) {
+  const size_t k = v.size();
+  return k % 2 ? v[k / 2] : 0.5 * (v[k / 2 - 1] + v[k / 2]);
+}
+
 std::string json_escape(const std::string& s) {
   std::string o;
   for (char c : s) {
@@ -152,8 +158,7 @@ BenchResult run_bench(Trainer& trainer, const BenchOptions& opts) {
 
   std::vector<double> sorted = r.step_seconds;
   std::sort(sorted.begin(), sorted.end());
-  const size_t k = sorted.size();
-  const double median = k % 2 ? sorted[k / 2] : 0.5 * (sorted[k / 2 - 1] + sorted[k / 2]);
+  const double median = median_of_sorted(sorted);
   r.min_ms = sorted.front() * 1e3;
   r.max_ms = sorted.back() * 1e3;
   r.median_ms = median * 1e3;
@@ -164,7 +169,7 @@ BenchResult run_bench(Trainer& trainer, const BenchOptions& opts) {
     for (size_t i = 0; i < phases.size(); ++i) v.push_back(seconds(phases[i], r.step_seconds[i]));
     if (v.empty()) return 0.0;
     std::sort(v.begin(), v.end());
-    return 1e3 * (v.size() % 2 ? v[v.size() / 2] : 0.5 * (v[v.size() / 2 - 1] + v[v.size() / 2]));
+    return 1e3 * median_of_sorted(v);
   };
   using P = const Phases&;
   r.data_ms = median_ms_of([](P p, double) { return p.data; });
