@@ -4,6 +4,7 @@
 #include <vector>
 
 #include "athanor/core/error.h"
+#include "backend/cpu/stealing_runs.h"
 #include "backend/cpu/unary.h"
 
 namespace athanor::cpu {
@@ -253,11 +254,10 @@ template <class T> void relu_backward_rowsum_cols(const T* y, const T* dy, T* g,
 // Each column's sum runs over the rows in order: the result does not depend on the thread count.
 template <class T> void relu_backward_rowsum(const T* y, const T* dy, T* g, rowsum_acc_t<T>* db, int64_t M, int64_t N) {
   const int64_t tasks = (N + kRowsumCols - 1) / kRowsumCols;
-#pragma omp parallel for schedule(static) if (M * N > vec::kGrainCheap / 2 && tasks > 1)
-  for (int64_t t = 0; t < tasks; ++t) {
+  parallel_for_stealing(tasks, M * N > vec::kGrainCheap / 2, [&](int64_t t) {
     const int64_t j0 = t * kRowsumCols;
     relu_backward_rowsum_cols(y, dy, g, db, M, N, j0, std::min(kRowsumCols, N - j0));
-  }
+  });
 }
 
 #define ATHANOR_INSTANTIATE_ACTIVATION(T)                                   \

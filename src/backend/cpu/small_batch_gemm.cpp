@@ -42,6 +42,7 @@
 #include <utility>
 
 #include "backend/cpu/bcast_tile.h"
+#include "backend/cpu/stealing_runs.h"
 #include "backend/cpu/unary.h"  // ATHANOR_CPU_AVX512, immintrin.h, vec::tail_mask
 #include "backend/cpu/workspace.h"
 
@@ -173,21 +174,27 @@ void run_dot(int64_t M, int64_t N, int64_t K, float alpha, const float* A, int64
     a_base = a_copy.as<float>() + ((page_offset(B) + kPage / 2 - page_offset(a_copy.as<float>())) & (kPage - 1));
   }
   const float* const a = copy_a ? a_base : A;
+  // The copy of A and the blocks of B both go by StealingRuns (stealing_runs.h): the worker
+  // thread often starts 15-80 us after the main one, which then copies most of A itself
+  // instead of sleeping in a barrier until the worker has copied its half.
+  constexpr int64_t kCopyRows = 16;
+  const int64_t ncopy = copy_a ? ceil_div(M, kCopyRows) : 0;
+  StealingRuns copies(ncopy, nthreads), blocks(nbb, nthreads);
 #pragma omp parallel num_threads(nthreads) if (nthreads > 1)
   {
-    const int64_t nt = omp_get_num_threads(), t = omp_get_thread_num();
-    if (copy_a) {
-      for (int64_t i = M * t / nt; i < M * (t + 1) / nt; ++i) std::copy(A + i * lda, A + i * lda + K, a_base + i * lda_copy);
-#pragma omp barrier
-    }
-    for (int64_t bb = nbb * t / nt; bb < nbb * (t + 1) / nt; ++bb) {
+    const int t = omp_get_thread_num();
+    copies.run(t, [&](int64_t c) {  // returns when all of A is copied
+      for (int64_t i = c * kCopyRows; i < std::min(M, (c + 1) * kCopyRows); ++i)
+        std::copy(A + i * lda, A + i * lda + K, a_base + i * lda_copy);
+    });
+    blocks.run(t, [&](int64_t bb) {
       const int64_t n0 = bb * kDotRowsB, rb = std::min<int64_t>(kDotRowsB, N - n0);
       for (int64_t i0 = 0; i0 < M; i0 += kDotRowsA) {
         const int64_t ra = std::min<int64_t>(kDotRowsA, M - i0);
         kDotTiles[(ra - 1) * kDotRowsB + (rb - 1)](K, a + i0 * lda_copy, lda_copy, B + n0 * ldb, ldb, C + i0 * ldc + n0,
                                                    ldc, bias ? bias + n0 : nullptr, alpha, beta, relu);
       }
-    }
+    });
   }
 }
 
@@ -220,10 +227,11 @@ void pack_panel(const float* B, int64_t ldb, int64_t k0, int64_t kc, int64_t j0,
 // copied 766-804, in place 888-918 (x's 128 rows 4 KiB apart thrash L1 without the copy,
 // and each panel is used by 85 tiles). Panels of 256 rows: 128 read 5-10% slower in place.
 //
-// Each thread takes either a run of 64-column blocks (all rows) or a run of rows (all
-// column blocks, copying its own panels): columns when they split evenly, so that no panel
-// is copied twice (N = 1024: 16 blocks), rows otherwise (dW of 784 columns: 13 blocks would
-// split 7 / 6). A thread's rows go in tiles of 5-6 (128 = 18 x 6 + 4 x 5, not 21 x 6 + 2).
+// The work goes in items over StealingRuns (stealing_runs.h): 64-column blocks (all rows,
+// every K pass) when they split evenly between the threads, so that no panel is copied
+// twice (N = 1024: 16 blocks); otherwise one run of rows per thread, each copying its own
+// panels (dW of 784 columns: 13 blocks would split 7 / 6). A thread's rows go in tiles of
+// 5-6 (128 = 18 x 6 + 4 x 5, not 21 x 6 + 2).
 void run_outer(bool ta, int64_t M, int64_t N, int64_t K, float alpha, const float* A, int64_t lda, const float* B,
                int64_t ldb, float beta, const float* bias, float* C, int64_t ldc) {
   const int64_t a_rs = ta ? 1 : lda, a_ks = ta ? lda : 1;
@@ -233,19 +241,15 @@ void run_outer(bool ta, int64_t M, int64_t N, int64_t K, float alpha, const floa
   const bool split_columns = ncb % nthreads == 0 || M < 8 * kOuterRows * nthreads;
   Workspace scratch(in_place ? 0 : static_cast<std::size_t>(nthreads) * kPanelMaxK * kPanelCols * sizeof(float));
   float* const panels = scratch.as<float>();
-#pragma omp parallel num_threads(nthreads) if (nthreads > 1)
-  {
-    const int64_t nt = omp_get_num_threads(), t = omp_get_thread_num();
-    float* const panel = in_place ? nullptr : panels + t * kPanelMaxK * kPanelCols;
-    const int64_t cb0 = split_columns ? ncb * t / nt : 0, cb1 = split_columns ? ncb * (t + 1) / nt : ncb;
-    const int64_t i_begin = split_columns ? 0 : M * t / nt, i_end = split_columns ? M : M * (t + 1) / nt;
+  // Rows [i_begin, i_end) x column blocks [cb0, cb1), every K pass.
+  const auto block = [&](float* panel, int64_t i_begin, int64_t i_end, int64_t cb0, int64_t cb1) {
     const int64_t rows = i_end - i_begin, nrb = ceil_div(rows, kOuterRows);
-    for (int64_t kb = 0; kb < nkb; ++kb) {
-      const int64_t k0 = K * kb / nkb, kc = K * (kb + 1) / nkb - k0;
-      const float pass_beta = kb == 0 ? beta : 1.0f;
-      for (int64_t cb = cb0; cb < cb1; ++cb) {
-        const int64_t j0 = cb * kPanelCols, cols = std::min(kPanelCols, N - j0), nv = ceil_div(cols, 16);
-        const __mmask16 last = vec::tail_mask(cols - 16 * (nv - 1));
+    for (int64_t cb = cb0; cb < cb1; ++cb) {
+      const int64_t j0 = cb * kPanelCols, cols = std::min(kPanelCols, N - j0), nv = ceil_div(cols, 16);
+      const __mmask16 last = vec::tail_mask(cols - 16 * (nv - 1));
+      for (int64_t kb = 0; kb < nkb; ++kb) {
+        const int64_t k0 = K * kb / nkb, kc = K * (kb + 1) / nkb - k0;
+        const float pass_beta = kb == 0 ? beta : 1.0f;
         const float* pass_bias = kb == 0 && bias ? bias + j0 : nullptr;
         if (!in_place) pack_panel(B, ldb, k0, kc, j0, cols, panel);
         // This pass over column block cb: K = kc steps from k0, columns from j0.
@@ -257,6 +261,16 @@ void run_outer(bool ta, int64_t M, int64_t N, int64_t K, float alpha, const floa
         }
       }
     }
+  };
+  StealingRuns items(split_columns ? ncb : nthreads, nthreads);
+#pragma omp parallel num_threads(nthreads) if (nthreads > 1)
+  {
+    const int t = omp_get_thread_num();
+    float* const panel = in_place ? nullptr : panels + t * kPanelMaxK * kPanelCols;
+    items.run(t, [&](int64_t i) {
+      if (split_columns) block(panel, 0, M, i, i + 1);
+      else block(panel, M * i / nthreads, M * (i + 1) / nthreads, 0, ncb);
+    });
   }
 }
 
