@@ -183,10 +183,11 @@ void run_dot(int64_t M, int64_t N, int64_t K, float alpha, const float* A, int64
 #pragma omp parallel num_threads(nthreads) if (nthreads > 1)
   {
     const int t = omp_get_thread_num();
-    copies.run(t, [&](int64_t c) {  // returns when all of A is copied
+    copies.run(t, [&](int64_t c) {
       for (int64_t i = c * kCopyRows; i < std::min(M, (c + 1) * kCopyRows); ++i)
         std::copy(A + i * lda, A + i * lda + K, a_base + i * lda_copy);
     });
+    copies.wait_all();  // every tile reads all of A
     blocks.run(t, [&](int64_t bb) {
       const int64_t n0 = bb * kDotRowsB, rb = std::min<int64_t>(kDotRowsB, N - n0);
       for (int64_t i0 = 0; i0 < M; i0 += kDotRowsA) {

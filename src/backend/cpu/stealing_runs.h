@@ -22,15 +22,14 @@
 
 namespace athanor::cpu {
 
-// Waits until `count` reaches `target` (other threads of the region increment it as they
-// finish their part): spins briefly, then yields the core, so that a descheduled thread it
-// waits for can run. Cheaper than an OpenMP barrier under the passive wait policy, where
-// the first thread to arrive sleeps in the kernel and the last pays a futex wake-up.
-inline void wait_for_count(const std::atomic<int64_t>& count, int64_t target) {
-  for (int spins = 0; count.load(std::memory_order_acquire) < target; ++spins) {
-    if (spins < 4096) _mm_pause();
-    else sched_yield();
+// Spins (_mm_pause) until `count` reaches `target` or `max_spins` pauses have passed;
+// returns whether it got there. ~4,096 pauses are ~70 us here.
+inline bool spin_for_count(const std::atomic<int64_t>& count, int64_t target, int max_spins) {
+  for (int spins = 0; spins < max_spins; ++spins) {
+    if (count.load(std::memory_order_acquire) >= target) return true;
+    _mm_pause();
   }
+  return count.load(std::memory_order_acquire) >= target;
 }
 
 class StealingRuns {
@@ -48,11 +47,12 @@ class StealingRuns {
   StealingRuns(const StealingRuns&) = delete;
   StealingRuns& operator=(const StealingRuns&) = delete;
 
-  // Inside the region, on thread t: f(i) for this thread's items, then stolen ones; then
-  // waits (briefly: at most the last item another thread is running) until every item is
-  // done, so that the threads reach the region's closing barrier together. Under the
-  // passive wait policy a thread that reaches it first sleeps in the kernel, and the main
-  // thread leaves the region 10-25 us after the last item instead of ~3 (session 11).
+  // Inside the region, on thread t: f(i) for this thread's items, then stolen ones. Then
+  // it spins a little (kEndSpins) for the items other threads are still running, so that
+  // the threads reach the region's closing barrier together: under the passive wait policy
+  // a thread that gets there first sleeps in the kernel, and the main thread left the
+  // region 10-25 us after the last item instead of ~3 (session 11). Past the spin it goes
+  // on to the barrier, which waits passively (a descheduled thread may take a long time).
   template <class F> void run(int t, const F& f) {
     const int threads = static_cast<int>(runs_.size());
     int64_t mine = 0;
@@ -60,10 +60,17 @@ class StealingRuns {
     for (int k = 1; k < threads; ++k)
       for (int64_t i; (i = take((t + k) % threads, false)) >= 0; ++mine) f(i);
     done_.count.fetch_add(mine, std::memory_order_acq_rel);
-    wait_for_count(done_.count, items_);
+    spin_for_count(done_.count, items_, kEndSpins);
+  }
+
+  // After run(), on every thread: returns once all items are done (results other threads
+  // wrote are visible), spinning and then yielding the core to a thread that may hold one.
+  void wait_all() const {
+    while (!spin_for_count(done_.count, items_, kEndSpins)) sched_yield();
   }
 
  private:
+  static constexpr int kEndSpins = 4096;
   struct alignas(64) Run {
     std::atomic<uint64_t> ends{0};  // front in the low 32 bits, back (one past) in the high
   };
