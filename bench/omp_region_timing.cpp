@@ -11,6 +11,7 @@
 
 #include <cstdio>
 #include <cstdlib>
+#include <cstring>
 #include <ctime>
 
 using GompParallel = void (*)(void (*)(void*), void*, unsigned, unsigned);
@@ -71,7 +72,7 @@ extern "C" void GOMP_parallel(void (*fn)(void*), void* data, unsigned num_thread
 }
 
 // Binary file: per site, its offset in its object, the object's path length and path,
-// the number of calls, then min(calls, kMaxCalls) records of 5 floats.
+// the number of calls, the number of records kept (at most kMaxCalls), the records (5 floats).
 __attribute__((destructor)) static void write_records() {
   const char* path = std::getenv("OMP_REGION_TIMING_OUT");
   std::FILE* out = std::fopen(path ? path : "omp_region_timing.bin", "wb");
@@ -82,12 +83,12 @@ __attribute__((destructor)) static void write_records() {
     const long offset = static_cast<char*>(sites[i]) - static_cast<char*>(info.dli_fbase);
     const long n = calls[i] < kMaxCalls ? calls[i] : kMaxCalls;
     const char* object = info.dli_fname ? info.dli_fname : "?";
-    long object_len = 0;
-    while (object[object_len]) ++object_len;
+    const long object_len = static_cast<long>(std::strlen(object));
     fwrite(&offset, sizeof offset, 1, out);
     fwrite(&object_len, sizeof object_len, 1, out);
     fwrite(object, 1, static_cast<std::size_t>(object_len), out);
     fwrite(&calls[i], sizeof calls[i], 1, out);
+    fwrite(&n, sizeof n, 1, out);
     fwrite(records[i], sizeof(float) * 5, static_cast<std::size_t>(n), out);
   }
   std::fclose(out);

@@ -18,9 +18,8 @@ def sites(path):
         p += 16
         obj = data[p:p + object_len].decode(errors='replace')
         p += object_len
-        (calls,) = struct.unpack_from('q', data, p)
-        p += 8
-        n = min(calls, 4096)
+        calls, n = struct.unpack_from('qq', data, p)  # calls made, records kept
+        p += 16
         records = [struct.unpack_from('5f', data, p + 20 * k) for k in range(n)]
         p += 20 * n
         yield offset, obj, calls, records

@@ -140,8 +140,8 @@ BenchResult run_bench(Trainer& trainer, const BenchOptions& opts) {
               Hint{"raise trainer.max_steps; a time limit (trainer.time_limit_s) also stops it"});
     r.step_seconds.push_back(now_seconds() - s0);
     if (!trainer.history().empty()) {
-      r.targets_per_step = trainer.history().back().targets;
       const observe::StepMetrics& m = trainer.history().back();
+      r.targets_per_step = m.targets;
       phases.push_back({m.data_seconds, m.forward_seconds, m.backward_seconds, m.optimizer_seconds, m.comm_seconds});
     }
   }
