@@ -29,6 +29,8 @@ const std::vector<Geo> kGeos = {
     {1000, 7, 97},    // many short columns
     {1, 2048, 768},   // a bias gradient: one outer, the columns split over the threads
     {1, 300, 1037},   // ... with a ragged last block
+    {1, 2048, 1152},  // ... as four equal blocks (a small GPT's qkv bias)
+    {2, 500, 2304},   // with 3+ threads, outer < threads: the blocks per outer a multiple of them
 };
 
 std::vector<float> uniform(int64_t n, float lo, float hi, uint32_t seed) {

@@ -5,6 +5,7 @@
 #include <algorithm>
 
 #include "athanor/core/convert.h"
+#include "backend/cpu/stealing_runs.h"
 
 namespace athanor::cpu {
 namespace {
@@ -31,23 +32,25 @@ template <class T, class O> void sum_3d_impl(const T* x, O* out, int64_t outer, 
   // the threads. Each element sums its r values in order j = 0..r-1, whatever the split.
   constexpr int64_t kCols = 512;  // per-task accumulator on the stack (no allocation)
   const int64_t threads = omp_get_max_threads();
-  // Blocks narrow enough that outer x blocks covers the threads (multiples of 16 columns).
-  const int64_t cols = outer >= threads ? kCols : std::clamp<int64_t>((inner * outer / threads + 15) / 16 * 16, 16, kCols);
-  const int64_t nblocks = (inner + cols - 1) / cols;
-#pragma omp parallel for collapse(2) if (outer * r * inner > (1 << 15)) schedule(static)
-  for (int64_t o = 0; o < outer; ++o)
-    for (int64_t b = 0; b < nblocks; ++b) {
-      const int64_t i0 = b * cols, n = std::min(cols, inner - i0);
-      A acc[kCols];
-      std::fill(acc, acc + n, A(0));
-      for (int64_t j = 0; j < r; ++j) {
-        const T* row = x + (o * r + j) * inner + i0;
+  // Blocks of equal width (multiples of 16 columns, at most kCols) and, when outer alone does
+  // not cover the threads, a multiple of `threads` of them per outer index: 1152 columns as
+  // 512 + 512 + 128 left one thread 1024 columns and the other 128 (small GPT's qkv bias).
+  int64_t nblocks = (inner + kCols - 1) / kCols;
+  if (outer < threads) nblocks = (std::max(nblocks, threads) + threads - 1) / threads * threads;
+  const int64_t cols = std::min(kCols, (inner + nblocks - 1) / nblocks + 15) / 16 * 16;
+  nblocks = (inner + cols - 1) / cols;
+  parallel_for_stealing(outer * nblocks, outer * r * inner > (1 << 15), [&](int64_t task) {
+    const int64_t o = task / nblocks, i0 = (task % nblocks) * cols, n = std::min(cols, inner - i0);
+    A acc[kCols];
+    std::fill(acc, acc + n, A(0));
+    for (int64_t j = 0; j < r; ++j) {
+      const T* row = x + (o * r + j) * inner + i0;
 #pragma omp simd
-        for (int64_t i = 0; i < n; ++i) acc[i] += cast_value<A>(row[i]);
-      }
-      O* dst = out + o * inner + i0;
-      for (int64_t i = 0; i < n; ++i) dst[i] = cast_value<O>(acc[i] * s);
+      for (int64_t i = 0; i < n; ++i) acc[i] += cast_value<A>(row[i]);
     }
+    O* dst = out + o * inner + i0;
+    for (int64_t i = 0; i < n; ++i) dst[i] = cast_value<O>(acc[i] * s);
+  });
 }
 }  // namespace
 
