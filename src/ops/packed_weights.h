@@ -54,7 +54,8 @@ struct PackJob {
 // Rewrites the requested copies of these tensors (already written; their versions
 // bumped), marks them current at those versions and drops the copies nobody asked for
 // since the last refresh. One parallel region; thread t packs the t-th share of each
-// weight's rows (pack_share_begin), the rows a multi-tensor pass wrote on it.
+// weight's rows (pack_share_begin), the rows a multi-tensor pass wrote on it, in blocks
+// the other threads may take over once their own are done (StealingRuns).
 void refresh_packed_weights(const std::vector<Tensor>& written);
 
 // Drops the copies (and requests) of these tensors and of every tensor already freed: the

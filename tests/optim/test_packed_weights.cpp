@@ -3,8 +3,12 @@
 // autocast with the optimizer's low-precision copies), and the packed path was really
 // taken (hits); a weight changed in place is never multiplied through a stale copy; frozen
 // weights get packed by the op on second sight; copies nobody uses any more are dropped at
-// the next optimizer step, and their memory is reported under packed_weights.
+// the next optimizer step, and their memory is reported under packed_weights; the
+// optimizer's refresh writes every element of a copy whatever the thread count.
+#include <omp.h>
+
 #include <cmath>
+#include <cstring>
 #include <memory>
 #include <vector>
 
@@ -15,6 +19,7 @@
 #include "athanor/ops/gelu_linear.h"
 #include "athanor/ops/linear_relu.h"
 #include "athanor/optim/optimizer.h"
+#include "backend/cpu/weight_packing.h"
 #include "ops/packed_weights.h"
 #include "test_util.h"
 
@@ -157,6 +162,35 @@ TEST(PackedWeights, CopiesNobodyUsesAreDroppedAndTheirMemoryIsReported) {
   EXPECT_EQ(detail::packed_weight_count(), 0u);
   EXPECT_EQ(Allocator::cpu().stats().of(MemTag::packed_weights), 0u);
   detail::set_packed_weights_enabled(true);
+}
+
+TEST(PackedWeights, TheRefreshWritesEveryRowOnAnyThreadCount) {
+  // W spans several of the refresh's 64-row blocks, its thread shares do not end on one,
+  // and both copies are asked for (W's input gradient feeds the first layer).
+  const int prev = omp_get_max_threads();
+  for (int threads : {1, 2, 3}) {
+    SCOPED_TRACE(threads);
+    omp_set_num_threads(threads);
+    detail::set_packed_weights_enabled(false);  // an empty registry
+    detail::set_packed_weights_enabled(true);
+    const Tensor w0 = random_leaf({200, 64}, 21), w = random_leaf({336, 200}, 22);
+    auto opt = make_sgd({ParamGroup{"all", {{"w0", w0}, {"w", w}}, 0.1, 0.1, 0.0}});
+    const Tensor x = random_leaf({kRows, 64}, 23).detach();
+    for (int s = 0; s < 2; ++s) {  // step 1 notes the requests, its refresh packs; step 2 repacks
+      opt->zero_grad();
+      mean(square(linear(linear(x, w0), w))).backward();
+      opt->step();
+    }
+    for (detail::WeightUse use : {detail::WeightUse::forward, detail::WeightUse::input_grad}) {
+      const detail::PackedWeight pw = detail::packed_weight(w, use);
+      ASSERT_TRUE(pw) << "no current copy for use " << static_cast<int>(use);
+      const bool w_is_bt = use == detail::WeightUse::forward;
+      std::vector<float> expect(pw.layout.elements(), 0.0f);
+      cpu::detail::pack_weight_rows_scalar(pw.layout, w_is_bt, w.data_ptr<float>(), 200, 0, 336, expect.data());
+      EXPECT_EQ(std::memcmp(expect.data(), pw.data, expect.size() * sizeof(float)), 0) << "use " << static_cast<int>(use);
+    }
+  }
+  omp_set_num_threads(prev);
 }
 
 }  // namespace athanor
