@@ -1,5 +1,6 @@
 #include "athanor/autograd/engine.h"
 
+#include <atomic>
 #include <queue>
 #include <unordered_map>
 #include <unordered_set>
@@ -13,6 +14,8 @@
 
 namespace athanor {
 namespace {
+
+std::atomic<uint64_t> g_pending_taken{0};
 
 struct LaterFirst {
   bool operator()(const std::shared_ptr<Node>& a, const std::shared_ptr<Node>& b) const {
@@ -137,6 +140,26 @@ void backward(const std::vector<Tensor>& roots, const std::vector<Tensor>& grad_
       if (deps[n.get()] == 0 && queued.insert(n.get()).second) ready.push(n);
   }
 
+  // take_pending_grad: the dense sum waiting at the node an input comes from, when the
+  // engine alone holds it (then nothing else can see it change) and it has the input's
+  // shape and dtype. Row-sparse parts waiting there are added to what the backward returns.
+  struct Pending final : Node::PendingGrads {
+    Buffers* buffers;
+    explicit Pending(Buffers* b) : buffers(b) {}
+    Tensor take(const Node& node, size_t input) override {
+      if (input >= node.next_edges.size() || input >= node.input_meta.size()) return Tensor();
+      const Edge& e = node.next_edges[input];
+      if (!e.valid()) return Tensor();
+      auto it = buffers->find(e.node.get());
+      if (it == buffers->end() || e.input_nr >= it->second.dense.size()) return Tensor();
+      Tensor& acc = it->second.dense[e.input_nr];
+      const TensorMeta& meta = node.input_meta[input];
+      if (!exclusively_owned(acc) || acc.sizes() != meta.sizes || acc.dtype() != meta.dtype) return Tensor();
+      g_pending_taken.fetch_add(1, std::memory_order_relaxed);
+      return std::move(acc);
+    }
+  } pending(&buffers);
+
   while (!ready.empty()) {
     std::shared_ptr<Node> node = ready.top();
     ready.pop();
@@ -171,6 +194,11 @@ void backward(const std::vector<Tensor>& roots, const std::vector<Tensor>& grad_
     std::vector<Tensor> in_grads;
     {
       observe::BackwardNodeTimer timer(node->name());  // free when the profiler is off
+      node->set_pending_grads(&pending);
+      struct Unset {
+        Node* n;
+        ~Unset() { n->set_pending_grads(nullptr); }
+      } unset{node.get()};
       in_grads = node->apply(std::move(grads));
     }
     if (anomaly)
@@ -194,5 +222,7 @@ void backward(const std::vector<Tensor>& roots, const std::vector<Tensor>& grad_
     }
   }
 }
+
+uint64_t pending_grads_taken() { return g_pending_taken.load(std::memory_order_relaxed); }
 
 }  // namespace athanor

@@ -16,6 +16,8 @@
 // the bf16 copy of y that the next lower_precision op saves. That copy is written by the
 // same kernel pass and offered to autocast (autocast_offer_cast): the next op that would
 // cast y takes it instead of a cast pass over y (same "cast" node, same numbers).
+// The f32/f64 backward adds dx straight into the gradient x already holds from its other
+// uses when autograd offers it (a transformer's residual stream; see input_grad below).
 #include "athanor/ops/norm.h"
 
 #include "athanor/ops/autocast.h"
@@ -40,6 +42,21 @@ template <class T> const T* ptr_or_null(const Tensor& t) { return t.defined() ? 
 template <class T> T* mut_or_null(const Tensor& t) { return t.defined() ? static_cast<T*>(t.raw_data()) : nullptr; }
 
 bool is_lowp(DType d) { return d == DType::bf16 || d == DType::f16; }
+
+// x's gradient buffer for the backward: when x already has a gradient from its other uses
+// (the residual stream's sum, waiting in the engine: Node::take_pending_grad), that buffer,
+// which the kernel adds into (accumulate_dx); else a fresh one. One pass over the stream's
+// gradient fewer per layer norm (2 MB each in the tiny GPT's step).
+struct InputGrad {
+  Tensor t;
+  bool accumulate = false;
+};
+InputGrad input_grad(const Node& n, const Shape& sizes, DType dtype) {
+  if (!needs_grad(n, 0)) return {};
+  if (dtype == DType::f32 || dtype == DType::f64)
+    if (Tensor pending = n.take_pending_grad(0); pending.defined()) return {std::move(pending), true};
+  return {empty(sizes, TensorOptions(dtype)), false};
+}
 
 // x bf16/f16, weight/bias f32 (or absent), y f32: see the file comment.
 Tensor layer_norm_lowp_input(const Tensor& x, const Shape& normalized_shape, const Tensor& weight, const Tensor& bias,
@@ -126,7 +143,7 @@ Tensor layer_norm_keep_lowp_xhat(const Tensor& x, const Shape& normalized_shape,
     const Tensor wv = sw.defined() ? detail::contiguous_raw(sw.unpack(n)) : Tensor();
     const Tensor gy = detail::to_raw(g[0], DType::f32);
     const Tensor rv = srstd.unpack(n);
-    Tensor dx = needs_grad(n, 0) ? empty(hv.sizes(), TensorOptions(DType::f32)) : Tensor();
+    const InputGrad dx = input_grad(n, hv.sizes(), DType::f32);
     Tensor dw = wv.defined() && needs_grad(n, 1) ? empty(wv.sizes(), TensorOptions(DType::f32)) : Tensor();
     Tensor db = has_bias && needs_grad(n, 2) ? empty(Shape(normalized_shape), TensorOptions(DType::f32)) : Tensor();
     if (hv.numel() == 0) {
@@ -134,11 +151,12 @@ Tensor layer_norm_keep_lowp_xhat(const Tensor& x, const Shape& normalized_shape,
       if (db.defined()) db.zero_();
     } else {
       with_lowp(hv, [&](auto* hp) {
-        cpu::layer_norm_backward_from_xhat(gy.data_ptr<float>(), hp, ptr_or_null<float>(wv), rv.data_ptr<float>(), mut_or_null<float>(dx),
-                                           mut_or_null<float>(dw), mut_or_null<float>(db), rows, cols);
+        cpu::layer_norm_backward_from_xhat(gy.data_ptr<float>(), hp, ptr_or_null<float>(wv), rv.data_ptr<float>(),
+                                           mut_or_null<float>(dx.t), mut_or_null<float>(dw), mut_or_null<float>(db), rows,
+                                           cols, dx.accumulate);
       });
     }
-    return Grads{dx, dw, db};
+    return Grads{dx.t, dw, db};
   });
   // In a transformer y feeds a linear, which under autocast would cast it to `low` in a pass
   // of its own; the kernel wrote that copy while y was in registers.
@@ -192,7 +210,7 @@ Tensor layer_norm(const Tensor& x, const Shape& normalized_shape, const Tensor& 
     const Tensor wv = sw.defined() ? detail::contiguous_raw(sw.unpack(n)) : Tensor();
     const Tensor gy = detail::to_raw(g[0], xv.dtype());
     const Tensor mv = smean.unpack(n), rv = srstd.unpack(n);
-    Tensor dx = needs_grad(n, 0) ? empty(xv.sizes(), TensorOptions(xv.dtype())) : Tensor();
+    const InputGrad dx = input_grad(n, xv.sizes(), xv.dtype());
     Tensor dw = wv.defined() && needs_grad(n, 1) ? empty(wv.sizes(), TensorOptions(wv.dtype())) : Tensor();
     Tensor db = has_bias && needs_grad(n, 2) ? empty(wv.defined() ? wv.sizes() : Shape(normalized_shape),
                                                      TensorOptions(xv.dtype()))
@@ -206,12 +224,12 @@ Tensor layer_norm(const Tensor& x, const Shape& normalized_shape, const Tensor& 
           using S = cpu::norm_stat_t<T>;
           cpu::layer_norm_backward<T>(static_cast<const T*>(gy.raw_data()), static_cast<const T*>(xv.raw_data()),
                                       ptr_or_null<T>(wv), static_cast<const S*>(mv.raw_data()),
-                                      static_cast<const S*>(rv.raw_data()), mut_or_null<T>(dx), mut_or_null<T>(dw),
-                                      mut_or_null<T>(db), rows, cols);
+                                      static_cast<const S*>(rv.raw_data()), mut_or_null<T>(dx.t), mut_or_null<T>(dw),
+                                      mut_or_null<T>(db), rows, cols, dx.accumulate);
         }
       });
     }
-    return Grads{dx, dw, db};
+    return Grads{dx.t, dw, db};
   });
 }
 

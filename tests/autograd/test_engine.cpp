@@ -1,9 +1,10 @@
 // The tape and the engine: chain rule, fan-in, accumulation, retain_graph,
 // explicit root gradients, detach/no-grad, hooks, the saved-tensor version
-// check and anomaly mode.
+// check, anomaly mode, and gradients a backward takes from the sum waiting at its input.
 #include <cmath>
 #include <limits>
 
+#include "athanor/autograd/engine.h"
 #include "test_util.h"
 
 namespace athanor {
@@ -275,6 +276,52 @@ TEST(Engine, LeafAdoptsOnlyAGradientNobodyElseHolds) {
   loss.backward();
   EXPECT_CLOSE(c.grad(), vec({1, 2}), 0, 0);
   EXPECT_CLOSE(big.grad(), vec({2, 3, 1, 1}), 0, 0);
+}
+
+
+namespace {
+// An identity op whose backward adds its gradient (factor * g) into the sum already waiting
+// at its input when the engine offers it (Node::take_pending_grad), noting what it was given.
+Tensor pending_summing_op(const Tensor& x, double factor, std::vector<double>* taken) {
+  Tensor out = clone(x.detach());
+  return record("pending_summing_op", {x}, out, [factor, taken](const Node& n, const Grads& g) {
+    Tensor own = mul(g[0], factor);
+    Tensor pending = n.take_pending_grad(0);
+    if (!pending.defined()) return Grads{own};
+    *taken = pending.to_vector();
+    return Grads{add(pending, own)};
+  });
+}
+}  // namespace
+
+TEST(Engine, ABackwardMayAddItsGradientIntoTheSumWaitingAtItsInput) {
+  for (bool input_is_leaf : {false, true}) {
+    SCOPED_TRACE(input_is_leaf ? "leaf input" : "non-leaf input");
+    Tensor a = leaf({1, 2, 3});
+    Tensor x = input_is_leaf ? a : mul(a, 2.0);
+    std::vector<double> taken;
+    Tensor s = pending_summing_op(x, 10.0, &taken);  // created first, so its backward runs last
+    Tensor u = mul(x, vec({1, 2, 3}));               // leaves [1, 2, 3] waiting at x
+    const uint64_t before = pending_grads_taken();
+    sum(add(s, u)).backward();
+    EXPECT_EQ(pending_grads_taken() - before, 1u);
+    EXPECT_EQ(taken, (std::vector<double>{1, 2, 3}));
+    EXPECT_CLOSE(a.grad(), input_is_leaf ? vec({11, 12, 13}) : vec({22, 24, 26}), 0, 0);
+  }
+}
+
+TEST(Engine, APendingGradientSomeoneElseHoldsIsNotOffered) {
+  const Tensor kept = vec({1, 2, 3});  // the other use's backward returns a tensor it keeps
+  Tensor a = leaf({0, 0, 0});
+  std::vector<double> taken;
+  Tensor s = pending_summing_op(a, 10.0, &taken);
+  Tensor u = record("const_grad", {a}, clone(a.detach()), [kept](const Node&, const Grads&) { return Grads{kept}; });
+  const uint64_t before = pending_grads_taken();
+  sum(add(s, u)).backward();
+  EXPECT_EQ(pending_grads_taken(), before);
+  EXPECT_TRUE(taken.empty());
+  EXPECT_CLOSE(a.grad(), vec({11, 12, 13}), 0, 0);  // the engine summed them instead
+  EXPECT_EQ(kept.to_vector(), (std::vector<double>{1, 2, 3}));
 }
 
 }  // namespace athanor

@@ -1,9 +1,12 @@
 // layer_norm, rms_norm, batch_norm: gradcheck (f64, several shapes, weight/bias
 // present and absent, non-contiguous input, batch_norm train and eval), forward
 // against independent per-row computations, 16-bit dtypes, running statistics
-// against hand-computed values, and the shape errors.
+// against hand-computed values, the shape errors, and layer_norm's backward adding into
+// the residual stream's gradient.
 #include <cmath>
 
+#include "athanor/autograd/engine.h"
+#include "athanor/ops/autocast.h"
 #include "test_util.h"
 
 namespace athanor {
@@ -92,6 +95,41 @@ TEST(LayerNorm, ErrorsNameOpAndShapes) {
   msg = error_message([&] { layer_norm(x, {3}, ones({4})); });
   EXPECT_NE(msg.find("weight"), std::string::npos) << msg;
   EXPECT_NE(msg.find("[4]"), std::string::npos) << msg;
+}
+
+// A transformer's residual stream h feeds a layer norm and the next residual add: the layer
+// norm's backward adds its gradient into the one h already has (Node::take_pending_grad)
+// instead of the engine summing the two in a pass of its own. Bit for bit the sum of the two
+// gradients computed apart (f32, and f32 under bf16 autocast, where the backward runs from
+// the saved bf16 xhat); f64 (portable loops) to rounding.
+TEST(LayerNorm, TheBackwardAddsIntoTheGradientOfTheResidualStream) {
+  for (DType dt : {DType::f32, DType::f64}) {
+    for (bool autocast_bf16 : {false, true}) {
+      if (dt == DType::f64 && autocast_bf16) continue;
+      SCOPED_TRACE(std::string(dtype_name(dt)) + (autocast_bf16 ? " under bf16 autocast" : ""));
+      const Tensor h0 = randn64({6, 40}, 31, false).to(dt), c1 = randn64({6, 40}, 32, false).to(dt),
+                   c2 = randn64({6, 40}, 33, false).to(dt);
+      const Tensor w = uniform64({40}, 0.5, 1.5, 34, false).to(dt), b = randn64({40}, 35, false).to(dt);
+      auto grad_of_h = [&](bool ln_use, bool residual_use) {
+        Tensor h = h0.clone().requires_grad_(true);
+        Tensor loss;
+        {
+          autocast ac(DType::bf16, autocast_bf16);
+          Tensor ln = ln_use ? sum(mul(layer_norm(h, {40}, w, b), c1)) : Tensor();  // created first: runs last
+          Tensor res = residual_use ? sum(mul(h, c2)) : Tensor();
+          loss = ln.defined() && res.defined() ? add(ln, res) : ln.defined() ? ln : res;
+        }
+        loss.backward();
+        return h.grad();
+      };
+      const Tensor apart = add(grad_of_h(true, false), grad_of_h(false, true));
+      const uint64_t before = pending_grads_taken();
+      const Tensor fused = grad_of_h(true, true);
+      EXPECT_EQ(pending_grads_taken() - before, 1u) << "the layer norm did not take the residual's gradient";
+      if (dt == DType::f32) EXPECT_EQ(fused.to_vector(), apart.to_vector());
+      else EXPECT_CLOSE(fused, apart, 1e-14, 1e-14);
+    }
+  }
 }
 
 // ---- rms_norm ------------------------------------------------------------------------------

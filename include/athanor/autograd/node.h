@@ -72,6 +72,20 @@ class Node : public std::enable_shared_from_this<Node> {
   void emit_row_sparse(size_t input, RowSparseGrad g) const { row_sparse_out_.emplace_back(input, std::move(g)); }
   std::vector<std::pair<size_t, RowSparseGrad>> take_row_sparse() { return std::exchange(row_sparse_out_, {}); }
 
+  // Inside apply: the gradient input `input` has already received from its other uses (the
+  // residual stream's sum, say), moved out of the engine's buffer, so that a backward can
+  // add it in the pass that writes its own gradient instead of the engine adding the two
+  // in a pass of their own (layer_norm does). Undefined unless the engine holds the only
+  // reference to it and it is a contiguous tensor of the input's shape and dtype. A
+  // backward that takes it must return the sum of it and its own gradient for that input.
+  Tensor take_pending_grad(size_t input) const { return pending_ ? pending_->take(*this, input) : Tensor(); }
+  struct PendingGrads {  // the engine's side of take_pending_grad, set while apply runs
+    virtual Tensor take(const Node& node, size_t input) = 0;
+   protected:
+    ~PendingGrads() = default;
+  };
+  void set_pending_grads(PendingGrads* p) { pending_ = p; }
+
  protected:
   bool released_ = false;
 
@@ -79,6 +93,7 @@ class Node : public std::enable_shared_from_this<Node> {
   std::string name_;
   uint64_t sequence_nr_;
   mutable std::vector<std::pair<size_t, RowSparseGrad>> row_sparse_out_;  // filled during apply only
+  PendingGrads* pending_ = nullptr;                                         // set during apply only
 };
 
 // A tensor saved for backward, with the version check.

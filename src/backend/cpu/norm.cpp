@@ -7,6 +7,7 @@
 #include <vector>
 
 #include "athanor/core/convert.h"
+#include "athanor/core/error.h"
 #include "backend/cpu/softmax.h"  // row::to_f32 / row::from_f32
 #include "backend/cpu/unary.h"    // vec:: 16-lane loads/stores of f32, bf16 and f16
 
@@ -156,9 +157,12 @@ inline void layer_norm_row_forward(const TX* x, const float* w, const float* b, 
 // One row backward. xhat is (x - mean) * rstd when kFromX, else read from `xh` (a saved
 // xhat); dn = dy * w:  dx = rstd * (dn - mean(dn) - xhat * mean(dn * xhat)),
 // dw += dy * xhat, db += dy (per-thread partial rows; null when not wanted).
-template <bool kFromX, class TG, class TX, class TD>
+// kAccumulate: dx += the row's gradient (dx f32), the product kept apart from the sum (no FMA),
+// so the result is bit-identical to adding the gradient in a pass of its own.
+template <bool kFromX, bool kAccumulate = false, class TG, class TX, class TD>
 inline void layer_norm_row_backward(const TG* dy, const TX* xh, const float* w, float mean, float rstd, TD* dx,
                                     float* tdw, float* tdb, int64_t cols) {
+  static_assert(!kAccumulate || std::is_same_v<TD, float>);
   const __m512 vm = _mm512_set1_ps(mean), vrs = _mm512_set1_ps(rstd);
   auto xhat_at = [&](int64_t i, __mmask16 k) {
     const __m512 v = ld(xh + i, k);
@@ -183,7 +187,12 @@ inline void layer_norm_row_backward(const TG* dy, const TX* xh, const float* w, 
     const __m512 dn = _mm512_mul_ps(ld(dy + i, k), ld(w + i, k));
     // direct path through xhat, minus the paths through the mean and through rstd
     const __m512 inner = _mm512_fnmadd_ps(xhat_at(i, k), dn_xhat_mean, _mm512_sub_ps(dn, dn_mean));
-    st(dx + i, k, _mm512_mul_ps(vrs, inner));
+    __m512 g = _mm512_mul_ps(vrs, inner);
+    if constexpr (kAccumulate) {
+      asm("" : "+v"(g));  // rounded here: GCC would otherwise contract the multiply and the add into an FMA
+      g = _mm512_add_ps(ld(dx + i, k), g);
+    }
+    st(dx + i, k, g);
   }
 }
 #endif
@@ -244,8 +253,10 @@ void layer_norm_forward_impl(const TX* x, const TY* w, const TY* b, TY* y, norm_
 
 template <class TX, class TY>
 void layer_norm_backward_impl(const TY* dy, const TX* x, const TY* w, const norm_stat_t<TX>* mean,
-                              const norm_stat_t<TX>* rstd, TX* dx, TY* dw, TY* db, int64_t rows, int64_t cols) {
+                              const norm_stat_t<TX>* rstd, TX* dx, TY* dw, TY* db, int64_t rows, int64_t cols,
+                              bool accumulate_dx = false) {
   using S = norm_stat_t<TX>;
+  ATH_ASSERT((!accumulate_dx || std::is_same_v<TX, S>));  // f32 / f64 gradients only
   std::vector<S> wbuf;
   const S* pw = param_as<TY, S>(w, wbuf, cols, S(1));
   ColumnPartials<S> pdw(dw != nullptr, cols), pdb(db != nullptr, cols);
@@ -260,8 +271,13 @@ void layer_norm_backward_impl(const TY* dy, const TX* x, const TY* w, const norm
     for (int64_t r = 0; r < rows; ++r) {
 #if ATHANOR_CPU_AVX512
       if constexpr (std::is_same_v<S, float>) {
-        layer_norm_row_backward<true>(dy + r * cols, x + r * cols, pw, mean[r], rstd[r], dx ? dx + r * cols : nullptr,
-                                      tdw, tdb, cols);
+        TX* dxr = dx ? dx + r * cols : nullptr;
+        if constexpr (std::is_same_v<TX, float>)
+          if (accumulate_dx) {
+            layer_norm_row_backward<true, true>(dy + r * cols, x + r * cols, pw, mean[r], rstd[r], dxr, tdw, tdb, cols);
+            continue;
+          }
+        layer_norm_row_backward<true>(dy + r * cols, x + r * cols, pw, mean[r], rstd[r], dxr, tdw, tdb, cols);
         continue;
       }
 #endif
@@ -304,8 +320,8 @@ void layer_norm_backward_impl(const TY* dy, const TX* x, const TY* w, const norm
         //                 - xhat * mean(dnorm * xhat))   through rstd
 #pragma omp simd
         for (int64_t i = 0; i < cols; ++i) {
-          const S xhat = (xr[i] - m) * rs;
-          dxr[i] = rs * (dyr[i] * pw[i] - dn_mean - xhat * dn_xhat_mean);
+          const S xhat = (xr[i] - m) * rs, g = rs * (dyr[i] * pw[i] - dn_mean - xhat * dn_xhat_mean);
+          dxr[i] = accumulate_dx ? dxr[i] + g : g;  // dxr is dx itself when accumulating (TX == S)
         }
         iox.commit(dxr, dx + r * cols);
       }
@@ -324,8 +340,8 @@ void layer_norm_forward(const T* x, const T* w, const T* b, T* y, norm_stat_t<T>
 }
 template <class T>
 void layer_norm_backward(const T* dy, const T* x, const T* w, const norm_stat_t<T>* mean, const norm_stat_t<T>* rstd,
-                         T* dx, T* dw, T* db, int64_t rows, int64_t cols) {
-  layer_norm_backward_impl<T, T>(dy, x, w, mean, rstd, dx, dw, db, rows, cols);
+                         T* dx, T* dw, T* db, int64_t rows, int64_t cols, bool accumulate_dx) {
+  layer_norm_backward_impl<T, T>(dy, x, w, mean, rstd, dx, dw, db, rows, cols, accumulate_dx);
 }
 template <class L>
 void layer_norm_forward_lowp_input(const L* x, const float* w, const float* b, float* y, float* mean, float* rstd,
@@ -380,7 +396,7 @@ void layer_norm_forward_keep_xhat(const float* x, const float* w, const float* b
 
 template <class L>
 void layer_norm_backward_from_xhat(const float* dy, const L* xhat, const float* w, const float* rstd, float* dx,
-                                   float* dw, float* db, int64_t rows, int64_t cols) {
+                                   float* dw, float* db, int64_t rows, int64_t cols, bool accumulate_dx) {
   std::vector<float> wbuf;
   const float* pw = param_as<float, float>(w, wbuf, cols, 1.0f);
   ColumnPartials<float> pdw(dw != nullptr, cols), pdb(db != nullptr, cols);
@@ -393,8 +409,12 @@ void layer_norm_backward_from_xhat(const float* dy, const L* xhat, const float* 
 #pragma omp for schedule(static)
     for (int64_t r = 0; r < rows; ++r) {
 #if ATHANOR_CPU_AVX512
-      layer_norm_row_backward<false>(dy + r * cols, xhat + r * cols, pw, 0.0f, rstd[r], dx ? dx + r * cols : nullptr,
-                                     tdw, tdb, cols);
+      if (accumulate_dx)
+        layer_norm_row_backward<false, true>(dy + r * cols, xhat + r * cols, pw, 0.0f, rstd[r],
+                                             dx ? dx + r * cols : nullptr, tdw, tdb, cols);
+      else
+        layer_norm_row_backward<false>(dy + r * cols, xhat + r * cols, pw, 0.0f, rstd[r], dx ? dx + r * cols : nullptr,
+                                       tdw, tdb, cols);
       continue;
 #endif
       const float* dyr = dy + r * cols;
@@ -421,7 +441,10 @@ void layer_norm_backward_from_xhat(const float* dy, const L* xhat, const float* 
         const float rs = rstd[r];
         // direct path through xhat, minus the paths through the mean and through rstd
 #pragma omp simd
-        for (int64_t i = 0; i < cols; ++i) dxr[i] = rs * (dyr[i] * pw[i] - dn_mean - hr[i] * dn_xhat_mean);
+        for (int64_t i = 0; i < cols; ++i) {
+          const float g = rs * (dyr[i] * pw[i] - dn_mean - hr[i] * dn_xhat_mean);
+          dxr[i] = accumulate_dx ? dxr[i] + g : g;
+        }
       }
     }
   }
@@ -432,7 +455,7 @@ void layer_norm_backward_from_xhat(const float* dy, const L* xhat, const float* 
   template void layer_norm_forward_keep_xhat<L>(const float*, const float*, const float*, float*, L*, float*, float*, \
                                                 int64_t, int64_t, double, L*);                                      \
   template void layer_norm_backward_from_xhat<L>(const float*, const L*, const float*, const float*, float*, float*,  \
-                                                 float*, int64_t, int64_t);
+                                                 float*, int64_t, int64_t, bool);
 ATHANOR_INSTANTIATE_LN_XHAT(bfloat16)
 ATHANOR_INSTANTIATE_LN_XHAT(float16)
 #undef ATHANOR_INSTANTIATE_LN_XHAT
@@ -753,8 +776,6 @@ void batch_norm_backward(const T* dy, const T* x, const norm_stat_t<T>* mean, co
 #define ATHANOR_INSTANTIATE_NORM_NS(NS, T)                                                                          \
   template void NS::layer_norm_forward<T>(const T*, const T*, const T*, T*, norm_stat_t<T>*, norm_stat_t<T>*,       \
                                           int64_t, int64_t, double);                                               \
-  template void NS::layer_norm_backward<T>(const T*, const T*, const T*, const norm_stat_t<T>*,                     \
-                                           const norm_stat_t<T>*, T*, T*, T*, int64_t, int64_t);                    \
   template void NS::rms_norm_forward<T>(const T*, const T*, T*, norm_stat_t<T>*, int64_t, int64_t, double);        \
   template void NS::rms_norm_backward<T>(const T*, const T*, const T*, const norm_stat_t<T>*, T*, T*, int64_t,      \
                                          int64_t);                                                                 \
@@ -763,9 +784,13 @@ void batch_norm_backward(const T* dy, const T* x, const norm_stat_t<T>* mean, co
                                           const T*, T*, int64_t, int64_t, int64_t);                                \
   template void NS::batch_norm_backward<T>(const T*, const T*, const norm_stat_t<T>*, const norm_stat_t<T>*,        \
                                            const T*, T*, T*, T*, int64_t, int64_t, int64_t, bool);
-#define ATHANOR_INSTANTIATE_NORM(T)    \
-  ATHANOR_INSTANTIATE_NORM_NS(cpu, T) \
-  ATHANOR_INSTANTIATE_NORM_NS(ref, T)
+#define ATHANOR_INSTANTIATE_NORM(T)                                                                               \
+  ATHANOR_INSTANTIATE_NORM_NS(cpu, T)                                                                             \
+  ATHANOR_INSTANTIATE_NORM_NS(ref, T)                                                                             \
+  template void cpu::layer_norm_backward<T>(const T*, const T*, const T*, const norm_stat_t<T>*,                   \
+                                            const norm_stat_t<T>*, T*, T*, T*, int64_t, int64_t, bool);           \
+  template void ref::layer_norm_backward<T>(const T*, const T*, const T*, const norm_stat_t<T>*,                   \
+                                            const norm_stat_t<T>*, T*, T*, T*, int64_t, int64_t);
 ATHANOR_INSTANTIATE_NORM(float)
 ATHANOR_INSTANTIATE_NORM(double)
 ATHANOR_INSTANTIATE_NORM(bfloat16)

@@ -29,9 +29,13 @@ template <class T> using norm_stat_t = std::conditional_t<std::is_same_v<T, doub
 template <class T>
 void layer_norm_forward(const T* x, const T* w, const T* b, T* y, norm_stat_t<T>* mean, norm_stat_t<T>* rstd,
                         int64_t rows, int64_t cols, double eps);
+// accumulate_dx (f32 and f64 only): dx holds a gradient on entry (what x has received from
+// its other uses: a residual stream's sum) and this one is added to it, each element as
+// dx + (this gradient rounded to T), the sum autograd would otherwise make in a pass of its
+// own; on AVX-512 builds bit-identical to that separate sum.
 template <class T>
 void layer_norm_backward(const T* dy, const T* x, const T* w, const norm_stat_t<T>* mean, const norm_stat_t<T>* rstd,
-                         T* dx, T* dw, T* db, int64_t rows, int64_t cols);
+                         T* dx, T* dw, T* db, int64_t rows, int64_t cols, bool accumulate_dx = false);
 // The same with a bf16/f16 input x (and its gradient dx) but f32 weight, bias, y, dy,
 // dweight, dbias: layer_norm under autocast (an f32-category op) reads the 16-bit
 // activation directly, widening each row in registers, instead of from an f32 copy.
@@ -58,7 +62,7 @@ void layer_norm_forward_keep_xhat(const float* x, const float* w, const float* b
 //   dx = rstd * (dnorm - mean(dnorm) - xhat * mean(dnorm * xhat)),  dw = sum_rows dy * xhat,  db = sum_rows dy
 template <class L>
 void layer_norm_backward_from_xhat(const float* dy, const L* xhat, const float* w, const float* rstd, float* dx,
-                                   float* dw, float* db, int64_t rows, int64_t cols);
+                                   float* dw, float* db, int64_t rows, int64_t cols, bool accumulate_dx = false);
 
 // y = x * rstd * w,  rstd = 1 / sqrt(avg(x^2) + eps)
 template <class T>
