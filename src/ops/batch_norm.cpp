@@ -13,7 +13,7 @@
 
 #include "athanor/autograd/grad_mode.h"
 #include "athanor/ops/norm.h"
-#include "backend/cpu/norm.h"
+#include "backend/cpu/batch_norm.h"
 #include "ops/op_utils.h"
 
 namespace athanor {

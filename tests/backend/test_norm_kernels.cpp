@@ -1,4 +1,4 @@
-// Fast normalization kernels (backend/cpu/norm.h) against the naive double
+// Fast normalization kernels (backend/cpu/norm.h, batch_norm.h) against the naive double
 // reference kernels: LayerNorm, RMSNorm and BatchNorm, forward and backward,
 // f32 and bf16, rows of 1 to ~5000 columns, data with a large common offset
 // (stresses the variance computation) and with a missing weight/bias.
@@ -10,6 +10,7 @@
 #include <vector>
 
 #include "athanor/core/rng.h"
+#include "backend/cpu/batch_norm.h"
 #include "backend/cpu/norm.h"
 
 namespace athanor {

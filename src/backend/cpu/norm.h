@@ -1,6 +1,6 @@
 #pragma once
 // Normalization kernels: LayerNorm and RMSNorm over the rows of a contiguous
-// [rows, cols] buffer, BatchNorm over the channels of a contiguous [N, C, L] one.
+// [rows, cols] buffer (BatchNorm, over channels: batch_norm.h).
 //
 // Invariants:
 //  - S, the statistics type, is float for f32/bf16/f16 and double for f64; every
@@ -8,9 +8,9 @@
 //    them, the backward reuses them, as llm.c does);
 //  - weight/bias pointers may be null (weight = 1, bias = 0); in backward any of
 //    dx/dweight/dbias may be null when that gradient is not needed;
-//  - LayerNorm/RMSNorm: OpenMP over rows; dweight/dbias are per-thread partial
-//    sums (static schedule) added in thread order, so results are deterministic
-//    for a fixed thread count. BatchNorm: OpenMP over channels (deterministic);
+//  - OpenMP over rows; dweight/dbias are per-thread partial sums (static
+//    schedule) added in thread order, so results are deterministic for a fixed
+//    thread count;
 //  - 16-bit data is read and written in its own storage and computed in f32;
 //  - LayerNorm with f32 statistics on AVX-512 (f32, bf16, f16 data): forward takes
 //    mean and variance of a row in one pass (f64 lanes, shifted by the row's first
@@ -79,18 +79,6 @@ template <class L>
 void rms_norm_backward_lowp_input(const float* dy, const L* x, const float* w, const float* rstd, L* dx, float* dw,
                                   int64_t rows, int64_t cols);
 
-// Per-channel batch statistics of x [N, C, L]: mean and biased variance (two passes).
-template <class T> void batch_norm_stats(const T* x, norm_stat_t<T>* mean, norm_stat_t<T>* var, int64_t N, int64_t C, int64_t L);
-// y = (x - mean[c]) * rstd[c] * w[c] + b[c]
-template <class T>
-void batch_norm_forward(const T* x, const norm_stat_t<T>* mean, const norm_stat_t<T>* rstd, const T* w, const T* b, T* y,
-                        int64_t N, int64_t C, int64_t L);
-// training: mean/rstd are the batch statistics (functions of x), so dx has the
-// two centering terms; eval: they are constants and dx = dy * w * rstd.
-template <class T>
-void batch_norm_backward(const T* dy, const T* x, const norm_stat_t<T>* mean, const norm_stat_t<T>* rstd, const T* w,
-                         T* dx, T* dw, T* db, int64_t N, int64_t C, int64_t L, bool training);
-
 namespace ref {
 template <class T>
 void layer_norm_forward(const T* x, const T* w, const T* b, T* y, norm_stat_t<T>* mean, norm_stat_t<T>* rstd,
@@ -103,13 +91,6 @@ void rms_norm_forward(const T* x, const T* w, T* y, norm_stat_t<T>* rstd, int64_
 template <class T>
 void rms_norm_backward(const T* dy, const T* x, const T* w, const norm_stat_t<T>* rstd, T* dx, T* dw, int64_t rows,
                        int64_t cols);
-template <class T> void batch_norm_stats(const T* x, norm_stat_t<T>* mean, norm_stat_t<T>* var, int64_t N, int64_t C, int64_t L);
-template <class T>
-void batch_norm_forward(const T* x, const norm_stat_t<T>* mean, const norm_stat_t<T>* rstd, const T* w, const T* b, T* y,
-                        int64_t N, int64_t C, int64_t L);
-template <class T>
-void batch_norm_backward(const T* dy, const T* x, const norm_stat_t<T>* mean, const norm_stat_t<T>* rstd, const T* w,
-                         T* dx, T* dw, T* db, int64_t N, int64_t C, int64_t L, bool training);
 }  // namespace ref
 
 }  // namespace athanor::cpu
