@@ -2,9 +2,6 @@
 // refreshes from the optimizer, all under one mutex (lookups cost a map find per GEMM).
 #include "ops/packed_weights.h"
 
-#include <omp.h>
-
-#include <algorithm>
 #include <cstdlib>
 #include <cstring>
 #include <map>
@@ -141,35 +138,18 @@ void refresh_packed_weights(const std::vector<Tensor>& written) {
   // (the caller is the optimizer's step, on the training thread).
   int64_t work = 0;
   for (const PackJob& j : jobs) work += j.layout.elements();
-  const int threads = work > (1 << 15) ? omp_get_max_threads() : 1;
-  if (threads == 1) {
-    for (const PackJob& j : jobs) j.run(0, j.rows);
-    return;
-  }
-  // Blocks of rows; thread t's run is its share (pack_share_begin) of every job's rows, the
-  // rows the multi-tensor pass wrote on it, and a thread done early takes blocks from the
-  // back of the other's run. With the shares alone, one thread waited 200-400 us for the
-  // other at the end of the tiny GPT's refresh (1.4 ms per step; LD_PRELOAD region timing).
-  constexpr int64_t kBlockRows = 64;  // a multiple of 16, as pack_weight_rows wants
-  struct Block {
-    const PackJob* job;
-    int64_t r0, r1;
-  };
-  thread_local std::vector<Block> kept_blocks;
-  thread_local std::vector<int64_t> kept_bounds;
-  std::vector<Block>& blocks = kept_blocks;
-  std::vector<int64_t>& bounds = kept_bounds;
-  blocks.clear(), bounds.assign(1, 0);
-  for (int t = 0; t < threads; ++t) {
-    for (const PackJob& j : jobs)
-      for (int64_t r0 = cpu::pack_share_begin(j.rows, t, threads), end = cpu::pack_share_begin(j.rows, t + 1, threads);
-           r0 < end; r0 += kBlockRows)
-        blocks.push_back({&j, r0, std::min(end, r0 + kBlockRows)});
-    bounds.push_back(static_cast<int64_t>(blocks.size()));
-  }
-  cpu::StealingRuns runs(bounds);
-#pragma omp parallel num_threads(threads)
-  runs.run(omp_get_thread_num(), [&](int64_t i) { blocks[i].job->run(blocks[i].r0, blocks[i].r1); });
+  // Blocks of rows (a multiple of 16, as pack_weight_rows wants). Thread t's run is the t-th
+  // share of every weight's rows, the rows the multi-tensor pass wrote on it, and a thread
+  // done early takes blocks from the back of the other's run. With fixed shares alone, one
+  // thread waited 200-400 us for the other at the end of the tiny GPT's refresh (1.4 ms per
+  // step; LD_PRELOAD region timing).
+  constexpr int64_t kBlockRows = 64;
+  thread_local std::vector<int64_t> kept_rows;
+  std::vector<int64_t>& rows = kept_rows;
+  rows.clear();
+  for (const PackJob& j : jobs) rows.push_back(j.rows);
+  cpu::for_each_chunk(rows, kBlockRows, work > (1 << 15),
+                      [&](int k, int64_t r0, int64_t r1, int64_t) { jobs[static_cast<std::size_t>(k)].run(r0, r1); });
 }
 
 void drop_packed_weights(const std::vector<Tensor>& tensors) {

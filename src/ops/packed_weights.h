@@ -53,9 +53,9 @@ struct PackJob {
 };
 // Rewrites the requested copies of these tensors (already written; their versions
 // bumped), marks them current at those versions and drops the copies nobody asked for
-// since the last refresh. One parallel region; thread t packs the t-th share of each
-// weight's rows (pack_share_begin), the rows a multi-tensor pass wrote on it, in blocks
-// the other threads may take over once their own are done (StealingRuns).
+// since the last refresh. One parallel region (cpu::for_each_chunk): thread t packs the
+// t-th share of each weight's rows, the rows a multi-tensor pass wrote on it, in blocks
+// the other threads may take over once their own are done.
 void refresh_packed_weights(const std::vector<Tensor>& written);
 
 // Drops the copies (and requests) of these tensors and of every tensor already freed: the

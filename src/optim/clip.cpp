@@ -1,5 +1,5 @@
 // Gradient norm and clipping. f32 gradients (the usual case) go through one
-// multi-tensor pass (multi_tensor.h): each fixed chunk's Σg² summed in f64 by the
+// multi-tensor pass (cpu::for_each_chunk, backend/cpu/stealing_runs.h): each fixed chunk's Σg² summed in f64 by the
 // AVX-512 kernel, the per-chunk sums added in chunk order, so the norm does not
 // depend on the thread count. Other dtypes (f64, bf16, f16 gradients) take a
 // per-tensor loop.
@@ -12,7 +12,7 @@
 #include "athanor/core/convert.h"
 #include "athanor/core/error.h"
 #include "optim/fused_update.h"
-#include "optim/multi_tensor.h"
+#include "backend/cpu/stealing_runs.h"
 
 namespace athanor::optim {
 namespace {
@@ -44,12 +44,12 @@ std::vector<int64_t> sizes_of(const std::vector<Span>& spans) {
   return sizes;
 }
 
-// body(span, begin, end, chunk index) over every chunk of every span (multi_tensor.h).
+// body(span, begin, end, chunk index) over every chunk of every span (cpu::for_each_chunk, backend/cpu/stealing_runs.h).
 template <class Body> void over_chunks(const std::vector<Span>& spans, const Body& body) {
   const std::vector<int64_t> sizes = sizes_of(spans);
   int64_t total = 0;
   for (const int64_t n : sizes) total += n;
-  detail::for_each_chunk(sizes, kChunk, total > kGrain, body);
+  cpu::for_each_chunk(sizes, kChunk, total > kGrain, body);
 }
 
 double sum_squares_other(const Tensor& g) {
@@ -82,7 +82,7 @@ void scale_other(const Tensor& g, double coef) {
 double grad_norm(const std::vector<Tensor>& params) {
   double total = 0;
   const std::vector<Span> spans = f32_grads(params, "grad_norm", [&](const Tensor& g) { total += sum_squares_other(g); });
-  std::vector<double> partial(detail::num_chunks(sizes_of(spans), kChunk));
+  std::vector<double> partial(cpu::num_chunks(sizes_of(spans), kChunk));
   over_chunks(spans, [&](int k, int64_t b, int64_t e, int64_t c) { partial[c] = detail::sum_squares_f32(spans[k].data + b, e - b); });
   for (const double s : partial) total += s;
   return std::sqrt(total);

@@ -15,7 +15,7 @@
 #include "athanor/core/error.h"
 #include "athanor/optim/optimizer.h"
 #include "optim/fused_update.h"
-#include "optim/multi_tensor.h"
+#include "backend/cpu/stealing_runs.h"
 
 namespace athanor::optim {
 namespace {
@@ -37,14 +37,14 @@ template <class T> double sq_norm(const T* x, int64_t n) {
   return s;
 }
 
-// f32 parameters go through one multi-tensor pass (multi_tensor.h); each element is
+// f32 parameters go through one multi-tensor pass (cpu::for_each_chunk, backend/cpu/stealing_runs.h); each element is
 // updated exactly as in a per-tensor loop, so results do not depend on the chunking or
 // the thread count.
 constexpr int64_t kChunk = 1 << 13;  // 32 KiB of f32: long enough for the vector loop, small enough to balance
 template <class Body> void over_all_chunks(const std::vector<int64_t>& sizes, const Body& body) {
   int64_t total = 0;
   for (const int64_t n : sizes) total += n;
-  detail::for_each_chunk(sizes, kChunk, total > kGrain, [&](int k, int64_t begin, int64_t end, int64_t) { body(k, begin, end); });
+  cpu::for_each_chunk(sizes, kChunk, total > kGrain, [&](int k, int64_t begin, int64_t end, int64_t) { body(k, begin, end); });
 }
 
 class SGD final : public Optimizer {

@@ -1,5 +1,5 @@
 // StealingRuns (backend/cpu/stealing_runs.h) and the multi-tensor chunk driver built on it
-// (optim/multi_tensor.h): every item runs exactly once whatever the thread count, a thread
+// (cpu::for_each_chunk, same header): every item runs exactly once whatever the thread count, a thread
 // held up in its first item has the rest of its run taken by the others, and wait_all()
 // returns on every thread only when all items are done.
 #include <omp.h>
@@ -11,7 +11,6 @@
 #include <vector>
 
 #include "backend/cpu/stealing_runs.h"
-#include "optim/multi_tensor.h"
 #include "test_util.h"
 
 namespace athanor {
@@ -109,7 +108,7 @@ TEST(MultiTensorChunks, EveryChunkOnceWithItsTensorRangeAndIndex) {
   std::vector<std::tuple<int, int64_t, int64_t>> expect;
   for (int k = 0; k < static_cast<int>(sizes.size()); ++k)
     for (int64_t b = 0; b < sizes[k]; b += chunk) expect.emplace_back(k, b, std::min(sizes[k], b + chunk));
-  ASSERT_EQ(static_cast<int64_t>(expect.size()), optim::detail::num_chunks(sizes, chunk));
+  ASSERT_EQ(static_cast<int64_t>(expect.size()), cpu::num_chunks(sizes, chunk));
   for (const int threads : {1, 2, 3})
     for (const bool hold : {false, true}) {
       SCOPED_TRACE("threads " + std::to_string(threads) + (hold ? ", thread 0 held up" : ""));
@@ -117,7 +116,7 @@ TEST(MultiTensorChunks, EveryChunkOnceWithItsTensorRangeAndIndex) {
       std::vector<std::atomic<int>> seen(expect.size());
       std::vector<std::tuple<int, int64_t, int64_t>> got(expect.size());
       std::atomic<bool> held{false};
-      optim::detail::for_each_chunk(sizes, chunk, true, [&](int k, int64_t begin, int64_t end, int64_t index) {
+      cpu::for_each_chunk(sizes, chunk, true, [&](int k, int64_t begin, int64_t end, int64_t index) {
         if (hold && omp_get_thread_num() == 0 && !held.exchange(true)) std::this_thread::sleep_for(std::chrono::milliseconds(30));
         ASSERT_GE(index, 0);
         ASSERT_LT(index, static_cast<int64_t>(expect.size()));
