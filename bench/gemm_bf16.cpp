@@ -10,6 +10,7 @@
 
 #include "athanor/core/half.h"
 #include "backend/cpu/gemm.h"
+#include "backend/cpu/isa.h"
 
 using namespace athanor;
 
@@ -27,7 +28,7 @@ double median_seconds(F&& f, int runs = 7) {
 }
 
 int main() {
-  std::printf("backend: %s\nisa: %s\n", cpu::gemm_backend_name().c_str(), cpu::cpu_isa_name().c_str());
+  std::printf("backend: %s\nisa: %s\n", cpu::gemm_backend_name().c_str(), cpu::isa_summary().c_str());
   struct S { int64_t M, N, K; };
   for (S s : {S{1024, 1024, 1024}, S{768, 3072, 1024}}) {
     std::vector<float> a(s.M * s.K), b(s.K * s.N), c(s.M * s.N);

@@ -38,7 +38,6 @@
 #include "backend/cpu/activation.h"
 #include "backend/cpu/gemm.h"
 #include "backend/cpu/reduce.h"
-#include "backend/cpu/unary.h"
 #include "bench_timing.h"
 #include "ops/op_utils.h"
 
@@ -178,29 +177,6 @@ template <class T> void bench_model(const char* what, int64_t d, int reps, DType
   bench_linear<T>(what, M, d, 256, false, reps, dt);        // tied lm_head (byte vocabulary)
 }
 
-#if ATHANOR_CPU_AVX512
-// (experiment) gelu_linear's one pass over x: h = gelu(x); and either s = gelu'(x) (store_slope)
-// or g *= gelu'(x) in place. Serial over [0, n).
-void value_and_slope(const float* x, float* h, float* s_or_g, int64_t n, bool store_slope) {
-  constexpr float kSqrt2OverPi = float(0.79788456080286535588), kC = float(0.044715), k3C = float(3 * 0.044715);
-  const __m512 one = _mm512_set1_ps(1.0f);
-  for (int64_t i = 0; i < n; i += 16) {
-    const __mmask16 m = cpu::vec::tail_mask(n - i);
-    const __m512 xv = cpu::vec::load16(x + i, m);
-    const __m512 x2 = _mm512_mul_ps(xv, xv);
-    const __m512 u = _mm512_mul_ps(_mm512_set1_ps(kSqrt2OverPi), _mm512_fmadd_ps(_mm512_mul_ps(_mm512_set1_ps(kC), x2), xv, xv));
-    const __m512 du = _mm512_mul_ps(_mm512_set1_ps(kSqrt2OverPi), _mm512_fmadd_ps(_mm512_set1_ps(k3C), x2, one));
-    const cpu::vec::Logistic l = cpu::vec::logistic(_mm512_add_ps(u, u));
-    const __m512 ope = _mm512_add_ps(one, l.e);
-    cpu::vec::store16(h + i, m, _mm512_div_ps(_mm512_mul_ps(xv, l.num), ope));
-    const __m512 sig = _mm512_div_ps(l.num, ope);
-    const __m512 q = _mm512_div_ps(l.e, _mm512_mul_ps(ope, ope));
-    const __m512 sl = _mm512_fmadd_ps(_mm512_mul_ps(_mm512_add_ps(xv, xv), du), q, sig);
-    cpu::vec::store16(s_or_g + i, m, store_slope ? sl : _mm512_mul_ps(cpu::vec::load16(s_or_g + i, m), sl));
-  }
-}
-#endif
-
 // Experiments on the tiny GPT fc2 backward (gelu_linear): GEMM orientation and library for
 // dW, and dx = (dy W) * gelu'(x) done per row block inside one parallel region (each thread
 // a single-threaded sgemm on its rows, then the slope pass while the block is in cache).
@@ -211,21 +187,12 @@ void experiments(int reps) {
   cpu::activation_forward<float>(cpu::Activation::gelu_tanh, cp<float>(x), mp<float>(h), M * in);
   const double gf = 2e-9 * M * in * out;
   const Tensor s = empty({M, in});
-#if ATHANOR_CPU_AVX512
   // gelu_linear's f32 backward before the blocked path: slope pass (h, s), dW, dh GEMM (primitive), multiply pass
   auto before = [&] {
-    cpu::vec::parallel_blocks(M * in, cpu::vec::kGrainTranscendental,
-                              [&](int64_t b, int64_t e) { value_and_slope(cp<float>(x) + b, mp<float>(h) + b, mp<float>(s) + b, e - b, true); });
+    cpu::gelu_tanh_value_and_slope<float>(cp<float>(x), mp<float>(h), mp<float>(s), M * in);
     cpu::gemm(true, false, out, in, M, 1.0f, cp<float>(dy), out, cp<float>(h), in, 0.0f, mp<float>(dw), in);
     cpu::gemm(false, false, M, in, out, 1.0f, cp<float>(dy), out, cp<float>(w), in, 0.0f, mp<float>(dx), in);
-    float* pdx = mp<float>(dx);
-    const float* ps = cp<float>(s);
-    cpu::vec::parallel_blocks(M * in, cpu::vec::kGrainCheap, [&](int64_t b, int64_t e) {
-      for (int64_t i = b; i < e; i += 16) {
-        const __mmask16 m = cpu::vec::tail_mask(e - i);
-        cpu::vec::store16(pdx + i, m, _mm512_mul_ps(cpu::vec::load16(pdx + i, m), cpu::vec::load16(ps + i, m)));
-      }
-    });
+    cpu::multiply_by_slope<float>(mp<float>(dx), cp<float>(s), M * in);
   };
   // blocked: per row block (one region) dh = dy W (sgemm), then h and dh *= slope in cache; then dW
   auto blocked = [&](int64_t rows) {
@@ -234,7 +201,7 @@ void experiments(int reps) {
       for (int64_t r0 = 0; r0 < M; r0 += rows) {
         const int64_t n = std::min(rows, M - r0);
         cpu::gemm_tile(false, false, n, in, out, 1.0f, cp<float>(dy) + r0 * out, out, cp<float>(w), in, 0.0f, mp<float>(dx) + r0 * in, in);
-        value_and_slope(cp<float>(x) + r0 * in, mp<float>(h) + r0 * in, mp<float>(dx) + r0 * in, n * in, false);
+        cpu::gelu_tanh_value_and_apply_slope(cp<float>(x) + r0 * in, mp<float>(h) + r0 * in, mp<float>(dx) + r0 * in, n * in);
       }
       cpu::gemm(true, false, out, in, M, 1.0f, cp<float>(dy), out, cp<float>(h), in, 0.0f, mp<float>(dw), in);
     };
@@ -272,7 +239,6 @@ void experiments(int reps) {
               {"blocked 128", gf, {}, fwd_blocked(128)},
               {"blocked 256", gf, {}, fwd_blocked(256)}},
              reps, 99);
-#endif
 }
 
 // Weight-gradient orientation per shape: dW = dy^T x [out, in] as one TN GEMM, against

@@ -1,5 +1,5 @@
 // The athanor command line.
-//   athanor --version                         version and build facts (GEMM backend, ISA, threads, CUDA)
+//   athanor --version                         version and build facts (GEMM backend, CPU and ISA levels, threads, CUDA)
 //   athanor ops                               the op table: autocast category, reference, fast kernel, backward
 //   athanor train CONFIG [key.path=value…]    train from a YAML config (overrides on the command line)
 //   athanor eval RUN_DIR                      evaluate a finished run's weights on its validation data
@@ -20,7 +20,9 @@
 
 #include "athanor/core/error.h"
 #include "athanor/ops/op_table.h"
+#include "backend/cpu/cpu_peak.h"
 #include "backend/cpu/gemm.h"
+#include "backend/cpu/isa.h"
 #include "backend/cpu/thread_env.h"
 #include "command_registry.h"
 #include "train_commands.h"
@@ -41,7 +43,9 @@ void print_version() {
 #endif
   std::cout << "athanor " << ATHANOR_VERSION << "\n"
             << "  gemm:    " << athanor::cpu::gemm_backend_name() << "\n"
-            << "  isa:     " << athanor::cpu::cpu_isa_name() << "\n"
+            << "  cpu:     " << athanor::cpu::isa_summary() << "\n"
+            << "  peak:    " << athanor::cpu::cpu_peak(athanor::DType::f32, omp_get_max_threads()).describe() << " (f32); "
+            << athanor::cpu::cpu_peak(athanor::DType::bf16, omp_get_max_threads()).describe() << " (bf16)\n"
             << "  openmp:  " << omp_get_max_threads() << " threads, wait policy " << athanor::cpu::openmp_wait_policy() << "\n"
             << "  cuda:    " << cuda << "\n";
 }
@@ -145,6 +149,7 @@ int main(int argc, char** argv) {
   }
 
   try {
+    athanor::cpu::check_isa_request();  // a bad ATHANOR_ISA is an error before any work
     if (version) {
       print_version();
     } else if (*ops) {

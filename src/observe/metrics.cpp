@@ -33,6 +33,7 @@ std::string to_json(const StepMetrics& m) {
   j["optimizer_s"] = number(m.optimizer_seconds);
   j["comm_s"] = number(m.comm_seconds);
   if (m.mfu >= 0 && std::isfinite(m.mfu)) j["mfu"] = m.mfu;
+  if (m.gemm_efficiency >= 0 && std::isfinite(m.gemm_efficiency)) j["gemm_efficiency"] = m.gemm_efficiency;
   Json mem = Json::object();
   for (const auto& t : m.memory) mem[t.tag] = Json{{"cur", t.current}, {"peak", t.peak}};
   j["mem"] = mem;

@@ -131,6 +131,7 @@ void TensorBoardSink::on_step(const StepMetrics& m) {
   scalar("train/skipped_total", static_cast<double>(m.skipped_total));
   scalar("perf/throughput", m.throughput);
   if (m.mfu >= 0) scalar("perf/mfu", m.mfu);
+  if (m.gemm_efficiency >= 0) scalar("perf/gemm_efficiency", m.gemm_efficiency);
   scalar("time/step_ms", m.step_seconds * 1e3);
   scalar("time/data_ms", m.data_seconds * 1e3);
   scalar("time/forward_ms", m.forward_seconds * 1e3);

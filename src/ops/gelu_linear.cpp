@@ -16,7 +16,7 @@
 // ~1.43 to ~1.05 ms (2 threads, quiet machine) per 2048 x 1024 bf16 x. (The multiply as a
 // oneDNN binary post-op of the dx GEMM measured slower than the separate pass: ~+0.8 ms
 // of CPU time against ~+0.4; a bf16 s was slower than f32.)
-// f32 (AVX-512) backward: one parallel region, each thread on its rows: dh = dy W (sgemm),
+// f32 backward (avx512 levels): one parallel region, each thread on its rows: dh = dy W (sgemm),
 // then h = gelu(x) and dx = dh ⊙ gelu'(x) in one pass (no s buffer; blocked_dx_and_gelu);
 // then dW over all rows. With out < in (fc2), dW (f32, also from bf16 under autocast) is
 // computed as (h^T dy)^T. Tiny GPT fc2 backward (2048 x 1024 -> 256), 2 threads, against
@@ -25,7 +25,7 @@
 // (1536 -> 384) f32 15.4 -> 14.8, bf16 10.36 -> 10.20. (The forward as row blocks of gelu +
 // sgemm measured slower: tiny fc2, 3.83-5.13 ms against 3.40-3.46 for the gelu pass + the
 // matmul primitive; bench_gpt_ops exp.)
-// f64 (and builds without AVX-512) take the plain path: recompute, GEMM, gelu backward.
+// f64 (and the avx2 level) take the plain path: recompute, GEMM, gelu backward.
 // Under bf16 autocast with f32 W (and b) the op records W and b themselves and writes dW
 // and db in f32 (detail::runs_on_f32_master, op_utils.h).
 #include "athanor/ops/gelu_linear.h"
@@ -39,7 +39,7 @@
 #include "backend/cpu/gemm.h"
 #include "backend/cpu/gemm_row_blocks.h"
 #include "backend/cpu/reduce.h"
-#include "backend/cpu/unary.h"
+#include "backend/cpu/unary.h"  // vec::kGrainTranscendental
 #include "backend/cpu/workspace.h"
 #include "ops/op_utils.h"
 
@@ -53,61 +53,6 @@ void check_args(const Tensor& x, const Tensor& weight, const Tensor& bias) {
                             "gelu_linear(x, W, b) is linear(gelu(x), W, b): x's last dim is W's in_features (4 n_embd in a GPT MLP)");
 }
 using detail::gemm_t;
-
-template <class T>
-constexpr bool kFusedSlope = ATHANOR_CPU_AVX512 && !std::is_same_v<T, double>;
-
-#if ATHANOR_CPU_AVX512
-struct GeluValueSlope {
-  __m512 value, slope;
-};
-// gelu_tanh(x) and gelu_tanh'(x) for 16 lanes from one logistic. The operations are those of
-// the gelu_tanh forward and backward kernels (backend/cpu/activation.cpp: x sigmoid(2u);
-// s + 2x u' s(1 - s)), so h and s ⊙ g are bit-identical to theirs.
-inline GeluValueSlope gelu_tanh_value_slope16(__m512 xv) {
-  constexpr float kSqrt2OverPi = float(0.79788456080286535588), kC = float(0.044715), k3C = float(3 * 0.044715);
-  const __m512 one = _mm512_set1_ps(1.0f);
-  const __m512 x2 = _mm512_mul_ps(xv, xv);
-  const __m512 u = _mm512_mul_ps(_mm512_set1_ps(kSqrt2OverPi), _mm512_fmadd_ps(_mm512_mul_ps(_mm512_set1_ps(kC), x2), xv, xv));
-  const __m512 du = _mm512_mul_ps(_mm512_set1_ps(kSqrt2OverPi), _mm512_fmadd_ps(_mm512_set1_ps(k3C), x2, one));
-  const cpu::vec::Logistic l = cpu::vec::logistic(_mm512_add_ps(u, u));
-  const __m512 ope = _mm512_add_ps(one, l.e);
-  const __m512 sig = _mm512_div_ps(l.num, ope);
-  const __m512 q = _mm512_div_ps(l.e, _mm512_mul_ps(ope, ope));  // sig (1 - sig)
-  return {_mm512_div_ps(_mm512_mul_ps(xv, l.num), ope), _mm512_fmadd_ps(_mm512_mul_ps(_mm512_add_ps(xv, xv), du), q, sig)};
-}
-
-// h[i] = gelu_tanh(x[i]) (rounded to T) and s[i] = gelu_tanh'(x[i]) (f32), in parallel.
-template <class T> void gelu_tanh_value_and_slope(const T* x, T* h, float* s, int64_t n) {
-  cpu::vec::parallel_blocks(n, cpu::vec::kGrainTranscendental, [&](int64_t b, int64_t e) {
-    for (int64_t i = b; i < e; i += 16) {
-      const __mmask16 m = cpu::vec::tail_mask(e - i);
-      const GeluValueSlope v = gelu_tanh_value_slope16(cpu::vec::load16(x + i, m));
-      cpu::vec::store16(h + i, m, v.value);
-      cpu::vec::store16(s + i, m, v.slope);
-    }
-  });
-}
-
-// g[i] = g[i] s[i], rounded to T (the last step of the gelu backward kernel).
-template <class T> void multiply_by_slope(T* g, const float* s, int64_t n) {
-  cpu::vec::parallel_blocks(n, cpu::vec::kGrainCheap, [&](int64_t b, int64_t e) {
-    for (int64_t i = b; i < e; i += 16) {
-      const __mmask16 m = cpu::vec::tail_mask(e - i);
-      cpu::vec::store16(g + i, m, _mm512_mul_ps(cpu::vec::load16(g + i, m), cpu::vec::load16(s + i, m)));
-    }
-  });
-}
-
-// f32, on one thread: h[i] = gelu_tanh(x[i]) (skipped when h is null) and g[i] *= gelu_tanh'(x[i]).
-void gelu_tanh_value_and_apply_slope(const float* x, float* h, float* g, int64_t n) {
-  for (int64_t i = 0; i < n; i += 16) {
-    const __mmask16 m = cpu::vec::tail_mask(n - i);
-    const GeluValueSlope v = gelu_tanh_value_slope16(cpu::vec::load16(x + i, m));
-    if (h) cpu::vec::store16(h + i, m, v.value);
-    cpu::vec::store16(g + i, m, _mm512_mul_ps(cpu::vec::load16(g + i, m), v.slope));
-  }
-}
 
 // The f32 backward's dx (and h = gelu(x) for dW, when h is not null) in one parallel region,
 // each thread on its share of the rows: dh = dy W on those rows (a single-threaded sgemm,
@@ -123,11 +68,11 @@ void blocked_dx_and_gelu(const float* x, const Tensor& wv, const float* dy, floa
   const detail::PackedWeight pw = detail::input_grad_packed(wv, M, in, out_f);
   cpu::gemm_row_blocks(
       M, in, out_f, dy, out_f, static_cast<const float*>(wv.raw_data()), in, dx, in, threads,
-      [&](int64_t r0, int64_t n) { gelu_tanh_value_and_apply_slope(x + r0 * in, h ? h + r0 * in : nullptr, dx + r0 * in, n * in); },
+      [&](int64_t r0, int64_t n) {
+        cpu::gelu_tanh_value_and_apply_slope(x + r0 * in, h ? h + r0 * in : nullptr, dx + r0 * in, n * in);
+      },
       pw ? &pw.layout : nullptr, static_cast<const float*>(pw.data));
 }
-
-#endif
 
 // y = gelu(x) W^T + b on contiguous x, W (and b) of dtype T; y is [..., out] of x's shape.
 template <class T> Tensor forward(const Tensor& xc, const Tensor& wc, const Tensor& bias, int64_t M, int64_t in, int64_t out_f) {
@@ -140,6 +85,37 @@ template <class T> Tensor forward(const Tensor& xc, const Tensor& wc, const Tens
   detail::linear_gemm_w<T>(M, out_f, in, h.as<T>(), wc,
                            bc.defined() ? static_cast<const T*>(bc.raw_data()) : nullptr, static_cast<T*>(y.raw_data()));
   return y;
+}
+
+// The backward's dx (into dx) and dW (weight_grad) on the fused kernels (the avx512 levels; see
+// cpu::gelu_tanh_fused_slope).
+template <class T, class WeightGrad>
+void fused_backward(const Node& n, const T* px, const Tensor& wv, const T* pdy, const Tensor& xv, const Tensor& dy,
+                    int64_t M, int64_t in, int64_t out_f, const WeightGrad& weight_grad, Tensor& dx) {
+  if constexpr (std::is_same_v<T, float>) {
+    // dx and h on each thread's rows (blocked_dx_and_gelu); then dW from h.
+    const cpu::Workspace h(needs_grad(n, 1) ? static_cast<std::size_t>(M * in) * sizeof(float) : 0);  // gelu(x)
+    if (needs_grad(n, 0)) {
+      dx = empty(xv.sizes(), TensorOptions(dy.dtype()));
+      blocked_dx_and_gelu(px, wv, pdy, h.as<float>(), static_cast<float*>(dx.raw_data()), M, in, out_f);
+    } else {
+      cpu::activation_forward<float>(kGelu, px, h.as<float>(), M * in);
+    }
+    if (needs_grad(n, 1)) weight_grad(h.as<float>());
+  } else {
+    const cpu::Workspace slope(static_cast<std::size_t>(M * in) * sizeof(float));  // gelu'(x), f32
+    {
+      const cpu::Workspace h(static_cast<std::size_t>(M * in) * sizeof(T));  // gelu(x)
+      cpu::gelu_tanh_value_and_slope<T>(px, h.as<T>(), slope.as<float>(), M * in);
+      if (needs_grad(n, 1)) weight_grad(h.as<T>());
+    }
+    if (needs_grad(n, 0)) {  // dh = dy W  [M, out] @ [out, in]; then dx = dh ⊙ gelu'(x) in place
+      dx = empty(xv.sizes(), TensorOptions(dy.dtype()));
+      T* pdx = static_cast<T*>(dx.raw_data());
+      detail::input_grad_gemm<T>(M, in, out_f, pdy, wv, pdx);
+      cpu::multiply_by_slope<T>(pdx, slope.as<float>(), M * in);
+    }
+  }
 }
 
 // The backward on contiguous x, W (dtype T) and dy: dx in T; dW and db in TP (T, or f32 for
@@ -178,34 +154,14 @@ Grads backward(const Node& n, const Tensor& xv, const Tensor& wv, const Tensor& 
     else cpu::sum_3d_lowp_input<T>(pdy, static_cast<float*>(db.raw_data()), 1, M, out_f);
   }
   if (!needs_grad(n, 0) && !needs_grad(n, 1)) return Grads{dx, dw, db};
-#if ATHANOR_CPU_AVX512
-  if constexpr (std::is_same_v<T, float>) {
-    // dx and h on each thread's rows (blocked_dx_and_gelu); then dW from h.
-    const cpu::Workspace h(needs_grad(n, 1) ? static_cast<std::size_t>(M * in) * sizeof(float) : 0);  // gelu(x)
-    if (needs_grad(n, 0)) {
-      dx = empty(xv.sizes(), TensorOptions(dy.dtype()));
-      blocked_dx_and_gelu(px, wv, pdy, h.as<float>(), static_cast<float*>(dx.raw_data()), M, in, out_f);
-    } else {
-      cpu::activation_forward<float>(kGelu, px, h.as<float>(), M * in);
+  // The fused paths where the level computes gelu and its slope in one pass (the avx512
+  // levels); elsewhere the plain one (recompute, GEMM, gelu backward), which rounds the same.
+  if constexpr (!std::is_same_v<T, double>) {
+    if (cpu::gelu_tanh_fused_slope()) {
+      fused_backward<T>(n, px, wv, pdy, xv, dy, M, in, out_f, weight_grad, dx);
+      return Grads{dx, dw, db};
     }
-    if (needs_grad(n, 1)) weight_grad(h.as<float>());
-    return Grads{dx, dw, db};
-  } else if constexpr (kFusedSlope<T>) {
-    const cpu::Workspace slope(static_cast<std::size_t>(M * in) * sizeof(float));  // gelu'(x), f32
-    {
-      const cpu::Workspace h(static_cast<std::size_t>(M * in) * sizeof(T));  // gelu(x)
-      gelu_tanh_value_and_slope<T>(px, h.as<T>(), slope.as<float>(), M * in);
-      if (needs_grad(n, 1)) weight_grad(h.as<T>());
-    }
-    if (needs_grad(n, 0)) {  // dh = dy W  [M, out] @ [out, in]; then dx = dh ⊙ gelu'(x) in place
-      dx = empty(xv.sizes(), TensorOptions(dy.dtype()));
-      T* pdx = static_cast<T*>(dx.raw_data());
-      detail::input_grad_gemm<T>(M, in, out_f, pdy, wv, pdx);
-      multiply_by_slope<T>(pdx, slope.as<float>(), M * in);
-    }
-    return Grads{dx, dw, db};
   }
-#endif
   if (needs_grad(n, 1)) {  // gelu(x) recomputed for the weight gradient
     const cpu::Workspace h(static_cast<std::size_t>(M * in) * sizeof(T));
     cpu::activation_forward<T>(kGelu, px, h.as<T>(), M * in);

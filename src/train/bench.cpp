@@ -1,5 +1,6 @@
 #include "athanor/train/bench.h"
 
+#include <omp.h>
 #include <sys/resource.h>
 
 #include <algorithm>
@@ -12,6 +13,7 @@
 
 #include "athanor/core/error.h"
 #include "athanor/core/half.h"
+#include "backend/cpu/cpu_peak.h"
 #include "backend/cpu/gemm.h"
 
 namespace athanor::train {
@@ -61,7 +63,7 @@ std::string json_escape(const std::string& s) {
 
 }  // namespace
 
-double measure_peak_gflops(const std::string& precision) {
+double measure_gemm_gflops(const std::string& precision) {
   struct Shape3 {
     int64_t M, N, K;
   };
@@ -182,11 +184,15 @@ BenchResult run_bench(Trainer& trainer, const BenchOptions& opts) {
   r.achieved_gflops = r.flops_per_step / median * 1e-9;
   if (opts.peak_gflops > 0) {
     r.peak_gflops = opts.peak_gflops;
+    r.peak_source = "given";
   } else {
-    r.peak_gflops = measure_peak_gflops(r.precision);
-    r.peak_measured = true;
+    const cpu::CpuPeak p = cpu::cpu_peak(trainer.precision(), omp_get_max_threads());
+    r.peak_gflops = p.gflops;
+    r.peak_source = p.describe();
   }
+  r.gemm_gflops = measure_gemm_gflops(r.precision);
   r.mfu = r.peak_gflops > 0 ? r.achieved_gflops / r.peak_gflops : 0;
+  r.gemm_efficiency = r.gemm_gflops > 0 ? r.achieved_gflops / r.gemm_gflops : 0;
   return r;
 }
 
@@ -201,8 +207,8 @@ std::string BenchResult::json() const {
   o << "],\"min_ms\":" << min_ms << ",\"median_ms\":" << median_ms << ",\"max_ms\":" << max_ms
     << ",\"throughput\":" << throughput << ",\"throughput_mean\":" << throughput_mean
     << ",\"flops_per_step\":" << flops_per_step << ",\"achieved_gflops\":" << achieved_gflops
-    << ",\"peak_gflops\":" << peak_gflops << ",\"peak_measured\":" << (peak_measured ? "true" : "false")
-    << ",\"mfu\":" << mfu << ",\"minor_faults_per_step\":" << minor_faults_per_step
+    << ",\"peak_gflops\":" << peak_gflops << ",\"peak_source\":\"" << json_escape(peak_source)
+    << "\",\"gemm_gflops\":" << gemm_gflops << ",\"mfu\":" << mfu << ",\"gemm_efficiency\":" << gemm_efficiency << ",\"minor_faults_per_step\":" << minor_faults_per_step
     << ",\"major_faults_per_step\":" << major_faults_per_step
     << ",\"thread_minor_faults_per_step\":" << thread_minor_faults_per_step
     << ",\"system_allocs_per_step\":" << system_allocs_per_step << ",\"system_frees_per_step\":" << system_frees_per_step
@@ -223,8 +229,10 @@ std::string BenchResult::text() const {
   o << "  throughput   " << std::setprecision(0) << throughput << " " << per_s << " (median step; mean "
     << throughput_mean << ")\n";
   o << "  ms/step      min " << std::setprecision(1) << min_ms << "  median " << median_ms << "  max " << max_ms << "\n";
-  o << "  MFU          " << std::setprecision(1) << 100 * mfu << "% (" << achieved_gflops << " GFLOP/s of "
-    << peak_gflops << (peak_measured ? " measured by a " + precision + " GEMM probe)\n" : " given)\n");
+  o << "  MFU          " << std::setprecision(1) << 100 * mfu << "% (" << achieved_gflops << " GFLOP/s of a peak of "
+    << peak_gflops << ": " << peak_source << ")\n";
+  o << "  GEMM eff.    " << std::setprecision(1) << 100 * gemm_efficiency << "% (of a " << precision << " GEMM probe's "
+    << gemm_gflops << " GFLOP/s)\n";
   o << "  phases       " << std::setprecision(2) << "data " << data_ms << "  forward " << forward_ms << "  backward "
     << backward_ms << "  optimizer " << optimizer_ms;
   if (comm_ms > 0) o << "  comm " << comm_ms;

@@ -556,9 +556,10 @@ void Trainer::fit() {
     std::ostringstream o;
     o << "precision " << dtype_name(precision_);
     if (scaler_->enabled()) o << " with dynamic loss scaling (init scale " << scaler_->get_scale() << ")";
-    o << "; peak " << std::fixed << std::setprecision(1) << peak_flops_ / 1e9 << " GFLOP/s for MFU ("
-      << (config_.get_float("observe.peak_gflops") > 0 ? "observe.peak_gflops" : std::string(dtype_name(precision_)) + " GEMM probe")
-      << "); non-finite policy " << nonfinite_policy() << "\n";
+    o << "; MFU against a peak of " << std::fixed << std::setprecision(1) << peak_flops_ / 1e9 << " GFLOP/s (" << peak_source_
+      << ")";
+    if (gemm_flops_ > 0) o << ", GEMM efficiency against a " << dtype_name(precision_) << " GEMM's " << gemm_flops_ / 1e9 << " GFLOP/s";
+    o << "; non-finite policy " << nonfinite_policy() << "\n";
     out_(o.str());
   }
   out_("training " + task_->module().local_name() + std::to_string(task_->module().parameters_count()) + " parameters on " +

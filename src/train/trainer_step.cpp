@@ -2,6 +2,8 @@
 // forward under autocast, (scaled) backward, unscale, clip, the guarded optimizer
 // step, then metrics — timings, memory by allocator tag, MFU — to metrics.jsonl,
 // the progress line, callbacks and sinks. The non-finite policy is in trainer_health.cpp.
+#include <omp.h>
+
 #include <chrono>
 #include <cmath>
 #include <filesystem>
@@ -19,6 +21,7 @@
 #include "athanor/ops/autocast.h"
 #include "athanor/optim/clip.h"
 #include "athanor/train/trainer.h"
+#include "backend/cpu/cpu_peak.h"
 
 namespace athanor::train {
 namespace fs = std::filesystem;
@@ -73,7 +76,16 @@ double l2_norm(const Tensor& t) {
 void Trainer::measure_peak_flops() {
   if (peak_flops_ > 0) return;
   const double given = config_.get_float("observe.peak_gflops");
-  peak_flops_ = given > 0 ? given * 1e9 : gemm_probe_flops(precision_);  // the GEMM dtype the forward uses
+  if (given > 0) {  // no probe either (tests set it to skip the ~0.3 s): GEMM efficiency unknown
+    peak_flops_ = given * 1e9;
+    peak_source_ = "observe.peak_gflops";
+    return;
+  }
+  // PaLM's MFU: the hardware's peak for the precision (cpu_peak.h), for the cores in use.
+  const cpu::CpuPeak p = cpu::cpu_peak(precision_, omp_get_max_threads());
+  peak_flops_ = p.gflops * 1e9;
+  peak_source_ = p.describe();
+  gemm_flops_ = gemm_probe_flops(precision_);  // the GEMM dtype the forward uses
 }
 
 void Trainer::forward_backward(const std::vector<data::Batch>& batches, StepMetrics& m) {
@@ -219,6 +231,7 @@ bool Trainer::train_step() {
   m.step_seconds = now_seconds() - t0;
   m.throughput = static_cast<double>(m.targets) / std::max(m.step_seconds, 1e-9);
   if (m.flops > 0 && peak_flops_ > 0) m.mfu = m.flops / std::max(m.step_seconds, 1e-9) / peak_flops_;
+  if (m.flops > 0 && gemm_flops_ > 0) m.gemm_efficiency = m.flops / std::max(m.step_seconds, 1e-9) / gemm_flops_;
   const MemoryStats mem = Allocator::cpu().stats();
   for (int t = 0; t < kNumMemTags; ++t)
     m.memory.push_back({mem_tag_name(static_cast<MemTag>(t)), static_cast<int64_t>(mem.current[t]), static_cast<int64_t>(mem.peak[t])});
@@ -304,6 +317,7 @@ void Trainer::log_step(const StepMetrics& m) {
   o << " | " << std::setprecision(0) << m.throughput << (task_->is_language_model() ? " tok/s" : " samples/s");
   if (dp_) o << " | comm wait " << std::setprecision(1) << 1e3 * m.comm_seconds << " ms";  // all ranks' tokens/s
   if (m.mfu >= 0) o << " | MFU " << std::setprecision(1) << 100 * m.mfu << "%";
+  if (m.gemm_efficiency >= 0) o << " (GEMM eff " << std::setprecision(0) << 100 * m.gemm_efficiency << "%)";
   o << " | ETA " << fmt_duration(eta);
   if (tty_) {
     std::string line = "\r";

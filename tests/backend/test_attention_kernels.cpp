@@ -3,8 +3,10 @@
 // realistic shape, f64 with tiny tiles on ragged shapes (tile edges, causal skipping,
 // Tq != Tk), and bf16 inputs.
 #include <cmath>
+#include <tuple>
 
 #include "backend/cpu/attention.h"
+#include "backend/cpu/isa.h"
 #include "test_util.h"
 
 namespace athanor {
@@ -201,13 +203,16 @@ TEST(AttentionKernels, Bf16InputsComputeInF32) {
   EXPECT_CLOSE(r.dv, dv, 2e-2, 2e-2);
 }
 
-// The bf16 path (AVX512_BF16 tile products where the CPU has them) on ragged shapes: tiles of
-// 7 x 5 rows (odd key tiles: the bf16 pair padding), Tq != Tk, D = 64 and Dv = 40 (operands
-// padded to 16 columns), causal and not; and an odd head size (D = 5), which takes the f32
-// tile path. Reference: the naive f64 kernel on the same bf16 values. Tolerance: P and dS are
-// rounded to bf16 (relative 2^-9) before their products, and the results to bf16; 2e-2
-// absolute/relative covers both with ~3x headroom on these N(0, 1) inputs.
+// The bf16 path on ragged shapes, at every level the CPU has: the bf16 tiles on vdpbf16ps
+// (avx512_bf16), the same tiles with its sums in f32 FMAs (avx512), and the f32 tiles on
+// widened slices (avx2). Tiles of 7 x 5 rows (odd key tiles: the bf16 pair padding), Tq !=
+// Tk, D = 64 and Dv = 40 (operands padded to 16 columns), causal and not; and an odd head
+// size (D = 5), which takes the f32 tile path. Reference: the naive f64 kernel on the same
+// bf16 values. Tolerance: P and dS are rounded to bf16 (relative 2^-9) before their
+// products, and the results to bf16; 2e-2 absolute/relative covers both with ~3x headroom
+// on these N(0, 1) inputs.
 TEST(AttentionKernels, Bf16TilesOnRaggedShapesMatchReference) {
+  for_each_isa_level([](int) {
   struct Case { Shape q, kv; int64_t Dv; bool causal; cpu::AttentionTiles tiles; };
   const Case cases[] = {{{1, 2, 23, 64}, {1, 2, 23, 64}, 40, true, {7, 5}},
                         {{2, 1, 19, 64}, {2, 1, 30, 64}, 40, false, {7, 5}},
@@ -235,6 +240,28 @@ TEST(AttentionKernels, Bf16TilesOnRaggedShapesMatchReference) {
     EXPECT_CLOSE(r.dk, dk, 2e-2, 2e-2);
     EXPECT_CLOSE(r.dv, dv, 2e-2, 2e-2);
   }
+  });
+}
+
+// Without AVX512_BF16 the bf16 tiles make vdpbf16ps's sums in two f32 FMAs, in its order (the
+// odd element's product first), and round P and dS to bf16 in integer arithmetic: on inputs
+// without subnormals (which the instruction flushes and the FMAs keep) every output is the
+// same bit for bit. Runs where the CPU has AVX512_BF16, to compare the two.
+TEST(AttentionKernels, Bf16TilesWithoutAvx512Bf16GiveTheInstructionsBits) {
+  if (cpu::isa_supported() != cpu::Isa::avx512_bf16) GTEST_SKIP() << "this CPU has no AVX512_BF16 to compare with";
+  Generator g(33);
+  const Shape s{2, 3, 77, 64};
+  Tensor q = randn(s, DType::bf16, g), k = randn(s, DType::bf16, g), v = randn(s, DType::bf16, g),
+         dout = randn(s, DType::bf16, g);
+  auto at = [&](cpu::Isa level) {
+    const cpu::ScopedIsa scoped(level);
+    return run_fast<bfloat16>(q, k, v, dout, true, 0.125, {16, 32});
+  };
+  const Result native = at(cpu::Isa::avx512_bf16), emulated = at(cpu::Isa::avx512);
+  for (auto [a, b, what] : {std::tuple{&native.o, &emulated.o, "o"}, {&native.lse, &emulated.lse, "lse"},
+                            {&native.dq, &emulated.dq, "dq"}, {&native.dk, &emulated.dk, "dk"},
+                            {&native.dv, &emulated.dv, "dv"}})
+    EXPECT_EQ(a->to_vector(), b->to_vector()) << what;
 }
 
 // The strided layout GPT uses: q, k, v read in place from one packed [B, T, 3 H D] tensor, O

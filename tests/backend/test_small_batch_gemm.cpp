@@ -5,6 +5,8 @@
 // panels), padded leading dimensions, alpha, beta (NaN-filled C with beta = 0), bias; 1
 // and 2 OpenMP threads must give bitwise the same C; shapes it refuses leave C untouched;
 // and cpu::gemm / gemm_bias on the MLP's shapes agree with the oneDNN path they replace.
+// The tiles are AVX-512 kernels: each test runs at every level the CPU has, and at avx2
+// checks that the path is off (applies to nothing, leaves C untouched).
 #include <omp.h>
 
 #include <algorithm>
@@ -14,6 +16,7 @@
 #include <vector>
 
 #include "backend/cpu/gemm.h"
+#include "backend/cpu/isa.h"
 #include "backend/cpu/small_batch_gemm.h"
 #include "gemm_check.h"
 #include "test_util.h"
@@ -31,10 +34,24 @@ bool run_small_batch(const Gemm& g, const Data& d, std::vector<float>& c) {
 
 bool have_path() { return cpu::small_batch_gemm_applies(false, true, 128, 1024, 1024, 1.0f); }
 
+// At the avx2 level there are no small-batch tiles (they are AVX-512 kernels): the path
+// applies to nothing and leaves C untouched, and cpu::gemm takes oneDNN for these shapes.
+void expect_path_off(const Gemm& g, const Data& d) {
+  std::vector<float> c;
+  EXPECT_FALSE(cpu::small_batch_gemm_applies(g.ta, g.tb, g.M, g.N, g.K, g.alpha)) << g.str();
+  EXPECT_FALSE(run_small_batch(g, d, c)) << g.str();
+  EXPECT_EQ(std::memcmp(c.data(), d.c0.data(), c.size() * sizeof(float)), 0) << g.str() << ": C was written";
+}
+
 }  // namespace
 
 TEST(SmallBatchGemm, AppliesToALinearLayersGemmsAtSmallBatch) {
-  if (!have_path()) GTEST_SKIP() << "built without AVX-512: the path is off";
+  for_each_isa_level([](int level) {
+  if (level == static_cast<int>(cpu::Isa::avx2)) {
+    EXPECT_FALSE(have_path());
+    EXPECT_FALSE(cpu::small_batch_gemm_applies(true, false, 1024, 784, 128, 1.0f));
+    return;
+  }
   // The MLP's 784 -> 1024 -> 1024 at batch 128: forward (NT), dx (NN), dW (TN).
   EXPECT_TRUE(cpu::small_batch_gemm_applies(false, true, 128, 1024, 784, 1.0f));
   EXPECT_TRUE(cpu::small_batch_gemm_applies(false, false, 128, 1024, 1024, 1.0f));
@@ -51,10 +68,11 @@ TEST(SmallBatchGemm, AppliesToALinearLayersGemmsAtSmallBatch) {
   EXPECT_FALSE(cpu::small_batch_gemm_applies(false, true, 128, 10, 1024, 1.0f));
   EXPECT_FALSE(cpu::small_batch_gemm_applies(true, true, 128, 1024, 1024, 1.0f));
   EXPECT_FALSE(cpu::small_batch_gemm_applies(false, true, 128, 1024, 1024, 0.0f));
+  });
 }
 
 TEST(SmallBatchGemm, MatchesF64ReferenceOnRaggedShapesAndThreadCounts) {
-  if (!have_path()) GTEST_SKIP() << "built without AVX-512: the path is off";
+  for_each_isa_level([](int level) {
   const Gemm shapes[] = {
       // NT (dot tiles: 3 rows of A x 8 rows of B; K passes of <= 1024)
       {false, true, 128, 1024, 784, 0, 1.0f, 0.0f, true, true},   // the MLP's fc1 forward, bias
@@ -72,8 +90,12 @@ TEST(SmallBatchGemm, MatchesF64ReferenceOnRaggedShapesAndThreadCounts) {
       {true, false, 301, 333, 77 + 64, 0, -1.0f, 0.25f, true, false},
   };
   for (const Gemm& g : shapes) {
-    ASSERT_TRUE(cpu::small_batch_gemm_applies(g.ta, g.tb, g.M, g.N, g.K, g.alpha)) << g.str();
     const Data d = make_data(g, 700 + g.M * 5 + g.N * 3 + g.K);
+    if (level == static_cast<int>(cpu::Isa::avx2)) {
+      expect_path_off(g, d);
+      continue;
+    }
+    ASSERT_TRUE(cpu::small_batch_gemm_applies(g.ta, g.tb, g.M, g.N, g.K, g.alpha)) << g.str();
     std::vector<float> c1, c2;
     {
       ThreadCount one(1);
@@ -87,13 +109,23 @@ TEST(SmallBatchGemm, MatchesF64ReferenceOnRaggedShapesAndThreadCounts) {
     // Each element is summed by one thread in a fixed order: the thread count changes nothing.
     EXPECT_EQ(std::memcmp(c1.data(), c2.data(), c1.size() * sizeof(float)), 0) << g.str() << ": 1 vs 2 threads";
   }
+  });
 }
 
 // relu (linear_relu's forward): C is max(the same GEMM's C, 0), bitwise, padding untouched;
 // only the NT (dot) shapes take it.
 TEST(SmallBatchGemm, ReluEpilogueIsMaxOfThePlainResult) {
-  if (!have_path()) GTEST_SKIP() << "built without AVX-512: the path is off";
+  for_each_isa_level([](int level) {
   ThreadCount two(2);
+  if (level == static_cast<int>(cpu::Isa::avx2)) {
+    const Gemm g{false, true, 128, 1024, 784, 0, 1.0f, 0.0f, true, true};
+    const Data d = make_data(g, 300 + g.K);
+    std::vector<float> c = d.c0;
+    EXPECT_FALSE(cpu::small_batch_gemm(g.ta, g.tb, g.M, g.N, g.K, g.alpha, d.a.data(), g.lda(), d.b.data(), g.ldb(),
+                                       g.beta, d.bias.data(), c.data(), g.ldc(), /*relu=*/true));
+    EXPECT_EQ(std::memcmp(c.data(), d.c0.data(), c.size() * sizeof(float)), 0) << "C was written";  // NaN-filled
+    return;
+  }
   for (const Gemm& g : {Gemm{false, true, 128, 1024, 784, 0, 1.0f, 0.0f, true, true},
                         Gemm{false, true, 97, 259, 1000, 24, 0.5f, 1.0f, true, false}}) {
     const Data d = make_data(g, 300 + g.K);
@@ -118,6 +150,7 @@ TEST(SmallBatchGemm, ReluEpilogueIsMaxOfThePlainResult) {
   EXPECT_FALSE(cpu::small_batch_gemm(false, false, nn.M, nn.N, nn.K, 1.0f, d.a.data(), nn.lda(), d.b.data(), nn.ldb(), 0.0f,
                                      nullptr, c.data(), nn.ldc(), /*relu=*/true));
   EXPECT_EQ(c, d.c0);
+  });
 }
 
 TEST(SmallBatchGemm, RefusedShapesAndSwitchedOffLeaveCUntouched) {

@@ -14,6 +14,7 @@
 #include <limits>
 
 #include "backend/cpu/activation.h"
+#include "backend/cpu/isa.h"
 #include "backend/cpu/unary.h"
 #include "test_util.h"
 
@@ -313,48 +314,46 @@ TEST(UnaryKernels, HalfTypesRoundTheF32ResultOnce) {
   }
 }
 
-#if ATHANOR_CPU_AVX512
-// The vector 16-bit loads and stores convert exactly like the scalar conversions in
-// core/half.h (RNE, ties, denormals, overflow to inf, NaN quieted): all 2^16 loads,
-// and stores of 2^20 random f32 bit patterns plus the edge cases.
+// The 16-bit loads and stores of every level (cpu::convert runs them: the vector forms at
+// the avx512 levels, cast_value at avx2) convert exactly like the scalar conversions in
+// core/half.h (RNE, ties, denormals, overflow to inf, NaN quieted): all 2^16 loads, and
+// stores of 2^20 random f32 bit patterns plus the edge cases.
 TEST(UnaryKernels, VectorHalfConversionsMatchScalar) {
   std::vector<uint16_t> all(1 << 16);
   for (uint32_t i = 0; i < all.size(); ++i) all[i] = static_cast<uint16_t>(i);
-  for (size_t i = 0; i < all.size(); i += 16) {
-    alignas(64) float fb[16], fh[16];
-    cpu::vec::store16(fb, 0xffff, cpu::vec::load16(reinterpret_cast<const bfloat16*>(&all[i]), 0xffff));
-    cpu::vec::store16(fh, 0xffff, cpu::vec::load16(reinterpret_cast<const float16*>(&all[i]), 0xffff));
-    for (int l = 0; l < 16; ++l) {
-      const uint16_t h = all[i + l];
-      ASSERT_EQ(float_bits(fb[l]), float_bits(bf16_bits_to_float(h))) << std::hex << h;
-      const float want = f16_bits_to_float(h);
-      if (std::isnan(want)) ASSERT_TRUE(std::isnan(fh[l])) << std::hex << h;
-      else ASSERT_EQ(float_bits(fh[l]), float_bits(want)) << std::hex << h;
-    }
-  }
   std::vector<uint32_t> pats = {0x3f808000u, 0x3f818000u, 0x3f80ffffu, 0x00018000u, 0x00008000u, 0x7f7fffffu, 0xff7fffffu,
                                 0x7fc00001u, 0x7f800001u, 0xff800001u, 0x80000000u, 0x3f7fffffu, 0x00000001u, 0x477ff000u,
                                 0x477fefffu, 0x38800000u, 0x387fffffu, 0x33000000u, 0x33000001u, 0x7f800000u, 0xff800000u};
-  for (uint64_t c = 0; pats.size() < (1u << 20) + 32; ++c) {
+  for (uint64_t c = 0; pats.size() < (1u << 20) + 37; ++c) {
     const auto w = philox4x32(99, c);
     pats.insert(pats.end(), w.begin(), w.end());
   }
-  pats.resize(pats.size() / 16 * 16);
-  for (size_t i = 0; i < pats.size(); i += 16) {
-    alignas(64) float in[16];
-    for (int l = 0; l < 16; ++l) in[l] = bits_float(pats[i + l]);
-    bfloat16 ob[16];
-    float16 oh[16];
-    const __m512 v = _mm512_loadu_ps(in);
-    cpu::vec::store16(ob, 0xffff, v);
-    cpu::vec::store16(oh, 0xffff, v);
-    for (int l = 0; l < 16; ++l) {
-      ASSERT_EQ(ob[l].bits, float_to_bf16_bits(in[l])) << std::hex << pats[i + l];
-      ASSERT_EQ(oh[l].bits, float_to_f16_bits(in[l])) << std::hex << pats[i + l];
+  std::vector<float> in(pats.size());
+  for (size_t i = 0; i < pats.size(); ++i) in[i] = bits_float(pats[i]);
+  for (const cpu::Isa level : cpu::isa_supported_levels()) {
+    SCOPED_TRACE(std::string("isa level ") + cpu::isa_name(level));
+    const cpu::ScopedIsa at(level);
+    std::vector<float> fb(all.size()), fh(all.size());
+    ASSERT_TRUE(cpu::convert(DType::bf16, DType::f32, all.data(), fb.data(), static_cast<int64_t>(all.size())));
+    ASSERT_TRUE(cpu::convert(DType::f16, DType::f32, all.data(), fh.data(), static_cast<int64_t>(all.size())));
+    for (size_t i = 0; i < all.size(); ++i) {
+      const uint16_t h = all[i];
+      ASSERT_EQ(float_bits(fb[i]), float_bits(bf16_bits_to_float(h))) << std::hex << h;
+      const float want = f16_bits_to_float(h);
+      if (std::isnan(want)) ASSERT_TRUE(std::isnan(fh[i])) << std::hex << h;
+      else ASSERT_EQ(float_bits(fh[i]), float_bits(want)) << std::hex << h;
+    }
+    std::vector<bfloat16> ob(in.size());
+    std::vector<float16> oh(in.size());
+    const auto n = static_cast<int64_t>(in.size());  // not a multiple of 16: the masked tail too
+    ASSERT_TRUE(cpu::convert(DType::f32, DType::bf16, in.data(), ob.data(), n));
+    ASSERT_TRUE(cpu::convert(DType::f32, DType::f16, in.data(), oh.data(), n));
+    for (size_t i = 0; i < in.size(); ++i) {
+      ASSERT_EQ(ob[i].bits, float_to_bf16_bits(in[i])) << std::hex << pats[i];
+      ASSERT_EQ(oh[i].bits, float_to_f16_bits(in[i])) << std::hex << pats[i];
     }
   }
 }
-#endif
 
 // ---- f64 kernels (std:: math) vs the reference, and every tail length.
 TEST(UnaryKernels, F64AndTailLengths) {

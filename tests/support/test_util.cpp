@@ -2,13 +2,32 @@
 
 #include "athanor/core/allocator.h"
 #include "athanor/ops/autocast.h"
+#include "backend/cpu/isa.h"
 
 #include <cmath>
+#include <cstdio>
 #include <filesystem>
 #include <fstream>
 #include <sstream>
 
 namespace athanor::testing {
+
+void note_isa(const std::string& what) {
+  const std::string line = std::string("kernels ") + cpu::isa_name(cpu::active_isa()) + " (CPU: " +
+                           cpu::isa_name(cpu::isa_supported()) + "), oneDNN " + cpu::onednn_isa_name() +
+                           (what.empty() ? "" : "; " + what);
+  std::printf("[ isa      ] %s\n", line.c_str());
+  ::testing::Test::RecordProperty("isa", line);
+}
+
+void for_each_isa_level(const std::function<void(int level)>& body) {
+  for (const cpu::Isa level : cpu::isa_supported_levels()) {
+    SCOPED_TRACE(std::string("isa level ") + cpu::isa_name(level));
+    const cpu::ScopedIsa at(level);
+    note_isa();
+    body(static_cast<int>(level));
+  }
+}
 namespace {
 // Element offset (in elements, from the tensor's data pointer) of logical index `lin`.
 int64_t element_offset(const Tensor& t, int64_t lin) {

@@ -3,11 +3,13 @@
 //  - gradcheck: autograd gradients vs central finite differences in f64;
 //  - make_noncontiguous: the same values in a strided (non-contiguous) layout;
 //  - expect_close: elementwise |a - b| <= atol + rtol * |b| with a report of the worst element;
-//  - ThreadCount: the OpenMP thread count for a scope.
+//  - ThreadCount: the OpenMP thread count for a scope;
+//  - note_isa: names the instruction-set level a hardware-dependent test ran at.
 #include <gtest/gtest.h>
 #include <omp.h>
 
 #include <functional>
+#include <string>
 #include <vector>
 
 #include "athanor/ops.h"
@@ -22,6 +24,14 @@ struct ThreadCount {
   ThreadCount(const ThreadCount&) = delete;
   ThreadCount& operator=(const ThreadCount&) = delete;
 };
+
+// A test whose property depends on the hardware (AVX512_BF16, oneDNN's kernels) names the
+// level it ran at: the kernels' level (cpu::active_isa), oneDNN's ISA and `what`, printed as
+// an "[ isa ]" line and recorded as the test's "isa" property (ctest's log, gtest's XML).
+void note_isa(const std::string& what = "");
+// Runs body(level) at each instruction-set level this CPU supports (cpu::ScopedIsa), lowest
+// first, under a SCOPED_TRACE naming it: a kernel test covers every level's path in one run.
+void for_each_isa_level(const std::function<void(int level)>& body);
 
 struct GradcheckOptions {
   double eps = 1e-6;   // finite-difference step

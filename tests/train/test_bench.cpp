@@ -38,7 +38,7 @@ TEST(Bench, TimesExactlyTheRequestedStepsAndDerivesItsStatistics) {
   train::BenchOptions opts;
   opts.warmup = 2;
   opts.steps = 3;
-  opts.peak_gflops = 100;  // given: no probe
+  opts.peak_gflops = 100;  // given
   const auto w0 = std::chrono::steady_clock::now();
   const train::BenchResult r = train::run_bench(t, opts);
   const double wall = std::chrono::duration<double>(std::chrono::steady_clock::now() - w0).count();
@@ -64,8 +64,10 @@ TEST(Bench, TimesExactlyTheRequestedStepsAndDerivesItsStatistics) {
   EXPECT_NEAR(r.throughput, 64 / s[1], 1e-9 * r.throughput);
   EXPECT_NEAR(r.throughput_mean, 3 * 64 / summed, 1e-9 * r.throughput_mean);
   EXPECT_DOUBLE_EQ(r.peak_gflops, 100);
-  EXPECT_FALSE(r.peak_measured);
+  EXPECT_EQ(r.peak_source, "given");
   EXPECT_NEAR(r.mfu, r.flops_per_step / s[1] * 1e-9 / 100, 1e-12);
+  EXPECT_GT(r.gemm_gflops, 0);  // GEMM efficiency: against the probe, beside MFU
+  EXPECT_NEAR(r.gemm_efficiency, r.achieved_gflops / r.gemm_gflops, 1e-12);
   EXPECT_DOUBLE_EQ(r.final_loss, t.history().back().loss);
   EXPECT_GT(r.memory.peak_of(MemTag::parameter), 0u);
   EXPECT_GT(r.memory.peak_of(MemTag::activation), 0u);
@@ -139,10 +141,10 @@ TEST(Bench, MlpFlopsMatchAHandCount) {
   EXPECT_EQ(r.targets_per_step, 32);
 }
 
-TEST(Bench, PeakProbeGivesAPlausibleRate) {
+TEST(Bench, GemmProbeGivesAPlausibleRate) {
   // Bounds, not a figure: a 2-core machine reaches O(100) GFLOP/s; a broken probe
   // (wrong FLOP count, untimed work) lands outside by orders of magnitude.
-  const double f32 = train::measure_peak_gflops("f32");
+  const double f32 = train::measure_gemm_gflops("f32");
   EXPECT_GT(f32, 0.5);
   EXPECT_LT(f32, 20000);
 }

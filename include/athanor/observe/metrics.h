@@ -6,7 +6,8 @@
 //   step lines:   {"step", "loss", "lr", "grad_norm", "grad_norm_clipped", "skipped",
 //                  "skipped_total", "loss_scale" (only with the f16 scaler), "targets",
 //                  "throughput", "step_s", "data_s", "forward_s", "backward_s",
-//                  "optimizer_s", "comm_s", "mfu" (fraction, omitted when unknown),
+//                  "optimizer_s", "comm_s", "mfu" (fraction of the hardware's peak, omitted
+//                  when unknown), "gemm_efficiency" (fraction of a measured GEMM's rate),
 //                  "mem": {"<tag>": {"cur": bytes, "peak": bytes}, …},
 //                  "nonfinite_params": [names] (only when non-empty),
 //                  "layers": {"<param name>": {"grad": norm, "param": norm}, …} (observe.layer_norms)}
@@ -51,7 +52,8 @@ struct StepMetrics {
   double optimizer_seconds = 0;   // unscale + clip + optimizer step + zero_grad
   double comm_seconds = 0;        // waiting for gradient reduction (distributed only)
   double flops = 0;               // model FLOPs of the step (forward + backward), 0 = unknown
-  double mfu = -1;                // flops / step_seconds / peak; -1 = unknown
+  double mfu = -1;                // flops / step_seconds / the hardware's theoretical peak; -1 = unknown
+  double gemm_efficiency = -1;    // flops / step_seconds / a GEMM probe's measured rate; -1 = unknown
   std::vector<TagMemory> memory;  // by allocator tag
   std::vector<std::string> nonfinite_params;  // parameters whose gradient was non-finite
   bool loss_nonfinite = false;

@@ -18,7 +18,7 @@ namespace athanor::train {
 struct BenchOptions {
   int64_t warmup = 3;        // untimed steps first
   int64_t steps = 10;        // timed steps
-  double peak_gflops = 0;    // MFU denominator; 0 = measure with measure_peak_gflops(precision)
+  double peak_gflops = 0;    // MFU denominator; 0 = the hardware's peak for the precision (cpu::cpu_peak)
 };
 
 struct BenchResult {
@@ -33,9 +33,11 @@ struct BenchResult {
   double throughput_mean = 0;          // targets over the summed time of the timed steps
   double flops_per_step = 0;           // model FLOPs, see training_flops_per_step
   double achieved_gflops = 0;          // flops_per_step / median step time
-  double peak_gflops = 0;
-  bool peak_measured = false;          // true: from the GEMM probe; false: given
+  double peak_gflops = 0;              // the hardware's theoretical peak (or the one given)
+  std::string peak_source;             // how: cpu::CpuPeak::describe(), or "given"
+  double gemm_gflops = 0;              // a GEMM probe's rate at the precision (measure_gemm_gflops)
   double mfu = 0;                      // achieved / peak
+  double gemm_efficiency = 0;          // achieved / gemm_gflops
   double minor_faults_per_step = 0, major_faults_per_step = 0;   // whole process (loader threads too)
   double thread_minor_faults_per_step = 0;                        // the training thread only
   double system_allocs_per_step = 0, system_frees_per_step = 0;   // Allocator::cpu()
@@ -64,7 +66,8 @@ double training_flops_per_step(Trainer& trainer);
 
 // A short GEMM probe (768 x 3072 x 768 and 1024^3, best median of a few runs) at the
 // precision's compute type: "f32" -> f32 GEMM, "bf16" -> bf16 GEMM with f32 accumulation,
-// "f16" -> its f32 path. GFLOP/s of the faster shape; about 50 ms.
-double measure_peak_gflops(const std::string& precision);
+// "f16" -> its f32 path. GFLOP/s of the faster shape; about 50 ms. The denominator of
+// GEMM efficiency (not of MFU, which is against the hardware's peak).
+double measure_gemm_gflops(const std::string& precision);
 
 }  // namespace athanor::train

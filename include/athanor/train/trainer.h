@@ -150,7 +150,8 @@ class Trainer {
   DType precision() const { return precision_; }       // f32, bf16 or f16 (compute dtype of the forward)
   const GradScaler& scaler() const { return *scaler_; }  // enabled only for f16
   double lr_factor() const { return lr_factor_; }        // cumulative rollback lr multiplier
-  double peak_flops() const { return peak_flops_; }      // FLOP/s used for MFU (0 = unknown)
+  double peak_flops() const { return peak_flops_; }      // FLOP/s used for MFU: the hardware's peak (0 = unknown)
+  double gemm_flops() const { return gemm_flops_; }      // a GEMM probe's FLOP/s, for GEMM efficiency
   // Data parallel (trainer_dist.cpp; dist.backend mpi, or auto under mpirun/srun with > 1 process):
   // every rank runs a Trainer; the global batch is batch_size × accum_steps × world_size.
   int rank() const { return rank_; }
@@ -207,6 +208,8 @@ class Trainer {
   std::vector<double> initial_base_lrs_;
   double lr_factor_ = 1.0;
   double peak_flops_ = 0;
+  double gemm_flops_ = 0;
+  std::string peak_source_;  // how peak_flops_ was obtained, for the log
   bool memory_reported_ = false;
   // "12,40,7" (at most `limit` ids, then ",…"): the samples of a step, for health events.
   static std::string ids_text(const std::vector<int64_t>& ids, size_t limit = 64);

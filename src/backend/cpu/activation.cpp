@@ -1,3 +1,4 @@
+// Activation kernels (activation.h), compiled once per ISA level (isa_kernel.h).
 #include "backend/cpu/activation.h"
 
 #include <cmath>
@@ -5,32 +6,26 @@
 
 #include "athanor/core/error.h"
 #include "backend/cpu/stealing_runs.h"
-#include "backend/cpu/unary.h"
+#include "backend/cpu/vec_math.h"
 
 namespace athanor::cpu {
-
-const char* activation_name(Activation a) {
-  switch (a) {
-    case Activation::tanh: return "tanh";
-    case Activation::sigmoid: return "sigmoid";
-    case Activation::relu: return "relu";
-    case Activation::gelu: return "gelu";
-    case Activation::gelu_tanh: return "gelu_tanh";
-    case Activation::silu: return "silu";
-  }
-  return "?";
-}
-
-bool activation_backward_uses_output(Activation a) {
-  return a == Activation::tanh || a == Activation::sigmoid || a == Activation::relu;
-}
-
 namespace {
 constexpr double kSqrt2OverPi = 0.79788456080286535588;  // √(2/π)
 constexpr double kGeluC = 0.044715;
 constexpr double kInvSqrt2 = 0.70710678118654752440;
 constexpr double kInvSqrt2Pi = 0.39894228040143267794;  // 1/√(2π)
 
+}  // namespace
+}  // namespace athanor::cpu
+
+#define ATHANOR_INSTANTIATE_ACTIVATION(T)                                   \
+  template void activation_forward<T>(Activation, const T*, T*, int64_t); \
+  template void activation_backward<T>(Activation, const T*, const T*, T*, int64_t); \
+  template void relu_backward_rowsum<T>(const T*, const T*, T*, rowsum_acc_t<T>*, int64_t, int64_t);
+
+ATHANOR_ISA_BEGIN
+
+namespace {
 // Scalar forms (f64 kernels, and f32 in builds without AVX-512).
 template <class C> C sigmoid_s(C x) {  // e^x/(1+e^x) for x < 0: no overflow, denormal tails kept
   if (x < C(0)) {
@@ -260,15 +255,167 @@ template <class T> void relu_backward_rowsum(const T* y, const T* dy, T* g, rows
   });
 }
 
-#define ATHANOR_INSTANTIATE_ACTIVATION(T)                                   \
-  template void activation_forward<T>(Activation, const T*, T*, int64_t); \
-  template void activation_backward<T>(Activation, const T*, const T*, T*, int64_t); \
-  template void relu_backward_rowsum<T>(const T*, const T*, T*, rowsum_acc_t<T>*, int64_t, int64_t);
 ATHANOR_INSTANTIATE_ACTIVATION(float)
 ATHANOR_INSTANTIATE_ACTIVATION(double)
 ATHANOR_INSTANTIATE_ACTIVATION(bfloat16)
 ATHANOR_INSTANTIATE_ACTIVATION(float16)
-#undef ATHANOR_INSTANTIATE_ACTIVATION
+
+// ---- gelu_linear's fused backward pieces (activation.h)
+namespace {
+#if ATHANOR_CPU_AVX512
+struct GeluValueSlope {
+  __m512 value, slope;
+};
+// gelu_tanh(x) and gelu_tanh'(x) for 16 lanes from one logistic. The operations are those of
+// the gelu_tanh forward and backward kernels above (GeluTanhF: x sigmoid(2u); GeluTanhB:
+// s + 2x u' s(1 - s)), so h and s ⊙ g are bit-identical to theirs.
+inline GeluValueSlope gelu_tanh_value_slope16(__m512 xv) {
+  const __m512 one = _mm512_set1_ps(1.0f);
+  const __m512 x2 = _mm512_mul_ps(xv, xv);
+  const __m512 u = _mm512_mul_ps(_mm512_set1_ps(float(kSqrt2OverPi)),
+                                 _mm512_fmadd_ps(_mm512_mul_ps(_mm512_set1_ps(float(kGeluC)), x2), xv, xv));
+  const __m512 du = _mm512_mul_ps(_mm512_set1_ps(float(kSqrt2OverPi)), _mm512_fmadd_ps(_mm512_set1_ps(float(3 * kGeluC)), x2, one));
+  const vec::Logistic l = vec::logistic(_mm512_add_ps(u, u));
+  const __m512 ope = _mm512_add_ps(one, l.e);
+  const __m512 sig = _mm512_div_ps(l.num, ope);
+  const __m512 q = _mm512_div_ps(l.e, _mm512_mul_ps(ope, ope));  // sig (1 - sig)
+  return {_mm512_div_ps(_mm512_mul_ps(xv, l.num), ope), _mm512_fmadd_ps(_mm512_mul_ps(_mm512_add_ps(xv, xv), du), q, sig)};
+}
+
+// h[i] = gelu_tanh(x[i]) (rounded to T) and s[i] = gelu_tanh'(x[i]) (f32), in parallel.
+template <class T> void gelu_tanh_value_and_slope_avx512(const T* x, T* h, float* s, int64_t n) {
+  vec::parallel_blocks(n, vec::kGrainTranscendental, [&](int64_t b, int64_t e) {
+    for (int64_t i = b; i < e; i += 16) {
+      const __mmask16 m = vec::tail_mask(e - i);
+      const GeluValueSlope v = gelu_tanh_value_slope16(vec::load16(x + i, m));
+      vec::store16(h + i, m, v.value);
+      vec::store16(s + i, m, v.slope);
+    }
+  });
+}
+
+// g[i] = g[i] s[i], rounded to T (the last step of the gelu backward kernel).
+template <class T> void multiply_by_slope_avx512(T* g, const float* s, int64_t n) {
+  vec::parallel_blocks(n, vec::kGrainCheap, [&](int64_t b, int64_t e) {
+    for (int64_t i = b; i < e; i += 16) {
+      const __mmask16 m = vec::tail_mask(e - i);
+      vec::store16(g + i, m, _mm512_mul_ps(vec::load16(g + i, m), vec::load16(s + i, m)));
+    }
+  });
+}
+
+// f32, on one thread: h[i] = gelu_tanh(x[i]) (skipped when h is null) and g[i] *= gelu_tanh'(x[i]).
+void gelu_tanh_value_and_apply_slope_avx512(const float* x, float* h, float* g, int64_t n) {
+  for (int64_t i = 0; i < n; i += 16) {
+    const __mmask16 m = vec::tail_mask(n - i);
+    const GeluValueSlope v = gelu_tanh_value_slope16(vec::load16(x + i, m));
+    if (h) vec::store16(h + i, m, v.value);
+    vec::store16(g + i, m, _mm512_mul_ps(vec::load16(g + i, m), v.slope));
+  }
+}
+#endif
+}  // namespace
+
+bool gelu_tanh_fused_slope() { return ATHANOR_CPU_AVX512; }
+
+template <class T> void gelu_tanh_value_and_slope(const T* x, T* h, float* s, int64_t n) {
+#if ATHANOR_CPU_AVX512
+  gelu_tanh_value_and_slope_avx512(x, h, s, n);
+#else
+  vec::parallel_blocks(n, vec::kGrainTranscendental, [&](int64_t b, int64_t e) {
+    for (int64_t i = b; i < e; ++i) {
+      const double xi = cast_value<double>(x[i]);
+      h[i] = cast_value<T>(GeluTanhF{}.scalar(xi));
+      s[i] = static_cast<float>(GeluTanhB{}.scalar(xi, 1.0));
+    }
+  });
+#endif
+}
+
+template <class T> void multiply_by_slope(T* g, const float* s, int64_t n) {
+#if ATHANOR_CPU_AVX512
+  multiply_by_slope_avx512(g, s, n);
+#else
+  vec::parallel_blocks(n, vec::kGrainCheap, [&](int64_t b, int64_t e) {
+    for (int64_t i = b; i < e; ++i) g[i] = cast_value<T>(cast_value<float>(g[i]) * s[i]);
+  });
+#endif
+}
+
+void gelu_tanh_value_and_apply_slope(const float* x, float* h, float* g, int64_t n) {
+#if ATHANOR_CPU_AVX512
+  gelu_tanh_value_and_apply_slope_avx512(x, h, g, n);
+#else
+  for (int64_t i = 0; i < n; ++i) {
+    const double xi = x[i];
+    if (h) h[i] = static_cast<float>(GeluTanhF{}.scalar(xi));
+    g[i] = static_cast<float>(GeluTanhB{}.scalar(xi, static_cast<double>(g[i])));
+  }
+#endif
+}
+
+#define ATHANOR_INSTANTIATE_GELU_SLOPE(T)                                                \
+  template void gelu_tanh_value_and_slope<T>(const T*, T*, float*, int64_t); \
+  template void multiply_by_slope<T>(T*, const float*, int64_t);
+ATHANOR_INSTANTIATE_GELU_SLOPE(float)
+ATHANOR_INSTANTIATE_GELU_SLOPE(bfloat16)
+ATHANOR_INSTANTIATE_GELU_SLOPE(float16)
+
+ATHANOR_ISA_END
+
+#if ATHANOR_ISA_PRIMARY
+namespace athanor::cpu {
+
+const char* activation_name(Activation a) {
+  switch (a) {
+    case Activation::tanh: return "tanh";
+    case Activation::sigmoid: return "sigmoid";
+    case Activation::relu: return "relu";
+    case Activation::gelu: return "gelu";
+    case Activation::gelu_tanh: return "gelu_tanh";
+    case Activation::silu: return "silu";
+  }
+  return "?";
+}
+
+bool activation_backward_uses_output(Activation a) {
+  return a == Activation::tanh || a == Activation::sigmoid || a == Activation::relu;
+}
+
+ATHANOR_ISA_DECLARE(
+    template <class T> void activation_forward(Activation a, const T* x, T* y, int64_t n);
+    template <class T> void activation_backward(Activation a, const T* saved, const T* g, T* dx, int64_t n);
+    template <class T>
+    void relu_backward_rowsum(const T* y, const T* dy, T* g, rowsum_acc_t<T>* db, int64_t M, int64_t N);
+    bool gelu_tanh_fused_slope();
+    template <class T> void gelu_tanh_value_and_slope(const T* x, T* h, float* s, int64_t n);
+    template <class T> void multiply_by_slope(T* g, const float* s, int64_t n);
+    void gelu_tanh_value_and_apply_slope(const float* x, float* h, float* g, int64_t n);)
+
+template <class T> void activation_forward(Activation a, const T* x, T* y, int64_t n) {
+  ATHANOR_ISA_CALL(activation_forward<T>, a, x, y, n);
+}
+template <class T> void activation_backward(Activation a, const T* saved, const T* g, T* dx, int64_t n) {
+  ATHANOR_ISA_CALL(activation_backward<T>, a, saved, g, dx, n);
+}
+template <class T> void relu_backward_rowsum(const T* y, const T* dy, T* g, rowsum_acc_t<T>* db, int64_t M, int64_t N) {
+  ATHANOR_ISA_CALL(relu_backward_rowsum<T>, y, dy, g, db, M, N);
+}
+bool gelu_tanh_fused_slope() { ATHANOR_ISA_CALL(gelu_tanh_fused_slope); }
+template <class T> void gelu_tanh_value_and_slope(const T* x, T* h, float* s, int64_t n) {
+  ATHANOR_ISA_CALL(gelu_tanh_value_and_slope<T>, x, h, s, n);
+}
+template <class T> void multiply_by_slope(T* g, const float* s, int64_t n) { ATHANOR_ISA_CALL(multiply_by_slope<T>, g, s, n); }
+void gelu_tanh_value_and_apply_slope(const float* x, float* h, float* g, int64_t n) {
+  ATHANOR_ISA_CALL(gelu_tanh_value_and_apply_slope, x, h, g, n);
+}
+ATHANOR_INSTANTIATE_GELU_SLOPE(float)
+ATHANOR_INSTANTIATE_GELU_SLOPE(bfloat16)
+ATHANOR_INSTANTIATE_GELU_SLOPE(float16)
+ATHANOR_INSTANTIATE_ACTIVATION(float)
+ATHANOR_INSTANTIATE_ACTIVATION(double)
+ATHANOR_INSTANTIATE_ACTIVATION(bfloat16)
+ATHANOR_INSTANTIATE_ACTIVATION(float16)
 
 // ---------------------------------------------------------------------------
 namespace ref {
@@ -323,3 +470,4 @@ Tensor activation_backward(Activation a, const Tensor& saved, const Tensor& g) {
 }  // namespace ref
 
 }  // namespace athanor::cpu
+#endif  // ATHANOR_ISA_PRIMARY

@@ -31,6 +31,18 @@ template <class T> void activation_backward(Activation a, const T* saved, const 
 template <class T> using rowsum_acc_t = std::conditional_t<std::is_same_v<T, double>, double, float>;
 template <class T> void relu_backward_rowsum(const T* y, const T* dy, T* g, rowsum_acc_t<T>* db, int64_t M, int64_t N);
 
+// gelu_linear's fused backward (ops/gelu_linear.cpp), with the gelu_tanh kernels' own
+// formulas, so the results are bit-identical to the composition of those kernels:
+// whether this level has them fused (the avx512 levels; elsewhere the op takes its plain
+// path, and these compute per element in double);
+bool gelu_tanh_fused_slope();
+// h[i] = gelu_tanh(x[i]) rounded to T and s[i] = gelu_tanh'(x[i]) in f32 (T: f32, bf16, f16);
+template <class T> void gelu_tanh_value_and_slope(const T* x, T* h, float* s, int64_t n);
+// g[i] = g[i] s[i], rounded to T;
+template <class T> void multiply_by_slope(T* g, const float* s, int64_t n);
+// on one thread: h[i] = gelu_tanh(x[i]) (skipped when h is null) and g[i] *= gelu_tanh'(x[i]).
+void gelu_tanh_value_and_apply_slope(const float* x, float* h, float* g, int64_t n);
+
 namespace ref {
 // Scalar loops in double over the logical elements; result in x's dtype.
 //   tanh      y = tanh x                            dy/dx = 1 - y²

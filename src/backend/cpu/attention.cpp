@@ -1,7 +1,7 @@
-// Flash-attention CPU kernels (see attention.h for the invariants) and the naive reference.
+// Flash-attention CPU kernels (see attention.h for the invariants), compiled once per ISA
+// level (isa_kernel.h), and the naive reference.
 #include "backend/cpu/attention.h"
 
-#include <immintrin.h>
 #include <omp.h>
 
 #include <algorithm>
@@ -16,23 +16,15 @@
 #include "athanor/core/error.h"
 #include "backend/cpu/gemm.h"
 #include "backend/cpu/attention_tiles.h"
-#include "backend/cpu/unary.h"
 #include "backend/cpu/workspace.h"
 
-namespace athanor::cpu {
-
-// GCC 12 flags the deliberately self-initialized _mm512_undefined_*() inside AVX-512 intrinsics
-// (unpacks, roundscale, reductions, the bf16 narrowing) as (maybe-)uninitialized once they are
-// inlined into the kernels below: a known false positive, silenced for the kernels only.
-#pragma GCC diagnostic push
-#pragma GCC diagnostic ignored "-Wmaybe-uninitialized"
-#pragma GCC diagnostic ignored "-Wuninitialized"
+ATHANOR_ISA_BEGIN
 
 namespace {
 
 using namespace attention_tiles;  // the tile products (attention_tiles.h)
 
-#if defined(__AVX512BF16__)
+#if ATHANOR_CPU_AVX512  // bf16 tiles: vdpbf16ps, or its sums in FMAs at the avx512 level
 // D and Dv must be even (pairs along them are read straight from q, k, v, dO).
 bool bf16_tiles_apply(const AttentionDims& d) { return d.D % 2 == 0 && d.Dv % 2 == 0 && d.D > 0 && d.Dv > 0; }
 
@@ -197,23 +189,9 @@ void attention_backward_bf16(const bfloat16* q, const bfloat16* k, const bfloat1
     }
   }
 }
-#endif  // __AVX512BF16__
+#endif  // ATHANOR_CPU_AVX512 (bf16 tiles)
 
 }  // namespace
-
-AttentionLayout AttentionLayout::contiguous(const AttentionDims& d) {
-  auto dense = [&](int64_t T, int64_t D) { return AttentionStrides{d.H * T * D, T * D, D}; };
-  return {dense(d.Tq, d.D), dense(d.Tk, d.D), dense(d.Tk, d.Dv), dense(d.Tq, d.Dv)};
-}
-
-AttentionLayout AttentionLayout::packed_qkv(const AttentionDims& d) {
-  ATH_CHECK(d.Tq == d.Tk && d.D == d.Dv, "cpu::AttentionLayout::packed_qkv",
-            "packed q, k, v need Tq == Tk and D == Dv, got Tq ", d.Tq, ", Tk ", d.Tk, ", D ", d.D, ", Dv ", d.Dv);
-  const int64_t width = d.H * d.D;  // one of q, k, v per token
-  const AttentionStrides in{d.Tq * 3 * width, d.D, 3 * width};
-  // The column offsets of k (width) and v (2 width) are in the callers' base pointers.
-  return {in, in, in, AttentionStrides{d.Tq * width, d.D, width}};
-}
 
 template <class T>
 void attention_forward(const T* q, const T* k, const T* v, T* o, attn_acc_t<T>* lse, const AttentionDims& d,
@@ -232,7 +210,7 @@ void attention_forward(const T* q, const T* k, const T* v, T* o, attn_acc_t<T>* 
     std::fill(lse, lse + BH * Tq, -std::numeric_limits<C>::infinity());
     return;
   }
-#if defined(__AVX512BF16__)
+#if ATHANOR_CPU_AVX512
   if constexpr (std::is_same_v<T, bfloat16>)
     if (bf16_tiles_apply(d))
       return attention_forward_bf16(q, k, v, o, lse, d, L, causal, static_cast<float>(scale_d), tiles);
@@ -347,7 +325,7 @@ void attention_backward(const T* q, const T* k, const T* v, const T* o, const T*
     zero(dq, L.q, Tq, D), zero(dk, L.k, Tk, D), zero(dv, L.v, Tk, Dv);
     return;
   }
-#if defined(__AVX512BF16__)
+#if ATHANOR_CPU_AVX512
   if constexpr (std::is_same_v<T, bfloat16>)
     if (bf16_tiles_apply(d))
       return attention_backward_bf16(q, k, v, o, dout, lse, dq, dk, dv, d, L, causal, static_cast<float>(scale_d),
@@ -481,9 +459,50 @@ ATHANOR_INSTANTIATE_ATTENTION(float)
 ATHANOR_INSTANTIATE_ATTENTION(double)
 ATHANOR_INSTANTIATE_ATTENTION(bfloat16)
 ATHANOR_INSTANTIATE_ATTENTION(float16)
-#undef ATHANOR_INSTANTIATE_ATTENTION
 
-#pragma GCC diagnostic pop
+ATHANOR_ISA_END
+
+#if ATHANOR_ISA_PRIMARY
+namespace athanor::cpu {
+
+AttentionLayout AttentionLayout::contiguous(const AttentionDims& d) {
+  auto dense = [&](int64_t T, int64_t D) { return AttentionStrides{d.H * T * D, T * D, D}; };
+  return {dense(d.Tq, d.D), dense(d.Tk, d.D), dense(d.Tk, d.Dv), dense(d.Tq, d.Dv)};
+}
+
+AttentionLayout AttentionLayout::packed_qkv(const AttentionDims& d) {
+  ATH_CHECK(d.Tq == d.Tk && d.D == d.Dv, "cpu::AttentionLayout::packed_qkv",
+            "packed q, k, v need Tq == Tk and D == Dv, got Tq ", d.Tq, ", Tk ", d.Tk, ", D ", d.D, ", Dv ", d.Dv);
+  const int64_t width = d.H * d.D;  // one of q, k, v per token
+  const AttentionStrides in{d.Tq * 3 * width, d.D, 3 * width};
+  // The column offsets of k (width) and v (2 width) are in the callers' base pointers.
+  return {in, in, in, AttentionStrides{d.Tq * width, d.D, width}};
+}
+
+ATHANOR_ISA_DECLARE(
+    template <class T>
+    void attention_forward(const T* q, const T* k, const T* v, T* o, attn_acc_t<T>* lse, const AttentionDims& d,
+                           const AttentionLayout& layout, bool causal, double scale, AttentionTiles tiles);
+    template <class T>
+    void attention_backward(const T* q, const T* k, const T* v, const T* o, const T* dout, const attn_acc_t<T>* lse,
+                            T* dq, T* dk, T* dv, const AttentionDims& d, const AttentionLayout& layout, bool causal,
+                            double scale, AttentionTiles tiles);)
+
+template <class T>
+void attention_forward(const T* q, const T* k, const T* v, T* o, attn_acc_t<T>* lse, const AttentionDims& d,
+                       const AttentionLayout& L, bool causal, double scale, AttentionTiles tiles) {
+  ATHANOR_ISA_CALL(attention_forward<T>, q, k, v, o, lse, d, L, causal, scale, tiles);
+}
+template <class T>
+void attention_backward(const T* q, const T* k, const T* v, const T* o, const T* dout, const attn_acc_t<T>* lse,
+                        T* dq, T* dk, T* dv, const AttentionDims& d, const AttentionLayout& L, bool causal,
+                        double scale, AttentionTiles tiles) {
+  ATHANOR_ISA_CALL(attention_backward<T>, q, k, v, o, dout, lse, dq, dk, dv, d, L, causal, scale, tiles);
+}
+ATHANOR_INSTANTIATE_ATTENTION(float)
+ATHANOR_INSTANTIATE_ATTENTION(double)
+ATHANOR_INSTANTIATE_ATTENTION(bfloat16)
+ATHANOR_INSTANTIATE_ATTENTION(float16)
 
 namespace ref {
 namespace {
@@ -567,3 +586,4 @@ std::array<Tensor, 3> attention_backward(const Tensor& q, const Tensor& k, const
 }  // namespace ref
 
 }  // namespace athanor::cpu
+#endif  // ATHANOR_ISA_PRIMARY

@@ -1,8 +1,9 @@
 #pragma once
 // The tile products of the flash-attention kernels (attention.cpp): f32 tiles on AVX-512
-// FMA micro-kernels, bf16 tiles on AVX512_BF16 dot products with their packing, the
-// online softmax's row passes, and the strided-slice helpers. Internal to attention.cpp.
-#include <immintrin.h>
+// FMA micro-kernels, bf16 tiles on bf16-pair dot products with their packing (AVX512_BF16's
+// vdpbf16ps, or the same sums in two f32 FMAs at the avx512 level), the online softmax's
+// row passes, and the strided-slice helpers. Internal to attention.cpp; defined in
+// athanor::cpu::<level>::attention_tiles (isa_kernel.h).
 
 #include <algorithm>
 #include <array>
@@ -15,16 +16,10 @@
 #include "athanor/core/convert.h"
 #include "backend/cpu/attention.h"
 #include "backend/cpu/gemm.h"
-#include "backend/cpu/unary.h"
+#include "backend/cpu/vec_math.h"
 
-namespace athanor::cpu::attention_tiles {
-
-// GCC 12 flags the deliberately self-initialized _mm512_undefined_*() inside AVX-512 intrinsics
-// (unpacks, roundscale, reductions, the bf16 narrowing) as (maybe-)uninitialized once they are
-// inlined into the kernels: a known false positive, silenced for the kernels only.
-#pragma GCC diagnostic push
-#pragma GCC diagnostic ignored "-Wmaybe-uninitialized"
-#pragma GCC diagnostic ignored "-Wuninitialized"
+ATHANOR_ISA_BEGIN
+namespace attention_tiles {
 
 constexpr int64_t round16(int64_t n) { return (n + 15) / 16 * 16; }  // keeps per-thread slices 64-byte aligned
 
@@ -549,16 +544,31 @@ inline float softmax_row(float* s, int64_t nv, int64_t n, float& m, float& l) {
 }
 #endif
 
-#if defined(__AVX512BF16__)
-// ---- bf16 tiles: the products of the flash kernels on AVX512_BF16 dot products -------------
+#if ATHANOR_CPU_AVX512
+// ---- bf16 tiles: the products of the flash kernels on bf16-pair dot products ----------------
 // vdpbf16ps multiplies bf16 pairs and accumulates in f32: C[m, n] += A[m, 2k] B[2k, n] +
-// A[m, 2k+1] B[2k+1, n]. A is read row-major with pairs along K (rows of K padded to even
+// A[m, 2k+1] B[2k+1, n]; without AVX512_BF16, dpbf16 below makes the same sums. A is read row-major with pairs along K (rows of K padded to even
 // length); B is packed "VNNI": Bp[k2][n][e] = B(2 k2 + e, n), n padded to a multiple of 16.
 // Softmax and every accumulator stay f32; only the operands of the products are bf16
 // (P and dS are rounded to bf16 before their products, as in FlashAttention's bf16 kernels).
 namespace bf16t {
 constexpr int64_t up(int64_t n, int64_t m) { return (n + m - 1) / m * m; }
 using vec::tail_mask;
+
+// acc + a.hi b.hi + a.lo b.lo in each 32-bit lane of bf16 pairs: vdpbf16ps, or at the avx512
+// level two FMAs in the instruction's order (odd element first). A product of two bf16 is
+// exact in f32, so each step rounds once either way: the results agree bit for bit, but
+// for subnormals, which the instruction flushes to zero and the FMAs keep.
+inline __m512 dpbf16(__m512 acc, __m512i a, __m512i b) {
+#if ATHANOR_CPU_AVX512BF16
+  return _mm512_dpbf16_ps(acc, (__m512bh)a, (__m512bh)b);
+#else
+  const __m512i hi = _mm512_set1_epi32(static_cast<int>(0xffff0000u));
+  acc = _mm512_fmadd_ps(_mm512_castsi512_ps(_mm512_and_si512(a, hi)), _mm512_castsi512_ps(_mm512_and_si512(b, hi)), acc);
+  return _mm512_fmadd_ps(_mm512_castsi512_ps(_mm512_slli_epi32(a, 16)), _mm512_castsi512_ps(_mm512_slli_epi32(b, 16)),
+                         acc);
+#endif
+}
 
 // A's pair (m, k2), i.e. A[m][2 k2], A[m][2 k2 + 1], is the 32-bit word at A + m lda + k2 lda2
 // (bf16 units): lda2 = 2 for a row-major A; lda = 2, lda2 = 2 M16 for an A stored in pair
@@ -573,13 +583,13 @@ void micro(int64_t K2, float alpha, const bfloat16* A, int64_t lda, int64_t lda2
 #pragma GCC unroll 4
     for (int j = 0; j < NR; ++j) acc[i][j] = _mm512_setzero_ps();
   for (int64_t k2 = 0; k2 < K2; ++k2) {
-    __m512bh b[NR];
-    for (int j = 0; j < NR; ++j) b[j] = (__m512bh)_mm512_loadu_si512(Bp + (k2 * ldb16 + 16 * j) * 2);
+    __m512i b[NR];
+    for (int j = 0; j < NR; ++j) b[j] = _mm512_loadu_si512(Bp + (k2 * ldb16 + 16 * j) * 2);
     for (int i = 0; i < MR; ++i) {
       int32_t pair;
       std::memcpy(&pair, A + i * lda + k2 * lda2, sizeof pair);
-      const __m512bh a = (__m512bh)_mm512_set1_epi32(pair);
-      for (int j = 0; j < NR; ++j) acc[i][j] = _mm512_dpbf16_ps(acc[i][j], a, b[j]);
+      const __m512i a = _mm512_set1_epi32(pair);
+      for (int j = 0; j < NR; ++j) acc[i][j] = dpbf16(acc[i][j], a, b[j]);
     }
   }
   const __m512 va = _mm512_set1_ps(alpha);
@@ -659,7 +669,12 @@ inline void pairs_from(const float* src, int64_t ld, int64_t R, int64_t C, int64
       const __mmask16 m = c0 < C ? tail_mask(C - c0) : __mmask16(0);
       const __m512 a = _mm512_maskz_loadu_ps(m, s0 + c0);
       const __m512 b = s1 ? _mm512_maskz_loadu_ps(m, s1 + c0) : _mm512_setzero_ps();
-      const __m512i both = (__m512i)_mm512_cvtne2ps_pbh(b, a);  // a in words 0..15, b in 16..31
+      // a in words 0..15, b in 16..31, each rounded to nearest even
+#if ATHANOR_CPU_AVX512BF16
+      const __m512i both = (__m512i)_mm512_cvtne2ps_pbh(b, a);
+#else
+      const __m512i both = _mm512_inserti64x4(_mm512_castsi256_si512(vec::narrow_bf16(a)), vec::narrow_bf16(b), 1);
+#endif
       _mm512_storeu_si512(out + 2 * c0, _mm512_permutexvar_epi16(il, both));
     }
   }
@@ -680,7 +695,14 @@ inline void a_from(const float* src, int64_t ld, int64_t M, int64_t K, int64_t K
     const float* s = src + m * ld;
     bfloat16* a = A + m * Kpad;
     int64_t k = 0;
-    for (; k + 16 <= K; k += 16) _mm256_storeu_si256(reinterpret_cast<__m256i*>(a + k), (__m256i)_mm512_cvtneps_pbh(_mm512_loadu_ps(s + k)));
+    for (; k + 16 <= K; k += 16) {
+#if ATHANOR_CPU_AVX512BF16
+      const __m256i h = (__m256i)_mm512_cvtneps_pbh(_mm512_loadu_ps(s + k));
+#else
+      const __m256i h = vec::narrow_bf16(_mm512_loadu_ps(s + k));
+#endif
+      _mm256_storeu_si256(reinterpret_cast<__m256i*>(a + k), h);
+    }
     for (; k < K; ++k) a[k] = cast_value<bfloat16>(s[k]);
     for (; k < Kpad; ++k) a[k] = zero;
   }
@@ -695,8 +717,7 @@ inline void store_row(const float* src, int64_t n, float mul, bfloat16* dst) {
   }
 }
 }  // namespace bf16t
-#endif  // __AVX512BF16__
+#endif  // ATHANOR_CPU_AVX512 (bf16 tiles)
 
-#pragma GCC diagnostic pop
-
-}  // namespace athanor::cpu::attention_tiles
+}  // namespace attention_tiles
+ATHANOR_ISA_END

@@ -4,10 +4,11 @@
 // RM rows x JB vectors of 16 columns of C, each step loading JB vectors of a row of op(B)
 // and broadcasting RM values of op(A). Row-major, leading dimensions honoured; C = alpha
 // op(A) op(B) + bias[j] + beta C (bias may be null; beta == 0: C is not read), summed over
-// k = 0..K-1 in order.
+// k = 0..K-1 in order. For the per-level kernel files (isa_kernel.h): the tile is
+// defined in athanor::cpu::<level>, at the avx512 levels.
 #include <cstdint>
 
-#include "backend/cpu/unary.h"  // ATHANOR_CPU_AVX512, immintrin.h
+#include "backend/cpu/isa_kernel.h"
 
 namespace athanor::cpu {
 
@@ -25,6 +26,9 @@ struct TileOperands {
   int64_t ldc;
 };
 
+}  // namespace athanor::cpu
+
+ATHANOR_ISA_BEGIN
 #if ATHANOR_CPU_AVX512
 
 // The epilogue's scalars, copied out of TileOperands: stores to C are float stores, which
@@ -78,5 +82,4 @@ template <int RM, int JB> inline void bcast_tile(const TileOperands& o, int64_t 
 }
 
 #endif  // ATHANOR_CPU_AVX512
-
-}  // namespace athanor::cpu
+ATHANOR_ISA_END

@@ -1,8 +1,9 @@
+// Binary elementwise kernels (binary.h), compiled once per ISA level (isa_kernel.h).
 #include "backend/cpu/binary.h"
 
 #include "athanor/core/convert.h"
 #include "athanor/core/error.h"
-#include "backend/cpu/unary.h"
+#include "backend/cpu/vec_math.h"
 
 namespace athanor::cpu {
 namespace {
@@ -17,6 +18,17 @@ template <class C> inline C apply(BinaryOp op, C x, C y) {
   }
   return x;
 }
+}  // namespace
+}  // namespace athanor::cpu
+
+#define ATHANOR_INSTANTIATE_BINARY(T)                                                         \
+  template void binary_same<T>(BinaryOp, const T*, const T*, T*, int64_t);                   \
+  template void binary_scalar<T>(BinaryOp, const T*, const T*, T*, int64_t, bool);           \
+  template void binary_row<T>(BinaryOp, const T*, const T*, T*, int64_t, int64_t, bool);
+
+ATHANOR_ISA_BEGIN
+
+namespace {
 // Compute type: f32 for half types, the type itself otherwise.
 template <class T> using compute_t = std::conditional_t<is_half_v<T>, float, T>;
 
@@ -110,17 +122,47 @@ void binary_same_mixed(BinaryOp op, const float* full, const L* low, float* out,
 template void binary_same_mixed<bfloat16>(BinaryOp, const float*, const bfloat16*, float*, int64_t, bool);
 template void binary_same_mixed<float16>(BinaryOp, const float*, const float16*, float*, int64_t, bool);
 
-#define ATHANOR_INSTANTIATE_BINARY(T)                                                         \
-  template void binary_same<T>(BinaryOp, const T*, const T*, T*, int64_t);                   \
-  template void binary_scalar<T>(BinaryOp, const T*, const T*, T*, int64_t, bool);           \
-  template void binary_row<T>(BinaryOp, const T*, const T*, T*, int64_t, int64_t, bool);
 ATHANOR_INSTANTIATE_BINARY(float)
 ATHANOR_INSTANTIATE_BINARY(double)
 ATHANOR_INSTANTIATE_BINARY(bfloat16)
 ATHANOR_INSTANTIATE_BINARY(float16)
 ATHANOR_INSTANTIATE_BINARY(int32_t)
 ATHANOR_INSTANTIATE_BINARY(int64_t)
-#undef ATHANOR_INSTANTIATE_BINARY
+
+ATHANOR_ISA_END
+
+#if ATHANOR_ISA_PRIMARY
+namespace athanor::cpu {
+
+ATHANOR_ISA_DECLARE(
+    template <class T> void binary_same(BinaryOp op, const T* a, const T* b, T* out, int64_t n);
+    template <class T> void binary_scalar(BinaryOp op, const T* a, const T* b, T* out, int64_t n, bool scalar_is_a);
+    template <class T>
+    void binary_row(BinaryOp op, const T* a, const T* b, T* out, int64_t rows, int64_t cols, bool row_is_a);
+    template <class L>
+    void binary_same_mixed(BinaryOp op, const float* full, const L* low, float* out, int64_t n, bool low_is_a);)
+
+template <class T> void binary_same(BinaryOp op, const T* a, const T* b, T* out, int64_t n) {
+  ATHANOR_ISA_CALL(binary_same<T>, op, a, b, out, n);
+}
+template <class T> void binary_scalar(BinaryOp op, const T* a, const T* b, T* out, int64_t n, bool scalar_is_a) {
+  ATHANOR_ISA_CALL(binary_scalar<T>, op, a, b, out, n, scalar_is_a);
+}
+template <class T> void binary_row(BinaryOp op, const T* a, const T* b, T* out, int64_t rows, int64_t cols, bool row_is_a) {
+  ATHANOR_ISA_CALL(binary_row<T>, op, a, b, out, rows, cols, row_is_a);
+}
+template <class L>
+void binary_same_mixed(BinaryOp op, const float* full, const L* low, float* out, int64_t n, bool low_is_a) {
+  ATHANOR_ISA_CALL(binary_same_mixed<L>, op, full, low, out, n, low_is_a);
+}
+template void binary_same_mixed<bfloat16>(BinaryOp, const float*, const bfloat16*, float*, int64_t, bool);
+template void binary_same_mixed<float16>(BinaryOp, const float*, const float16*, float*, int64_t, bool);
+ATHANOR_INSTANTIATE_BINARY(float)
+ATHANOR_INSTANTIATE_BINARY(double)
+ATHANOR_INSTANTIATE_BINARY(bfloat16)
+ATHANOR_INSTANTIATE_BINARY(float16)
+ATHANOR_INSTANTIATE_BINARY(int32_t)
+ATHANOR_INSTANTIATE_BINARY(int64_t)
 
 namespace ref {
 Tensor binary(BinaryOp op, const Tensor& a, const Tensor& b) {
@@ -155,4 +197,6 @@ Tensor binary(BinaryOp op, const Tensor& a, const Tensor& b) {
 }
 }  // namespace ref
 
+
 }  // namespace athanor::cpu
+#endif  // ATHANOR_ISA_PRIMARY

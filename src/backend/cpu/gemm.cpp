@@ -370,8 +370,26 @@ template bool gemm_packed<bfloat16>(int64_t, const bfloat16*, int64_t, const Pac
 constexpr int64_t kMinPackedRows = 256;
 
 bool gemm_prefers_packed_b(bool bf16, bool tb, int64_t M, int64_t N, int64_t K) {
-  if (M < kMinPackedRows || N == 0 || K == 0) return false;
+  if (M < kMinPackedRows || N == 0 || K == 0 || !gemm_packed_supported(bf16)) return false;
   return bf16 || (use_f32_primitive(M, N, K) && !narrow_gemm_applies(false, tb, M, N, K, 1.0f));
+}
+
+namespace {
+// Whether oneDNN's matmul reads B in the packed layout (weight_packing.h) on this CPU: a
+// GEMM of the linear layers' kind (256 rows, K = N = 256) asked for once. Its brgemm
+// kernels take BA16a64b (f32) on AVX-512 and BA16a64b2a (bf16) with AVX512_BF16 or AMX;
+// elsewhere (AVX2; bf16 emulated on AVX-512 without AVX512_BF16) its kernels want other
+// layouts, and a packed copy would only be written, never read.
+template <class T> bool onednn_reads_packed() {
+  const PackedLayout l = packed_layout(std::is_same_v<T, bfloat16>, 256, 256);
+  const MatmulCall c = matmul_call<T, T>(false, false, 256, 256, 256, 1.0f, 256, 0, false, 0.0f, 256, &l);
+  return find_matmul<T>(c).has_value();
+}
+}  // namespace
+
+bool gemm_packed_supported(bool bf16) {
+  static const bool f32 = onednn_reads_packed<float>(), b16 = onednn_reads_packed<bfloat16>();
+  return bf16 ? b16 : f32;
 }
 
 size_t gemm_cached_primitives(bool bf16_inputs) {
@@ -387,24 +405,6 @@ std::string gemm_backend_name() {
   return "oneDNN " + std::to_string(v->major) + "." + std::to_string(v->minor) + "." + std::to_string(v->patch) +
          " (f32/bf16 matmul primitives, f32 sgemm for small GEMMs, JIT " +
          std::string(v->cpu_runtime == DNNL_RUNTIME_OMP ? "OpenMP" : "other runtime") + "), OpenBLAS (f64)";
-}
-
-std::string cpu_isa_name() {
-  std::string s;
-  __builtin_cpu_init();
-  if (__builtin_cpu_supports("avx512f")) s = "AVX-512";
-  else if (__builtin_cpu_supports("avx2")) s = "AVX2";
-  else s = "SSE";
-  if (__builtin_cpu_supports("avx512bf16")) s += " + AVX512_BF16";
-  if (__builtin_cpu_supports("f16c")) s += " + F16C";
-#if defined(__AVX512F__)
-  s += " (kernels compiled for AVX-512)";
-#elif defined(__AVX2__)
-  s += " (kernels compiled for AVX2)";
-#else
-  s += " (kernels compiled for baseline x86-64)";
-#endif
-  return s;
 }
 
 namespace ref {

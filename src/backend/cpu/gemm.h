@@ -48,17 +48,20 @@ struct PackedLayout;  // weight_packing.h
 // exactly that layout: the caller then runs its plain-B GEMM.
 template <class T>
 bool gemm_packed(int64_t M, const T* A, int64_t lda, const PackedLayout& l, const T* B, const T* bias, T* C, int64_t ldc);
-// Whether a GEMM A[M, K] op(B) with this shape should take a packed B: it runs on
-// oneDNN's blocked kernels (not narrow_gemm or sgemm) with enough rows (M >= 256) to
-// repay writing the packed copy once per optimizer step (figures in gemm.cpp).
+// Whether a GEMM A[M, K] op(B) with this shape should take a packed B: oneDNN reads the
+// packed layout on this CPU (gemm_packed_supported), and the GEMM runs on its blocked
+// kernels (not narrow_gemm or sgemm) with enough rows (M >= 256) to repay writing the
+// packed copy once per optimizer step (figures in gemm.cpp).
 bool gemm_prefers_packed_b(bool bf16, bool tb, int64_t M, int64_t N, int64_t K);
+// Whether oneDNN's matmul takes B in the packed layout at all on this CPU (its ISA:
+// AVX-512 for f32; AVX512_BF16 or AMX for bf16). Where it does not, gemm_packed returns false.
+bool gemm_packed_supported(bool bf16);
 
 // Number of cached oneDNN matmul primitives with bf16 (true) or f32 (false) inputs (tests).
 size_t gemm_cached_primitives(bool bf16_inputs);
 size_t gemm_bf16_cached_primitives();  // gemm_cached_primitives(true)
 
 std::string gemm_backend_name();  // e.g. "oneDNN 2.6.3 (f32), OpenBLAS (f64)"
-std::string cpu_isa_name();       // e.g. "AVX-512 + AVX512_BF16"
 
 namespace ref {
 // Naive triple loop, accumulating in double.

@@ -40,17 +40,11 @@
 #include <vector>
 
 #include "backend/cpu/bcast_tile.h"
-#include "backend/cpu/unary.h"  // ATHANOR_CPU_AVX512, immintrin.h, vec::tail_mask
+#include "backend/cpu/vec_math.h"  // vec::tail_mask
 
 namespace athanor::cpu {
 
 namespace {
-
-// ATHANOR_NARROW_GEMM=0 starts with the path off (A/B timing of whole runs on one binary).
-std::atomic<bool> g_enabled{[] {
-  const char* v = std::getenv("ATHANOR_NARROW_GEMM");
-  return !(v && std::string(v) == "0");
-}()};
 
 // Multiply-adds per extra thread: kNarrowWorkPerThread (narrow_gemm.h).
 constexpr int64_t kWorkPerThread = kNarrowWorkPerThread;
@@ -111,6 +105,12 @@ const float* pack_b_transposed(int64_t N, int64_t K, const float* B, int64_t ldb
     for (int64_t k = 0; k < K; ++k) p[k * N + j] = B[j * ldb + k];
   return p;
 }
+
+}  // namespace
+}  // namespace athanor::cpu
+
+ATHANOR_ISA_BEGIN
+namespace {
 
 #if ATHANOR_CPU_AVX512
 
@@ -359,6 +359,44 @@ void run_dot(bool n_is_narrow, int64_t M, int64_t N, int64_t K, float alpha, con
 
 }  // namespace
 
+bool narrow_gemm(bool ta, bool tb, int64_t M, int64_t N, int64_t K, float alpha, const float* A, int64_t lda,
+                 const float* B, int64_t ldb, float beta, const float* bias, float* C, int64_t ldc) {
+  if (!narrow_gemm_enabled()) return false;
+  const Path path = choose_path(ta, tb, M, N, K, alpha);
+  if (path == Path::none) return false;
+#if ATHANOR_CPU_AVX512
+  TileOperands o{K, alpha, beta, A, ta ? 1 : lda, ta ? lda : 1, B, ldb, bias, C, ldc};
+  if (path == Path::dot) {
+    run_dot(N <= M, M, N, K, alpha, A, lda, B, ldb, beta, bias, C, ldc);
+  } else if (path == Path::bcast) {
+    run_bcast(o, M, N);
+  } else {
+    if (path == Path::pack_then_kstat) {
+      o.B = pack_b_transposed(N, K, B, ldb);
+      o.ldb = N;
+    }
+    run_kstat(o, M, N);
+  }
+#else
+  detail::narrow_gemm_portable(ta, tb, M, N, K, alpha, A, lda, B, ldb, beta, bias, C, ldc);
+#endif
+  return true;
+}
+
+ATHANOR_ISA_END
+
+#if ATHANOR_ISA_PRIMARY
+namespace athanor::cpu {
+
+namespace {
+// ATHANOR_NARROW_GEMM=0 starts with the path off (A/B timing of whole runs on one binary).
+std::atomic<bool> g_enabled{[] {
+  const char* v = std::getenv("ATHANOR_NARROW_GEMM");
+  return !(v && std::string(v) == "0");
+}()};
+
+}  // namespace
+
 namespace detail {
 
 void narrow_gemm_portable(bool ta, bool tb, int64_t M, int64_t N, int64_t K, float alpha, const float* A, int64_t lda,
@@ -401,28 +439,14 @@ bool narrow_gemm_applies(bool ta, bool tb, int64_t M, int64_t N, int64_t K, floa
 void set_narrow_gemm_enabled(bool enabled) { g_enabled.store(enabled, std::memory_order_relaxed); }
 bool narrow_gemm_enabled() { return g_enabled.load(std::memory_order_relaxed); }
 
+ATHANOR_ISA_DECLARE(bool narrow_gemm(bool ta, bool tb, int64_t M, int64_t N, int64_t K, float alpha, const float* A,
+                                int64_t lda, const float* B, int64_t ldb, float beta, const float* bias, float* C,
+                                int64_t ldc);)
+
 bool narrow_gemm(bool ta, bool tb, int64_t M, int64_t N, int64_t K, float alpha, const float* A, int64_t lda,
                  const float* B, int64_t ldb, float beta, const float* bias, float* C, int64_t ldc) {
-  if (!narrow_gemm_enabled()) return false;
-  const Path path = choose_path(ta, tb, M, N, K, alpha);
-  if (path == Path::none) return false;
-#if ATHANOR_CPU_AVX512
-  TileOperands o{K, alpha, beta, A, ta ? 1 : lda, ta ? lda : 1, B, ldb, bias, C, ldc};
-  if (path == Path::dot) {
-    run_dot(N <= M, M, N, K, alpha, A, lda, B, ldb, beta, bias, C, ldc);
-  } else if (path == Path::bcast) {
-    run_bcast(o, M, N);
-  } else {
-    if (path == Path::pack_then_kstat) {
-      o.B = pack_b_transposed(N, K, B, ldb);
-      o.ldb = N;
-    }
-    run_kstat(o, M, N);
-  }
-#else
-  detail::narrow_gemm_portable(ta, tb, M, N, K, alpha, A, lda, B, ldb, beta, bias, C, ldc);
-#endif
-  return true;
+  ATHANOR_ISA_CALL(narrow_gemm, ta, tb, M, N, K, alpha, A, lda, B, ldb, beta, bias, C, ldc);
 }
 
 }  // namespace athanor::cpu
+#endif  // ATHANOR_ISA_PRIMARY

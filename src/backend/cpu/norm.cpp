@@ -1,3 +1,4 @@
+// LayerNorm and RMSNorm kernels (norm.h), compiled once per ISA level (isa_kernel.h).
 #include "backend/cpu/norm.h"
 
 #include <omp.h>
@@ -9,9 +10,40 @@
 #include "athanor/core/convert.h"
 #include "athanor/core/error.h"
 #include "backend/cpu/softmax.h"  // row::to_f32 / row::from_f32
-#include "backend/cpu/unary.h"    // vec:: 16-lane loads/stores of f32, bf16 and f16
+#include "backend/cpu/vec_math.h"  // vec:: 16-lane loads/stores of f32, bf16 and f16
 
-namespace athanor::cpu {
+#define ATHANOR_INSTANTIATE_LN_LOWP(L)                                                                           \
+  template void layer_norm_forward_lowp_input<L>(const L*, const float*, const float*, float*, float*, float*, \
+                                                 int64_t, int64_t, double);                                    \
+  template void layer_norm_backward_lowp_input<L>(const float*, const L*, const float*, const float*,          \
+                                                  const float*, L*, float*, float*, int64_t, int64_t);
+#define ATHANOR_INSTANTIATE_LN_XHAT(L)                                                                              \
+  template void layer_norm_forward_keep_xhat<L>(const float*, const float*, const float*, float*, L*, float*, float*, \
+                                                int64_t, int64_t, double, L*);                                      \
+  template void layer_norm_backward_from_xhat<L>(const float*, const L*, const float*, const float*, float*, float*,  \
+                                                 float*, int64_t, int64_t, bool);
+#define ATHANOR_INSTANTIATE_RMS_LOWP(L)                                                                             \
+  template void rms_norm_forward_lowp_input<L>(const L*, const float*, float*, float*, int64_t, int64_t, double); \
+  template void rms_norm_backward_lowp_input<L>(const float*, const L*, const float*, const float*, L*, float*,    \
+                                                int64_t, int64_t);
+#define ATHANOR_INSTANTIATE_NORM(T)                                                                              \
+  template void layer_norm_forward<T>(const T*, const T*, const T*, T*, norm_stat_t<T>*, norm_stat_t<T>*, int64_t,  \
+                                      int64_t, double);                                                            \
+  template void layer_norm_backward<T>(const T*, const T*, const T*, const norm_stat_t<T>*, const norm_stat_t<T>*,  \
+                                       T*, T*, T*, int64_t, int64_t, bool);                                        \
+  template void rms_norm_forward<T>(const T*, const T*, T*, norm_stat_t<T>*, int64_t, int64_t, double);            \
+  template void rms_norm_backward<T>(const T*, const T*, const T*, const norm_stat_t<T>*, T*, T*, int64_t, int64_t);
+#define ATHANOR_INSTANTIATE_NORM_REF(T)                                                                           \
+  template void ref::layer_norm_forward<T>(const T*, const T*, const T*, T*, norm_stat_t<T>*, norm_stat_t<T>*,     \
+                                           int64_t, int64_t, double);                                              \
+  template void ref::layer_norm_backward<T>(const T*, const T*, const T*, const norm_stat_t<T>*,                   \
+                                            const norm_stat_t<T>*, T*, T*, T*, int64_t, int64_t);                  \
+  template void ref::rms_norm_forward<T>(const T*, const T*, T*, norm_stat_t<T>*, int64_t, int64_t, double);       \
+  template void ref::rms_norm_backward<T>(const T*, const T*, const T*, const norm_stat_t<T>*, T*, T*, int64_t,     \
+                                          int64_t);
+
+ATHANOR_ISA_BEGIN
+
 namespace {
 
 // A parameter vector (weight/bias) as S: the pointer itself for S-typed data, a
@@ -237,10 +269,14 @@ void layer_norm_forward_impl(const TX* x, const TY* w, const TY* b, TY* y, norm_
       double s = 0;
 #pragma omp simd reduction(+ : s)
       for (int64_t i = 0; i < cols; ++i) s += static_cast<double>(xr[i]);
-      const S m = static_cast<S>(s / static_cast<double>(cols));
-      double v = 0;  // second pass over the (cached) row: no cancellation from E[x^2] - E[x]^2
+      const double md = s / static_cast<double>(cols);
+      const S m = static_cast<S>(md);
+      // Second pass over the (cached) row, about the f64 mean: no cancellation from E[x^2] -
+      // E[x]^2, and none from the f32 mean's rounding either (at |mean| = 1e7 an f32 mean is
+      // off by up to 0.5, which would add its square to the variance).
+      double v = 0;
 #pragma omp simd reduction(+ : v)
-      for (int64_t i = 0; i < cols; ++i) v += static_cast<double>((xr[i] - m) * (xr[i] - m));
+      for (int64_t i = 0; i < cols; ++i) v += (static_cast<double>(xr[i]) - md) * (static_cast<double>(xr[i]) - md);
       const S rs = static_cast<S>(1.0 / std::sqrt(v / static_cast<double>(cols) + static_cast<double>(e)));
 #pragma omp simd
       for (int64_t i = 0; i < cols; ++i) yr[i] = (xr[i] - m) * rs * pw[i] + pb[i];
@@ -265,6 +301,7 @@ void layer_norm_backward_impl(const TY* dy, const TX* x, const TY* w, const norm
   {
     RowIO<TX> iox(2, cols);
     RowIO<TY> ioy(1, cols);
+    std::vector<S> acc_row(accumulate_dx && dx ? cols : 0);
     S* tdw = pdw.of(omp_get_thread_num());
     S* tdb = pdb.of(omp_get_thread_num());
 #pragma omp for schedule(static)
@@ -314,16 +351,27 @@ void layer_norm_backward_impl(const TY* dy, const TX* x, const TY* w, const norm
       dn_mean *= inv_n;
       dn_xhat_mean *= inv_n;
       if (dx) {
-        S* dxr = iox.out(dx + r * cols, 1);
+        // Accumulating (TX == S), this row's gradient goes to scratch first and is added in a
+        // second loop: in one loop the compiler would fuse rstd * (...) + dx into an FMA, and
+        // the sum would differ in its last bit from the one autograd makes apart.
+        S* dxr = accumulate_dx ? acc_row.data() : iox.out(dx + r * cols, 1);
         // dL/dx = rstd * (dnorm                  direct path through xhat
         //                 - mean(dnorm)          through the mean
         //                 - xhat * mean(dnorm * xhat))   through rstd
 #pragma omp simd
         for (int64_t i = 0; i < cols; ++i) {
-          const S xhat = (xr[i] - m) * rs, g = rs * (dyr[i] * pw[i] - dn_mean - xhat * dn_xhat_mean);
-          dxr[i] = accumulate_dx ? dxr[i] + g : g;  // dxr is dx itself when accumulating (TX == S)
+          const S xhat = (xr[i] - m) * rs;
+          dxr[i] = rs * (dyr[i] * pw[i] - dn_mean - xhat * dn_xhat_mean);
         }
-        iox.commit(dxr, dx + r * cols);
+        if (accumulate_dx) {
+          if constexpr (std::is_same_v<TX, S>) {
+            S* out = dx + r * cols;
+#pragma omp simd
+            for (int64_t i = 0; i < cols; ++i) out[i] += dxr[i];
+          }
+        } else {
+          iox.commit(dxr, dx + r * cols);
+        }
       }
     }
   }
@@ -353,14 +401,6 @@ void layer_norm_backward_lowp_input(const float* dy, const L* x, const float* w,
                                     L* dx, float* dw, float* db, int64_t rows, int64_t cols) {
   layer_norm_backward_impl<L, float>(dy, x, w, mean, rstd, dx, dw, db, rows, cols);
 }
-#define ATHANOR_INSTANTIATE_LN_LOWP(L)                                                                           \
-  template void layer_norm_forward_lowp_input<L>(const L*, const float*, const float*, float*, float*, float*, \
-                                                 int64_t, int64_t, double);                                    \
-  template void layer_norm_backward_lowp_input<L>(const float*, const L*, const float*, const float*,          \
-                                                  const float*, L*, float*, float*, int64_t, int64_t);
-ATHANOR_INSTANTIATE_LN_LOWP(bfloat16)
-ATHANOR_INSTANTIATE_LN_LOWP(float16)
-#undef ATHANOR_INSTANTIATE_LN_LOWP
 
 // f32 x, xhat kept in L for backward (layer_norm under autocast): see norm.h.
 template <class L>
@@ -404,6 +444,7 @@ void layer_norm_backward_from_xhat(const float* dy, const L* xhat, const float* 
 #pragma omp parallel if (parallel_rows(rows, cols))
   {
     RowIO<L> ioh(1, cols);
+    std::vector<float> acc_row(accumulate_dx && dx ? cols : 0);
     float* tdw = pdw.of(omp_get_thread_num());
     float* tdb = pdb.of(omp_get_thread_num());
 #pragma omp for schedule(static)
@@ -437,13 +478,17 @@ void layer_norm_backward_from_xhat(const float* dy, const L* xhat, const float* 
       dn_mean *= inv_n;
       dn_xhat_mean *= inv_n;
       if (dx) {
-        float* dxr = dx + r * cols;
+        // Accumulating: this row's gradient in scratch, then added in a loop of its own (no
+        // FMA across the two: bit-identical to autograd's separate sum).
+        float* out = dx + r * cols;
+        float* dxr = accumulate_dx ? acc_row.data() : out;
         const float rs = rstd[r];
         // direct path through xhat, minus the paths through the mean and through rstd
 #pragma omp simd
-        for (int64_t i = 0; i < cols; ++i) {
-          const float g = rs * (dyr[i] * pw[i] - dn_mean - hr[i] * dn_xhat_mean);
-          dxr[i] = accumulate_dx ? dxr[i] + g : g;
+        for (int64_t i = 0; i < cols; ++i) dxr[i] = rs * (dyr[i] * pw[i] - dn_mean - hr[i] * dn_xhat_mean);
+        if (accumulate_dx) {
+#pragma omp simd
+          for (int64_t i = 0; i < cols; ++i) out[i] += dxr[i];
         }
       }
     }
@@ -451,14 +496,6 @@ void layer_norm_backward_from_xhat(const float* dy, const L* xhat, const float* 
   pdw.reduce_into(dw);
   pdb.reduce_into(db);
 }
-#define ATHANOR_INSTANTIATE_LN_XHAT(L)                                                                              \
-  template void layer_norm_forward_keep_xhat<L>(const float*, const float*, const float*, float*, L*, float*, float*, \
-                                                int64_t, int64_t, double, L*);                                      \
-  template void layer_norm_backward_from_xhat<L>(const float*, const L*, const float*, const float*, float*, float*,  \
-                                                 float*, int64_t, int64_t, bool);
-ATHANOR_INSTANTIATE_LN_XHAT(bfloat16)
-ATHANOR_INSTANTIATE_LN_XHAT(float16)
-#undef ATHANOR_INSTANTIATE_LN_XHAT
 
 // ---- RMSNorm -----------------------------------------------------------------------------
 
@@ -550,15 +587,116 @@ void rms_norm_backward_lowp_input(const float* dy, const L* x, const float* w, c
                                   int64_t rows, int64_t cols) {
   rms_norm_backward_impl<L, float>(dy, x, w, rstd, dx, dw, rows, cols);
 }
-#define ATHANOR_INSTANTIATE_RMS_LOWP(L)                                                                             \
-  template void rms_norm_forward_lowp_input<L>(const L*, const float*, float*, float*, int64_t, int64_t, double); \
-  template void rms_norm_backward_lowp_input<L>(const float*, const L*, const float*, const float*, L*, float*,    \
-                                                int64_t, int64_t);
-ATHANOR_INSTANTIATE_RMS_LOWP(bfloat16)
-ATHANOR_INSTANTIATE_RMS_LOWP(float16)
-#undef ATHANOR_INSTANTIATE_RMS_LOWP
 
 // ---- reference kernels: double, no threads, straight from the definitions ---------------
+ATHANOR_INSTANTIATE_LN_LOWP(bfloat16)
+ATHANOR_INSTANTIATE_LN_LOWP(float16)
+ATHANOR_INSTANTIATE_LN_XHAT(bfloat16)
+ATHANOR_INSTANTIATE_LN_XHAT(float16)
+ATHANOR_INSTANTIATE_RMS_LOWP(bfloat16)
+ATHANOR_INSTANTIATE_RMS_LOWP(float16)
+ATHANOR_INSTANTIATE_NORM(float)
+ATHANOR_INSTANTIATE_NORM(double)
+ATHANOR_INSTANTIATE_NORM(bfloat16)
+ATHANOR_INSTANTIATE_NORM(float16)
+
+ATHANOR_ISA_END
+
+#if ATHANOR_ISA_PRIMARY
+namespace athanor::cpu {
+
+ATHANOR_ISA_DECLARE(
+    template <class T>
+    void layer_norm_forward(const T* x, const T* w, const T* b, T* y, norm_stat_t<T>* mean, norm_stat_t<T>* rstd,
+                            int64_t rows, int64_t cols, double eps);
+    template <class T>
+    void layer_norm_backward(const T* dy, const T* x, const T* w, const norm_stat_t<T>* mean,
+                             const norm_stat_t<T>* rstd, T* dx, T* dw, T* db, int64_t rows, int64_t cols,
+                             bool accumulate_dx);
+    template <class L>
+    void layer_norm_forward_lowp_input(const L* x, const float* w, const float* b, float* y, float* mean, float* rstd,
+                                       int64_t rows, int64_t cols, double eps);
+    template <class L>
+    void layer_norm_backward_lowp_input(const float* dy, const L* x, const float* w, const float* mean,
+                                        const float* rstd, L* dx, float* dw, float* db, int64_t rows, int64_t cols);
+    template <class L>
+    void layer_norm_forward_keep_xhat(const float* x, const float* w, const float* b, float* y, L* xhat, float* mean,
+                                      float* rstd, int64_t rows, int64_t cols, double eps, L* y_low);
+    template <class L>
+    void layer_norm_backward_from_xhat(const float* dy, const L* xhat, const float* w, const float* rstd, float* dx,
+                                       float* dw, float* db, int64_t rows, int64_t cols, bool accumulate_dx);
+    template <class T>
+    void rms_norm_forward(const T* x, const T* w, T* y, norm_stat_t<T>* rstd, int64_t rows, int64_t cols, double eps);
+    template <class T>
+    void rms_norm_backward(const T* dy, const T* x, const T* w, const norm_stat_t<T>* rstd, T* dx, T* dw,
+                           int64_t rows, int64_t cols);
+    template <class L>
+    void rms_norm_forward_lowp_input(const L* x, const float* w, float* y, float* rstd, int64_t rows, int64_t cols,
+                                     double eps);
+    template <class L>
+    void rms_norm_backward_lowp_input(const float* dy, const L* x, const float* w, const float* rstd, L* dx,
+                                      float* dw, int64_t rows, int64_t cols);)
+
+template <class T>
+void layer_norm_forward(const T* x, const T* w, const T* b, T* y, norm_stat_t<T>* mean, norm_stat_t<T>* rstd,
+                        int64_t rows, int64_t cols, double eps) {
+  ATHANOR_ISA_CALL(layer_norm_forward<T>, x, w, b, y, mean, rstd, rows, cols, eps);
+}
+template <class T>
+void layer_norm_backward(const T* dy, const T* x, const T* w, const norm_stat_t<T>* mean, const norm_stat_t<T>* rstd,
+                         T* dx, T* dw, T* db, int64_t rows, int64_t cols, bool accumulate_dx) {
+  ATHANOR_ISA_CALL(layer_norm_backward<T>, dy, x, w, mean, rstd, dx, dw, db, rows, cols, accumulate_dx);
+}
+template <class L>
+void layer_norm_forward_lowp_input(const L* x, const float* w, const float* b, float* y, float* mean, float* rstd,
+                                   int64_t rows, int64_t cols, double eps) {
+  ATHANOR_ISA_CALL(layer_norm_forward_lowp_input<L>, x, w, b, y, mean, rstd, rows, cols, eps);
+}
+template <class L>
+void layer_norm_backward_lowp_input(const float* dy, const L* x, const float* w, const float* mean, const float* rstd,
+                                    L* dx, float* dw, float* db, int64_t rows, int64_t cols) {
+  ATHANOR_ISA_CALL(layer_norm_backward_lowp_input<L>, dy, x, w, mean, rstd, dx, dw, db, rows, cols);
+}
+template <class L>
+void layer_norm_forward_keep_xhat(const float* x, const float* w, const float* b, float* y, L* xhat, float* mean,
+                                  float* rstd, int64_t rows, int64_t cols, double eps, L* y_low) {
+  ATHANOR_ISA_CALL(layer_norm_forward_keep_xhat<L>, x, w, b, y, xhat, mean, rstd, rows, cols, eps, y_low);
+}
+template <class L>
+void layer_norm_backward_from_xhat(const float* dy, const L* xhat, const float* w, const float* rstd, float* dx,
+                                   float* dw, float* db, int64_t rows, int64_t cols, bool accumulate_dx) {
+  ATHANOR_ISA_CALL(layer_norm_backward_from_xhat<L>, dy, xhat, w, rstd, dx, dw, db, rows, cols, accumulate_dx);
+}
+template <class T>
+void rms_norm_forward(const T* x, const T* w, T* y, norm_stat_t<T>* rstd, int64_t rows, int64_t cols, double eps) {
+  ATHANOR_ISA_CALL(rms_norm_forward<T>, x, w, y, rstd, rows, cols, eps);
+}
+template <class T>
+void rms_norm_backward(const T* dy, const T* x, const T* w, const norm_stat_t<T>* rstd, T* dx, T* dw, int64_t rows,
+                       int64_t cols) {
+  ATHANOR_ISA_CALL(rms_norm_backward<T>, dy, x, w, rstd, dx, dw, rows, cols);
+}
+template <class L>
+void rms_norm_forward_lowp_input(const L* x, const float* w, float* y, float* rstd, int64_t rows, int64_t cols,
+                                 double eps) {
+  ATHANOR_ISA_CALL(rms_norm_forward_lowp_input<L>, x, w, y, rstd, rows, cols, eps);
+}
+template <class L>
+void rms_norm_backward_lowp_input(const float* dy, const L* x, const float* w, const float* rstd, L* dx, float* dw,
+                                  int64_t rows, int64_t cols) {
+  ATHANOR_ISA_CALL(rms_norm_backward_lowp_input<L>, dy, x, w, rstd, dx, dw, rows, cols);
+}
+ATHANOR_INSTANTIATE_LN_LOWP(bfloat16)
+ATHANOR_INSTANTIATE_LN_LOWP(float16)
+ATHANOR_INSTANTIATE_LN_XHAT(bfloat16)
+ATHANOR_INSTANTIATE_LN_XHAT(float16)
+ATHANOR_INSTANTIATE_RMS_LOWP(bfloat16)
+ATHANOR_INSTANTIATE_RMS_LOWP(float16)
+ATHANOR_INSTANTIATE_NORM(float)
+ATHANOR_INSTANTIATE_NORM(double)
+ATHANOR_INSTANTIATE_NORM(bfloat16)
+ATHANOR_INSTANTIATE_NORM(float16)
+
 namespace ref {
 namespace {
 template <class T> double at(const T* p, int64_t i) { return cast_value<double>(p[i]); }
@@ -641,24 +779,10 @@ void rms_norm_backward(const T* dy, const T* x, const T* w, const norm_stat_t<T>
 
 }  // namespace ref
 
-#define ATHANOR_INSTANTIATE_NORM_NS(NS, T)                                                                          \
-  template void NS::layer_norm_forward<T>(const T*, const T*, const T*, T*, norm_stat_t<T>*, norm_stat_t<T>*,       \
-                                          int64_t, int64_t, double);                                               \
-  template void NS::rms_norm_forward<T>(const T*, const T*, T*, norm_stat_t<T>*, int64_t, int64_t, double);        \
-  template void NS::rms_norm_backward<T>(const T*, const T*, const T*, const norm_stat_t<T>*, T*, T*, int64_t,      \
-                                         int64_t);
-#define ATHANOR_INSTANTIATE_NORM(T)                                                                               \
-  ATHANOR_INSTANTIATE_NORM_NS(cpu, T)                                                                             \
-  ATHANOR_INSTANTIATE_NORM_NS(ref, T)                                                                             \
-  template void cpu::layer_norm_backward<T>(const T*, const T*, const T*, const norm_stat_t<T>*,                   \
-                                            const norm_stat_t<T>*, T*, T*, T*, int64_t, int64_t, bool);           \
-  template void ref::layer_norm_backward<T>(const T*, const T*, const T*, const norm_stat_t<T>*,                   \
-                                            const norm_stat_t<T>*, T*, T*, T*, int64_t, int64_t);
-ATHANOR_INSTANTIATE_NORM(float)
-ATHANOR_INSTANTIATE_NORM(double)
-ATHANOR_INSTANTIATE_NORM(bfloat16)
-ATHANOR_INSTANTIATE_NORM(float16)
-#undef ATHANOR_INSTANTIATE_NORM
-#undef ATHANOR_INSTANTIATE_NORM_NS
+ATHANOR_INSTANTIATE_NORM_REF(float)
+ATHANOR_INSTANTIATE_NORM_REF(double)
+ATHANOR_INSTANTIATE_NORM_REF(bfloat16)
+ATHANOR_INSTANTIATE_NORM_REF(float16)
 
 }  // namespace athanor::cpu
+#endif  // ATHANOR_ISA_PRIMARY

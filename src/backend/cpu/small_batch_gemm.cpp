@@ -43,17 +43,12 @@
 
 #include "backend/cpu/bcast_tile.h"
 #include "backend/cpu/stealing_runs.h"
-#include "backend/cpu/unary.h"  // ATHANOR_CPU_AVX512, immintrin.h, vec::tail_mask
+#include "backend/cpu/vec_math.h"  // vec::tail_mask
 #include "backend/cpu/workspace.h"
 
 namespace athanor::cpu {
 
 namespace {
-
-std::atomic<bool> g_enabled{[] {
-  const char* v = std::getenv("ATHANOR_SMALL_BATCH_GEMM");
-  return !(v && std::string(v) == "0");
-}()};
 
 // The batch (rows of C for NT / NN, the reduction for TN) and the other two sizes.
 // The dot tiles only where they measured at least as fast as oneDNN: a batch of about 128
@@ -65,7 +60,7 @@ constexpr int64_t kDotMinBatch = 96, kDotMaxBatch = 160, kDotMinK = 768, kDotMax
 
 enum class Path { none, dot, outer };
 
-Path choose_path(bool ta, bool tb, int64_t M, int64_t N, int64_t K, float alpha, bool relu = false) {
+[[maybe_unused]] Path choose_path(bool ta, bool tb, int64_t M, int64_t N, int64_t K, float alpha, bool relu = false) {
   if (alpha == 0.0f || N < kMinWide) return Path::none;
   if (relu && !(!ta && tb)) return Path::none;  // only the dot tiles' epilogue applies it
   auto batch = [](int64_t b) { return b >= kMinBatch && b <= kMaxBatch; };
@@ -78,6 +73,12 @@ Path choose_path(bool ta, bool tb, int64_t M, int64_t N, int64_t K, float alpha,
 }
 
 inline int64_t ceil_div(int64_t a, int64_t b) { return (a + b - 1) / b; }
+
+}  // namespace
+}  // namespace athanor::cpu
+
+ATHANOR_ISA_BEGIN
+namespace {
 
 #if ATHANOR_CPU_AVX512
 
@@ -288,9 +289,6 @@ bool small_batch_gemm_applies(bool ta, bool tb, int64_t M, int64_t N, int64_t K,
 #endif
 }
 
-void set_small_batch_gemm_enabled(bool enabled) { g_enabled.store(enabled, std::memory_order_relaxed); }
-bool small_batch_gemm_enabled() { return g_enabled.load(std::memory_order_relaxed); }
-
 bool small_batch_gemm(bool ta, bool tb, int64_t M, int64_t N, int64_t K, float alpha, const float* A, int64_t lda,
                       const float* B, int64_t ldb, float beta, const float* bias, float* C, int64_t ldc, bool relu) {
 #if ATHANOR_CPU_AVX512
@@ -306,4 +304,34 @@ bool small_batch_gemm(bool ta, bool tb, int64_t M, int64_t N, int64_t K, float a
 #endif
 }
 
+ATHANOR_ISA_END
+
+#if ATHANOR_ISA_PRIMARY
+namespace athanor::cpu {
+
+namespace {
+std::atomic<bool> g_enabled{[] {
+  const char* v = std::getenv("ATHANOR_SMALL_BATCH_GEMM");
+  return !(v && std::string(v) == "0");
+}()};
+
+}  // namespace
+
+void set_small_batch_gemm_enabled(bool enabled) { g_enabled.store(enabled, std::memory_order_relaxed); }
+bool small_batch_gemm_enabled() { return g_enabled.load(std::memory_order_relaxed); }
+
+ATHANOR_ISA_DECLARE(
+    bool small_batch_gemm(bool ta, bool tb, int64_t M, int64_t N, int64_t K, float alpha, const float* A, int64_t lda,
+                          const float* B, int64_t ldb, float beta, const float* bias, float* C, int64_t ldc, bool relu);
+    bool small_batch_gemm_applies(bool ta, bool tb, int64_t M, int64_t N, int64_t K, float alpha, bool relu);)
+
+bool small_batch_gemm(bool ta, bool tb, int64_t M, int64_t N, int64_t K, float alpha, const float* A, int64_t lda,
+                      const float* B, int64_t ldb, float beta, const float* bias, float* C, int64_t ldc, bool relu) {
+  ATHANOR_ISA_CALL(small_batch_gemm, ta, tb, M, N, K, alpha, A, lda, B, ldb, beta, bias, C, ldc, relu);
+}
+bool small_batch_gemm_applies(bool ta, bool tb, int64_t M, int64_t N, int64_t K, float alpha, bool relu) {
+  ATHANOR_ISA_CALL(small_batch_gemm_applies, ta, tb, M, N, K, alpha, relu);
+}
+
 }  // namespace athanor::cpu
+#endif  // ATHANOR_ISA_PRIMARY

@@ -1,3 +1,5 @@
+// Softmax kernels and the f32 row primitives (softmax.h), compiled once per ISA level
+// (isa_kernel.h).
 #include "backend/cpu/softmax.h"
 
 #include <cmath>
@@ -6,21 +8,25 @@
 #include <vector>
 
 #include "athanor/core/convert.h"
+#include "backend/cpu/isa_kernel.h"
 
-#if defined(__AVX512F__) && defined(__AVX512BW__) && defined(__AVX512VL__)
-#define ATHANOR_SOFTMAX_AVX512 1
-// GCC 12 warns inside its own AVX-512 headers (PR 105593, _mm512_undefined_*): not our code.
-#pragma GCC diagnostic ignored "-Wmaybe-uninitialized"
-#pragma GCC diagnostic ignored "-Wuninitialized"
-#include <immintrin.h>
-#endif
+#define ATHANOR_INSTANTIATE_SOFTMAX(T)                                               \
+  template void softmax_forward<T>(const T*, T*, int64_t, int64_t, bool); \
+  template void softmax_backward<T>(const T*, const T*, T*, int64_t, int64_t, bool);
+#define ATHANOR_INSTANTIATE_SOFTMAX_LOWP(L)                                                      \
+  template void softmax_forward_lowp_input<L>(const L*, float*, int64_t, int64_t, bool); \
+  template void softmax_backward_lowp_dx<L>(const float*, const float*, L*, int64_t, int64_t, bool);
+#define ATHANOR_INSTANTIATE_ROW(T)                                     \
+  template void row::to_f32<T>(const T*, float*, int64_t); \
+  template void row::from_f32<T>(const float*, T*, int64_t);
 
-namespace athanor::cpu {
+ATHANOR_ISA_BEGIN
+
 namespace {
 template <class T> using acc_t = std::conditional_t<std::is_same_v<T, double>, double, float>;
 constexpr float kNegInf = -std::numeric_limits<float>::infinity();
 
-#if ATHANOR_SOFTMAX_AVX512
+#if ATHANOR_CPU_AVX512
 inline __mmask16 tail_mask(int64_t left) { return left >= 16 ? __mmask16(0xffff) : __mmask16((1u << left) - 1u); }
 
 // exp(x) for 16 floats: x = n ln2 + r with |r| <= ln2/2, e^r by the Cephes
@@ -143,7 +149,7 @@ template <class T> void to_f32(const T* src, float* dst, int64_t n) {
   if constexpr (std::is_same_v<T, float>) {
     if (src != dst) std::copy(src, src + n, dst);
   } else {
-#if ATHANOR_SOFTMAX_AVX512
+#if ATHANOR_CPU_AVX512
     for (int64_t i = 0; i < n; i += 16) {
       const __mmask16 m = tail_mask(n - i);
       __m512 v;
@@ -161,7 +167,7 @@ template <class T> void from_f32(const float* src, T* dst, int64_t n) {
   if constexpr (std::is_same_v<T, float>) {
     if (src != dst) std::copy(src, src + n, dst);
   } else {
-#if ATHANOR_SOFTMAX_AVX512
+#if ATHANOR_CPU_AVX512
     for (int64_t i = 0; i < n; i += 16) {
       const __mmask16 m = tail_mask(n - i);
       const __m512 v = _mm512_maskz_loadu_ps(m, src + i);
@@ -177,7 +183,7 @@ template <class T> void from_f32(const float* src, T* dst, int64_t n) {
 }
 
 float max(const float* x, int64_t n) {
-#if ATHANOR_SOFTMAX_AVX512
+#if ATHANOR_CPU_AVX512
   __m512 m = _mm512_set1_ps(kNegInf);
   for (int64_t i = 0; i < n; i += 16) m = _mm512_max_ps(_mm512_mask_loadu_ps(_mm512_set1_ps(kNegInf), tail_mask(n - i), x + i), m);
   return _mm512_reduce_max_ps(m);
@@ -189,7 +195,7 @@ float max(const float* x, int64_t n) {
 }
 
 float sum_exp(const float* x, float shift, float* out, int64_t n) {
-#if ATHANOR_SOFTMAX_AVX512
+#if ATHANOR_CPU_AVX512
   const __m512 s = _mm512_set1_ps(shift);
   __m512 acc0 = _mm512_setzero_ps(), acc1 = _mm512_setzero_ps();
   int64_t i = 0;
@@ -219,7 +225,7 @@ float sum_exp(const float* x, float shift, float* out, int64_t n) {
 }
 
 void exp_shift(const float* x, float shift, float* y, int64_t n) {
-#if ATHANOR_SOFTMAX_AVX512
+#if ATHANOR_CPU_AVX512
   const __m512 s = _mm512_set1_ps(shift);
   for (int64_t i = 0; i < n; i += 16) {
     const __mmask16 m = tail_mask(n - i);
@@ -268,12 +274,67 @@ void softmax_backward_lowp_dx(const float* dy, const float* y, L* dx, int64_t ro
     }
   }
 }
-template void softmax_forward_lowp_input<bfloat16>(const bfloat16*, float*, int64_t, int64_t, bool);
-template void softmax_forward_lowp_input<float16>(const float16*, float*, int64_t, int64_t, bool);
-template void softmax_backward_lowp_dx<bfloat16>(const float*, const float*, bfloat16*, int64_t, int64_t, bool);
-template void softmax_backward_lowp_dx<float16>(const float*, const float*, float16*, int64_t, int64_t, bool);
 
 // ---- reference kernels: one row at a time, in double, straight from the definitions ----
+ATHANOR_INSTANTIATE_SOFTMAX(float)
+ATHANOR_INSTANTIATE_SOFTMAX(double)
+ATHANOR_INSTANTIATE_SOFTMAX(bfloat16)
+ATHANOR_INSTANTIATE_SOFTMAX(float16)
+ATHANOR_INSTANTIATE_SOFTMAX_LOWP(bfloat16)
+ATHANOR_INSTANTIATE_SOFTMAX_LOWP(float16)
+ATHANOR_INSTANTIATE_ROW(float)
+ATHANOR_INSTANTIATE_ROW(bfloat16)
+ATHANOR_INSTANTIATE_ROW(float16)
+
+ATHANOR_ISA_END
+
+#if ATHANOR_ISA_PRIMARY
+namespace athanor::cpu {
+
+ATHANOR_ISA_DECLARE(
+    template <class T> void softmax_forward(const T* x, T* y, int64_t rows, int64_t cols, bool log);
+    template <class T> void softmax_backward(const T* dy, const T* y, T* dx, int64_t rows, int64_t cols, bool log);
+    template <class L> void softmax_forward_lowp_input(const L* x, float* y, int64_t rows, int64_t cols, bool log);
+    template <class L>
+    void softmax_backward_lowp_dx(const float* dy, const float* y, L* dx, int64_t rows, int64_t cols, bool log);
+    namespace row {
+      template <class T> void to_f32(const T* src, float* dst, int64_t n);
+      template <class T> void from_f32(const float* src, T* dst, int64_t n);
+      float max(const float* x, int64_t n);
+      float sum_exp(const float* x, float shift, float* out, int64_t n);
+      void exp_shift(const float* x, float shift, float* y, int64_t n);
+    })
+
+template <class T> void softmax_forward(const T* x, T* y, int64_t rows, int64_t cols, bool log) {
+  ATHANOR_ISA_CALL(softmax_forward<T>, x, y, rows, cols, log);
+}
+template <class T> void softmax_backward(const T* dy, const T* y, T* dx, int64_t rows, int64_t cols, bool log) {
+  ATHANOR_ISA_CALL(softmax_backward<T>, dy, y, dx, rows, cols, log);
+}
+template <class L> void softmax_forward_lowp_input(const L* x, float* y, int64_t rows, int64_t cols, bool log) {
+  ATHANOR_ISA_CALL(softmax_forward_lowp_input<L>, x, y, rows, cols, log);
+}
+template <class L>
+void softmax_backward_lowp_dx(const float* dy, const float* y, L* dx, int64_t rows, int64_t cols, bool log) {
+  ATHANOR_ISA_CALL(softmax_backward_lowp_dx<L>, dy, y, dx, rows, cols, log);
+}
+namespace row {
+template <class T> void to_f32(const T* src, float* dst, int64_t n) { ATHANOR_ISA_CALL(row::to_f32<T>, src, dst, n); }
+template <class T> void from_f32(const float* src, T* dst, int64_t n) { ATHANOR_ISA_CALL(row::from_f32<T>, src, dst, n); }
+float max(const float* x, int64_t n) { ATHANOR_ISA_CALL(row::max, x, n); }
+float sum_exp(const float* x, float shift, float* out, int64_t n) { ATHANOR_ISA_CALL(row::sum_exp, x, shift, out, n); }
+void exp_shift(const float* x, float shift, float* y, int64_t n) { ATHANOR_ISA_CALL(row::exp_shift, x, shift, y, n); }
+}  // namespace row
+ATHANOR_INSTANTIATE_SOFTMAX(float)
+ATHANOR_INSTANTIATE_SOFTMAX(double)
+ATHANOR_INSTANTIATE_SOFTMAX(bfloat16)
+ATHANOR_INSTANTIATE_SOFTMAX(float16)
+ATHANOR_INSTANTIATE_SOFTMAX_LOWP(bfloat16)
+ATHANOR_INSTANTIATE_SOFTMAX_LOWP(float16)
+ATHANOR_INSTANTIATE_ROW(float)
+ATHANOR_INSTANTIATE_ROW(bfloat16)
+ATHANOR_INSTANTIATE_ROW(float16)
+
 namespace ref {
 template <class T> void softmax_forward(const T* x, T* y, int64_t rows, int64_t cols, bool log) {
   std::vector<double> row(cols);
@@ -300,22 +361,14 @@ template <class T> void softmax_backward(const T* dy, const T* y, T* dx, int64_t
 }
 }  // namespace ref
 
-#define ATHANOR_INSTANTIATE_SOFTMAX(T)                                                      \
-  template void softmax_forward<T>(const T*, T*, int64_t, int64_t, bool);                   \
-  template void softmax_backward<T>(const T*, const T*, T*, int64_t, int64_t, bool);        \
+
+#define ATHANOR_INSTANTIATE_SOFTMAX_REF(T)                                                      \
   template void ref::softmax_forward<T>(const T*, T*, int64_t, int64_t, bool);              \
   template void ref::softmax_backward<T>(const T*, const T*, T*, int64_t, int64_t, bool);
-ATHANOR_INSTANTIATE_SOFTMAX(float)
-ATHANOR_INSTANTIATE_SOFTMAX(double)
-ATHANOR_INSTANTIATE_SOFTMAX(bfloat16)
-ATHANOR_INSTANTIATE_SOFTMAX(float16)
-#undef ATHANOR_INSTANTIATE_SOFTMAX
-
-template void row::to_f32<float>(const float*, float*, int64_t);
-template void row::to_f32<bfloat16>(const bfloat16*, float*, int64_t);
-template void row::to_f32<float16>(const float16*, float*, int64_t);
-template void row::from_f32<float>(const float*, float*, int64_t);
-template void row::from_f32<bfloat16>(const float*, bfloat16*, int64_t);
-template void row::from_f32<float16>(const float*, float16*, int64_t);
+ATHANOR_INSTANTIATE_SOFTMAX_REF(float)
+ATHANOR_INSTANTIATE_SOFTMAX_REF(double)
+ATHANOR_INSTANTIATE_SOFTMAX_REF(bfloat16)
+ATHANOR_INSTANTIATE_SOFTMAX_REF(float16)
 
 }  // namespace athanor::cpu
+#endif  // ATHANOR_ISA_PRIMARY

@@ -1,23 +1,29 @@
+// Unary elementwise kernels (unary.h), compiled once per ISA level (isa_kernel.h):
+// the kernels per level, then (once) the dispatching entry points and the references.
 #include "backend/cpu/unary.h"
 
 #include <limits>
 #include <vector>
 
 #include "athanor/core/error.h"
+#include "backend/cpu/vec_math.h"
 
-namespace athanor::cpu {
+#define ATHANOR_INSTANTIATE_UNARY_FLOAT(T)                                              \
+  template void unary<T>(UnaryOp, const T*, T*, int64_t);                               \
+  template void pow_scalar<T>(const T*, double, T*, int64_t);                           \
+  template void pow_tensor<T>(const T*, const T*, T*, int64_t);                         \
+  template void clamp<T>(const T*, double, double, T*, int64_t);                        \
+  template void abs_backward<T>(const T*, const T*, T*, int64_t);                       \
+  template void clamp_backward<T>(const T*, double, double, const T*, T*, int64_t);
+#define ATHANOR_INSTANTIATE_UNARY_INT(T)                  \
+  template void unary<T>(UnaryOp, const T*, T*, int64_t); \
+  template void clamp<T>(const T*, double, double, T*, int64_t);
+#define ATHANOR_INSTANTIATE_SELECT(T)                                                     \
+  template void where<T>(const uint8_t*, const T*, bool, const T*, bool, T*, int64_t);    \
+  template void compare<T>(CompareOp, const T*, const T*, bool, bool*, int64_t);          \
+  template void compare_scalar<T>(CompareOp, const T*, double, bool*, int64_t);
 
-const char* unary_op_name(UnaryOp op) {
-  switch (op) {
-    case UnaryOp::exp: return "exp";
-    case UnaryOp::log: return "log";
-    case UnaryOp::sqrt: return "sqrt";
-    case UnaryOp::rsqrt: return "rsqrt";
-    case UnaryOp::abs: return "abs";
-    case UnaryOp::square: return "square";
-  }
-  return "?";
-}
+ATHANOR_ISA_BEGIN
 
 namespace {
 template <class T> inline constexpr bool is_int_v = std::is_integral_v<T>;  // incl. bool, uint8_t
@@ -271,29 +277,13 @@ bool convert(DType from, DType to, const void* x, void* out, int64_t n) {
   return true;
 }
 
-#define ATHANOR_INSTANTIATE_UNARY_FLOAT(T)                                              \
-  template void unary<T>(UnaryOp, const T*, T*, int64_t);                               \
-  template void pow_scalar<T>(const T*, double, T*, int64_t);                           \
-  template void pow_tensor<T>(const T*, const T*, T*, int64_t);                         \
-  template void clamp<T>(const T*, double, double, T*, int64_t);                        \
-  template void abs_backward<T>(const T*, const T*, T*, int64_t);                       \
-  template void clamp_backward<T>(const T*, double, double, const T*, T*, int64_t);
 ATHANOR_INSTANTIATE_UNARY_FLOAT(float)
 ATHANOR_INSTANTIATE_UNARY_FLOAT(double)
 ATHANOR_INSTANTIATE_UNARY_FLOAT(bfloat16)
 ATHANOR_INSTANTIATE_UNARY_FLOAT(float16)
-#undef ATHANOR_INSTANTIATE_UNARY_FLOAT
-#define ATHANOR_INSTANTIATE_UNARY_INT(T)                  \
-  template void unary<T>(UnaryOp, const T*, T*, int64_t); \
-  template void clamp<T>(const T*, double, double, T*, int64_t);
 ATHANOR_INSTANTIATE_UNARY_INT(int32_t)
 ATHANOR_INSTANTIATE_UNARY_INT(int64_t)
 ATHANOR_INSTANTIATE_UNARY_INT(uint8_t)
-#undef ATHANOR_INSTANTIATE_UNARY_INT
-#define ATHANOR_INSTANTIATE_SELECT(T)                                                     \
-  template void where<T>(const uint8_t*, const T*, bool, const T*, bool, T*, int64_t);    \
-  template void compare<T>(CompareOp, const T*, const T*, bool, bool*, int64_t);          \
-  template void compare_scalar<T>(CompareOp, const T*, double, bool*, int64_t);
 ATHANOR_INSTANTIATE_SELECT(float)
 ATHANOR_INSTANTIATE_SELECT(double)
 ATHANOR_INSTANTIATE_SELECT(bfloat16)
@@ -302,7 +292,74 @@ ATHANOR_INSTANTIATE_SELECT(int32_t)
 ATHANOR_INSTANTIATE_SELECT(int64_t)
 ATHANOR_INSTANTIATE_SELECT(uint8_t)
 ATHANOR_INSTANTIATE_SELECT(bool)
-#undef ATHANOR_INSTANTIATE_SELECT
+
+ATHANOR_ISA_END
+
+#if ATHANOR_ISA_PRIMARY
+namespace athanor::cpu {
+
+const char* unary_op_name(UnaryOp op) {
+  switch (op) {
+    case UnaryOp::exp: return "exp";
+    case UnaryOp::log: return "log";
+    case UnaryOp::sqrt: return "sqrt";
+    case UnaryOp::rsqrt: return "rsqrt";
+    case UnaryOp::abs: return "abs";
+    case UnaryOp::square: return "square";
+  }
+  return "?";
+}
+
+ATHANOR_ISA_DECLARE(
+    template <class T> void unary(UnaryOp op, const T* x, T* out, int64_t n);
+    template <class T> void pow_scalar(const T* x, double p, T* out, int64_t n);
+    template <class T> void pow_tensor(const T* x, const T* y, T* out, int64_t n);
+    template <class T> void clamp(const T* x, double lo, double hi, T* out, int64_t n);
+    template <class T> void abs_backward(const T* x, const T* g, T* out, int64_t n);
+    template <class T> void clamp_backward(const T* x, double lo, double hi, const T* g, T* out, int64_t n);
+    bool convert(DType from, DType to, const void* x, void* out, int64_t n);
+    template <class T>
+    void where(const uint8_t* cond, const T* a, bool a_scalar, const T* b, bool b_scalar, T* out, int64_t n);
+    template <class T> void compare(CompareOp op, const T* a, const T* b, bool b_scalar, bool* out, int64_t n);
+    template <class T> void compare_scalar(CompareOp op, const T* a, double s, bool* out, int64_t n);)
+
+template <class T> void unary(UnaryOp op, const T* x, T* out, int64_t n) { ATHANOR_ISA_CALL(unary<T>, op, x, out, n); }
+template <class T> void pow_scalar(const T* x, double p, T* out, int64_t n) { ATHANOR_ISA_CALL(pow_scalar<T>, x, p, out, n); }
+template <class T> void pow_tensor(const T* x, const T* y, T* out, int64_t n) { ATHANOR_ISA_CALL(pow_tensor<T>, x, y, out, n); }
+template <class T> void clamp(const T* x, double lo, double hi, T* out, int64_t n) {
+  ATHANOR_ISA_CALL(clamp<T>, x, lo, hi, out, n);
+}
+template <class T> void abs_backward(const T* x, const T* g, T* out, int64_t n) { ATHANOR_ISA_CALL(abs_backward<T>, x, g, out, n); }
+template <class T> void clamp_backward(const T* x, double lo, double hi, const T* g, T* out, int64_t n) {
+  ATHANOR_ISA_CALL(clamp_backward<T>, x, lo, hi, g, out, n);
+}
+bool convert(DType from, DType to, const void* x, void* out, int64_t n) { ATHANOR_ISA_CALL(convert, from, to, x, out, n); }
+template <class T>
+void where(const uint8_t* cond, const T* a, bool a_scalar, const T* b, bool b_scalar, T* out, int64_t n) {
+  ATHANOR_ISA_CALL(where<T>, cond, a, a_scalar, b, b_scalar, out, n);
+}
+template <class T> void compare(CompareOp op, const T* a, const T* b, bool b_scalar, bool* out, int64_t n) {
+  ATHANOR_ISA_CALL(compare<T>, op, a, b, b_scalar, out, n);
+}
+template <class T> void compare_scalar(CompareOp op, const T* a, double s, bool* out, int64_t n) {
+  ATHANOR_ISA_CALL(compare_scalar<T>, op, a, s, out, n);
+}
+
+ATHANOR_INSTANTIATE_UNARY_FLOAT(float)
+ATHANOR_INSTANTIATE_UNARY_FLOAT(double)
+ATHANOR_INSTANTIATE_UNARY_FLOAT(bfloat16)
+ATHANOR_INSTANTIATE_UNARY_FLOAT(float16)
+ATHANOR_INSTANTIATE_UNARY_INT(int32_t)
+ATHANOR_INSTANTIATE_UNARY_INT(int64_t)
+ATHANOR_INSTANTIATE_UNARY_INT(uint8_t)
+ATHANOR_INSTANTIATE_SELECT(float)
+ATHANOR_INSTANTIATE_SELECT(double)
+ATHANOR_INSTANTIATE_SELECT(bfloat16)
+ATHANOR_INSTANTIATE_SELECT(float16)
+ATHANOR_INSTANTIATE_SELECT(int32_t)
+ATHANOR_INSTANTIATE_SELECT(int64_t)
+ATHANOR_INSTANTIATE_SELECT(uint8_t)
+ATHANOR_INSTANTIATE_SELECT(bool)
 
 // ---------------------------------------------------------------------------
 namespace ref {
@@ -422,3 +479,4 @@ Tensor compare(CompareOp op, const Tensor& a, const Tensor& b) {
 }  // namespace ref
 
 }  // namespace athanor::cpu
+#endif  // ATHANOR_ISA_PRIMARY

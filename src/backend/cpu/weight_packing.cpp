@@ -3,6 +3,8 @@
 // tiles of 32-bit elements (an f32, or a pair of bf16 along k, which the bf16 layout
 // keeps side by side). dx's B is W itself: row segments copied (f32) or two rows
 // interleaved element by element (bf16).
+// Weight packing (weight_packing.h): the layout arithmetic once, the packing loops
+// compiled once per ISA level (isa_kernel.h).
 #include "backend/cpu/weight_packing.h"
 
 #include <omp.h>
@@ -10,46 +12,14 @@
 #include <algorithm>
 #include <cstring>
 
-#if defined(__AVX512F__) && defined(__AVX512BW__)
-#include <immintrin.h>
-#define ATHANOR_PACK_AVX512 1
-#endif
-
 #include "athanor/core/half.h"
+#include "backend/cpu/isa_kernel.h"
 
-namespace athanor::cpu {
-
-PackedLayout packed_layout(bool bf16, int64_t K, int64_t N) {
-  const int64_t kb = bf16 ? 32 : 16;
-  return PackedLayout{bf16, K, N, (K + kb - 1) / kb * kb, (N + 63) / 64 * 64};
-}
-
-int64_t pack_share_begin(int64_t rows, int t, int threads) {
-  if (t >= threads) return rows;
-  return std::min(rows, rows * t / threads / 16 * 16);
-}
-
-namespace detail {
-
-void pack_weight_rows_scalar(const PackedLayout& l, bool w_is_bt, const void* W, int64_t ldw, int64_t r0, int64_t r1,
-                             void* dst) {
-  const int64_t cols = w_is_bt ? l.K : l.N;
-  for (int64_t r = r0; r < r1; ++r)
-    for (int64_t c = 0; c < cols; ++c) {
-      const int64_t k = w_is_bt ? c : r, n = w_is_bt ? r : c, at = packed_index(l, k, n);
-      if (l.bf16) static_cast<bfloat16*>(dst)[at] = static_cast<const bfloat16*>(W)[r * ldw + c];
-      else static_cast<float*>(dst)[at] = static_cast<const float*>(W)[r * ldw + c];
-    }
-}
-
-}  // namespace detail
+ATHANOR_ISA_BEGIN
 
 namespace {
 
-#if ATHANOR_PACK_AVX512
-// GCC 12 reports the "undefined" pass-through operand inside its own unmasked shuffle
-// intrinsics as maybe-uninitialized once they are inlined here; it is never read.
-#pragma GCC diagnostic ignored "-Wmaybe-uninitialized"
+#if ATHANOR_CPU_AVX512
 // r[i] = row i of a 16 x 16 tile of 32-bit elements -> r[j] = column j.
 inline void transpose16(__m512 r[16]) {
   __m512 t[16];
@@ -101,7 +71,7 @@ void transpose_tiles(const uint32_t* W32, int64_t ld32, int64_t cols32, int64_t 
 
 void pack_weight_rows(const PackedLayout& l, bool w_is_bt, const void* W, int64_t ldw, int64_t r0, int64_t r1, void* dst) {
   if (r1 <= r0) return;
-#if ATHANOR_PACK_AVX512
+#if ATHANOR_CPU_AVX512
   if (w_is_bt && r0 % 16 == 0 && (!l.bf16 || ldw % 2 == 0)) {
     // 32-bit elements: f32, or bf16 pairs (k, k + 1), which both W's rows and the
     // packed layout keep side by side.
@@ -159,8 +129,51 @@ void pack_weight(const PackedLayout& l, bool w_is_bt, const void* W, int64_t ldw
 #pragma omp parallel if (rows * (w_is_bt ? l.K : l.N) > (1 << 15))
   {
     const int t = omp_get_thread_num(), n = omp_get_num_threads();
-    pack_weight_rows(l, w_is_bt, W, ldw, pack_share_begin(rows, t, n), pack_share_begin(rows, t + 1, n), dst);
+    ATHANOR_ISA_NS::pack_weight_rows(l, w_is_bt, W, ldw, pack_share_begin(rows, t, n), pack_share_begin(rows, t + 1, n), dst);
   }
 }
 
+ATHANOR_ISA_END
+
+#if ATHANOR_ISA_PRIMARY
+namespace athanor::cpu {
+
+PackedLayout packed_layout(bool bf16, int64_t K, int64_t N) {
+  const int64_t kb = bf16 ? 32 : 16;
+  return PackedLayout{bf16, K, N, (K + kb - 1) / kb * kb, (N + 63) / 64 * 64};
+}
+
+int64_t pack_share_begin(int64_t rows, int t, int threads) {
+  if (t >= threads) return rows;
+  return std::min(rows, rows * t / threads / 16 * 16);
+}
+
+namespace detail {
+
+void pack_weight_rows_scalar(const PackedLayout& l, bool w_is_bt, const void* W, int64_t ldw, int64_t r0, int64_t r1,
+                             void* dst) {
+  const int64_t cols = w_is_bt ? l.K : l.N;
+  for (int64_t r = r0; r < r1; ++r)
+    for (int64_t c = 0; c < cols; ++c) {
+      const int64_t k = w_is_bt ? c : r, n = w_is_bt ? r : c, at = packed_index(l, k, n);
+      if (l.bf16) static_cast<bfloat16*>(dst)[at] = static_cast<const bfloat16*>(W)[r * ldw + c];
+      else static_cast<float*>(dst)[at] = static_cast<const float*>(W)[r * ldw + c];
+    }
+}
+
+}  // namespace detail
+
+ATHANOR_ISA_DECLARE(
+    void pack_weight_rows(const PackedLayout& l, bool w_is_bt, const void* W, int64_t ldw, int64_t r0, int64_t r1,
+                          void* dst);
+    void pack_weight(const PackedLayout& l, bool w_is_bt, const void* W, int64_t ldw, void* dst);)
+
+void pack_weight_rows(const PackedLayout& l, bool w_is_bt, const void* W, int64_t ldw, int64_t r0, int64_t r1, void* dst) {
+  ATHANOR_ISA_CALL(pack_weight_rows, l, w_is_bt, W, ldw, r0, r1, dst);
+}
+void pack_weight(const PackedLayout& l, bool w_is_bt, const void* W, int64_t ldw, void* dst) {
+  ATHANOR_ISA_CALL(pack_weight, l, w_is_bt, W, ldw, dst);
+}
+
 }  // namespace athanor::cpu
+#endif  // ATHANOR_ISA_PRIMARY

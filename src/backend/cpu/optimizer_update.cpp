@@ -1,4 +1,5 @@
-// The f32 optimizer / clipping loops (see fused_update.h). The operation order of
+// The f32 optimizer / clipping loops (see optimizer_update.h), compiled once per ISA level
+// (isa_kernel.h). The operation order of
 // each formula is the one the previous scalar loops compiled to (g++ 12 -O3
 // -march=native, checked on the disassembly and by bench_optimizer_step --checksum
 // against the previous build), kept so that trajectories do not move. Note that g++
@@ -7,17 +8,18 @@
 //   SGD   d = fma(w, wd, g); b = fma(b, mom, (1-damp)·d); nesterov d = fma(b, mom, d); w = fnma(d, lr, w)
 //   Adam  d = fma(w, wd, g) (L2) | g; m = fma(m, b1, (1-b1)·d); v = fma(v, b2, ((1-b2)·d)·d);
 //         w = w·decay - (step·m) / fma(sqrt(v), 1/sqrt(bc2), eps)
-#include "optim/fused_update.h"
+#include "backend/cpu/optimizer_update.h"
 
 #include <cmath>
 
-#include "backend/cpu/unary.h"
+#include "athanor/core/convert.h"
+#include "backend/cpu/vec_math.h"
 
-namespace athanor::optim::detail {
+ATHANOR_ISA_BEGIN
 namespace {
 
 #if ATHANOR_CPU_AVX512
-using cpu::vec::tail_mask;
+using vec::tail_mask;
 
 // Full vectors use plain loads/stores; only the tail is masked (masked stores are
 // several times slower on Zen 4: the clip's scale pass ran at half speed with them).
@@ -29,10 +31,10 @@ template <bool kTail> inline void store(float* p, __mmask16 m, __m512 v) {
   if constexpr (kTail) _mm512_mask_storeu_ps(p, m, v);
   else _mm512_storeu_ps(p, v);
 }
-// 16 weights rounded to bf16 / f16 as cast() rounds them (cpu::vec::narrow_bf16: the
+// 16 weights rounded to bf16 / f16 as cast() rounds them (vec::narrow_bf16: the
 // integer form, which keeps denormals); full blocks use unmasked stores.
 template <bool kTail> inline void store_copy(void* copy, DType dt, int64_t i, __mmask16 m, __m512 w) {
-  const __m256i h = dt == DType::bf16 ? cpu::vec::narrow_bf16(w) : _mm512_cvtps_ph(w, _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
+  const __m256i h = dt == DType::bf16 ? vec::narrow_bf16(w) : _mm512_cvtps_ph(w, _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
   auto* p = static_cast<uint16_t*>(copy) + i;
   if constexpr (kTail) _mm256_mask_storeu_epi16(p, m, h);
   else _mm256_storeu_si256(reinterpret_cast<__m256i*>(p), h);
@@ -240,4 +242,31 @@ void narrow_f32(const float* w, void* dst, int64_t n, DType copy_dtype) {
 #endif
 }
 
-}  // namespace athanor::optim::detail
+ATHANOR_ISA_END
+
+#if ATHANOR_ISA_PRIMARY
+namespace athanor::cpu {
+
+ATHANOR_ISA_DECLARE(
+    void sgd_f32(float* w, const float* g, float* b, int64_t n, const SgdConsts& k, void* copy, DType copy_dtype);
+    void adam_f32(float* w, const float* g, float* m, float* v, int64_t n, const AdamConsts& k, void* copy,
+                  DType copy_dtype);
+    double sum_squares_f32(const float* x, int64_t n);
+    void scale_f32(float* x, int64_t n, double coef);
+    void narrow_f32(const float* w, void* dst, int64_t n, DType copy_dtype);)
+
+void sgd_f32(float* w, const float* g, float* b, int64_t n, const SgdConsts& k, void* copy, DType copy_dtype) {
+  ATHANOR_ISA_CALL(sgd_f32, w, g, b, n, k, copy, copy_dtype);
+}
+void adam_f32(float* w, const float* g, float* m, float* v, int64_t n, const AdamConsts& k, void* copy,
+              DType copy_dtype) {
+  ATHANOR_ISA_CALL(adam_f32, w, g, m, v, n, k, copy, copy_dtype);
+}
+double sum_squares_f32(const float* x, int64_t n) { ATHANOR_ISA_CALL(sum_squares_f32, x, n); }
+void scale_f32(float* x, int64_t n, double coef) { ATHANOR_ISA_CALL(scale_f32, x, n, coef); }
+void narrow_f32(const float* w, void* dst, int64_t n, DType copy_dtype) {
+  ATHANOR_ISA_CALL(narrow_f32, w, dst, n, copy_dtype);
+}
+
+}  // namespace athanor::cpu
+#endif  // ATHANOR_ISA_PRIMARY
