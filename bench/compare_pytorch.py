@@ -19,8 +19,13 @@ repeats so that the machine's noise is spread over all of them:
                  MALLOC_TOP_PAD_), ATEN_CPU_CAPABILITY=avx512 (--tuned-capability)
 Each run reports the throughput at its median step time; the table gives, per engine,
 the median over repeats with min-max, and the ratios athanor/torch computed per
-repeat (paired runs) with their median and range. MFU uses the peak athanor's GEMM
-probe measured in the same repeat at that precision, for all three engines.
+repeat (paired runs) with their median and range. MFU is against this CPU's theoretical
+peak for the precision, which athanor derives (backend/cpu/cpu_peak.h: cores in use x FMA
+units x vector lanes x 2 flops x the measured clock; AMX or AVX512_BF16 for bf16) and reports
+in its JSON; the same peak for all three engines. --emulate LEVEL runs every engine as on a
+smaller CPU of the same kind (athanor's kernels capped with ATHANOR_ISA, oneDNN with
+ONEDNN_MAX_CPU_ISA for athanor and PyTorch alike): avx512 stands for an Intel Xeon without
+AVX512_BF16 or AMX, avx2 for a Zen 3.
 Prints a Markdown table for bench/RESULTS.md; --out FILE keeps every raw result.
 """
 import argparse
@@ -35,10 +40,8 @@ HERE = os.path.dirname(os.path.abspath(__file__))
 ROOT = os.path.dirname(HERE)
 ALL_CONFIGS = ["tiny-gpt", "small-gpt", "gpt2-124m", "mlp"]
 ENGINES = ["athanor", "torch-default", "torch-tuned"]
-# Register-level peaks measured for issue 7 on this machine (2-core Zen 5): the MFU denominator
-# of the table. The GEMM probe of `athanor bench` is kept in the raw results, but on a busy
-# machine it moves with the load and makes MFU meaningless.
-REGISTER_PEAK = {"f32": 454.0, "bf16": 909.0}
+# ONEDNN_MAX_CPU_ISA for each --emulate level (oneDNN's names), and the ATen capability that matches.
+EMULATE = {"avx512": ("AVX512_CORE_VNNI", "avx512"), "avx2": ("AVX2", "avx2")}
 # At least these (timed, warm-up) step counts per config, whatever --steps/--warmup/--quick say:
 # 10 MLP steps are ~50 ms of timed work, within the machine's noise; and PyTorch's allocator
 # needs warm-up steps on gpt2-124M (after 2, tuned bf16 still took ~400k page faults per step
@@ -52,9 +55,20 @@ MIN_STEPS = {"mlp": (100, 10), "gpt2-124m": (3, 5)}
 FAULTING = 300_000
 
 
-def environments(threads, capability):
+def cpu_flags():
+    with open("/proc/cpuinfo") as f:
+        for line in f:
+            if line.startswith("flags"):
+                return set(line.split(":", 1)[1].split())
+    return set()
+
+
+def environments(threads, capability, emulate):
     base = dict(os.environ)
     base["OMP_NUM_THREADS"] = str(threads)
+    if emulate:
+        base["ONEDNN_MAX_CPU_ISA"] = EMULATE[emulate][0]
+        capability = EMULATE[emulate][1] if capability else capability
     tuned = dict(base)
     tuned.update({
         "OPENBLAS_CORETYPE": "SkylakeX",
@@ -70,7 +84,11 @@ def environments(threads, capability):
     athanor_env = dict(base)
     athanor_env.update({"OMP_WAIT_POLICY": "PASSIVE", "MALLOC_ARENA_MAX": "1", "MALLOC_TRIM_THRESHOLD_": str(1 << 40),
                         "MALLOC_MMAP_THRESHOLD_": str(32 << 20), "MALLOC_TOP_PAD_": str(64 << 20)})
-    return {"athanor": base, "athanor-env": athanor_env, "torch-default": base, "torch-tuned": tuned}
+    athanor = dict(base)
+    if emulate:
+        athanor["ATHANOR_ISA"] = emulate
+        athanor_env["ATHANOR_ISA"] = emulate
+    return {"athanor": athanor, "athanor-env": athanor_env, "torch-default": base, "torch-tuned": tuned}
 
 
 def steps_for(name, args):
@@ -119,12 +137,15 @@ def main():
     ap.add_argument("--threads", type=int, default=2)
     ap.add_argument("--quick", action="store_true", help="2 repeats of 3 steps after 2 warm-up steps (tiny GPT and MLP by default)")
     ap.add_argument("--athanor", default=os.path.join(ROOT, "build", "apps", "athanor", "athanor"))
-    ap.add_argument("--tuned-capability", default="avx512", help="ATEN_CPU_CAPABILITY for torch-tuned ('' = leave unset)")
+    ap.add_argument("--tuned-capability", default=None,
+                    help="ATEN_CPU_CAPABILITY for torch-tuned ('' = leave unset; default: avx512 where the CPU has it, else avx2)")
+    ap.add_argument("--emulate", choices=sorted(EMULATE), default=None,
+                    help="run all engines as on a smaller CPU: ISA caps for athanor's kernels and oneDNN (see above)")
     ap.add_argument("--timeout", type=int, default=1800, help="seconds per subprocess")
     ap.add_argument("--athanor-env", action="store_true",
                     help="also run athanor with OMP_WAIT_POLICY=PASSIVE and glibc malloc tuning (diagnostic column)")
-    ap.add_argument("--peak-f32", type=float, default=REGISTER_PEAK["f32"], help="MFU denominator, GFLOP/s (0 = athanor's probe)")
-    ap.add_argument("--peak-bf16", type=float, default=REGISTER_PEAK["bf16"], help="MFU denominator, GFLOP/s (0 = athanor's probe)")
+    ap.add_argument("--peak-f32", type=float, default=0, help="MFU denominator, GFLOP/s (0 = the CPU's peak as athanor derives it)")
+    ap.add_argument("--peak-bf16", type=float, default=0, help="MFU denominator, GFLOP/s (0 = the CPU's peak as athanor derives it)")
     ap.add_argument("--out", default=None, help="write every raw result as JSON here")
     args = ap.parse_args()
     if args.quick:
@@ -133,7 +154,9 @@ def main():
     args.configs = args.configs or ALL_CONFIGS
     if not os.access(args.athanor, os.X_OK):
         raise SystemExit(f"no athanor binary at {args.athanor}; build it (cmake --build build) or pass --athanor PATH")
-    envs = environments(args.threads, args.tuned_capability)
+    if args.tuned_capability is None:
+        args.tuned_capability = "avx512" if "avx512f" in cpu_flags() else "avx2"
+    envs = environments(args.threads, args.tuned_capability, args.emulate)
     engines = ENGINES + (["athanor-env"] if args.athanor_env else [])
 
     raw, rows = [], []
@@ -160,8 +183,14 @@ def main():
     peak_of = {"f32": args.peak_f32, "bf16": args.peak_bf16}
     print(f"\n{args.repeats} repeats x {args.steps} timed steps (after {args.warmup} warm-up), {args.threads} threads; "
           f"{''.join(f'({n}: {steps_for(n, args)[0]} steps after {steps_for(n, args)[1]}) ' for n in args.configs if n in MIN_STEPS)}"
-          f"median [min-max] over repeats; ratios paired per repeat. MFU against "
-          f"{'peaks of ' + str(args.peak_f32) + ' (f32) / ' + str(args.peak_bf16) + ' (bf16) GFLOP/s' if args.peak_f32 and args.peak_bf16 else 'the GEMM probe'}.\n")
+          f"median [min-max] over repeats; ratios paired per repeat."
+          f"{' Emulating ' + args.emulate + ' (' + EMULATE[args.emulate][0] + ').' if args.emulate else ''}")
+    for precision in args.precisions:
+        given = peak_of[precision]
+        sources = sorted({r.get("peak_source", "?") for _, p, runs in rows if p == precision for r in runs["athanor"]})
+        print(f"MFU {precision}: against " + (f"{given} GFLOP/s (given)" if given else
+              "the CPU's peak, as athanor derived it in each run: " + "; ".join(sources)))
+    print()
     extra = " | athanor-env | athanor-env / tuned" if args.athanor_env else ""
     print("| config | prec | unit | athanor | torch default | torch tuned | athanor / default | athanor / tuned "
           f"| MFU athanor / tuned | faults/step athanor / tuned{extra} |")

@@ -12,7 +12,7 @@
 #
 # The ISA passes: the kernels are compiled for avx2, avx512 and avx512_bf16 and run at the
 # highest level the CPU has (src/backend/cpu/isa.h). After the full pass at that level, the
-# core, backend, autograd and ops tests run again at each lower level, with oneDNN capped to
+# core, backend, autograd, ops and optim tests run again at each lower level, with oneDNN capped to
 # match (ONEDNN_MAX_CPU_ISA), so one machine runs the paths the others take: avx512 is an
 # Intel Xeon without AVX512_BF16 or AMX, avx2 a Zen 3 or Haswell.
 #
@@ -111,7 +111,7 @@ if [[ $SANITIZE -eq 0 ]]; then
     has avx512_bf16 && levels+=(avx512_bf16)
   fi
   declare -A onednn_cap=([avx2]=AVX2 [avx512]=AVX512_CORE_VNNI)
-  ISA_LABELS='^(core|backend|autograd|ops)$'
+  ISA_LABELS='^(core|backend|autograd|ops|optim)$'
   if [[ -n "$LABEL_REGEX" ]]; then ISA_LABELS=$LABEL_REGEX; fi
   for ((i = ${#levels[@]} - 2; i >= 0; --i)); do
     level=${levels[$i]}

@@ -562,6 +562,7 @@ void Trainer::fit() {
     o << "; non-finite policy " << nonfinite_policy() << "\n";
     out_(o.str());
   }
+  if (const std::string note = bf16_speed_note(); !note.empty()) out_("warning: " + note);
   out_("training " + task_->module().local_name() + std::to_string(task_->module().parameters_count()) + " parameters on " +
        train_set_->describe() + " for " + std::to_string(max_steps_) + " steps (batch " +
        std::to_string(config_.get_int("trainer.batch_size")) + " x accum " + std::to_string(config_.get_int("trainer.accum_steps")) +

@@ -22,6 +22,7 @@
 #include "athanor/optim/clip.h"
 #include "athanor/train/trainer.h"
 #include "backend/cpu/cpu_peak.h"
+#include "backend/cpu/isa.h"
 
 namespace athanor::train {
 namespace fs = std::filesystem;
@@ -86,6 +87,22 @@ void Trainer::measure_peak_flops() {
   peak_flops_ = p.gflops * 1e9;
   peak_source_ = p.describe();
   gemm_flops_ = gemm_probe_flops(precision_);  // the GEMM dtype the forward uses
+}
+
+std::string Trainer::bf16_speed_note() {
+  if (precision_ != DType::bf16) return "";
+  // bf16 arithmetic in hardware: our kernels' AVX512_BF16 level and oneDNN's bf16 GEMMs (AMX or
+  // AVX512_BF16). Without it bf16 is converted to f32 and back around every product.
+  const std::string onednn = cpu::onednn_isa_name();
+  if (cpu::active_isa() == cpu::Isa::avx512_bf16 && (onednn == "avx512_core_bf16" || onednn == "avx512_core_amx")) return "";
+  const double bf16 = gemm_probe_flops(DType::bf16), f32 = gemm_probe_flops(DType::f32);
+  if (bf16 >= f32) return "";
+  std::ostringstream o;
+  o << std::fixed << std::setprecision(1) << "bf16 on this CPU (" << cpu::cpu_model_name() << ": kernels "
+    << cpu::isa_name(cpu::active_isa()) << ", oneDNN " << onednn << ") has no bf16 arithmetic: a bf16 GEMM ran at "
+    << bf16 / 1e9 << " GFLOP/s against f32's " << f32 / 1e9 << " (" << f32 / bf16
+    << "x slower); bf16 autocast saves memory here, not time\n  hint: trainer.precision=f32 trains faster on this machine\n";
+  return o.str();
 }
 
 void Trainer::forward_backward(const std::vector<data::Batch>& batches, StepMetrics& m) {

@@ -9,7 +9,9 @@
 
 #include <nlohmann/json.hpp>
 
+#include "athanor/train/bench.h"
 #include "athanor/train/trainer.h"
+#include "backend/cpu/isa.h"
 #include "test_util.h"
 
 namespace athanor {
@@ -65,6 +67,32 @@ int64_t activation_peak(const train::StepMetrics& m) {
   return -1;
 }
 }  // namespace
+
+// A CPU without bf16 arithmetic (no AVX512_BF16 for our kernels, no AMX or AVX512_BF16 for
+// oneDNN's GEMMs) runs bf16 autocast through conversions: where that is measured slower than
+// f32, the trainer says so at start-up with the ratio and suggests f32. scripts/test.sh's
+// avx2 pass (ATHANOR_ISA=avx2, oneDNN capped at AVX2) takes the warning's side.
+TEST(MixedPrecision, Bf16WithoutBf16HardwareIsAnnouncedWithTheMeasuredRatio) {
+  const std::string dir = tmp_dir("bf16_note");
+  const std::string text = testing::write_tiny_text(dir);
+  train::Trainer t(gpt_config(dir, text, {"name=note", "trainer.precision=bf16", "trainer.max_steps=1"}));
+  std::string out;
+  t.set_output([&](const std::string& s) { out += s; });
+  t.fit();
+  const std::string onednn = cpu::onednn_isa_name();
+  const bool hardware = cpu::active_isa() == cpu::Isa::avx512_bf16 &&
+                        (onednn == "avx512_core_bf16" || onednn == "avx512_core_amx");
+  const double f32 = train::measure_gemm_gflops("f32"), bf16 = train::measure_gemm_gflops("bf16");
+  note_isa("bf16 GEMM " + std::to_string(bf16) + " GFLOP/s, f32 " + std::to_string(f32));
+  const size_t at = out.find("has no bf16 arithmetic");
+  if (hardware) {
+    EXPECT_EQ(at, std::string::npos) << out;
+  } else if (bf16 < 0.8 * f32) {  // clearly slower (the margin keeps timing noise out of the verdict)
+    ASSERT_NE(at, std::string::npos) << out;
+    EXPECT_NE(out.find("x slower"), std::string::npos) << out;
+    EXPECT_NE(out.find("hint: trainer.precision=f32"), std::string::npos) << out;
+  }
+}
 
 TEST(MixedPrecision, Bf16AndF16TrainATinyGpt) {
   const std::string dir = tmp_dir("gpt");

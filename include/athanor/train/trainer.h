@@ -208,6 +208,9 @@ class Trainer {
   std::vector<double> initial_base_lrs_;
   double lr_factor_ = 1.0;
   double peak_flops_ = 0;
+  // Under bf16 autocast on a CPU without bf16 arithmetic: a warning with the measured bf16 / f32
+  // GEMM ratio when bf16 is the slower one (printed at start-up); empty otherwise.
+  std::string bf16_speed_note();
   double gemm_flops_ = 0;
   std::string peak_source_;  // how peak_flops_ was obtained, for the log
   bool memory_reported_ = false;

@@ -26,7 +26,7 @@ constexpr double kInvSqrt2Pi = 0.39894228040143267794;  // 1/√(2π)
 ATHANOR_ISA_BEGIN
 
 namespace {
-// Scalar forms (f64 kernels, and f32 in builds without AVX-512).
+// Scalar forms (f64 kernels, and f32 at the avx2 level).
 template <class C> C sigmoid_s(C x) {  // e^x/(1+e^x) for x < 0: no overflow, denormal tails kept
   if (x < C(0)) {
     const C e = std::exp(x);

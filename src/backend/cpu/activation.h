@@ -4,7 +4,7 @@
 //
 // Invariants (as in unary.h): with AVX-512, f32 runs the vector-math kernels of
 // cpu::vec and bf16/f16 compute in f32 and round once; f64 (and every type in
-// builds without AVX-512) uses std:: math in double. The backward kernels take the tensor the op
+// the avx2 level) uses std:: math in double. The backward kernels take the tensor the op
 // saved: the output y for tanh, sigmoid and relu, the input x for gelu and silu.
 #include <cstdint>
 #include <type_traits>

@@ -15,12 +15,13 @@
 //    whatever the thread count or schedule);
 //  - f32 tile products run on AVX-512 FMA micro-kernels (4 x 64 register tiles; a transposed
 //    A is read through strides, K^T and V^T are packed once per slice / key tile), the oneDNN
-//    sgemm without AVX-512; the score products (S, and dP in the backward) run the softmax,
+//    sgemm at the avx2 level; the score products (S, and dP in the backward) run the softmax,
 //    exp or dS of their 4-row block right after it, without a separate pass over the tile;
 //  - compute type: f64 for f64, f32 for f32/bf16/f16 (half tiles are converted on load);
-//    bf16 inputs with even D and Dv, in a build for AVX512_BF16 (-march=native on such a
-//    CPU), multiply their tiles with bf16 dot products instead (vdpbf16ps, f32 accumulation;
-//    P and dS rounded to bf16 as product operands; softmax and all accumulators stay f32);
+//    bf16 inputs with even D and Dv, at the avx512 levels, multiply their tiles with bf16
+//    dot products instead (vdpbf16ps with AVX512_BF16, the same sums in f32 FMAs without it;
+//    f32 accumulation; P and dS rounded to bf16 as product operands; softmax and all
+//    accumulators stay f32);
 //    lse has the compute type (f32 except for f64 inputs, where f64 keeps gradcheck exact);
 //  - causal key tiles that lie entirely above the diagonal are skipped; in tiles on the
 //    diagonal, each 4-row block of a product skips the 16-column vectors of scores no row of

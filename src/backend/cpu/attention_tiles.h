@@ -442,7 +442,7 @@ inline int64_t visible(bool causal, int64_t i, int64_t j0, int64_t bc) {
 
 // The online softmax's row passes: the max of s[0, n); s[c] := exp(s[c] - shift) for c < nv and
 // 0 for nv <= c < n, returning the sum of the new s; a[0, n) *= mul. Scalar for f64 (and f32
-// without AVX-512); f32 on 16 lanes with masked tails and vec::exp (<= 2 ulp) below.
+// at the avx2 level); f32 on 16 lanes with masked tails and vec::exp (<= 2 ulp) below.
 template <class C> inline C row_max(const C* s, int64_t n) {
   C mx = -std::numeric_limits<C>::infinity();
   for (int64_t c = 0; c < n; ++c) mx = std::max(mx, s[c]);

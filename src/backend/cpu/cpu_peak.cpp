@@ -102,7 +102,9 @@ CpuPeak cpu_peak(DType dt, int threads) {
   p.threads = std::max(threads, 1);
   p.ghz = measured_clock_ghz();
   p.nominal_ghz = nominal_ghz();
-  const bool avx512 = isa_supported() != Isa::avx2;
+  // The level in use (isa.h): the CPU's own, unless ATHANOR_ISA caps it to stand in for a
+  // smaller CPU, whose peak this then is (with oneDNN capped alike, ONEDNN_MAX_CPU_ISA).
+  const bool avx512 = active_isa() != Isa::avx2;
   fma_units(identify(), avx512, p.units, p.lanes);
   p.engine = avx512 ? "AVX-512 FMA" : "AVX2 FMA";
   if (dt == DType::f64) p.lanes /= 2;
@@ -111,7 +113,7 @@ CpuPeak cpu_peak(DType dt, int threads) {
       p.units = 1;
       p.lanes = 512;
       p.engine = "AMX-BF16 tiles";
-    } else if (isa_supported() == Isa::avx512_bf16) {  // vdpbf16ps: two multiply-adds per f32 lane
+    } else if (active_isa() == Isa::avx512_bf16) {  // vdpbf16ps: two multiply-adds per f32 lane
       p.lanes *= 2;
       p.engine = "AVX512_BF16 dot products";
     }

@@ -35,7 +35,8 @@ struct CpuPeak {
 };
 
 // The peak of `threads` cores for computing in `dt` (f32 and f64 on the FMA units, f64 at
-// half the f32 lanes; bf16 as above; f16 as f32: athanor computes f16 GEMMs in f32).
+// half the f32 lanes; bf16 as above; f16 as f32: athanor computes f16 GEMMs in f32), at the
+// ISA level in use (isa.h) and oneDNN's (for AMX).
 CpuPeak cpu_peak(DType dt, int threads);
 
 // The measured clock of one core in GHz (cached after the first call, ~30 ms).

@@ -19,8 +19,8 @@ namespace athanor::cpu {
 // M*N*K >= kNarrowMinWork multiply-adds, alpha != 0, and one of
 //   K <= 12 with tb = false, or K <= 8 with tb = true and M >= 4 (both up to 4M);
 //   M <= 16 with tb = false;  NT (ta = false, tb = true) with min(M, N) <= 12, K >= 64
-// (the kinds that beat oneDNN in a sweep; narrow_gemm.cpp, choose_path). Without
-// AVX-512 it runs detail::narrow_gemm_portable on the same shapes.
+// (the kinds that beat oneDNN in a sweep; narrow_gemm.cpp, choose_path). At the avx2
+// level (isa.h) it runs detail::narrow_gemm_portable on the same shapes.
 bool narrow_gemm(bool ta, bool tb, int64_t M, int64_t N, int64_t K, float alpha, const float* A, int64_t lda,
                  const float* B, int64_t ldb, float beta, const float* bias, float* C, int64_t ldc);
 
@@ -44,7 +44,7 @@ inline constexpr int64_t kNarrowMinWork = int64_t{64} * 1024;
 inline constexpr int64_t kNarrowWorkPerThread = int64_t{2} * 1024 * 1024;
 
 namespace detail {
-// The portable kernel (what narrow_gemm runs without AVX-512), callable in every build
+// The portable kernel (what narrow_gemm runs at the avx2 level), callable at every level
 // so that tests cover it: same semantics, any shape with K > 0.
 void narrow_gemm_portable(bool ta, bool tb, int64_t M, int64_t N, int64_t K, float alpha, const float* A, int64_t lda,
                           const float* B, int64_t ldb, float beta, const float* bias, float* C, int64_t ldc);

@@ -32,7 +32,7 @@ void layer_norm_forward(const T* x, const T* w, const T* b, T* y, norm_stat_t<T>
 // accumulate_dx (f32 and f64 only): dx holds a gradient on entry (what x has received from
 // its other uses: a residual stream's sum) and this one is added to it, each element as
 // dx + (this gradient rounded to T), the sum autograd would otherwise make in a pass of its
-// own; on AVX-512 builds bit-identical to that separate sum.
+// own; bit-identical to that separate sum at every level.
 template <class T>
 void layer_norm_backward(const T* dy, const T* x, const T* w, const norm_stat_t<T>* mean, const norm_stat_t<T>* rstd,
                          T* dx, T* dw, T* db, int64_t rows, int64_t cols, bool accumulate_dx = false);

@@ -1,10 +1,10 @@
 // The f32 optimizer / clipping loops (see optimizer_update.h), compiled once per ISA level
-// (isa_kernel.h). The operation order of
-// each formula is the one the previous scalar loops compiled to (g++ 12 -O3
-// -march=native, checked on the disassembly and by bench_optimizer_step --checksum
-// against the previous build), kept so that trajectories do not move. Note that g++
-// contracts a*b+c into an FMA even between intrinsics; where a product must be
-// rounded on its own it is an explicit-rounding intrinsic:
+// (isa_kernel.h), with -ffp-contract=off (CMakeLists.txt): every FMA is written out, every
+// other product is rounded on its own, at every level alike (the AVX-512 passes and the avx2
+// level's scalar loops give the same bits: tests/backend/test_optimizer_update.cpp). The
+// operation order of each formula is the one the earlier scalar loops compiled to (g++ 12
+// -O3 -march=native, checked on the disassembly and by bench_optimizer_step --checksum),
+// kept so that trajectories do not move:
 //   SGD   d = fma(w, wd, g); b = fma(b, mom, (1-damp)·d); nesterov d = fma(b, mom, d); w = fnma(d, lr, w)
 //   Adam  d = fma(w, wd, g) (L2) | g; m = fma(m, b1, (1-b1)·d); v = fma(v, b2, ((1-b2)·d)·d);
 //         w = w·decay - (step·m) / fma(sqrt(v), 1/sqrt(bc2), eps)

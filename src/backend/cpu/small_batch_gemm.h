@@ -26,7 +26,7 @@ bool small_batch_gemm(bool ta, bool tb, int64_t M, int64_t N, int64_t K, float a
                       bool relu = false);
 
 // Whether small_batch_gemm would take this shape (independent of the switch below). False
-// on a build without AVX-512.
+// at the avx2 level (isa.h): the tiles are AVX-512 kernels.
 bool small_batch_gemm_applies(bool ta, bool tb, int64_t M, int64_t N, int64_t K, float alpha, bool relu = false);
 
 // Process-wide switch (default on; ATHANOR_SMALL_BATCH_GEMM=0 starts it off): off makes

@@ -30,7 +30,7 @@ template <class T> inline constexpr bool is_int_v = std::is_integral_v<T>;  // i
 // Compute type: f32 for half types, the type itself otherwise.
 template <class T> using compute_t = std::conditional_t<is_half_v<T>, float, T>;
 
-// ---- per-element functors: vec() on 16 f32 lanes (AVX-512 builds), scalar() in f32/f64.
+// ---- per-element functors: vec() on 16 f32 lanes (avx512 levels), scalar() in f32/f64.
 struct ExpF {
 #if ATHANOR_CPU_AVX512
   __m512 vec(__m512 x) const { return vec::exp(x); }

@@ -47,7 +47,7 @@ inline int64_t packed_index(const PackedLayout& l, int64_t k, int64_t n) {
   const int64_t panel = (n / 64) * l.Kp * 64;
   return l.bf16 ? panel + (k / 2) * 128 + (n % 64) * 2 + (k % 2) : panel + k * 64 + n % 64;
 }
-// The scalar packing loop (what pack_weight_rows runs without AVX-512, and the tests' reference).
+// The scalar packing loop (what pack_weight_rows runs at the avx2 level, and the tests' reference).
 void pack_weight_rows_scalar(const PackedLayout& l, bool w_is_bt, const void* W, int64_t ldw, int64_t r0, int64_t r1,
                              void* dst);
 }  // namespace detail
