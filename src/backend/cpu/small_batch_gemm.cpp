@@ -213,11 +213,13 @@ template <int... I> constexpr std::array<OuterTile, sizeof...(I)> outer_table(st
 constexpr auto kOuterTiles = outer_table(std::make_integer_sequence<int, kOuterRows * kOuterVecs>{});  // [RM-1][JB-1]
 
 // Rows [k0, k0 + kc) x columns [j0, j0 + cols) of op(B) (row-major, row stride ldb) into
-// panel, kPanelCols floats per row, zero past cols.
+// panel, kPanelCols floats per row apart; the last vector zero past cols. The vectors past
+// it are neither written nor read (a tile of cols columns reads ceil(cols / 16) of them).
 void pack_panel(const float* B, int64_t ldb, int64_t k0, int64_t kc, int64_t j0, int64_t cols, float* panel) {
+  const int64_t nv = ceil_div(cols, 16);  // the tiles read these vectors of each panel row, no more
   for (int64_t k = 0; k < kc; ++k) {
     const float* src = B + (k0 + k) * ldb + j0;
-    for (int64_t v = 0; v < kOuterVecs; ++v)
+    for (int64_t v = 0; v < nv; ++v)
       _mm512_storeu_ps(panel + k * kPanelCols + 16 * v, _mm512_maskz_loadu_ps(vec::tail_mask(cols - 16 * v), src + 16 * v));
   }
 }
