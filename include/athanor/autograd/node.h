@@ -96,17 +96,28 @@ class Node : public std::enable_shared_from_this<Node> {
   PendingGrads* pending_ = nullptr;                                         // set during apply only
 };
 
-// A tensor saved for backward, with the version check.
+// What a saved-tensor hook keeps in place of a saved tensor (autograd/saved_tensor_hooks.h).
+struct SavedTensorPack {
+  virtual ~SavedTensorPack() = default;
+  virtual Tensor unpack(const Node& owner) = 0;  // the tensor as it was saved
+};
+
+// A tensor saved for backward, with the version check. Under a SavedTensorHooks scope the
+// scope's pack may keep something else in its place (saved_tensor_hooks.h).
 class SavedTensor {
  public:
   SavedTensor() = default;
   SavedTensor(const Tensor& t, const char* what);  // what: "self", "other", "result", …
   Tensor unpack(const Node& owner) const;  // raises if modified in place since saved
-  bool defined() const { return data_.defined(); }
-  void reset() { data_ = Tensor(); }
+  bool defined() const { return data_.defined() || packed_ != nullptr; }
+  void reset() {
+    data_ = Tensor();
+    packed_.reset();
+  }
 
  private:
   Tensor data_;
+  std::shared_ptr<SavedTensorPack> packed_;
   uint64_t version_ = 0;
   const char* what_ = "";
   std::string name_;
