@@ -42,6 +42,12 @@ std::string to_json(const StepMetrics& m) {
     for (const auto& l : m.layers) layers[l.name] = Json{{"grad", number(l.grad_norm)}, {"param", number(l.param_norm)}};
     j["layers"] = layers;
   }
+  if (!m.comm.empty()) {
+    Json comm = Json::object();
+    for (const auto& c : m.comm)
+      comm[c.dimension] = Json{{"ops", c.ops}, {"bytes", number(c.bytes)}, {"wire_bytes", number(c.wire_bytes)}, {"s", number(c.seconds)}};
+    j["comm"] = comm;
+  }
   return j.dump();
 }
 

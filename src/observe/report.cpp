@@ -38,6 +38,7 @@ struct StepRow {
          comm_s = kNaN, skipped_total = kNaN;
   bool skipped = false;
   std::map<std::string, std::pair<double, double>> mem;  // tag -> (current, peak) bytes
+  std::map<std::string, std::pair<double, double>> comm;  // mesh dimension -> (bytes, seconds)
 };
 struct EvalRow {
   double step = kNaN, loss = kNaN, accuracy = kNaN;
@@ -112,6 +113,9 @@ RunData load_run(const fs::path& dir) {
     if (j.contains("mem") && j["mem"].is_object())
       for (const auto& [tag, m] : j["mem"].items())
         if (m.is_object()) r.mem[tag] = {number(m, "cur"), number(m, "peak")};
+    if (j.contains("comm") && j["comm"].is_object())
+      for (const auto& [dim, c] : j["comm"].items())
+        if (c.is_object()) r.comm[dim] = {number(c, "bytes"), number(c, "s")};
     run.steps.push_back(std::move(r));
   });
   if (fs::exists(dir / "health.jsonl")) {
@@ -237,6 +241,22 @@ std::string charts_html(const RunData& run) {
   std::vector<ChartSeries> mem;
   for (auto& [tag, s] : peak) mem.push_back(std::move(s));
   o << svg_line_chart({"Memory by tag (peak within each step)", "step", "memory (MiB)", false, true}, mem);
+  // Distributed runs: the step's collectives by mesh dimension (bytes, and time from posting to completion).
+  std::map<std::string, ChartSeries> bytes, secs;
+  for (const StepRow& r : S)
+    for (const auto& [dim, c] : r.comm) {
+      auto [b, fb] = bytes.try_emplace(dim, ChartSeries{dim, {}, kPalette[bytes.size() % 10]});
+      b->second.points.emplace_back(r.step, c.first / kMiB);
+      auto [t, ft] = secs.try_emplace(dim, ChartSeries{dim, {}, kPalette[secs.size() % 10]});
+      t->second.points.emplace_back(r.step, c.second * 1e3);
+    }
+  if (!bytes.empty()) {
+    std::vector<ChartSeries> bs, ts;
+    for (auto& [d, s] : bytes) bs.push_back(std::move(s));
+    for (auto& [d, s] : secs) ts.push_back(std::move(s));
+    o << svg_line_chart({"Communication per step by mesh dimension", "step", "data (MiB)", false, true}, bs);
+    o << svg_line_chart({"Communication time per step by mesh dimension (posting to completion)", "step", "time (ms)", false, true}, ts);
+  }
   return o.str();
 }
 

@@ -1,6 +1,8 @@
 // Tasks: how a model turns a batch into a loss. Classifiers (MLP, ConvNet) use
 // cross-entropy over classes and count correct predictions; GPT uses next-token
 // cross-entropy averaged over the batch's (non-ignored) tokens.
+#include "athanor/dist/device_mesh.h"
+#include "athanor/dist/tensor_parallel_gpt.h"
 #include "athanor/nn/convnet.h"
 #include "athanor/nn/gpt.h"
 #include "athanor/nn/mlp.h"
@@ -55,12 +57,48 @@ class LanguageModelTask : public Task {
   }
   bool is_classifier() const override { return false; }
   bool is_language_model() const override { return true; }
+  std::vector<int32_t> generate(const std::vector<int32_t>& prompt, int64_t tokens, double temperature, int64_t top_k,
+                                Generator& gen) override {
+    return model_->generate(prompt, tokens, temperature, top_k, gen);
+  }
   nn::GPT& gpt() { return *model_; }
 
  private:
   std::shared_ptr<nn::GPT> model_;
 };
+
+// The GPT split across a tensor-parallel group: the loss never gathers the logits.
+class TensorParallelLanguageModelTask : public Task {
+ public:
+  explicit TensorParallelLanguageModelTask(std::shared_ptr<dist::TensorParallelGPT> m) : model_(std::move(m)) {}
+  // This rank's share of the model FLOPs (MFU is per process): every matmul is split across tp.
+  double train_flops(const data::Batch& b) const override {
+    const auto& g = model_->config();
+    const double tokens = static_cast<double>(b.input.numel());
+    const double per_token = 6.0 * static_cast<double>(model_->logical_parameters_count()) +
+                             12.0 * static_cast<double>(g.n_layer * g.n_embd * b.input.size(-1));
+    return per_token * tokens / static_cast<double>(model_->tp()->size());
+  }
+  nn::Module& module() override { return *model_; }
+  Tensor loss(const data::Batch& b) override { return model_->loss(b.input, b.target); }
+  void evaluate(const data::Batch& b, double& loss_sum, int64_t&) override {
+    loss_sum += model_->loss(b.input, b.target, Reduction::sum).item();
+  }
+  bool is_classifier() const override { return false; }
+  bool is_language_model() const override { return true; }
+  std::vector<int32_t> generate(const std::vector<int32_t>& prompt, int64_t tokens, double temperature, int64_t top_k,
+                                Generator& gen) override {
+    return model_->generate(prompt, tokens, temperature, top_k, gen);
+  }
+
+ private:
+  std::shared_ptr<dist::TensorParallelGPT> model_;
+};
 }  // namespace
+
+std::vector<int32_t> Task::generate(const std::vector<int32_t>&, int64_t, double, int64_t, Generator&) {
+  ATH_FAIL("sample", "this task's model does not generate text", Hint{"only GPT models (model.type gpt) sample text"});
+}
 
 nn::GPTConfig gpt_config(const Config& c) {
   nn::GPTConfig g;
@@ -75,7 +113,7 @@ nn::GPTConfig gpt_config(const Config& c) {
   return g;
 }
 
-std::unique_ptr<Task> make_task(const Config& c) {
+std::unique_ptr<Task> make_task(const Config& c, const dist::DeviceMesh* mesh) {
   manual_seed(static_cast<uint64_t>(c.get_int("seed")));  // initialisation is a function of the seed
   const std::string& type = c.get_string("model.type");
   if (type == "mlp") {
@@ -105,6 +143,13 @@ std::unique_ptr<Task> make_task(const Config& c) {
             Hint{"set data.type: text"});
   ATH_CHECK(c.get_int("model.vocab_size") > 0, "config", "model.vocab_size is not known",
             Hint{"it is taken from the tokenizer when the data is loaded; set it explicitly to build the model alone"});
+  if (mesh && mesh->tp_size() > 1) {
+    dist::TensorParallelOptions o;
+    o.sequence_parallel = c.get_bool("dist.sequence_parallel");
+    o.regather = c.get_bool("dist.sequence_parallel_regather");
+    o.vocab_pad_multiple = c.get_int("dist.vocab_pad_multiple");
+    return std::make_unique<TensorParallelLanguageModelTask>(std::make_shared<dist::TensorParallelGPT>(gpt_config(c), mesh->tp(), o));
+  }
   return std::make_unique<LanguageModelTask>(std::make_shared<nn::GPT>(gpt_config(c)));
 }
 

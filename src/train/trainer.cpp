@@ -19,7 +19,9 @@
 #include "athanor/core/rng.h"
 #include "athanor/data/corpus.h"
 #include "athanor/data/token_shard.h"
+#include "athanor/dist/device_mesh.h"
 #include "athanor/dist/sync_batch_norm.h"
+#include "athanor/dist/tensor_parallel_gpt.h"
 #include "athanor/dist/zero.h"
 #include "athanor/nn/gpt.h"
 #include "athanor/ops.h"
@@ -141,7 +143,7 @@ Trainer::Trainer(Config config, bool write_run_files)
   ATH_CHECK(config_.get_int("trainer.batch_size") > 0, "config", "trainer.batch_size must be > 0");
   ATH_CHECK(config_.get_int("trainer.accum_steps") > 0, "config", "trainer.accum_steps must be > 0");
   build_data();  // first: the text pipeline fixes the vocabulary size
-  task_ = make_task(config_);
+  task_ = make_task(config_, mesh_.get());
   init(write_run_files);
 }
 
@@ -151,6 +153,9 @@ Trainer::Trainer(Config config, std::unique_ptr<Task> task, bool write_run_files
   tty_ = isatty(STDOUT_FILENO);
   setup_process_group();
   ATH_CHECK(task_ != nullptr, "trainer", "the task is null", Hint{"pass std::make_unique<YourTask>(...)"});
+  ATH_CHECK(tp_ == 1, "trainer", "dist.tp ", tp_, ": a caller's Task cannot be split across tensor-parallel ranks by the trainer",
+            Hint{"build the model from dist:: tensor-parallel layers and train it with dist::DataParallel directly, or let the "
+                 "trainer build its GPT (model.type gpt, no Task), or set dist.tp: 1"});
   ATH_CHECK(config_.get_int("trainer.batch_size") > 0, "config", "trainer.batch_size must be > 0");
   ATH_CHECK(config_.get_int("trainer.accum_steps") > 0, "config", "trainer.accum_steps must be > 0");
   build_data();
@@ -225,7 +230,10 @@ void Trainer::init(bool /*write_run_files: in write_files_*/) {
   resolved += "# data parallel: " + (group_ ? "mpi, world size " + std::to_string(world_) + ", zero_stage " + std::to_string(zero_stage_)
                                             : std::string("off (1 process)")) +
               "; global batch " + std::to_string(gb) + " = batch_size " + std::to_string(c.get_int("trainer.batch_size")) +
-              " x accum_steps " + std::to_string(c.get_int("trainer.accum_steps")) + " x world " + std::to_string(world_) + "\n";
+              " x accum_steps " + std::to_string(c.get_int("trainer.accum_steps")) + " x dp " + std::to_string(dp_size_) + "\n";
+  if (tp_ > 1)
+    resolved += "# tensor parallel: tp " + std::to_string(tp_) + " x dp " + std::to_string(dp_size_) + " (ranks tp-fastest), sequence parallel " +
+                (c.get_bool("dist.sequence_parallel") ? "on" : "off") + "\n";
   if (dp_ && zero_stage_ == 3) {
     std::string units;
     for (const auto& u : dp_->shard_units()) units += (units.empty() ? "" : ", ") + u;
@@ -248,8 +256,12 @@ void Trainer::setup_data_parallel(int64_t gb) {
   o.zero_stage = zero_stage_;
   o.bucket_mb = config_.get_float("dist.bucket_mb");
   if (zero_stage_ == 3) o.shard_modules = zero3_shard_modules();
+  if (const auto* specs = tp_specs()) {  // norms over shards, sequence-parallel gradients summed over tp
+    o.tp_group = tp_group_;
+    o.tp_specs = *specs;
+  }
   dp_ = std::make_unique<dist::DataParallel>(
-      model, group_, [this, gb](const optim::NamedTensors& owned) { return make_optimizer(config_, owned, gb); }, o);
+      model, dp_group_, [this, gb](const optim::NamedTensors& owned) { return make_optimizer(config_, owned, gb); }, o);
   optim_ = &dp_->optimizer();
 }
 
@@ -272,6 +284,7 @@ void Trainer::build_data() {
     ATH_CHECK(c.get_int("model.vocab_size") >= tokenizer_->vocab_size(), "config", "model.vocab_size (",
               c.get_int("model.vocab_size"), ") is smaller than the tokenizer's vocabulary (", tokenizer_->vocab_size(), ")",
               Hint{"set model.vocab_size: 0 to take the tokenizer's"});
+    check_parallel_config();  // the vocabulary is known now (before the data is prepared)
     // Tokenized shards are cached per (corpus, tokenizer) and reused.
     const std::string stem = corpus == "brown" ? "brown" : fs::path(corpus).stem().string();
     const fs::path dir = fs::path(c.get_string("data.cache_dir")) / (stem + "-" + tok);
@@ -311,15 +324,15 @@ EvalMetrics Trainer::evaluate() {
   lo.drop_last = false;
   lo.num_workers = static_cast<int>(config_.get_int("data.num_workers"));
   // The validation batches are those of one sequential pass in global micro-batches (batch_size
-  // × world, as training); under data parallel rank r evaluates its slice of each and the sums
-  // are reduced, so the result is that of 1 process with batch_size × world.
-  const int64_t global = lo.batch_size * world_, N = val_set_->size();
+  // × dp, as training); under data parallel dp rank r evaluates its slice of each and the sums
+  // are reduced, so the result is that of 1 process with batch_size × dp.
+  const int64_t global = lo.batch_size * dp_size_, N = val_set_->size();
   const int64_t total = (N + global - 1) / global;
   const int64_t limit = config_.get_int("trainer.eval_batches");
   const int64_t n = limit > 0 ? std::min(limit, total) : total;
   std::vector<int64_t> mine;
   for (int64_t i = 0; i < n; ++i)
-    for (int64_t j = i * global + rank_ * lo.batch_size; j < std::min(i * global + (rank_ + 1) * lo.batch_size, N); ++j)
+    for (int64_t j = i * global + dp_rank_ * lo.batch_size; j < std::min(i * global + (dp_rank_ + 1) * lo.batch_size, N); ++j)
       mine.push_back(j);
   EvalMetrics e;
   e.step = step_;
@@ -358,26 +371,27 @@ std::string Trainer::sample(int64_t tokens) { return sample(tokens, config_.get_
 
 std::string Trainer::sample(int64_t tokens, const std::string& prompt_text) {
   ATH_CHECK(task_->is_language_model() && tokenizer_, "sample", "only GPT models on text data can generate text");
-  auto& gpt = dynamic_cast<nn::GPT&>(task_->module());
   std::vector<int32_t> prompt = tokenizer_->encode(prompt_text);
   if (prompt.empty()) prompt.push_back(0);
   std::optional<dist::DataParallel::FullParameters> full;  // stage 3: every rank is here (a collective)
   if (dp_ && zero_stage_ == 3) full.emplace(*dp_);
   Generator gen(static_cast<uint64_t>(config_.get_int("seed")) + static_cast<uint64_t>(step_));
-  auto ids = gpt.generate(prompt, tokens, config_.get_float("trainer.sample_temperature"), config_.get_int("trainer.sample_top_k"), gen);
+  auto ids = task_->generate(prompt, tokens, config_.get_float("trainer.sample_temperature"), config_.get_int("trainer.sample_top_k"), gen);
   return tokenizer_->decode(ids);
 }
 
 void Trainer::save_weights(const std::string& path) {
   ckpt::NamedTensors named;
-  // Stage 3: gathered copies under the 1-process names (a collective); otherwise the tensors themselves.
-  for (auto& [n, t] : dp_ && zero_stage_ == 3 ? dp_->full_state_dict() : task_->module().state_dict()) named.emplace_back(n, t);
+  // Stage 3: gathered copies under the 1-process names (a collective); otherwise the tensors
+  // themselves; tensor parallel: the shards merged into the logical tensors (a collective).
+  for (auto& [n, t] : to_logical(dp_ && zero_stage_ == 3 ? dp_->full_state_dict() : task_->module().state_dict()))
+    named.emplace_back(n, t);
   if (rank_ == 0) ckpt::save_safetensors(path, named, {{"format", "athanor"}, {"step", std::to_string(step_)}});
 }
 
 void Trainer::load_weights(const std::string& path) {
   auto file = ckpt::load_safetensors(path);
-  const nn::StateDict state(file.tensors.begin(), file.tensors.end());
+  const nn::StateDict state = to_local(nn::StateDict(file.tensors.begin(), file.tensors.end()), false);
   if (dp_) dp_->load_full_state_dict(state);  // stage 3: into the gathered blocks (every rank calls it)
   else task_->module().load_state_dict(state);
 }
@@ -406,8 +420,9 @@ std::string Trainer::save_checkpoint() {
   // "samples": the position in the epoch's global sample stream, so that another world size or
   // micro-batch continues with the same global batches.
   const int64_t micro = config_.get_int("trainer.batch_size");
-  j["loader"] = {{"epoch", pos.epoch}, {"batch", pos.batch}, {"samples", pos.batch * micro * world_}};
-  j["dist"] = {{"world_size", world_}, {"zero_stage", zero_stage_}, {"micro_batch", micro}};
+  j["loader"] = {{"epoch", pos.epoch}, {"batch", pos.batch}, {"samples", pos.batch * micro * dp_size_}};
+  j["dist"] = {{"world_size", world_}, {"zero_stage", zero_stage_}, {"micro_batch", micro}, {"dp", dp_size_}, {"tp", tp_},
+               {"pp", 1}, {"sequence_parallel", tp_ > 1 && config_.get_bool("dist.sequence_parallel")}};
   j["rng"] = {{"default", {{"seed", rng.seed}, {"offset", rng.offset}}}};
   j["scheduler_step"] = scheduler_->current_step();
   j["optimizer"] = {{"type", optim_->name()}, {"scalars", optim_scalars}};
@@ -420,7 +435,8 @@ std::string Trainer::save_checkpoint() {
   const std::map<std::string, std::string> meta{{"format", "athanor"}, {"step", std::to_string(step_)}};
   std::string dir;
   if (dp_) {  // every rank writes its shards, rank 0 the indexes, state.json and the manifest
-    dir = ckpt::save_sharded_checkpoint(*group_, checkpoints_dir(), step_, {{"model", model_tensors, meta}, {"optimizer", optim_tensors, meta}},
+    dir = ckpt::save_sharded_checkpoint(*group_, checkpoints_dir(), step_,
+                                        {checkpoint_part("model", model_tensors, false, meta), checkpoint_part("optimizer", optim_tensors, true, meta)},
                                         {{"state.json", j.dump(2) + "\n"}});
   } else {
     dir = ckpt::save_checkpoint(checkpoints_dir(), step_,
@@ -475,8 +491,8 @@ void Trainer::resume_from(const std::string& dir) {
     const std::string model_path = (fs::path(dir) / "model.safetensors").string();
     auto optim_file = ckpt::load_checkpoint_tensors(dir, "optimizer");
     if (dp_) {  // the data-parallel wrapper may shard parameters: it takes what this rank holds
-      auto model_file = ckpt::load_checkpoint_tensors(dir, "model");
-      dp_->load_full_state_dict(nn::StateDict(model_file.tensors.begin(), model_file.tensors.end()));
+      auto model_file = ckpt::load_checkpoint_tensors(dir, "model");  // logical tensors, whatever layout saved them
+      dp_->load_full_state_dict(to_local(nn::StateDict(model_file.tensors.begin(), model_file.tensors.end()), false));
     } else if (fs::exists(model_path)) {  // straight into the parameters: one copy, as fast as read()
       ckpt::load_safetensors_into(model_path, task_->module().state_dict());
     } else {
@@ -484,7 +500,7 @@ void Trainer::resume_from(const std::string& dir) {
       task_->module().load_state_dict(nn::StateDict(model_file.tensors.begin(), model_file.tensors.end()));
     }
     const auto scalars = j.at("optimizer").at("scalars").get<std::map<std::string, double>>();
-    if (dp_) dp_->load_full_optimizer_state(optim_file.tensors, scalars);  // each rank keeps its part: any world size/stage
+    if (dp_) dp_->load_full_optimizer_state(to_local(optim_file.tensors, true), scalars);  // each rank keeps its part: any layout
     else optimizer_->load_state(optim_file.tensors, scalars);
     // Loading bumped the weights' versions: remake their low-precision copies now rather than cast each one in the next step.
     if (optim_->low_precision_copies() != DType::f32) optim_->enable_low_precision_copies(optim_->low_precision_copies());
@@ -494,11 +510,12 @@ void Trainer::resume_from(const std::string& dir) {
     const auto& loader = j.at("loader");
     int64_t batch = loader.at("batch").get<int64_t>();
     if (loader.contains("samples")) {  // map the global sample position onto this run's micro-batch × world
-      const int64_t samples = loader.at("samples").get<int64_t>(), per = config_.get_int("trainer.batch_size") * world_;
+      const int64_t samples = loader.at("samples").get<int64_t>(), per = config_.get_int("trainer.batch_size") * dp_size_;
       ATH_CHECK(samples % per == 0, "resume", "cannot resume from '", dir, "': it stopped after ", samples,
                 " samples of its epoch, which is not a whole number of this run's global micro-batches (batch_size ",
-                config_.get_int("trainer.batch_size"), " x world ", world_, " = ", per, ")",
-                Hint{"choose trainer.batch_size and the number of processes so that batch_size x world divides " + std::to_string(samples)});
+                config_.get_int("trainer.batch_size"), " x dp ", dp_size_, " = ", per, ")",
+                Hint{"choose trainer.batch_size and the number of data-parallel ranks so that batch_size x dp divides " +
+                     std::to_string(samples)});
       batch = samples / per;
     }
     train_loader_->set_position({loader.at("epoch").get<int64_t>(), batch});
@@ -561,10 +578,19 @@ void Trainer::fit() {
       << "); non-finite policy " << nonfinite_policy() << "\n";
     out_(o.str());
   }
-  out_("training " + task_->module().local_name() + std::to_string(task_->module().parameters_count()) + " parameters on " +
+  const auto* tpm = dynamic_cast<const dist::TensorParallelGPT*>(&task_->module());
+  out_("training " + task_->module().local_name() +
+       (tpm ? std::to_string(tpm->logical_parameters_count()) + " parameters (" + std::to_string(task_->module().parameters_count()) +
+                  " per tensor-parallel rank)"
+            : std::to_string(task_->module().parameters_count()) + " parameters") +
+       " on " +
        train_set_->describe() + " for " + std::to_string(max_steps_) + " steps (batch " +
        std::to_string(config_.get_int("trainer.batch_size")) + " x accum " + std::to_string(config_.get_int("trainer.accum_steps")) +
-       (dp_ ? " x " + std::to_string(world_) + " ranks (mpi, zero_stage " + std::to_string(zero_stage_) + ")" : std::string()) +
+       (dp_ ? " x " + std::to_string(dp_size_) + " dp ranks (mpi, zero_stage " + std::to_string(zero_stage_) +
+                  (tp_ > 1 ? "; tp " + std::to_string(tp_) + (config_.get_bool("dist.sequence_parallel") ? ", sequence parallel" : "")
+                           : std::string()) +
+                  ")"
+            : std::string()) +
        " = global batch " + std::to_string(global_batch()) + "); run directory " + run_dir_ + "\n");
   const int64_t eval_every = config_.get_int("trainer.eval_every"), sample_every = config_.get_int("trainer.sample_every");
   const double limit = config_.get_float("trainer.time_limit_s");
@@ -582,7 +608,7 @@ void Trainer::fit() {
     if (run_files_ && ckpt_every > 0 && step_ % ckpt_every == 0) save_checkpoint();
     if (eval_every > 0 && step_ % eval_every == 0 && step_ < max_steps_) evaluate();
     // Stage 3: every rank samples (the weights are gathered for it); only rank 0 has an output.
-    if ((rank_ == 0 || zero_stage_ == 3) && sample_every > 0 && step_ % sample_every == 0 && step_ < max_steps_ &&
+    if ((rank_ == 0 || zero_stage_ == 3 || tp_ > 1) && sample_every > 0 && step_ % sample_every == 0 && step_ < max_steps_ &&
         task_->is_language_model())
       out_("--- sample ---\n" + sample(config_.get_int("trainer.sample_tokens")) + "\n--------------\n");
     if (time_up) {
@@ -597,13 +623,13 @@ void Trainer::fit() {
   if (run_files_ && ckpt_every > 0 && last_checkpoint_step_ != step_) save_checkpoint();
   if (stopped_by_signal_) {  // leave quickly: no sample; evaluate only if nothing was evaluated yet
     if (evals_.empty()) evaluate();
-    if (write_files_ || (run_files_ && zero_stage_ == 3)) save_weights((fs::path(run_dir_) / "model.safetensors").string());
+    if (write_files_ || (run_files_ && (zero_stage_ == 3 || tp_ > 1))) save_weights((fs::path(run_dir_) / "model.safetensors").string());
     for (auto& cb : callbacks_) cb->on_end();
     for (auto& s : sinks_) s->on_end();
     return;
   }
   evaluate();
-  if (write_files_ || (run_files_ && zero_stage_ == 3)) save_weights((fs::path(run_dir_) / "model.safetensors").string());
+  if (write_files_ || (run_files_ && (zero_stage_ == 3 || tp_ > 1))) save_weights((fs::path(run_dir_) / "model.safetensors").string());
   if (write_files_ && config_.get_bool("observe.report")) {
     try {
       out_("report: " + observe::write_report(run_dir_) + "\n");
@@ -611,7 +637,7 @@ void Trainer::fit() {
       out_(std::string("could not write report.html: ") + e.what() + "\n");
     }
   }
-  if ((rank_ == 0 || zero_stage_ == 3) && task_->is_language_model())
+  if ((rank_ == 0 || zero_stage_ == 3 || tp_ > 1) && task_->is_language_model())
     out_("--- sample ---\n" + sample(config_.get_int("trainer.sample_tokens")) + "\n--------------\n");
   for (auto& cb : callbacks_) cb->on_end();
   for (auto& s : sinks_) s->on_end();

@@ -13,6 +13,8 @@
 #include <sstream>
 
 #include "athanor/core/allocator.h"
+#include "athanor/dist/comm_ledger.h"
+#include "athanor/dist/process_group.h"
 #include "athanor/dist/zero.h"
 #include "athanor/observe/profiler.h"
 #include "athanor/ops.h"
@@ -101,9 +103,9 @@ void Trainer::forward_backward(const std::vector<data::Batch>& batches, StepMetr
     // Backward runs outside autocast, as in PyTorch.
     observe::ProfileSpan span("backward");
     MemTagScope tag(MemTag::workspace);
-    // m.targets counts every rank's targets; DDP averages over the world, hence × world_: the
+    // m.targets counts every dp rank's targets; DDP averages over dp, hence × dp_size_: the
     // reduced gradient is the token-weighted one of the global batch, as in 1 process.
-    Tensor weighted = mul(loss, w * static_cast<double>(world_));
+    Tensor weighted = mul(loss, w * static_cast<double>(dp_size_));
     if (scaler_->enabled()) weighted = scaler_->scale(weighted);
     weighted.backward();
     m.backward_seconds += now_seconds() - tb;
@@ -118,6 +120,7 @@ bool Trainer::train_step() {
   measure_peak_flops();  // once; before the clock starts
   profile_window(step_ + 1, true);
   Allocator::cpu().reset_peak();
+  if (group_) dist::comm_ledger().reset();  // the step's communication, by mesh dimension, goes into its record
   const GeneratorState rng_at_start = default_generator().state();
   const double t0 = now_seconds();
   StepMetrics m;
@@ -166,9 +169,26 @@ bool Trainer::train_step() {
     m.nonfinite_params = scaler_->nonfinite_params();
   }
   found_inf = any_rank(found_inf || m.loss_nonfinite);  // every rank takes the same branch
-  if (config_.get_bool("observe.layer_norms"))
+  if (config_.get_bool("observe.layer_norms")) {
     for (const auto& [n, p] : named)
       m.layers.push_back({n, p.grad().defined() ? l2_norm(p.grad()) : 0.0, l2_norm(p)});
+    if (const auto* specs = tp_specs()) {  // a shard's norm is part of its logical tensor's: sum the squares over tp
+      std::vector<double> sq;
+      for (size_t i = 0; i < named.size(); ++i) {
+        const bool sharded = dist::spec_of(*specs, named[i].first).sharded();
+        sq.push_back(sharded ? m.layers[i].grad_norm * m.layers[i].grad_norm : 0.0);
+        sq.push_back(sharded ? m.layers[i].param_norm * m.layers[i].param_norm : 0.0);
+      }
+      Tensor t = from_vector(sq, {static_cast<int64_t>(sq.size())}, TensorOptions(DType::f64));
+      tp_group_->all_reduce(t);
+      const std::vector<double> total = t.to_vector();
+      for (size_t i = 0; i < named.size(); ++i)
+        if (dist::spec_of(*specs, named[i].first).sharded()) {
+          m.layers[i].grad_norm = std::sqrt(total[2 * i]);
+          m.layers[i].param_norm = std::sqrt(total[2 * i + 1]);
+        }
+    }
+  }
   const double clip = config_.get_float("optimizer.grad_clip");
   if (!found_inf && config_.get_float("optimizer.clip_value") > 0)
     optim::clip_grad_value(params, config_.get_float("optimizer.clip_value"));
@@ -219,6 +239,9 @@ bool Trainer::train_step() {
   m.step_seconds = now_seconds() - t0;
   m.throughput = static_cast<double>(m.targets) / std::max(m.step_seconds, 1e-9);
   if (m.flops > 0 && peak_flops_ > 0) m.mfu = m.flops / std::max(m.step_seconds, 1e-9) / peak_flops_;
+  if (group_)
+    for (const auto& [dim, t] : dist::comm_ledger().by_dimension())
+      m.comm.push_back({dim, t.ops, static_cast<double>(t.bytes), t.wire_bytes, t.seconds});
   const MemoryStats mem = Allocator::cpu().stats();
   for (int t = 0; t < kNumMemTags; ++t)
     m.memory.push_back({mem_tag_name(static_cast<MemTag>(t)), static_cast<int64_t>(mem.current[t]), static_cast<int64_t>(mem.peak[t])});

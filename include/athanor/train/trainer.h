@@ -32,6 +32,18 @@
 // 1-process names, rank 0 writes, a barrier follows) and state.json records world size, zero
 // stage and the loader position in global samples, so a checkpoint resumes on any world size
 // and stage. Dropout draws the same stream on every rank (the RNG state is rank 0's).
+//
+// Tensor parallelism (dist.tp > 1, GPT only; dist.sequence_parallel): the ranks form a
+// DeviceMesh dp × tp (tp fastest); the model is a dist::TensorParallelGPT over the tp group
+// and DataParallel runs over the dp group, so "world" above reads "dp": the data, the
+// global batch (batch_size × accum_steps × dp) and the loss and metric sums are per dp rank,
+// and the tp ranks of a dp group see the same micro-batches. The gradient norm counts each
+// shard once and replicated parameters once; found_inf is agreed by every rank. Checkpoints
+// keep logical names and shapes: each rank writes its shard, the index maps shards to slices
+// (ckpt/sharded_checkpoint.h), and any (dp, tp, ZeRO) layout resumes any other; the final
+// model.safetensors is the logical (merged) model. Every rank samples and saves the weights
+// (collectives). The communication ledger's per-step totals by mesh dimension go into each
+// step record ("comm").
 #include <cstdint>
 #include <deque>
 #include <functional>
@@ -39,8 +51,10 @@
 #include <string>
 #include <vector>
 
+#include "athanor/ckpt/checkpoint.h"
 #include "athanor/data/dataloader.h"
 #include "athanor/data/tokenizer.h"
+#include "athanor/dist/shard_spec.h"
 #include "athanor/nn/gpt.h"
 #include "athanor/nn/module.h"
 #include "athanor/optim/lr_schedule.h"
@@ -53,6 +67,7 @@
 
 namespace athanor::dist {
 class DataParallel;
+class DeviceMesh;
 class ProcessGroup;
 }  // namespace athanor::dist
 
@@ -82,6 +97,9 @@ class Task {
   virtual bool is_language_model() const { return false; }
   // Model FLOPs (forward + backward) of training on this micro-batch; 0 = unknown (no MFU).
   virtual double train_flops(const data::Batch&) const { return 0; }
+  // Language models: tokens sampled after `prompt` (every rank of a tensor-parallel group calls it).
+  virtual std::vector<int32_t> generate(const std::vector<int32_t>& prompt, int64_t tokens, double temperature, int64_t top_k,
+                                        Generator& gen);
 };
 
 class Trainer {
@@ -155,6 +173,8 @@ class Trainer {
   // every rank runs a Trainer; the global batch is batch_size × accum_steps × world_size.
   int rank() const { return rank_; }
   int world_size() const { return world_; }
+  int tp_size() const { return tp_; }            // dist.tp (1 without tensor parallelism)
+  int dp_size() const { return dp_size_; }       // world / (tp x pp)
   bool distributed() const { return dp_ != nullptr; }
   int64_t global_batch() const;
   // Optional: where progress and messages go (default: stdout; ranks other than 0: nowhere).
@@ -192,11 +212,22 @@ class Trainer {
   std::unique_ptr<data::Tokenizer> tokenizer_;
   std::shared_ptr<data::Dataset> train_set_, val_set_;
   std::unique_ptr<data::DataLoader> train_loader_;
-  std::shared_ptr<dist::ProcessGroup> group_;  // null without data parallel
+  std::shared_ptr<dist::ProcessGroup> group_;  // the world; null without data parallel
+  std::unique_ptr<dist::DeviceMesh> mesh_;     // dp x tp (x pp) when dist.tp > 1
+  std::shared_ptr<dist::ProcessGroup> dp_group_, tp_group_;  // dp_group_ = group_ without a mesh
+  int dp_rank_ = 0, dp_size_ = 1, tp_ = 1;
   std::unique_ptr<dist::DataParallel> dp_;      // before scheduler_: destroyed after it
   std::unique_ptr<optim::Optimizer> optimizer_; // the optimizer without data parallel
   optim::Optimizer* optim_ = nullptr;           // optimizer_ or dp_'s
   int rank_ = 0, world_ = 1, zero_stage_ = 0;
+  // ---- tensor parallelism (trainer_parallel.cpp): logical <-> this rank's tensors
+  const std::map<std::string, dist::ShardSpec>* tp_specs() const;  // null without tensor parallelism
+  nn::StateDict to_local(const nn::StateDict& logical, bool optimizer_keys) const;
+  nn::StateDict to_logical(const nn::StateDict& local) const;  // a collective over tp
+  // This rank's part of a checkpoint's tensor file "prefix" (replicated tensors from tp rank 0, slices with their specs).
+  ckpt::TensorFile checkpoint_part(const std::string& prefix, const nn::StateDict& local, bool optimizer_keys,
+                                   const std::map<std::string, std::string>& meta) const;
+  void check_parallel_config() const;                          // before any work
   std::unique_ptr<optim::Scheduler> scheduler_;
   std::vector<std::shared_ptr<Callback>> callbacks_;
   std::vector<std::shared_ptr<observe::MetricsSink>> sinks_;
@@ -229,8 +260,9 @@ class Trainer {
   bool write_files_ = true;  // this process writes them (run_files_ and rank 0)
 };
 
-// Builds the model and task of a config (used by train, eval and generate).
-std::unique_ptr<Task> make_task(const Config& config);
+// Builds the model and task of a config (used by train, eval and generate). With a mesh whose
+// tp size is > 1: the GPT as a dist::TensorParallelGPT over mesh->tp().
+std::unique_ptr<Task> make_task(const Config& config, const dist::DeviceMesh* mesh = nullptr);
 // The GPT shape a config's model.* keys describe (model.type must be gpt).
 nn::GPTConfig gpt_config(const Config& config);
 
