@@ -172,6 +172,14 @@ elseif(SCENARIO STREQUAL "cli")
   if(NOT _out MATCHES "x 2 dp ranks \\(mpi, zero_stage 1; tp 2, sequence parallel\\)")
     message(FATAL_ERROR "the run did not train on dp 2 x tp 2")
   endif()
+  # One process evaluates and samples the merged weights of the tensor-parallel run.
+  foreach(cmd eval generate)
+    execute_process(COMMAND ${CLI} ${cmd} ${_dirs} data.cache_dir=${DIR}/data WORKING_DIRECTORY ${SRC}
+                    RESULT_VARIABLE _rc OUTPUT_VARIABLE _o ERROR_VARIABLE _e TIMEOUT 60)
+    if(NOT _rc EQUAL 0 OR NOT "${_e}" MATCHES "evaluating its merged weights in one process")
+      message(FATAL_ERROR "athanor ${cmd} of the tp run in one process failed (${_rc}):\n${_o}${_e}")
+    endif()
+  endforeach()
 elseif(SCENARIO STREQUAL "errors")
   # Bad layouts: a clear error naming the numbers, before any work (no data is prepared).
   function(expect_error what np)
