@@ -4,8 +4,9 @@
 #   1 process × 1 thread (batch 16); 2 processes × 1 thread: DDP (batch 8 per rank),
 #   tp 2 (batch 16, each layer split), tp 2 with sequence parallelism.
 # Prints tokens/s and the step time (medians over the steps after the 5th) and, from each
-# step's communication ledger (metrics.jsonl "comm"), the bytes per step and the summed
-# posting-to-completion seconds per step of the dp and tp dimensions.
+# step's communication ledger (metrics.jsonl "comm"), the wire bytes per step (what a ring
+# implementation moves per rank: 0 on a one-rank group) and the summed posting-to-completion
+# seconds per step of the dp and tp dimensions.
 #   usage: bench/tp_scaling.sh [BUILD_DIR] [STEPS]
 set -euo pipefail
 ROOT=$(cd "$(dirname "$0")/.." && pwd)
@@ -25,7 +26,7 @@ observe: {tensorboard: false, report: false, peak_gflops: 1.0}
 EOF2
 MPI="mpirun --oversubscribe --allow-run-as-root --mca btl_vader_single_copy_mechanism none -x OMP_NUM_THREADS"
 
-# summary RUN_DIR -> "tok/s step_s dp_MiB dp_s tp_MiB tp_s" (medians over steps > 5)
+# summary RUN_DIR -> "tok/s step_s dp_wire_MiB dp_s tp_wire_MiB tp_s" (medians over steps > 5)
 summary() {
   python3 - "$1/metrics.jsonl" <<'PY'
 import json, statistics, sys
@@ -34,8 +35,8 @@ rows = [r for r in rows if r["step"] > 5] or rows
 med = lambda f: statistics.median(f(r) for r in rows)
 comm = lambda r, d, k: r.get("comm", {}).get(d, {}).get(k, 0.0)
 print(f'{med(lambda r: r["throughput"]):.0f} {med(lambda r: r["step_s"]):.4f} '
-      f'{med(lambda r: comm(r, "dp", "bytes")) / 2**20:.2f} {med(lambda r: comm(r, "dp", "s")):.4f} '
-      f'{med(lambda r: comm(r, "tp", "bytes")) / 2**20:.2f} {med(lambda r: comm(r, "tp", "s")):.4f}')
+      f'{med(lambda r: comm(r, "dp", "wire_bytes")) / 2**20:.2f} {med(lambda r: comm(r, "dp", "s")):.4f} '
+      f'{med(lambda r: comm(r, "tp", "wire_bytes")) / 2**20:.2f} {med(lambda r: comm(r, "tp", "s")):.4f}')
 PY
 }
 
@@ -51,7 +52,7 @@ run() {  # name np overrides...
 
 echo "athanor tp vs dp: GPT 4x128, T=128, global batch 16, AdamW, $STEPS steps (medians of steps > 5), 1 thread per process"
 echo "machine: $(nproc) cores, load $(cut -d' ' -f1-3 /proc/loadavg)"
-printf '%-34s %9s %8s %9s %8s %9s %8s\n' "configuration" "tok/s" "step s" "dp MiB" "dp s" "tp MiB" "tp s"
+printf '%-34s %9s %8s %9s %8s %9s %8s\n' "configuration" "tok/s" "step s" "dp wire" "dp s" "tp wire" "tp s"
 row() { printf '%-34s %9s %8s %9s %8s %9s %8s\n' "$@"; }
 read -r a b c d e f < <(run p1 1 trainer.batch_size=16); row "1 process" "$a" "$b" "-" "-" "-" "-"
 read -r a b c d e f < <(run ddp2 2 trainer.batch_size=8); row "2 processes, DDP" "$a" "$b" "$c" "$d" "-" "-"

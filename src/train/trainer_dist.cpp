@@ -69,6 +69,11 @@ void Trainer::check_parallel_config() const {
             " is not built from such layers",
             Hint{"set dist.tp: 1 and train the " + type + " data-parallel (mpirun -np N, dist.zero_stage 0-" +
                  std::string(type == "convnet" ? "2" : "3") + ")"});
+  const std::string& opt = c.get_string("optimizer.type");
+  ATH_CHECK(opt != "lamb" && opt != "lars", "config", "optimizer.type ", opt, " with dist.tp ", tp,
+            ": its trust ratio is the norm of each whole weight over the norm of its update, and tensor parallelism "
+            "splits the weights across ranks (each rank would use its shard's norms)",
+            Hint{"use adamw, adam, sgd or rmsprop with dist.tp > 1, or train with dist.tp: 1"});
   const int64_t H = c.get_int("model.n_head");
   ATH_CHECK(H % tp == 0, "config", "model.n_head (", H, ") is not divisible by dist.tp (", tp,
             "): the attention heads are split across the tensor-parallel ranks",

@@ -277,6 +277,13 @@ TEST(TensorParallel, GPTInitialisationEqualsOneProcess) {
     EXPECT_TRUE(all_close(logical_sd[i].second, want[i].second, 0, 0)) << want[i].first;
   }
   EXPECT_EQ(tp.logical_parameters_count(), ref.parameters_count());
+  // And back: another model loads the logical state, each rank its shard.
+  manual_seed(99);
+  dist::TensorParallelGPT other(c, TP(), {});
+  other.load_logical_state_dict(want);
+  const nn::StateDict again = other.logical_state_dict();
+  for (size_t i = 0; i < want.size(); ++i) EXPECT_TRUE(all_close(again[i].second, want[i].second, 0, 0)) << want[i].first;
+  EXPECT_NE(error_message([&] { other.load_logical_state_dict(tp.state_dict()); }).find("expects 67 rows in dim 0"), std::string::npos);
 }
 
 struct GradCase {
