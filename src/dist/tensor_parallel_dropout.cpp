@@ -4,7 +4,9 @@
 // the logical tensor draws there.
 #include "athanor/dist/tensor_parallel_dropout.h"
 
+#include <array>
 #include <cmath>
+#include <cstdint>
 #include <type_traits>
 
 #include "athanor/autograd/function.h"
@@ -27,13 +29,23 @@ template <class T>
 void apply_mask(const T* x, T* y, int64_t n, const GeneratorState& st, uint32_t threshold, double scale_d, const Layout& l) {
   using S = std::conditional_t<std::is_same_v<T, double>, double, float>;
   const S scale = static_cast<S>(scale_d);
-#pragma omp parallel for if (n > (1 << 14)) schedule(static)
-  for (int64_t i = 0; i < n; ++i) {
-    const int64_t g = l.logical(i);
-    const auto r = philox4x32(st.seed, st.offset + static_cast<uint64_t>(g / 4), l.stream);
-    const bool keep = (r[g % 4] >> 8) >= threshold;
-    const S v = cast_value<S>(x[i]) * scale;
-    y[i] = cast_value<T>(keep ? v : S(0));
+#pragma omp parallel if (n > (1 << 14))
+  {
+    // Consecutive elements mostly share a Philox block (4 words): draw each block once.
+    uint64_t cached = UINT64_MAX;
+    std::array<uint32_t, 4> r{};
+#pragma omp for schedule(static)
+    for (int64_t i = 0; i < n; ++i) {
+      const int64_t g = l.logical(i);
+      const uint64_t block = static_cast<uint64_t>(g / 4);
+      if (block != cached) {
+        r = philox4x32(st.seed, st.offset + block, l.stream);
+        cached = block;
+      }
+      const bool keep = (r[g % 4] >> 8) >= threshold;
+      const S v = cast_value<S>(x[i]) * scale;
+      y[i] = cast_value<T>(keep ? v : S(0));
+    }
   }
 }
 
