@@ -105,6 +105,7 @@ elseif(SCENARIO STREQUAL "ckpt")
   resume(at_tp4 4 trainer.batch_size=8 dist.tp=4)
   resume(at_dp4 4 trainer.batch_size=2 dist.zero_stage=2)
   resume(at_tp2_sp 2 trainer.batch_size=8 dist.tp=2 dist.sequence_parallel=true dist.zero_stage=0)
+  resume(at_dp2tp2_z3 4 trainer.batch_size=4 dist.tp=2 dist.zero_stage=3)
   # export-hf merges the step-10 checkpoint's shards: importing the export back gives the
   # run's final (merged) weights, exactly.
   execute_process(COMMAND ${CLI} export-hf ${DIR}/runs/full ${DIR}/hf --checkpoint ${DIR}/runs/full/checkpoints/step-000010
