@@ -177,6 +177,31 @@ TEST(TensorParallel, ColumnThenRowParallelEqualsTwoLinears) {
   }
 }
 
+TEST(TensorParallel, ColumnGatherOutputAndRowSplitInputEqualLinear) {
+  // The layers' other modes: a column-parallel layer that gathers its output columns, a
+  // row-parallel layer that splits a full input itself; each equals one nn::Linear.
+  manual_seed(8);
+  nn::Linear a(6, 8), b(8, 6);
+  manual_seed(8);
+  dist::ColumnParallelLinear ca(6, 8, TP(), {.gather_output = true});
+  dist::RowParallelLinear rb(8, 6, TP(), {.input_is_parallel = false});
+  for (nn::Module* m : std::initializer_list<nn::Module*>{&a, &b, &ca, &rb}) m->to(DType::f64);
+  Tensor x = randn64({5, 6}, 2);
+  Tensor y_ref = b.forward(a.forward(x));
+  Tensor dy = randn64({5, 6}, 3, false);
+  y_ref.backward(dy);
+  Tensor gx = x.grad().clone();
+  x.set_grad(Tensor());
+  Tensor h = ca.forward(x);
+  EXPECT_EQ(h.size(1), 8);  // gathered: every column on every rank
+  Tensor y = rb.forward(h);
+  EXPECT_TRUE(all_close(y, y_ref, 1e-13, 1e-13));
+  y.backward(dy);
+  EXPECT_TRUE(all_close(x.grad(), gx, 1e-13, 1e-13));
+  EXPECT_TRUE(all_close(logical(ca.weight.grad(), ca.local_shard_specs()["weight"], TP()), a.weight.grad(), 1e-13, 1e-13));
+  EXPECT_TRUE(all_close(logical(rb.weight.grad(), rb.local_shard_specs()["weight"], TP()), b.weight.grad(), 1e-13, 1e-13));
+}
+
 TEST(TensorParallel, FAndGAreConjugate) {
   // <g(f(x)·w_r), u> = <x, f*(g*(u))·w_r>: f's backward is g's forward and vice versa.
   const int t = TP()->size(), r = TP()->rank();
