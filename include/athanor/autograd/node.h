@@ -86,6 +86,12 @@ class Node : public std::enable_shared_from_this<Node> {
   };
   void set_pending_grads(PendingGrads* p) { pending_ = p; }
 
+  // The engine's split backward (engine.h, backward_input / DeferredWeightGrads): while set,
+  // input i is treated as needing no gradient (needs_grad is false for it), so one apply
+  // computes only the input gradients and a later one only the weight gradients.
+  bool input_masked(size_t i) const { return i < masked_.size() && masked_[i]; }
+  void set_masked_inputs(std::vector<bool> masked) { masked_ = std::move(masked); }
+
  protected:
   bool released_ = false;
 
@@ -94,6 +100,7 @@ class Node : public std::enable_shared_from_this<Node> {
   uint64_t sequence_nr_;
   mutable std::vector<std::pair<size_t, RowSparseGrad>> row_sparse_out_;  // filled during apply only
   PendingGrads* pending_ = nullptr;                                         // set during apply only
+  std::vector<bool> masked_;                                                // set during a split apply only
 };
 
 // What a saved-tensor hook keeps in place of a saved tensor (autograd/saved_tensor_hooks.h).
