@@ -149,6 +149,7 @@ std::string describe_entry(const LedgerEntry& e) {
   os << e.op << " #" << e.seq << " on group " << e.group << " (bytes " << e.bytes << ", " << dtype_name(e.dtype);
   if (e.peer >= 0) os << (e.op == "broadcast" ? ", root " : ", peer ") << e.peer;
   os << ", called at " << e.call_site << ")";
+  if (!e.context.empty()) os << ": " << e.context;
   return os.str();
 }
 }  // namespace
@@ -203,7 +204,7 @@ void ProcessGroup::Impl::timeout_abort(const LedgerEntry& e, double waited_s) {
     }
   }
   std::ostringstream msg;
-  msg << "[athanor.dist rank " << world_ranks[rank] << "] collective " << describe_entry(e) << " timed out after "
+  msg << "[athanor.dist rank " << world_ranks[rank] << "] " << (p2p ? "transfer " : "collective ") << describe_entry(e) << " timed out after "
       << std::fixed << std::setprecision(1) << waited_s << "s; ranks not arrived: [";
   for (std::size_t i = 0; i < not_arrived.size(); ++i) msg << (i ? ", " : "") << not_arrived[i];
   msg << "]\n";
@@ -214,8 +215,13 @@ void ProcessGroup::Impl::timeout_abort(const LedgerEntry& e, double waited_s) {
   const std::size_t first = ledger.size() > 5 ? ledger.size() - 5 : 0;
   for (std::size_t i = first; i < ledger.size(); ++i)
     msg << "    " << describe_entry(ledger[i]) << (ledger[i].completed ? " done" : " PENDING") << "\n";
-  msg << "hint: every rank of a group must call the same collectives in the same order; set the timeout with "
-         "ATHANOR_DIST_TIMEOUT_S or ProcessGroup::set_timeout. Aborting every rank (MPI_Abort).\n";
+  if (p2p)
+    msg << "hint: the peer did not " << (e.op == "recv" ? "send" : "receive") << " it in time: it is dead, hung, slower than the "
+        << "timeout, or running another schedule; set the timeout with ATHANOR_DIST_TIMEOUT_S, dist.timeout_s or "
+           "ProcessGroup::set_timeout. Aborting every rank (MPI_Abort).\n";
+  else
+    msg << "hint: every rank of a group must call the same collectives in the same order; set the timeout with "
+           "ATHANOR_DIST_TIMEOUT_S or ProcessGroup::set_timeout. Aborting every rank (MPI_Abort).\n";
   const std::string s = msg.str();
   std::fwrite(s.data(), 1, s.size(), stderr);
   std::fflush(stderr);
@@ -256,6 +262,7 @@ Work::~Work() {
   }
 }
 bool Work::completed() const { return impl_->done; }
+void Work::set_context(std::string context) { impl_->entry.context = std::move(context); }
 uint64_t Work::seq() const { return impl_->entry.seq; }
 const std::string& Work::op() const { return impl_->entry.op; }
 

@@ -14,93 +14,9 @@
 #include "athanor/dist/tensor_parallel_dropout.h"
 #include "athanor/dist/vocab_parallel_cross_entropy.h"
 #include "athanor/ops.h"
+#include "tensor_parallel_block.h"
 
 namespace athanor::dist {
-
-namespace {
-class Container : public nn::Module {
- public:
-  template <class M> std::shared_ptr<M> add(const std::string& name, std::shared_ptr<M> m) { return register_module(name, std::move(m)); }
-};
-
-// Dropout on a replicated tensor, or on this rank's sequence slice of one ([B, T/tp, d], dim 1).
-Tensor replicated_dropout(const nn::Dropout& d, const Tensor& x, bool sequence_parallel, const GroupPtr& tp) {
-  if (!sequence_parallel) return dropout(x, d.p, d.is_training());
-  const int64_t Tl = x.size(1);
-  return sequence_parallel_dropout(x, d.p, d.is_training(), 1, tp->rank() * Tl, Tl * tp->size());
-}
-
-class TPAttention : public nn::Module {
- public:
-  TPAttention(const nn::GPTConfig& c, const GroupPtr& tp, const TensorParallelOptions& o, std::shared_ptr<const bool> sp)
-      : n_head_local(c.n_head / tp->size()), tp_(tp), sp_(sp) {
-    c_attn = register_module("c_attn", std::make_shared<ColumnParallelLinear>(
-                                           c.n_embd, 3 * c.n_embd, tp,
-                                           ColumnParallelLinear::Options{.bias = c.bias, .parts = 3, .regather = o.regather}));
-    c_proj = register_module("c_proj", std::make_shared<RowParallelLinear>(c.n_embd, c.n_embd, tp,
-                                                                           RowParallelLinear::Options{.bias = c.bias}));
-    resid_drop = register_module("resid_dropout", std::make_shared<nn::Dropout>(c.dropout));
-  }
-  Tensor forward(const Tensor& x) {
-    auto scope = enter();
-    c_attn->options.sequence_parallel = c_proj->options.sequence_parallel = *sp_;
-    Tensor qkv = c_attn->forward(x);                          // [B, T, 3d/tp]: this rank's heads of q, k, v
-    Tensor y = causal_self_attention(qkv, n_head_local);      // [B, T, d/tp]
-    return replicated_dropout(*resid_drop, c_proj->forward(y), *sp_, tp_);
-  }
-  int64_t n_head_local;
-  GroupPtr tp_;
-  std::shared_ptr<const bool> sp_;
-  std::shared_ptr<ColumnParallelLinear> c_attn;
-  std::shared_ptr<RowParallelLinear> c_proj;
-  std::shared_ptr<nn::Dropout> resid_drop;
-};
-
-class TPFeedForward : public nn::Module {
- public:
-  TPFeedForward(const nn::GPTConfig& c, const GroupPtr& tp, const TensorParallelOptions& o, std::shared_ptr<const bool> sp) : tp_(tp), sp_(sp) {
-    c_fc = register_module("c_fc", std::make_shared<ColumnParallelLinear>(
-                                       c.n_embd, 4 * c.n_embd, tp, ColumnParallelLinear::Options{.bias = c.bias, .regather = o.regather}));
-    c_proj = register_module("c_proj", std::make_shared<RowParallelLinear>(4 * c.n_embd, c.n_embd, tp,
-                                                                           RowParallelLinear::Options{.bias = c.bias}));
-    drop = register_module("dropout", std::make_shared<nn::Dropout>(c.dropout));
-  }
-  Tensor forward(const Tensor& x) {
-    auto scope = enter();
-    c_fc->options.sequence_parallel = c_proj->options.sequence_parallel = *sp_;
-    Tensor h = c_fc->forward(x);  // [B, T, 4d/tp]
-    Tensor partial;
-    {
-      auto proj_scope = c_proj->enter();
-      partial = gelu_linear(h, c_proj->weight);  // as nn::GPT: gelu fused into c_proj's GEMM; no bias yet
-    }
-    return replicated_dropout(*drop, c_proj->reduce_output(partial), *sp_, tp_);
-  }
-  GroupPtr tp_;
-  std::shared_ptr<const bool> sp_;
-  std::shared_ptr<ColumnParallelLinear> c_fc;
-  std::shared_ptr<RowParallelLinear> c_proj;
-  std::shared_ptr<nn::Dropout> drop;
-};
-}  // namespace
-
-class TPBlock : public nn::Module {
- public:
-  TPBlock(const nn::GPTConfig& c, const GroupPtr& tp, const TensorParallelOptions& o, const std::shared_ptr<const bool>& sp) {
-    ln_1 = register_module("ln_1", std::make_shared<nn::LayerNorm>(Shape{c.n_embd}, 1e-5, true, c.bias));
-    attn = register_module("attn", std::make_shared<TPAttention>(c, tp, o, sp));
-    ln_2 = register_module("ln_2", std::make_shared<nn::LayerNorm>(Shape{c.n_embd}, 1e-5, true, c.bias));
-    mlp = register_module("mlp", std::make_shared<TPFeedForward>(c, tp, o, sp));
-  }
-  Tensor forward(const Tensor& x) {
-    auto scope = enter();
-    Tensor h = add(x, attn->forward(ln_1->forward(x)));
-    return add(h, mlp->forward(ln_2->forward(h)));
-  }
-  std::shared_ptr<nn::LayerNorm> ln_1, ln_2;
-  std::shared_ptr<TPAttention> attn;
-  std::shared_ptr<TPFeedForward> mlp;
-};
 
 TensorParallelGPT::TensorParallelGPT(nn::GPTConfig c, GroupPtr tp, TensorParallelOptions o)
     : config_(c), tp_(std::move(tp)), options_(o) {
@@ -121,12 +37,12 @@ TensorParallelGPT::TensorParallelGPT(nn::GPTConfig c, GroupPtr tp, TensorParalle
   sp_ = std::make_shared<bool>(false);  // whether the forward in progress is sequence-parallel (read by the blocks)
   const std::shared_ptr<const bool> sp = sp_;
   // Construction order (and so the generator's draws) is nn::GPT's.
-  auto tr = std::make_shared<Container>();
+  auto tr = std::make_shared<TPContainer>();
   transformer_ = register_module("transformer", tr);
   wte_ = tr->add("wte", std::make_shared<VocabParallelEmbedding>(c.vocab_size, c.n_embd, tp_, o.vocab_pad_multiple));
   wpe_ = tr->add("wpe", std::make_shared<nn::Embedding>(c.block_size, c.n_embd));
   drop_ = tr->add("drop", std::make_shared<nn::Dropout>(c.dropout));
-  auto h = tr->add("h", std::make_shared<Container>());
+  auto h = tr->add("h", std::make_shared<TPContainer>());
   for (int64_t i = 0; i < c.n_layer; ++i) blocks_.push_back(h->add(std::to_string(i), std::make_shared<TPBlock>(c, tp_, o, sp)));
   ln_f_ = tr->add("ln_f", std::make_shared<nn::LayerNorm>(Shape{c.n_embd}, 1e-5, true, c.bias));
 
@@ -137,23 +53,8 @@ TensorParallelGPT::TensorParallelGPT(nn::GPTConfig c, GroupPtr tp, TensorParalle
           (name.find(".ln_") != std::string::npos || name == "transformer.wpe.weight" || name.find("c_proj.bias") != std::string::npos))
         specs_[name].sum_grad_over_tp = true;
 
-  // nn::GPT's GPT-2 initialisation, drawn over the logical tensors: N(0, 0.02), residual
-  // projections N(0, 0.02/sqrt(2 n_layer)), zero biases, LayerNorms as constructed.
-  const double std_res = 0.02 / std::sqrt(2.0 * static_cast<double>(c.n_layer));
-  NoGradGuard ng;
-  for (auto& [name, p] : named_parameters()) {
-    const bool is_bias = name.size() >= 5 && name.compare(name.size() - 5, 5, ".bias") == 0;
-    if (name.find(".ln_") != std::string::npos) continue;
-    if (is_bias) {
-      p.fill_(0.0);
-      continue;
-    }
-    const ShardSpec s = spec_of(specs_, name);
-    Tensor full = empty(logical_shape(p.sizes(), s), TensorOptions(p.dtype()));
-    normal_(full, 0.0, name.find("c_proj.weight") != std::string::npos ? std_res : 0.02);
-    copy_into(p, shard_of(full, s, name));
-    p.bump_version();
-  }
+  // nn::GPT's GPT-2 initialisation, drawn over the logical tensors (tensor_parallel_block.h).
+  for (auto& [name, p] : named_parameters()) init_gpt_parameter(name, p, spec_of(specs_, name), c.n_layer);
 }
 
 int64_t TensorParallelGPT::padded_vocab() const { return wte_->padded; }
@@ -177,15 +78,7 @@ Tensor TensorParallelGPT::hidden(const Tensor& ids, bool sp) {
             Hint{"crop the input to the last block_size tokens or train with a larger block_size"});
   *sp_ = sp;
   auto t = transformer_->enter();
-  Tensor x;
-  if (sp) {
-    const int64_t Tl = T / tp_->size(), start = tp_->rank() * Tl;
-    x = reduce_scatter_to_sequence_parallel_region(wte_->forward_partial(ids), tp_, 1);  // [B, T/tp, d]
-    x = add(x, wpe_->forward(arange(start, start + Tl, TensorOptions(DType::i64))));
-  } else {
-    x = add(wte_->forward(ids), wpe_->forward(arange(0, T, TensorOptions(DType::i64))));
-  }
-  x = replicated_dropout(*drop_, x, sp, tp_);
+  Tensor x = tp_embed(*wte_, *wpe_, *drop_, ids, sp, tp_);
   for (auto& b : blocks_) {
     auto hs = ModuleScope("h");
     TPBlock* block = b.get();
@@ -200,9 +93,7 @@ Tensor TensorParallelGPT::hidden(const Tensor& ids, bool sp) {
 Tensor TensorParallelGPT::logits(const Tensor& ids) {
   const bool sp = use_sequence_parallel(ids.dim() == 2 ? ids.size(1) : 0);
   Tensor x = hidden(ids, sp);
-  // The tied lm_head: this rank's vocabulary rows of wte, a column-parallel layer without bias.
-  return sp ? sequence_parallel_linear(x, wte_->weight, Tensor(), tp_, 1, options_.regather)
-            : linear(copy_to_tensor_parallel_region(x, tp_), wte_->weight);
+  return tp_logits(x, wte_->weight, sp, options_.regather, tp_);
 }
 
 Tensor TensorParallelGPT::loss(const Tensor& ids, const Tensor& targets, Reduction reduction) {

@@ -87,6 +87,7 @@ struct LedgerEntry {
   DType dtype = DType::f32;
   int peer = -1;             // send/recv/broadcast root, else -1
   std::string call_site;     // "file.cpp:123 (function)"
+  std::string context;       // what the caller says the operation is for (Work::set_context), in timeout messages
   bool completed = false;
   double seconds = 0;        // from posting to completion as this rank saw it (set on completion)
 };
@@ -102,6 +103,9 @@ class Work {
   Work& operator=(const Work&) = delete;
   void wait();
   bool test();  // nonblocking: true once completed (and finished)
+  // What this operation is for, in the caller's words ("stage 1 receiving the activation of
+  // micro-batch 3 from stage 0"): a timeout's message names it.
+  void set_context(std::string context);
   bool completed() const;
   uint64_t seq() const;
   const std::string& op() const;
