@@ -180,49 +180,43 @@ uint64_t PipelineGPT::dropout_blocks(int64_t B, int64_t T) const {
   return per_mask * static_cast<uint64_t>(1 + 2 * config_.n_layer);
 }
 
-Tensor PipelineGPT::forward_chunk(int c, const Tensor& input, const Tensor& targets, const GeneratorState* rng, Reduction reduction) {
+Tensor PipelineGPT::forward_chunk(int c, const ChunkInput& in) {
   auto scope = enter();
   const char* op = "PipelineGPT";
   const Chunk& ch = chunks_.at(static_cast<std::size_t>(c));
-  int64_t B = 0, T = 0;
-  if (ch.embedding) {
-    ATH_CHECK(input.defined() && input.dim() == 2, op, "stage ", ch.stage, " starts the model: expected token ids [B, T], got ",
-              input.defined() ? input.describe() : "nothing");
-    B = input.size(0);
-    T = input.size(1);
-    ATH_CHECK(T <= config_.block_size, op, "sequence length ", T, " exceeds block_size ", config_.block_size,
-              Hint{"crop the input to the last block_size tokens or train with a larger block_size"});
-  } else {
-    ATH_CHECK(targets.defined() && targets.dim() == 2, op, "stage ", ch.stage,
-              " needs the micro-batch's targets [B, T] (for its shape, and the loss on the last stage), got ",
-              targets.defined() ? targets.describe() : "nothing");
-    B = targets.size(0);
-    T = targets.size(1);
-    ATH_CHECK(input.defined() && input.sizes() == activation_shape(B, T), op, "stage ", ch.stage, " expected an activation ",
-              shape_str(activation_shape(B, T)), " from stage ", ch.stage - 1, ", got ", input.defined() ? input.describe() : "nothing");
-  }
+  ATH_CHECK(in.ids.defined() && in.ids.dim() == 2, op, "stage ", ch.stage, " needs the micro-batch's token ids [B, T] (",
+            ch.embedding ? "it starts the model" : "for the shapes", "), got ", in.ids.defined() ? in.ids.describe() : "nothing");
+  const int64_t B = in.ids.size(0), T = in.ids.size(1);
+  ATH_CHECK(T <= config_.block_size, op, "sequence length ", T, " exceeds block_size ", config_.block_size,
+            Hint{"crop the input to the last block_size tokens or train with a larger block_size"});
+  if (!ch.embedding)
+    ATH_CHECK(in.activation.defined() && in.activation.sizes() == activation_shape(B, T), op, "stage ", ch.stage,
+              " expected an activation ", shape_str(activation_shape(B, T)), " from stage ", ch.stage - 1, ", got ",
+              in.activation.defined() ? in.activation.describe() : "nothing");
   const bool sp = sequence_parallel(T);
   *sp_ = sp;
-  if (rng) {
+  if (in.rng) {
     // Where the 1-process forward of this micro-batch is when it reaches this chunk.
     const uint64_t per_mask = dropout_blocks(B, T) / static_cast<uint64_t>(1 + 2 * config_.n_layer);
     const uint64_t skip = ch.embedding ? 0 : per_mask * static_cast<uint64_t>(1 + 2 * ch.first);
-    default_generator().set_state({rng->seed, rng->offset + skip});
+    default_generator().set_state({in.rng->seed, in.rng->offset + skip});
   }
   auto t = transformer_->enter();
-  Tensor x = ch.embedding ? tp_embed(*wte_, *wpe_, *drop_, input, sp, tp_) : input;
+  Tensor x = ch.embedding ? tp_embed(*wte_, *wpe_, *drop_, in.ids, sp, tp_) : in.activation;
   for (int64_t i = ch.first; i < ch.end; ++i) {
     auto hs = ModuleScope("h");
     TPBlock* block = blocks_[static_cast<std::size_t>(i)].get();
-    auto run = [block](const Tensor& in) { return block->forward(in); };
+    auto run = [block](const Tensor& v) { return block->forward(v); };
     if (config_.gradient_checkpointing && grad_enabled()) x = checkpoint(run, x);
     else x = block->forward(x);
   }
   if (!ch.head) return x;
-  ATH_CHECK(targets.defined(), op, "the last stage computes the loss: it needs the targets");
   x = ln_f_->forward(x);
   Tensor l = tp_logits(x, wte_->weight, sp, options_.regather, tp_);
-  return vocab_parallel_cross_entropy(reshape(l, {-1, l.size(-1)}), reshape(targets, {-1}), config_.vocab_size, tp_, -100, reduction);
+  if (!in.targets.defined()) return l;
+  ATH_CHECK(in.targets.sizes() == in.ids.sizes(), op, "targets ", in.targets.describe(), " do not match the ids ", in.ids.describe());
+  return vocab_parallel_cross_entropy(reshape(l, {-1, l.size(-1)}), reshape(in.targets, {-1}), config_.vocab_size, tp_, -100,
+                                      in.reduction);
 }
 
 std::vector<std::string> PipelineGPT::duplicate_parameters() const {

@@ -316,16 +316,20 @@ void DataParallel::sum_sequence_parallel_grads() {
 }
 
 double DataParallel::grad_norm() {
-  if (tensor_parallel()) {
-    // Shards are disjoint parts of their logical tensors: each rank's count once. Replicated
-    // parameters hold the same gradient on every tp rank: counted on tp rank 0 only.
+  if (tensor_parallel() || pipeline_parallel()) {
+    // Each logical gradient counted once: shards are disjoint parts of their logical tensors
+    // (each rank's counts); replicated parameters hold the same gradient on every tp rank
+    // (counted on tp rank 0); a stage's copy of another stage's parameter not at all.
     std::vector<Tensor> sharded, replicated;
     for (auto& p : params_)
-      if (holds_grad(p)) (spec_of(opts_.tp_specs, p.name).sharded() ? sharded : replicated).push_back(p.tensor);
-    const double a = optim::grad_norm(sharded), b = opts_.tp_group->rank() == 0 ? optim::grad_norm(replicated) : 0.0;
+      if (holds_grad(p) && !opts_.norm_excluded.count(p.name))
+        (spec_of(opts_.tp_specs, p.name).sharded() ? sharded : replicated).push_back(p.tensor);
+    const bool tp_first = !tensor_parallel() || opts_.tp_group->rank() == 0;
+    const double a = optim::grad_norm(sharded), b = tp_first ? optim::grad_norm(replicated) : 0.0;
     Tensor sq = from_vector(std::vector<double>{a * a + b * b}, {1}, TensorOptions(DType::f64));
     if (opts_.zero_stage >= 2) group_->all_reduce(sq, ReduceOp::sum);  // the owners' parts
-    opts_.tp_group->all_reduce(sq, ReduceOp::sum);
+    if (tensor_parallel()) opts_.tp_group->all_reduce(sq, ReduceOp::sum);
+    if (pipeline_parallel()) opts_.pp_group->all_reduce(sq, ReduceOp::sum);
     return std::sqrt(sq.item());
   }
   if (opts_.zero_stage < 2) return optim::grad_norm(module_->parameters());
@@ -340,7 +344,7 @@ double DataParallel::grad_norm() {
 
 double DataParallel::clip_grad_norm(double max_norm) {
   ATH_CHECK(max_norm > 0, "DataParallel.clip_grad_norm", "max_norm must be > 0, got ", max_norm);
-  if (opts_.zero_stage < 2 && !tensor_parallel()) return optim::clip_grad_norm(module_->parameters(), max_norm);
+  if (opts_.zero_stage < 2 && !tensor_parallel() && !pipeline_parallel()) return optim::clip_grad_norm(module_->parameters(), max_norm);
   const double norm = grad_norm();
   if (!std::isfinite(norm)) return norm;
   const double coef = max_norm / (norm + 1e-6);  // the formula of optim::clip_grad_norm

@@ -48,6 +48,11 @@ std::string to_json(const StepMetrics& m) {
       comm[c.dimension] = Json{{"ops", c.ops}, {"bytes", number(c.bytes)}, {"wire_bytes", number(c.wire_bytes)}, {"s", number(c.seconds)}};
     j["comm"] = comm;
   }
+  if (!m.pipeline.schedule.empty())
+    j["pipeline"] = Json{{"schedule", m.pipeline.schedule},         {"stages", m.pipeline.stages},
+                         {"virtual_stages", m.pipeline.virtual_stages}, {"micro_batches", m.pipeline.micro_batches},
+                         {"bubble", number(m.pipeline.bubble)},       {"theory", number(m.pipeline.theory)},
+                         {"recv_wait_s", number(m.pipeline.recv_wait_seconds)}, {"schedule_s", number(m.pipeline.step_seconds)}};
   return j.dump();
 }
 

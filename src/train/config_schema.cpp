@@ -133,7 +133,22 @@ const std::vector<ConfigKey>& config_schema() {
        "tensor-parallel size (Megatron style; gpt only): each layer's weights, its attention heads and the vocabulary are split "
        "across this many consecutive ranks; the data-parallel size is world / (tp x pp)",
        "dist.backend=auto|mpi"},
-      {"dist.pp", int64_t{1}, "pipeline-parallel stages (only 1 for now: pipeline parallelism is the next step)", "dist.backend=auto|mpi"},
+      {"dist.pp", int64_t{1},
+       "pipeline-parallel stages (gpt only): the model's blocks are split in order across this many ranks (the embedding on the "
+       "first, ln_f and the head on the last, the tied embedding on both); micro-batches are trainer.accum_steps",
+       "dist.backend=auto|mpi"},
+      {"dist.pp_schedule", std::string("1f1b"),
+       "with dist.pp > 1: gpipe (all forwards, then all backwards), 1f1b (PipeDream-Flush), interleaved (Megatron's interleaved "
+       "1F1B over dist.virtual_stages chunks per rank) or zb-h1 (zero-bubble H1: backward split into input and weight passes)",
+       "dist.backend=auto|mpi", {"gpipe", "1f1b", "interleaved", "zb-h1"}},
+      {"dist.virtual_stages", int64_t{1},
+       "with dist.pp_schedule interleaved: model chunks per rank (the model goes round the pp ranks this many times; "
+       "trainer.accum_steps must be a multiple of dist.pp)",
+       "dist.backend=auto|mpi"},
+      {"dist.pp_layers", std::vector<int64_t>{},
+       "with dist.pp > 1: transformer blocks per stage (per virtual stage with interleaved), in order, summing to model.n_layer; "
+       "empty = balanced",
+       "dist.backend=auto|mpi"},
       {"dist.sequence_parallel", false,
        "with dist.tp > 1: LayerNorm, dropout and residual activations hold 1/tp of the sequence on each rank (Korthikanti et "
        "al. 2022); all-gathers and reduce-scatters replace the all-reduces, activation memory per layer drops by tp",

@@ -236,7 +236,7 @@ PipelineRun run_pipeline(dist::PipelineGPT& model, const dist::GroupPtr& pp, Sch
   cb.weights = model.parameters();
   cb.forward = [&](int chunk, int mb, const Tensor& input) {
     const auto& ch = model.chunk(chunk);
-    Tensor out = model.forward_chunk(chunk, ch.embedding ? mbs[mb].ids : input, mbs[mb].targets, &rng[mb]);
+    Tensor out = model.forward_chunk(chunk, {input, mbs[mb].ids, mbs[mb].targets, &rng[mb]});
     if (!ch.head) return out;
     run.loss += out.item() * mbs[mb].weight;
     return mul(out, mbs[mb].weight);
@@ -434,7 +434,7 @@ int scenario(bool die) {
   dist::PipelineCallbacks cb;
   cb.activation_shape = [&](int mb) { return model.activation_shape(mbs[mb].ids.size(0), mbs[mb].ids.size(1)); };
   cb.forward = [&](int chunk, int mb, const Tensor& input) {
-    return model.forward_chunk(chunk, model.chunk(chunk).embedding ? mbs[mb].ids : input, mbs[mb].targets);
+    return model.forward_chunk(chunk, {input, mbs[mb].ids, mbs[mb].targets});
   };
   cb.before_action = [&](std::size_t, const dist::Action& a) {
     if (r == p - 1 && a.kind == ActionKind::forward && a.mb == 2) {

@@ -4,8 +4,8 @@
 //
 //   dist::PipelineLayout layout(/*n_layer=*/8, /*pp=*/4);                   // 2 blocks per stage
 //   dist::PipelineGPT stage(cfg, layout, mesh.pp_index(), mesh.tp(), {}, make_embedding_group(mesh));
-//   Tensor act  = stage.forward_chunk(0, ids, {}, mb_rng);                    // first stage: ids in
-//   Tensor loss = stage.forward_chunk(0, act_from_previous, targets, mb_rng); // last stage: the loss
+//   Tensor act  = stage.forward_chunk(0, {.ids = ids, .rng = &mb_rng});               // first stage: ids in
+//   Tensor loss = stage.forward_chunk(0, {act, ids, targets, &mb_rng});               // last stage: the loss
 //
 // Layout (PipelineLayout): S = pp · v virtual stages; rank r's chunk c is virtual stage c·pp + r
 // (pipeline_schedule.h). Virtual stage 0 holds transformer.wte, wpe and the embedding dropout;
@@ -93,13 +93,18 @@ class PipelineGPT : public nn::Module {
   bool holds_embedding() const { return chunks_.front().embedding; }
   bool holds_head() const { return chunks_.back().head; }
 
-  // Chunk c's forward. input: token ids [B, T] for the chunk with the embedding, else the
-  // previous virtual stage's activation. Returns the activation for the next virtual stage,
-  // or, for the chunk with the head, the cross-entropy against `targets` (ignore_index -100;
-  // mean over the counted targets, or their sum). rng: the generator state at the start of
-  // this micro-batch's forward in one process (null: the generator is left as it is).
-  Tensor forward_chunk(int c, const Tensor& input, const Tensor& targets = {}, const GeneratorState* rng = nullptr,
-                       Reduction reduction = Reduction::mean);
+  // What one chunk's forward reads.
+  struct ChunkInput {
+    Tensor activation;  // the previous virtual stage's output (not read by the chunk with the embedding)
+    Tensor ids;         // token ids [B, T]: read by the chunk with the embedding, the others take its shape
+    Tensor targets;     // [B, T] (ignore_index -100): the chunk with the head returns the loss against them;
+                        // undefined: it returns this tp rank's logits [B, T, padded vocab / tp]
+    const GeneratorState* rng = nullptr;  // the generator at the start of this micro-batch's forward in one process
+    Reduction reduction = Reduction::mean;  // the loss: mean over the counted targets, or their sum
+  };
+  // Chunk c's forward: the activation for the next virtual stage, or (the chunk with the head)
+  // the loss or the logits. With rng the dropout masks are one process's (see above).
+  Tensor forward_chunk(int c, const ChunkInput& in);
   // Whether micro-batches of T tokens run sequence-parallel (dist.sequence_parallel with tp > 1).
   bool sequence_parallel(int64_t T) const;
   // The activation between chunks for a micro-batch [B, T].

@@ -101,6 +101,7 @@
 #include <cmath>
 #include <functional>
 #include <map>
+#include <set>
 #include <memory>
 #include <string>
 #include <vector>
@@ -147,6 +148,11 @@ struct DataParallelOptions {
   // its shards, and they all shard the same way (the shards have equal shapes).
   std::shared_ptr<ProcessGroup> tp_group = nullptr;
   ShardSpecs tp_specs = {};
+  // Pipeline parallelism on another dimension (pipeline_gpt.h): the pp group. The gradient
+  // norm then sums every stage's part; norm_excluded names parameters whose gradient another
+  // stage counts (the last stage's copy of the tied embedding).
+  std::shared_ptr<ProcessGroup> pp_group = nullptr;
+  std::set<std::string> norm_excluded = {};
 };
 
 class DataParallel {
@@ -265,6 +271,7 @@ class DataParallel {
   void drain(int b);
   void reset_step();
   bool tensor_parallel() const { return opts_.tp_group && opts_.tp_group->size() > 1; }
+  bool pipeline_parallel() const { return opts_.pp_group && opts_.pp_group->size() > 1; }
   bool holds_grad(const Param& p) const { return opts_.zero_stage < 2 || p.owner == group_->rank(); }
   void sum_sequence_parallel_grads();  // over tp, the parameters marked sum_grad_over_tp
   static constexpr int kMaxInFlight = 2;  // stage 2: buckets reducing at once

@@ -45,6 +45,16 @@ struct CommStats {
   double seconds = 0;     // posting to completion, summed (overlap with compute included)
 };
 
+// A pipeline-parallel step (dist.pp > 1), from the pipeline executor's clocks.
+struct PipelineStepStats {
+  std::string schedule;           // "gpipe", "1f1b", "interleaved", "zb-h1"; empty: no pipeline
+  int stages = 0, virtual_stages = 1, micro_batches = 0;
+  double bubble = 0;              // measured: mean over the pp ranks of idle / step time
+  double theory = 0;              // the schedule's: (p-1)/(m+p-1), (p-1)/(vm+p-1), ZB-H1 simulated
+  double recv_wait_seconds = 0;   // this rank's time waiting for activations and gradients
+  double step_seconds = 0;        // the schedule's time (the longest pp rank's)
+};
+
 struct StepMetrics {
   int64_t step = 0;               // optimizer steps completed, counting this one
   double loss = 0;                // token/sample-weighted mean over the step's micro-batches
@@ -69,6 +79,7 @@ struct StepMetrics {
   bool loss_nonfinite = false;
   std::vector<LayerNorms> layers; // only with observe.layer_norms
   std::vector<CommStats> comm;    // by mesh dimension (distributed runs)
+  PipelineStepStats pipeline;     // pipeline-parallel runs only
 };
 
 struct EvalMetrics {

@@ -44,6 +44,22 @@
 // model.safetensors is the logical (merged) model. Every rank samples and saves the weights
 // (collectives). The communication ledger's per-step totals by mesh dimension go into each
 // step record ("comm").
+//
+// Pipeline parallelism (dist.pp > 1, GPT only): the mesh is dp x tp x pp; each rank holds its
+// stage's chunks of a dist::PipelineGPT, and the step's micro-batch loop becomes the schedule
+// dist.pp_schedule (gpipe, 1f1b, interleaved with dist.virtual_stages, zb-h1) run by
+// dist::PipelineExecutor; the loss lives on the last stage and is handed to every rank; the
+// tied embedding's gradient is summed between the first and last stage after the dp
+// reduction; the grad norm and found_inf are agreed over every tp and pp rank; DDP or ZeRO-1
+// on dp (ZeRO-2/3 are refused with a reason). Each step records the measured bubble next to
+// the schedule's theory ("pipeline"), and a profiled step's per-rank action timeline goes to
+// pipeline_timeline.json, which the report draws. Evaluation and samples run the stages as a
+// chain; model.safetensors and checkpoints hold the logical model.
+//
+// The Trainer in parts, each a concept of its own: the parallel context (parallel_context.h:
+// the mesh, groups, logical <-> local tensors), the step pipeline (step_pipeline.h: the
+// micro-batch loop or a pipeline schedule), the checkpointer (checkpointer.h) and the run
+// files (run_files.h). train_step() (trainer_step.cpp) reads as the step above.
 #include <cstdint>
 #include <deque>
 #include <functional>
@@ -64,6 +80,10 @@
 #include "athanor/observe/health.h"
 #include "athanor/observe/metrics.h"
 #include "athanor/train/config.h"
+#include "athanor/train/checkpointer.h"
+#include "athanor/train/parallel_context.h"
+#include "athanor/train/run_files.h"
+#include "athanor/train/step_pipeline.h"
 
 namespace athanor::dist {
 class DataParallel;
@@ -169,13 +189,15 @@ class Trainer {
   const GradScaler& scaler() const { return *scaler_; }  // enabled only for f16
   double lr_factor() const { return lr_factor_; }        // cumulative rollback lr multiplier
   double peak_flops() const { return peak_flops_; }      // FLOP/s used for MFU (0 = unknown)
-  // Data parallel (trainer_dist.cpp; dist.backend mpi, or auto under mpirun/srun with > 1 process):
-  // every rank runs a Trainer; the global batch is batch_size × accum_steps × world_size.
-  int rank() const { return rank_; }
-  int world_size() const { return world_; }
-  int tp_size() const { return tp_; }            // dist.tp (1 without tensor parallelism)
-  int dp_size() const { return dp_size_; }       // world / (tp x pp)
+  // Parallel layout (parallel_context.h; dist.backend mpi, or auto under mpirun/srun with > 1 process):
+  // every rank runs a Trainer; the global batch is batch_size × accum_steps × dp.
+  int rank() const;
+  int world_size() const;
+  int tp_size() const;  // dist.tp (1 without tensor parallelism)
+  int pp_size() const;  // dist.pp (1 without pipeline parallelism)
+  int dp_size() const;  // world / (tp x pp)
   bool distributed() const { return dp_ != nullptr; }
+  const ParallelContext& parallel() const { return *par_; }
   int64_t global_batch() const;
   // Optional: where progress and messages go (default: stdout; ranks other than 0: nowhere).
   void set_output(std::function<void(const std::string&)> out) { out_ = std::move(out); }
@@ -188,8 +210,6 @@ class Trainer {
   void measure_peak_flops();
   void memory_report(const StepMetrics& m);
   void profile_window(int64_t step, bool at_start);  // profile.*: start/stop the profiler, print the table, write trace.json
-  // Runs the step's micro-batches: forward under autocast, (scaled) backward; fills loss/timings.
-  void forward_backward(const std::vector<data::Batch>& batches, StepMetrics& m);
   // The non-finite policy (trainer_health.cpp), after the update was skipped: diagnose, then
   // skip (false), roll back (true: the state is a checkpoint's now) or stop (throws).
   std::string nonfinite_policy() const;  // auto resolved to skip/stop
@@ -198,36 +218,25 @@ class Trainer {
                                           const StepMetrics& m);
   void emit_health(const observe::HealthEvent& e);  // health.jsonl + a line to the output + sinks
   void apply_lr_factor();                          // base lr = initial base lr × lr_factor_
-  // ---- distributed (trainer_dist.cpp)
-  void setup_process_group();    // before build_data: rank_, world_, group_ (MPI initialised once)
   void setup_data_parallel(int64_t global_batch);  // wraps the model; owns the optimizer (trainer.cpp)
   std::vector<std::string> zero3_shard_modules();  // dist.zero_stage 3: the model's sharding units
-  std::shared_ptr<data::Sampler> train_sampler(int64_t n, uint64_t seed) const;
-  double sum_across_ranks(double v) const;         // identity without data parallel
-  bool any_rank(bool v) const;
+  bool any_rank(bool v) const;  // over every rank (identity in one process)
   void barrier() const;
-  void maybe_kill_for_test() const;                // ATHANOR_TEST_KILL_RANK / ATHANOR_TEST_KILL_STEP
+  bool collective_model() const;  // sampling and saving the weights are collectives (ZeRO-3, tp, pp)
+  void write_pipeline_timeline(int64_t step);  // pipeline_timeline.json from every rank's clocks (a collective)
   Config config_;
+  std::unique_ptr<ParallelContext> par_;       // first: every other part depends on the layout
   std::unique_ptr<Task> task_;
   std::unique_ptr<data::Tokenizer> tokenizer_;
   std::shared_ptr<data::Dataset> train_set_, val_set_;
   std::unique_ptr<data::DataLoader> train_loader_;
-  std::shared_ptr<dist::ProcessGroup> group_;  // the world; null without data parallel
-  std::unique_ptr<dist::DeviceMesh> mesh_;     // dp x tp (x pp) when dist.tp > 1
-  std::shared_ptr<dist::ProcessGroup> dp_group_, tp_group_;  // dp_group_ = group_ without a mesh
-  int dp_rank_ = 0, dp_size_ = 1, tp_ = 1;
   std::unique_ptr<dist::DataParallel> dp_;      // before scheduler_: destroyed after it
   std::unique_ptr<optim::Optimizer> optimizer_; // the optimizer without data parallel
   optim::Optimizer* optim_ = nullptr;           // optimizer_ or dp_'s
-  int rank_ = 0, world_ = 1, zero_stage_ = 0;
-  // ---- tensor parallelism (trainer_parallel.cpp): logical <-> this rank's tensors
-  const std::map<std::string, dist::ShardSpec>* tp_specs() const;  // null without tensor parallelism
-  nn::StateDict to_local(const nn::StateDict& logical, bool optimizer_keys) const;
-  nn::StateDict to_logical(const nn::StateDict& local) const;  // a collective over tp
-  // This rank's part of a checkpoint's tensor file "prefix" (replicated tensors from tp rank 0, slices with their specs).
-  ckpt::TensorFile checkpoint_part(const std::string& prefix, const nn::StateDict& local, bool optimizer_keys,
-                                   const std::map<std::string, std::string>& meta) const;
-  void check_parallel_config() const;                          // before any work
+  int zero_stage_ = 0;
+  std::unique_ptr<StepPipeline> step_pipeline_;  // the micro-batch loop or a pipeline schedule
+  std::unique_ptr<Checkpointer> checkpointer_;
+  std::unique_ptr<RunFiles> files_;
   std::unique_ptr<optim::Scheduler> scheduler_;
   std::vector<std::shared_ptr<Callback>> callbacks_;
   std::vector<std::shared_ptr<observe::MetricsSink>> sinks_;
@@ -251,7 +260,6 @@ class Trainer {
   int64_t step_ = 0, max_steps_ = 0, skipped_ = 0;
   int64_t last_checkpoint_step_ = -1;
   bool stopped_by_signal_ = false;
-  bool metrics_started_ = false;  // metrics.jsonl truncated (fresh run) or filtered (resume)
   bool health_started_ = false;   // health.jsonl likewise
   double start_time_ = 0;
   bool tty_ = false;
@@ -261,7 +269,8 @@ class Trainer {
 };
 
 // Builds the model and task of a config (used by train, eval and generate). With a mesh whose
-// tp size is > 1: the GPT as a dist::TensorParallelGPT over mesh->tp().
+// pp size is > 1: this rank's stages of a dist::PipelineGPT (tp-split over mesh->tp()); else
+// with a tp size > 1: the GPT as a dist::TensorParallelGPT over mesh->tp().
 std::unique_ptr<Task> make_task(const Config& config, const dist::DeviceMesh* mesh = nullptr);
 // The GPT shape a config's model.* keys describe (model.type must be gpt).
 nn::GPTConfig gpt_config(const Config& config);
