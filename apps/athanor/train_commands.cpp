@@ -27,12 +27,15 @@ train::Config run_config(const std::string& run_dir, const std::vector<std::stri
   ATH_CHECK(fs::exists(cfg), "cli", "'", run_dir, "' is not a run directory (no config.yaml)",
             Hint{"pass the directory a training run wrote, e.g. runs/gpt-char"});
   train::Config c = train::Config::load(cfg.string(), overrides);
-  // A tensor-parallel run's model.safetensors is the merged (logical) model: one process can
-  // evaluate and sample it. Under mpirun the run's layout is kept.
-  if (c.get_int("dist.tp") > 1 && !launched_with_several_processes()) {
-    std::cerr << "note: " << run_dir << " trained with dist.tp " << c.get_int("dist.tp")
-              << "; evaluating its merged weights in one process (dist.tp 1)\n";
+  // A tensor- or pipeline-parallel run's model.safetensors is the merged (logical) model: one
+  // process can evaluate and sample it. Under mpirun the run's layout is kept.
+  if ((c.get_int("dist.tp") > 1 || c.get_int("dist.pp") > 1) && !launched_with_several_processes()) {
+    std::cerr << "note: " << run_dir << " trained with dist.tp " << c.get_int("dist.tp") << ", dist.pp " << c.get_int("dist.pp")
+              << "; evaluating its merged weights in one process (dist.tp 1, dist.pp 1)\n";
     c.set("dist.tp", int64_t{1});
+    c.set("dist.pp", int64_t{1});
+    c.set("dist.virtual_stages", int64_t{1});
+    c.set("dist.pp_layers", std::vector<int64_t>{});
   }
   return c;
 }

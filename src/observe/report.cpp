@@ -11,6 +11,7 @@
 #include <sstream>
 
 #include "athanor/core/error.h"
+#include "observe/report_pipeline.h"
 #include "observe/report_svg.h"
 
 namespace athanor::observe {
@@ -54,6 +55,7 @@ struct RunData {
   std::vector<StepRow> steps;
   std::vector<EvalRow> evals;
   std::vector<HealthRow> health;
+  std::vector<PipelineStepRow> pipeline;
   int bad_metric_lines = 0, bad_health_lines = 0;
   bool has_health_file = false;
   std::string config;
@@ -116,6 +118,8 @@ RunData load_run(const fs::path& dir) {
     if (j.contains("comm") && j["comm"].is_object())
       for (const auto& [dim, c] : j["comm"].items())
         if (c.is_object()) r.comm[dim] = {number(c, "bytes"), number(c, "s")};
+    if (j.contains("pipeline") && j["pipeline"].is_object())
+      run.pipeline.push_back({r.step, number(j["pipeline"], "bubble"), number(j["pipeline"], "theory"), text(j["pipeline"], "schedule")});
     run.steps.push_back(std::move(r));
   });
   if (fs::exists(dir / "health.jsonl")) {
@@ -299,7 +303,9 @@ std::string write_report(const std::string& run_dir) {
   html << "<!DOCTYPE html>\n<html lang=\"en\">\n<head>\n<meta charset=\"utf-8\">\n<title>athanor report: " << name
        << "</title>\n<style>" << kStyle << "</style>\n</head>\n<body>\n<h1>Training report: " << name << "</h1>\n<p>"
        << html_escape(fs::absolute(dir).lexically_normal().string()) << "</p>\n<h2>Summary</h2>\n"
-       << summary_html(run) << "<h2>Charts</h2>\n" << charts_html(run) << "<h2>Health events</h2>\n" << health_html(run)
+       << summary_html(run) << "<h2>Charts</h2>\n" << charts_html(run);
+  if (const std::string p = pipeline_html(dir.string(), run.pipeline); !p.empty()) html << "<h2>Pipeline</h2>\n" << p;
+  html << "<h2>Health events</h2>\n" << health_html(run)
        << "<h2>Resolved config</h2>\n"
        << (run.has_config ? "<pre>" + html_escape(run.config) + "</pre>\n" : "<p>No config.yaml in the run directory.</p>\n")
        << "</body>\n</html>\n";
