@@ -6,6 +6,7 @@
 #include <chrono>
 #include <map>
 #include <sstream>
+#include <thread>
 
 #include "athanor/autograd/engine.h"
 #include "athanor/core/allocator.h"
@@ -15,6 +16,8 @@
 
 namespace athanor::dist {
 namespace {
+
+constexpr double kPushSeconds = 1e-3;  // how long a new send is pushed before computing on
 
 double now_seconds() {
   return std::chrono::duration<double>(std::chrono::steady_clock::now().time_since_epoch()).count();
@@ -101,6 +104,14 @@ PipelineStats PipelineExecutor::run(const PipelineCallbacks& cb) {
       if (actions_[j].kind == ActionKind::recv_activation || actions_[j].kind == ActionKind::recv_grad) post_recv(actions_[j]);
   };
   auto test_sends = [&] { std::erase_if(sends, [](const WorkPtr& w) { return w->test(); }); };
+  // MPI moves a message only while a rank is inside MPI, and some transports (shared memory
+  // without a single-copy mechanism, fragmented rendezvous) need the sender too: right after
+  // posting a send, push it for a moment, enough for a waiting receiver to take it, before
+  // this rank goes back to computing for a whole action.
+  auto push_sends = [&] {
+    const double until = now_seconds() + kPushSeconds;
+    for (test_sends(); !sends.empty() && now_seconds() < until; test_sends()) std::this_thread::yield();
+  };
 
   PipelineStats st;
   if (p > 1) pp_->barrier();
@@ -135,6 +146,7 @@ PipelineStats PipelineExecutor::run(const PipelineCallbacks& cb) {
         if (out.dtype() != cb.activation_dtype) out = out.to(cb.activation_dtype);
         sends.push_back(pp_->send_async(out.contiguous(), next, tag_of(false, my_stage + 1, a.mb)));
         sends.back()->set_context(context(a));
+        push_sends();
         break;
       }
       case ActionKind::send_grad: {
@@ -145,6 +157,7 @@ PipelineStats PipelineExecutor::run(const PipelineCallbacks& cb) {
         if (g.dtype() != cb.activation_dtype) g = g.to(cb.activation_dtype);
         sends.push_back(pp_->send_async(g.contiguous(), prev, tag_of(true, my_stage - 1, a.mb)));
         sends.back()->set_context(context(a));
+        push_sends();
         s.input = Tensor();
         if (kind_ != ScheduleKind::zero_bubble) slots.erase({a.mb, a.chunk});
         break;

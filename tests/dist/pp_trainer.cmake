@@ -11,7 +11,8 @@
 #   matrix   (slow) every schedule at pp 2 and 4 with 4 and 8 micro-batches (interleaved at pp 2)
 #   dropout  dropout 0.1 and gradient checkpointing at pp 2: == 1 process (the masks are its)
 #   amp      f16 with the scaler (overflowing steps skipped on every rank together), bf16 trains
-#   mesh3d   dp 2 x tp 2 x pp 2 (8 processes) with ZeRO-1, 10 steps == 1 process; with sequence parallelism too
+#   mesh3d   dp 2 x tp 2 x pp 2 (8 processes) with ZeRO-1, 10 steps == 1 process; with sequence parallelism
+#            and ZB-H1 too; dp 2 x pp 2 interleaved (DDP over two chunks per rank)
 #   ckpt     a checkpoint of dp 2 x tp 2 x pp 2 resumes at pp 1 and at dp 4 x pp 2 as the uninterrupted run
 #   traffic  the ledger's pp bytes per step against the theory, exactly
 #   cli      mpirun -np 8 athanor train examples/gpt-char-3d.yaml: one run directory, the report's
@@ -130,6 +131,9 @@ elseif(SCENARIO STREQUAL "mesh3d")
   endif()
   run(dp2tp2pp2_sp_zb 8 trainer.batch_size=4 trainer.max_steps=10 dist.tp=2 dist.pp=2 dist.sequence_parallel=true dist.pp_schedule=zb-h1)
   equal(dp2tp2pp2_sp_zb ref)
+  # DDP with two model chunks per rank: each chunk's gradients are reduced after its own last backward.
+  run(dp2pp2_inter 4 trainer.batch_size=4 trainer.max_steps=10 dist.pp=2 dist.pp_schedule=interleaved dist.virtual_stages=2)
+  equal(dp2pp2_inter ref)
 elseif(SCENARIO STREQUAL "ckpt")
   set(_u trainer.max_steps=10 checkpoint.every=5 checkpoint.keep_last=0)
   run(full 8 trainer.batch_size=4 dist.tp=2 dist.pp=2 dist.zero_stage=1 ${_u})

@@ -19,8 +19,11 @@
 //
 // Transfers (non-blocking MPI over the pp group; tag = the receiving virtual stage, direction
 // and micro-batch, so no two transfers can be confused):
-//  - a send is posted (MPI_Isend) and never waited for inline; the executor checks the pending
-//    sends between actions and waits for the rest at the end of the step. Since no send blocks,
+//  - a send is posted (MPI_Isend) and never waited for inline: the executor pushes it for at
+//    most 1 ms (MPI moves data only while a rank is inside MPI, and some transports need the
+//    sender's help: a receiver that is already waiting gets it now, not one action later),
+//    checks the pending sends between actions and waits for the rest at the end of the step.
+//    Since no send blocks,
 //    a rank can only wait at a receive, and a schedule whose lists simulate() runs without a
 //    deadlock cannot deadlock here, whatever order the ranks post their transfers in;
 //  - the receives a compute action needs are posted before the previous compute action
