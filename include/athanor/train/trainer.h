@@ -18,7 +18,7 @@
 // (resolved), metrics.jsonl and health.jsonl (observe/metrics.h), TensorBoard events,
 // report.html and, with profile.enabled, trace.json.
 //
-// Data parallel (dist.*, trainer_dist.cpp): under mpirun/srun every rank runs a Trainer; the
+// Data parallel (dist.*, parallel_context.h): under mpirun/srun every rank runs a Trainer; the
 // model is wrapped in dist::DataParallel (zero_stage 0 = DDP, 1/2/3 = ZeRO; at 3 the sharding
 // units are GPT's blocks transformer.h.<i>, MLP's Linear layers or a Task's FullyShardedBlocks;
 // names and checkpoints stay those of 1 process; convnet is refused). Micro-batch k of a step is the same set of samples for
@@ -260,7 +260,7 @@ class Trainer {
   int64_t step_ = 0, max_steps_ = 0, skipped_ = 0;
   int64_t last_checkpoint_step_ = -1;
   bool stopped_by_signal_ = false;
-  bool health_started_ = false;   // health.jsonl likewise
+  bool health_started_ = false;   // health.jsonl truncated (fresh run) or cut back to the checkpoint (resume)
   double start_time_ = 0;
   bool tty_ = false;
   double last_redraw_ = 0;  // when a terminal's progress line was last drawn
