@@ -159,7 +159,7 @@ elseif(SCENARIO STREQUAL "traffic")
   endforeach()
 elseif(SCENARIO STREQUAL "cli")
   set(_run ${MPIEXEC} ${_flags} -np 8 ${CLI} train ${SRC}/examples/gpt-char-3d.yaml out_dir=${DIR}/cli_runs
-           data.corpus=${DIR}/corpus.txt data.cache_dir=${DIR}/data schedule.warmup_steps=1 trainer.eval_batches=2
+           data.corpus=${DIR}/corpus.txt data.cache_dir=${DIR}/data schedule.warmup_steps=1 trainer.batch_size=2 trainer.eval_batches=2
            trainer.sample_tokens=16 trainer.time_limit_s=0 checkpoint.every=2 observe.tensorboard=false
            profile.start_step=2 profile.num_steps=1)
   execute_process(COMMAND ${_run} trainer.max_steps=4 WORKING_DIRECTORY ${SRC} RESULT_VARIABLE _rc OUTPUT_VARIABLE _out
