@@ -157,6 +157,30 @@ Tensor GPT::loss(const Tensor& ids, const Tensor& targets) {
   return cross_entropy(reshape(logits, {-1, config_.vocab_size}), reshape(targets, {-1}));
 }
 
+int32_t sample_token(std::vector<double> last, double temperature, int64_t top_k, Generator& gen) {
+  const int64_t V = static_cast<int64_t>(last.size());
+  for (double& l : last) l /= temperature;
+  if (top_k > 0 && top_k < V) {  // keep the k largest logits
+    std::vector<double> sorted = last;
+    std::nth_element(sorted.begin(), sorted.begin() + (top_k - 1), sorted.end(), std::greater<double>());
+    const double kth = sorted[top_k - 1];
+    for (double& l : last)
+      if (l < kth) l = -INFINITY;
+  }
+  const double mx = *std::max_element(last.begin(), last.end());
+  double total = 0;
+  for (double& l : last) total += (l = std::exp(l - mx));
+  const GeneratorState s = gen.reserve(1);
+  const auto r = philox4x32(s.seed, s.offset);
+  double u = static_cast<double>(uint_to_unit_float(r[0])) * total, acc = 0;
+  int32_t next = static_cast<int32_t>(V - 1);
+  for (int64_t i = 0; i < V; ++i) {
+    acc += last[i];
+    if (u < acc) { next = static_cast<int32_t>(i); break; }
+  }
+  return next;
+}
+
 std::vector<int32_t> GPT::generate(const std::vector<int32_t>& prompt, int64_t max_new_tokens, double temperature,
                                    int64_t top_k, Generator& gen) {
   ATH_CHECK(!prompt.empty(), "generate", "the prompt is empty", Hint{"give at least one token"});
@@ -179,25 +203,7 @@ std::vector<int32_t> GPT::generate(const std::vector<int32_t>& prompt, int64_t m
       Tensor row = make_view(logits, {V}, {1}, logits.storage_offset() + (static_cast<int64_t>(ctx.size()) - 1) * V);
       last = row.to_vector();
     }
-    for (double& l : last) l /= temperature;
-    if (top_k > 0 && top_k < V) {  // keep the k largest logits
-      std::vector<double> sorted = last;
-      std::nth_element(sorted.begin(), sorted.begin() + (top_k - 1), sorted.end(), std::greater<double>());
-      const double kth = sorted[top_k - 1];
-      for (double& l : last)
-        if (l < kth) l = -INFINITY;
-    }
-    const double mx = *std::max_element(last.begin(), last.end());
-    double total = 0;
-    for (double& l : last) total += (l = std::exp(l - mx));
-    const GeneratorState s = gen.reserve(1);
-    const auto r = philox4x32(s.seed, s.offset);
-    double u = static_cast<double>(uint_to_unit_float(r[0])) * total, acc = 0;
-    int32_t next = static_cast<int32_t>(V - 1);
-    for (int64_t i = 0; i < V; ++i) {
-      acc += last[i];
-      if (u < acc) { next = static_cast<int32_t>(i); break; }
-    }
+    const int32_t next = sample_token(std::move(last), temperature, top_k, gen);
     out.push_back(next);
   }
   train(was_training);

@@ -43,6 +43,17 @@ std::string to_json(const StepMetrics& m) {
     for (const auto& l : m.layers) layers[l.name] = Json{{"grad", number(l.grad_norm)}, {"param", number(l.param_norm)}};
     j["layers"] = layers;
   }
+  if (!m.comm.empty()) {
+    Json comm = Json::object();
+    for (const auto& c : m.comm)
+      comm[c.dimension] = Json{{"ops", c.ops}, {"bytes", number(c.bytes)}, {"wire_bytes", number(c.wire_bytes)}, {"s", number(c.seconds)}};
+    j["comm"] = comm;
+  }
+  if (!m.pipeline.schedule.empty())
+    j["pipeline"] = Json{{"schedule", m.pipeline.schedule},         {"stages", m.pipeline.stages},
+                         {"virtual_stages", m.pipeline.virtual_stages}, {"micro_batches", m.pipeline.micro_batches},
+                         {"bubble", number(m.pipeline.bubble)},       {"theory", number(m.pipeline.theory)},
+                         {"recv_wait_s", number(m.pipeline.recv_wait_seconds)}, {"schedule_s", number(m.pipeline.step_seconds)}};
   return j.dump();
 }
 

@@ -11,6 +11,7 @@
 #include <sstream>
 
 #include "athanor/core/error.h"
+#include "observe/report_pipeline.h"
 #include "observe/report_svg.h"
 
 namespace athanor::observe {
@@ -38,6 +39,7 @@ struct StepRow {
          comm_s = kNaN, skipped_total = kNaN;
   bool skipped = false;
   std::map<std::string, std::pair<double, double>> mem;  // tag -> (current, peak) bytes
+  std::map<std::string, std::pair<double, double>> comm;  // mesh dimension -> (bytes, seconds)
 };
 struct EvalRow {
   double step = kNaN, loss = kNaN, accuracy = kNaN;
@@ -53,6 +55,7 @@ struct RunData {
   std::vector<StepRow> steps;
   std::vector<EvalRow> evals;
   std::vector<HealthRow> health;
+  std::vector<PipelineStepRow> pipeline;
   int bad_metric_lines = 0, bad_health_lines = 0;
   bool has_health_file = false;
   std::string config;
@@ -112,6 +115,11 @@ RunData load_run(const fs::path& dir) {
     if (j.contains("mem") && j["mem"].is_object())
       for (const auto& [tag, m] : j["mem"].items())
         if (m.is_object()) r.mem[tag] = {number(m, "cur"), number(m, "peak")};
+    if (j.contains("comm") && j["comm"].is_object())
+      for (const auto& [dim, c] : j["comm"].items())
+        if (c.is_object()) r.comm[dim] = {number(c, "bytes"), number(c, "s")};
+    if (j.contains("pipeline") && j["pipeline"].is_object())
+      run.pipeline.push_back({r.step, number(j["pipeline"], "bubble"), number(j["pipeline"], "theory"), text(j["pipeline"], "schedule")});
     run.steps.push_back(std::move(r));
   });
   if (fs::exists(dir / "health.jsonl")) {
@@ -237,6 +245,22 @@ std::string charts_html(const RunData& run) {
   std::vector<ChartSeries> mem;
   for (auto& [tag, s] : peak) mem.push_back(std::move(s));
   o << svg_line_chart({"Memory by tag (peak within each step)", "step", "memory (MiB)", false, true}, mem);
+  // Distributed runs: the step's collectives by mesh dimension (bytes, and time from posting to completion).
+  std::map<std::string, ChartSeries> bytes, secs;
+  for (const StepRow& r : S)
+    for (const auto& [dim, c] : r.comm) {
+      auto [b, fb] = bytes.try_emplace(dim, ChartSeries{dim, {}, kPalette[bytes.size() % 10]});
+      b->second.points.emplace_back(r.step, c.first / kMiB);
+      auto [t, ft] = secs.try_emplace(dim, ChartSeries{dim, {}, kPalette[secs.size() % 10]});
+      t->second.points.emplace_back(r.step, c.second * 1e3);
+    }
+  if (!bytes.empty()) {
+    std::vector<ChartSeries> bs, ts;
+    for (auto& [d, s] : bytes) bs.push_back(std::move(s));
+    for (auto& [d, s] : secs) ts.push_back(std::move(s));
+    o << svg_line_chart({"Communication per step by mesh dimension", "step", "data (MiB)", false, true}, bs);
+    o << svg_line_chart({"Communication time per step by mesh dimension (posting to completion)", "step", "time (ms)", false, true}, ts);
+  }
   return o.str();
 }
 
@@ -279,7 +303,9 @@ std::string write_report(const std::string& run_dir) {
   html << "<!DOCTYPE html>\n<html lang=\"en\">\n<head>\n<meta charset=\"utf-8\">\n<title>athanor report: " << name
        << "</title>\n<style>" << kStyle << "</style>\n</head>\n<body>\n<h1>Training report: " << name << "</h1>\n<p>"
        << html_escape(fs::absolute(dir).lexically_normal().string()) << "</p>\n<h2>Summary</h2>\n"
-       << summary_html(run) << "<h2>Charts</h2>\n" << charts_html(run) << "<h2>Health events</h2>\n" << health_html(run)
+       << summary_html(run) << "<h2>Charts</h2>\n" << charts_html(run);
+  if (const std::string p = pipeline_html(dir.string(), run.pipeline); !p.empty()) html << "<h2>Pipeline</h2>\n" << p;
+  html << "<h2>Health events</h2>\n" << health_html(run)
        << "<h2>Resolved config</h2>\n"
        << (run.has_config ? "<pre>" + html_escape(run.config) + "</pre>\n" : "<p>No config.yaml in the run directory.</p>\n")
        << "</body>\n</html>\n";

@@ -30,7 +30,9 @@ inline SavedTensor save(const Tensor& t, const char* what) { return SavedTensor(
 bool any_requires_grad(std::initializer_list<Tensor> inputs);
 bool any_requires_grad(const std::vector<Tensor>& inputs);
 // Inside a backward closure: does input i need a gradient?
-inline bool needs_grad(const Node& n, size_t i) { return i < n.next_edges.size() && n.next_edges[i].valid(); }
+inline bool needs_grad(const Node& n, size_t i) {
+  return i < n.next_edges.size() && n.next_edges[i].valid() && !n.input_masked(i);
+}
 
 Tensor record(const char* op, const std::vector<Tensor>& inputs, Tensor output, OpBackward backward);
 std::vector<Tensor> record_multi(const char* op, const std::vector<Tensor>& inputs, std::vector<Tensor> outputs,

@@ -27,6 +27,10 @@ struct GPTConfig {
 
 class GPTBlock;
 
+// The token generate() picks from the last position's logits (one per vocabulary entry):
+// divided by the temperature, cut to the top_k largest (0 = all), then one Philox draw from gen.
+int32_t sample_token(std::vector<double> logits, double temperature, int64_t top_k, Generator& gen);
+
 class GPT : public Module {
  public:
   // GPT-2 init: N(0, 0.02) for weights and embeddings, zero biases, unit LN

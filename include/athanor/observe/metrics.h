@@ -10,7 +10,9 @@
 //                  when unknown), "gemm_efficiency" (fraction of a measured GEMM's rate),
 //                  "mem": {"<tag>": {"cur": bytes, "peak": bytes}, …},
 //                  "nonfinite_params": [names] (only when non-empty),
-//                  "layers": {"<param name>": {"grad": norm, "param": norm}, …} (observe.layer_norms)}
+//                  "layers": {"<param name>": {"grad": norm, "param": norm}, …} (observe.layer_norms),
+//                  "comm": {"<mesh dimension>": {"ops": n, "bytes": b, "wire_bytes": w, "s": seconds}, …}
+//                          (distributed runs: the step's collectives, dist/comm_ledger.h)}
 //   eval lines:   {"step", "val_loss", "val_accuracy" (classifiers)}
 // health.jsonl (same directory) holds one HealthEvent per line:
 //   {"step", "kind", "severity", "message", "suggestions": [..], "details": {k: v}}
@@ -32,6 +34,26 @@ struct LayerNorms {
   std::string name;      // parameter name, e.g. "transformer.h.3.attn.c_attn.weight"
   double grad_norm = 0;  // L2 norm of its (unscaled, pre-clip) gradient
   double param_norm = 0; // L2 norm of the parameter before the update
+};
+
+// One mesh dimension's communication in a step (dist/comm_ledger.h): every collective and
+// point-to-point transfer this rank completed during the step.
+struct CommStats {
+  std::string dimension;  // "dp", "tp", "pp", "world"
+  int64_t ops = 0;
+  double bytes = 0;       // the tensors' sizes
+  double wire_bytes = 0;  // what a ring implementation moves per rank
+  double seconds = 0;     // posting to completion, summed (overlap with compute included)
+};
+
+// A pipeline-parallel step (dist.pp > 1), from the pipeline executor's clocks.
+struct PipelineStepStats {
+  std::string schedule;           // "gpipe", "1f1b", "interleaved", "zb-h1"; empty: no pipeline
+  int stages = 0, virtual_stages = 1, micro_batches = 0;
+  double bubble = 0;              // measured: mean over the pp ranks of idle / step time
+  double theory = 0;              // the schedule's: (p-1)/(m+p-1), (p-1)/(vm+p-1), ZB-H1 simulated
+  double recv_wait_seconds = 0;   // this rank's time waiting for activations and gradients
+  double step_seconds = 0;        // the schedule's time (the longest pp rank's)
 };
 
 struct StepMetrics {
@@ -58,6 +80,8 @@ struct StepMetrics {
   std::vector<std::string> nonfinite_params;  // parameters whose gradient was non-finite
   bool loss_nonfinite = false;
   std::vector<LayerNorms> layers; // only with observe.layer_norms
+  std::vector<CommStats> comm;    // by mesh dimension (distributed runs)
+  PipelineStepStats pipeline;     // pipeline-parallel runs only
 };
 
 struct EvalMetrics {

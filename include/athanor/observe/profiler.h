@@ -105,6 +105,9 @@ class Profiler {
   // Chrome trace-event JSON ({"traceEvents": [{"name","cat","ph":"X","ts","dur","pid","tid"}, …]},
   // times in µs): opens in Perfetto / chrome://tracing. Raises athanor::Error if the file cannot be written.
   void write_chrome_trace(const std::string& path) const;
+  // The events as a Chrome-trace JSON array for one track (pid) named `track`, with absolute
+  // steady-clock timestamps: the arrays of processes on one host line up.
+  std::string trace_events(int pid, const std::string& track) const;
 
   // Used by the hooks below and by the engine; prefer ProfileSpan / BackwardNodeTimer.
   void record_op(const char* name);
@@ -164,5 +167,9 @@ class BackwardNodeTimer {
   const std::string* name_ = nullptr;  // null when the profiler was off at construction
   int64_t begin_ns_ = 0;
 };
+
+// One trace of several processes (trace_events arrays, one per rank): a track each, shifted so
+// that the earliest event starts at 0.
+void write_merged_chrome_trace(const std::string& path, const std::vector<std::string>& event_arrays);
 
 }  // namespace athanor::observe
