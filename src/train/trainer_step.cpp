@@ -19,6 +19,7 @@
 #include "athanor/ops/autocast.h"
 #include "athanor/optim/clip.h"
 #include "athanor/train/trainer.h"
+#include "train/step_observer.h"
 
 namespace athanor::train {
 namespace fs = std::filesystem;
@@ -63,11 +64,6 @@ double gemm_probe_flops(DType dt) {
   return flops;
 }
 
-double l2_norm(const Tensor& t) {
-  double s = 0;
-  for (double v : t.to_vector()) s += v * v;
-  return std::sqrt(s);
-}
 }  // namespace
 
 void Trainer::measure_peak_flops() {
@@ -92,6 +88,9 @@ void Trainer::forward_backward(const std::vector<data::Batch>& batches, StepMetr
       MemTagScope tag(MemTag::activation);
       std::optional<autocast> ac;
       if (precision_ != DType::f32) ac.emplace(precision_);
+      // Layer-statistics steps: each layer's output, from the first micro-batch.
+      std::optional<ForwardObserverScope> observe_layers;
+      if (k == 0 && activations_out_) observe_layers.emplace(activation_observer(*activations_out_));
       loss = task_->loss(b);
     }
     const double w = static_cast<double>(b.num_targets) / static_cast<double>(m.targets);
@@ -132,6 +131,8 @@ bool Trainer::train_step() {
     for (int64_t k = 0; k < accum; ++k) batches.push_back(train_loader_->next());
   }
   m.data_seconds = now_seconds() - t0;
+  observe_inputs(batches, m);  // a NaN sample is named before the step can stop the run
+  debug_rank_delay(m);
   for (const auto& b : batches) {
     m.targets += b.num_targets;
     m.flops += task_->train_flops(b);  // this process's (MFU is per process)
@@ -139,7 +140,12 @@ bool Trainer::train_step() {
   if (dp_) m.targets = std::llround(sum_across_ranks(static_cast<double>(m.targets)));
   ATH_CHECK(m.targets > 0, "trainer", "step ", m.step, " has no targets to learn from (all ignored?)");
 
+  const int64_t log_every = std::max<int64_t>(1, config_.get_int("trainer.log_every"));
+  const bool periodic = m.step % log_every == 0 || m.step == max_steps_ || m.step == 1;
+  const bool stats = rank_ == 0 && (step_observer_->stats_step(m.step, max_steps_) || config_.get_bool("observe.layer_norms"));
+  activations_out_ = stats ? &m.activations : nullptr;
   forward_backward(batches, m);
+  activations_out_ = nullptr;
   if (dp_) {
     maybe_kill_for_test();
     const double tc = now_seconds();
@@ -166,9 +172,8 @@ bool Trainer::train_step() {
     m.nonfinite_params = scaler_->nonfinite_params();
   }
   found_inf = any_rank(found_inf || m.loss_nonfinite);  // every rank takes the same branch
-  if (config_.get_bool("observe.layer_norms"))
-    for (const auto& [n, p] : named)
-      m.layers.push_back({n, p.grad().defined() ? l2_norm(p.grad()) : 0.0, l2_norm(p)});
+  // Pre-clip per-layer norms; the weights are kept to measure this step's update.
+  if (stats) step_observer_->before_update(named, m, /*keep_weights=*/true, step_observer_->histogram_step(m.step, max_steps_));
   const double clip = config_.get_float("optimizer.grad_clip");
   if (!found_inf && config_.get_float("optimizer.clip_value") > 0)
     optim::clip_grad_value(params, config_.get_float("optimizer.clip_value"));
@@ -187,6 +192,10 @@ bool Trainer::train_step() {
     m.nonfinite_params = scaler_->nonfinite_params();
   }
   m.grad_norm_clipped = clip > 0 && m.grad_norm > clip ? clip : m.grad_norm;
+  // An exploding step gets per-layer norms too, to name the layer (the gradients are
+  // still unclipped without data parallelism).
+  if (!stats && rank_ == 0 && !dp_ && config_.get_bool("observe.layer_stats") && health_monitor_->wants_layer_detail(m.grad_norm))
+    step_observer_->before_update(named, m, /*keep_weights=*/false, /*histograms=*/false);
 
   bool rolled_back = false;
   auto zero_grad = [&] { dp_ ? dp_->zero_grad() : optimizer_->zero_grad(); };
@@ -207,6 +216,7 @@ bool Trainer::train_step() {
     zero_grad();
     return true;
   }
+  if (stats && !m.skipped) step_observer_->after_update(named, m);
   scheduler_->step();
   {
     observe::ProfileSpan span("zero_grad");
@@ -222,8 +232,10 @@ bool Trainer::train_step() {
   const MemoryStats mem = Allocator::cpu().stats();
   for (int t = 0; t < kNumMemTags; ++t)
     m.memory.push_back({mem_tag_name(static_cast<MemTag>(t)), static_cast<int64_t>(mem.current[t]), static_cast<int64_t>(mem.peak[t])});
+  finish_step_records(m, periodic);
   history_.push_back(m);
   if (history_.size() > kHistorySteps) history_.pop_front();
+  history_.back().histograms.clear();  // TensorBoard's; the history keeps the scalars
   log_step(m);
   if (!memory_reported_) memory_report(m);
   // The batch's sample ids go into an event's details; formatted only when one fires.
