@@ -215,6 +215,8 @@ RunRecord read_run(const std::string& run_dir) {
     ho.spike_window = static_cast<int64_t>(run.settings.number("health.spike_window", static_cast<double>(ho.spike_window)));
     ho.loss_spike_z = run.settings.number("health.loss_spike_z", ho.loss_spike_z);
     ho.grad_spike_z = run.settings.number("health.grad_spike_z", ho.grad_spike_z);
+    // Logged steps are a sample of the run: a window of a fifth as many of them is warm.
+    ho.min_samples = std::max<int64_t>(5, ho.spike_window / 5);
     HealthMonitor monitor(ho, run.settings);
     for (const StepMetrics& m : run.steps) {
       std::vector<HealthEvent> found = monitor.check_inputs(m);
@@ -360,8 +362,18 @@ DoctorReport diagnose(const std::string& run_dir, const DoctorOptions& options) 
       for (const auto& s : f.suggestions) o << "      try: " << s << "\n";
     }
     if (!run.events.empty()) {
-      o << "evidence (health events, by step):\n";
-      for (const HealthEvent& e : run.events) o << "  [" << e.severity << "] step " << e.step << " " << e.kind << ": " << e.message << "\n";
+      // One line per kind (its first event), with how many more and where they stopped.
+      o << "evidence (health events, first of each kind):\n";
+      std::set<std::string> shown;
+      for (const HealthEvent& e : run.events) {
+        if (!shown.insert(e.kind).second) continue;
+        int64_t more = 0, last = e.step;
+        for (const HealthEvent& x : run.events)
+          if (x.kind == e.kind && &x != &e) ++more, last = std::max(last, x.step);
+        o << "  [" << e.severity << "] step " << e.step << " " << e.kind << ": " << e.message;
+        if (more) o << " (and " << more << " more, to step " << last << ")";
+        o << "\n";
+      }
     }
     o << "likely causes:\n";
     for (const HealthEvent& f : r.findings) {

@@ -102,11 +102,13 @@ std::string ratios_text(const std::vector<std::pair<std::string, double>>& r, si
 // range explains everything downstream; unnormalized inputs, dead or saturated units
 // explain instability and flat losses; the optimizer settings come next; the run-level
 // inefficiencies (overfitting, data, stragglers) last.
-int priority(const std::string& kind) {
+int priority(const std::string& kind, bool diverged) {
+  // Units that die on the way to a NaN are part of the divergence, not its cause.
+  if (diverged && kind == "dead_relus") return priority("lr_too_high", false) + 1;
   static const std::vector<std::string> order = {
-      "bad_sample",       "scale_collapse",  "inputs_not_normalized", "dead_relus",    "vanishing_gradients",
-      "exploding_gradients", "lr_too_high", "early_loss_spike",      "loss_at_chance", "lr_too_low",
-      "batch_lr_not_scaled", "overfitting", "data_starved",          "straggler"};
+      "bad_sample",          "scale_collapse", "inputs_not_normalized", "loss_at_chance", "dead_relus",
+      "vanishing_gradients", "exploding_gradients", "lr_too_high",    "early_loss_spike", "lr_too_low",
+      "batch_lr_not_scaled", "overfitting",    "data_starved",          "straggler"};
   const auto it = std::find(order.begin(), order.end(), kind);
   return it == order.end() ? static_cast<int>(order.size()) : static_cast<int>(it - order.begin());
 }
@@ -114,6 +116,7 @@ int priority(const std::string& kind) {
 struct Diagnosis {
   std::vector<HealthEvent> findings;
   std::set<std::string> explained;  // event kinds a finding accounts for
+  bool diverged = false;            // the run went non-finite (lr_too_high from NaN/Inf)
   void add(HealthEvent f, std::initializer_list<const char*> explains) {
     explained.insert(f.kind);
     for (const char* k : explains) explained.insert(k);
@@ -142,6 +145,7 @@ int64_t first_nonfinite_step(const RunRecord& run) {
 }
 
 void data_findings(const RunRecord& run, Diagnosis& d) {
+  d.diverged = has_nonfinite(run);
   std::vector<const HealthEvent*> bad;
   for (const auto& e : run.events)
     if (e.kind == "bad_sample") bad.push_back(&e);
@@ -153,15 +157,18 @@ void data_findings(const RunRecord& run, Diagnosis& d) {
     if (f.severity == "error")
       f.message += ". Everything non-finite after it (the loss, the gradients, the first op's output) follows from this sample";
     d.add(f, {"nan_origin", "nonfinite", "skipped_step", "loss_spike", "grad_spike", "loss_rise", "exploding_gradients", "rollback"});
+    d.diverged = false;  // the data's NaN, not the optimizer's
   }
   if (const HealthEvent* e = first_event(run, {"scale_collapse"}); e && run.settings.text("trainer.precision", "f16") == "f16") {
     HealthEvent f = *e;
     f.message += ". Values overflow f16's range (max 65504) in the forward or backward pass, so the scaler can only shrink the scale";
     d.add(f, {"nan_origin", "nonfinite", "skipped_step", "loss_spike", "grad_spike", "loss_rise", "exploding_gradients"});
+    d.diverged = false;
   }
   if (const HealthEvent* e = first_event(run, {"inputs_not_normalized"}))
     d.add(*e, {"loss_spike", "grad_spike", "loss_rise", "exploding_gradients", "vanishing_gradients"});
-  if (const HealthEvent* e = first_event(run, {"dead_relus"})) d.add(*e, {"loss_rise", "loss_spike", "vanishing_gradients"});
+  if (const HealthEvent* e = first_event(run, {"dead_relus"}))
+    d.add(*e, {"loss_rise", "loss_spike", "grad_spike", "vanishing_gradients"});
   if (const HealthEvent* e = first_event(run, {"vanishing_gradients"}); e && !d.explained.count("vanishing_gradients"))
     d.add(*e, {});
 }
@@ -202,9 +209,9 @@ void lr_high_findings(const RunRecord& run, Diagnosis& d) {
     const HealthEvent* origin = first_event(run, {"nan_origin"});
     const int64_t nf = first_nonfinite_step(run);
     // The onset: where the loss was lowest before it rose, else the first non-finite step.
-    int64_t onset = rise && !d.explained.count("loss_rise") ? static_cast<int64_t>(detail_number(*rise, "min_step", 0)) : nf;
+    int64_t onset = rise && (nf < 0 || rise->step <= nf) ? static_cast<int64_t>(detail_number(*rise, "min_step", 0)) : nf;
     if (onset <= 0) onset = nf > 0 ? nf : 1;
-    double onset_lr = rise ? detail_number(*rise, "lr_at_min", 0) : 0;
+    double onset_lr = rise && (nf < 0 || rise->step <= nf) ? detail_number(*rise, "lr_at_min", 0) : 0;
     if (!(onset_lr > 0)) onset_lr = lr_at(run, onset);
     if (!(onset_lr > 0)) onset_lr = run.settings.number("optimizer.lr", 0);
     f.step = nf > 0 ? nf : rise ? rise->step : onset;
@@ -228,7 +235,7 @@ void lr_high_findings(const RunRecord& run, Diagnosis& d) {
     f.details["onset_step"] = std::to_string(onset);
     f.details["onset_lr"] = fmt(onset_lr);
     // A tenth of where it diverged, as an lr range test would suggest (Smith 2017; fastai).
-    const double suggest = round_down_125(onset_lr / 10);
+    const double suggest = round_125(onset_lr / 10);
     f.details["suggested_lr"] = fmt(suggest);
     add_remedy(f, remedy_set_lr(run.settings, suggest, "a tenth of the lr where the loss diverged"), true);
     f.suggestions.push_back("measure it: athanor lr-find CONFIG (a learning-rate range test)");
@@ -289,7 +296,8 @@ void learning_findings(const RunRecord& run, Diagnosis& d) {
   const double progress = relative_progress(run);
   const double fin = final_level(run);
   // lr_too_low: weights move by under 1e-4 of themselves per step (~1e-3 is the healthy
-  // order, Karpathy's rule of thumb) and the loss moved by under 10% over the run.
+  // order, Karpathy's rule of thumb; athanor's healthy examples sit at 2e-3..2e-2 with Adam)
+  // and the loss moved by under 10% over the run.
   if (!d.explained.count("lr_too_low") && std::isfinite(med) && med < 1e-4 && std::isfinite(progress) && progress < 0.1 &&
       last_step >= 20) {
     HealthEvent f;
@@ -302,10 +310,11 @@ void learning_findings(const RunRecord& run, Diagnosis& d) {
                 " of their norm (updates of ~1e-3 of the weights are the healthy order)";
     f.details["update_to_weight"] = ratios_text(ratios);
     f.details["median_update_to_weight"] = fmt(med);
-    // The update scales with the lr (SGD exactly, Adam nearly): aim the median at 1e-3.
-    const double suggest = round_down_125(lr * 1e-3 / med);
+    // The update scales with the lr (SGD exactly, Adam nearly): aim the median at 3e-3, the
+    // middle (in ratio) of the healthy 1e-3..1e-2 band.
+    const double suggest = round_125(lr * 3e-3 / med);
     f.details["suggested_lr"] = fmt(suggest);
-    add_remedy(f, remedy_set_lr(run.settings, suggest, "brings the median update to ~1e-3 of the weights"), true);
+    add_remedy(f, remedy_set_lr(run.settings, suggest, "brings the median update to ~3e-3 of the weights"), true);
     f.suggestions.push_back("or measure it: athanor lr-find CONFIG");
     d.add(f, {"vanishing_gradients"});
     return;
@@ -315,11 +324,43 @@ void learning_findings(const RunRecord& run, Diagnosis& d) {
   // inputs: they do not determine the labels. Judged on runs of >= 100 steps whose loss sat
   // at >= 90% of H for the last half without moving (a healthy GPT passes its unigram
   // plateau well before that).
-  if (run.label_entropy > 0 && last_step >= 100 && std::isfinite(fin)) {
+  // It must also never have learned: a loss that fell below H and came back is another
+  // story (dead units, a divergence), and so is one whose gradients vanish before the
+  // first layers.
+  if (run.label_entropy > 0 && last_step >= 100 && std::isfinite(fin) && !d.explained.count("vanishing_gradients")) {
     const double h = run.label_entropy;
     const double half = median_loss(run.steps, n / 2, n / 2 + std::max<size_t>(1, n / 10));
-    const bool at_chance = fin >= 0.9 * h && std::isfinite(half) && std::fabs(half - fin) <= 0.05 * h;
+    double lowest = fin;
+    for (size_t i = 0; i + 3 <= n; ++i) lowest = std::min(lowest, median_loss(run.steps, i, i + 3));
+    const bool at_chance = fin >= 0.9 * h && lowest >= 0.9 * h && std::isfinite(half) && std::fabs(half - fin) <= 0.05 * h;
     const bool moving = !std::isfinite(med) || med >= 1e-4;
+    // Stuck at the label frequencies while the gradients spike: the optimizer, not the data
+    // (a GPT whose lr is too high stays on its unigram plateau).
+    const HealthEvent* unstable = nullptr;
+    for (const auto& e : run.events)
+      if ((e.kind == "grad_spike" || e.kind == "loss_spike" || e.kind == "exploding_gradients") && !d.explained.count(e.kind)) {
+        unstable = &e;
+        break;
+      }
+    if (at_chance && moving && unstable) {
+      HealthEvent f;
+      f.kind = "lr_too_high";
+      f.severity = "error";
+      f.step = unstable->step;
+      const double lr = lr_at(run, unstable->step) > 0 ? lr_at(run, unstable->step) : run.settings.number("optimizer.lr", 0);
+      f.message = "the learning rate is too high: the loss stays at " + fmt(fin) + ", the entropy of the labels (" + fmt(h) +
+                  " nats: predicting the label frequencies), and the gradients spike (" + unstable->kind + " at step " +
+                  std::to_string(unstable->step) + "): the updates are too large for the model to learn more than the label "
+                  "frequencies; the lr was " + fmt(lr) + " there";
+      f.details["label_entropy"] = fmt(h);
+      f.details["onset_step"] = std::to_string(unstable->step);
+      f.details["onset_lr"] = fmt(lr);
+      add_remedy(f, remedy_set_lr(run.settings, round_125(lr / 10), "a tenth of the lr where the gradients spiked"), true);
+      f.suggestions.push_back("measure it: athanor lr-find CONFIG (a learning-rate range test)");
+      if (run.settings.number("schedule.warmup_steps", 0) <= 0) add_remedy(f, remedy_warmup(run.settings), false);
+      d.add(f, {"grad_spike", "loss_spike", "exploding_gradients", "loss_rise", "dead_relus"});
+      return;
+    }
     if (at_chance && moving) {
       HealthEvent f;
       f.kind = "loss_at_chance";
@@ -338,7 +379,7 @@ void learning_findings(const RunRecord& run, Diagnosis& d) {
         f.suggestions.push_back("this run sets the TEST ONLY debug.shuffle_labels: true, which does exactly that: set it false");
         f.fix["debug.shuffle_labels"] = "false";
       }
-      d.add(f, {"loss_rise"});
+      d.add(f, {"loss_rise", "dead_relus", "loss_spike", "grad_spike"});
     }
   }
 }
@@ -522,7 +563,7 @@ std::vector<HealthEvent> find_causes(const RunRecord& run, const RunRecord* base
     d.findings.push_back(f);
   }
   std::stable_sort(d.findings.begin(), d.findings.end(),
-                   [](const HealthEvent& a, const HealthEvent& b) { return priority(a.kind) < priority(b.kind); });
+                   [&](const HealthEvent& a, const HealthEvent& b) { return priority(a.kind, d.diverged) < priority(b.kind, d.diverged); });
   return d.findings;
 }
 

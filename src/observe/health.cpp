@@ -125,7 +125,8 @@ std::vector<HealthEvent> HealthMonitor::check_inputs(const StepMetrics& m) {
   // A sample far outside the others' range: compare with the step's own typical sample and
   // with recent steps', so a batch of raw (unnormalized) data is not an outlier of itself.
   const double typical = std::max(in.median_absmax, median(std::vector<double>(input_medians_.begin(), input_medians_.end())));
-  if (in.max_id >= 0 && typical > 0 && in.max_absmax >= options_.outlier_factor * typical) {
+  const bool outlier = in.max_id >= 0 && typical > 0 && in.max_absmax >= options_.outlier_factor * typical;
+  if (outlier) {
     HealthEvent e;
     e.step = m.step;
     e.kind = "bad_sample";
@@ -144,8 +145,9 @@ std::vector<HealthEvent> HealthMonitor::check_inputs(const StepMetrics& m) {
   // Standardized inputs have mean ~0 and std ~1; raw pixel or sensor units are in the tens to
   // thousands, which makes the first layer's pre-activations as large and its gradients
   // badly scaled against the others'.
-  if (!inputs_reported_ && std::isfinite(in.std) &&
-      (std::fabs(in.mean) > 5 || in.std > 5 || in.absmax > 50)) {
+  // (Not judged on a step with an outlier sample: its one value skews the batch's std.)
+  if (!inputs_reported_ && !outlier && std::isfinite(in.std) &&
+      (std::fabs(in.mean) > 5 || in.std > 5 || in.median_absmax > 50)) {
     inputs_reported_ = true;
     HealthEvent e;
     e.step = m.step;
@@ -315,8 +317,15 @@ void HealthMonitor::check_loss_rise(const StepMetrics& m, std::vector<HealthEven
   if (rise_reported_) return;  // one rise is one story until the loss makes a new low
   const double progress = initial_level_ - min_level_;
   const double scale = std::max(std::fabs(initial_level_), 1e-12);
+  // The batch-to-batch spread of the loss (MAD of the recent losses, as a std): the lowest
+  // level is the minimum of many noisy medians and sits a few of their spreads low, so a
+  // rise must also clear twice a single batch's spread.
+  std::vector<double> dev;
+  for (double x : recent_losses_) dev.push_back(std::fabs(x - level));
+  const double noise = 1.4826 * median(dev);
   // Given back a quarter of a real (≥ 10%) improvement, or climbed well above the start.
-  const bool gave_back = progress >= 0.1 * scale && level - min_level_ >= options_.rise_fraction * progress;
+  const bool gave_back = progress >= 0.1 * scale && level - min_level_ >= options_.rise_fraction * progress &&
+                         level - min_level_ >= 2 * noise;
   const bool above_start = level >= initial_level_ + 0.25 * scale;
   if (!gave_back && !above_start) return;
   HealthEvent e;
@@ -355,7 +364,11 @@ void HealthMonitor::check_layers(const StepMetrics& m, std::vector<HealthEvent>&
       for (size_t j = 0; j < ratios.size(); ++j)
         if (j != i) others.push_back(ratios[j].second);
       const double med_others = median(others);
-      if (med_others > 0 && ratios[i].second >= options_.layer_ratio_factor * med_others) high.push_back(ratios[i].first);
+      // Exploding is a change: far above the others and 10x above its own last value (the
+      // last layers of a deep sigmoid net always sit far above a vanishing median).
+      const auto last = last_layer_ratio_.find(ratios[i].first);
+      const bool grew = last != last_layer_ratio_.end() && last->second > 0 && ratios[i].second >= 10 * last->second;
+      if (med_others > 0 && ratios[i].second >= options_.layer_ratio_factor * med_others && grew) high.push_back(ratios[i].first);
       else if (med > 0 && ratios[i].second <= med / options_.layer_ratio_factor) low.push_back(ratios[i].first);
     }
   }

@@ -73,6 +73,15 @@ double round_down_125(double v) {
   return (m >= 5 - 1e-9 ? 5 : m >= 2 - 1e-9 ? 2 : 1) * p;
 }
 
+double round_125(double v) {
+  if (!(v > 0) || !std::isfinite(v)) return v;
+  const double p = std::pow(10.0, std::floor(std::log10(v)));
+  double best = p;
+  for (double m : {1.0, 2.0, 5.0, 10.0})
+    if (std::fabs(std::log(m * p / v)) < std::fabs(std::log(best / v))) best = m * p;
+  return best;
+}
+
 std::optional<Remedy> remedy_set_lr(const RunSettings& s, double lr, const std::string& why) {
   const double now = s.number("optimizer.lr", -1);
   const std::string value = config_number(lr);

@@ -210,6 +210,7 @@ void Trainer::init(bool /*write_run_files: in write_files_*/) {
   ho.spike_window = c.get_int("health.spike_window");
   ho.loss_spike_z = c.get_float("health.loss_spike_z");
   ho.grad_spike_z = c.get_float("health.grad_spike_z");
+  ho.min_samples = ho.spike_window;  // a window is warm when full
   // The monitor reads the run's config to fit its advice (nothing already set is suggested).
   health_monitor_ = std::make_unique<observe::HealthMonitor>(ho, observe::RunSettings::from_yaml(c.resolved_yaml(), "the config"));
   // Per-layer statistics read every parameter's gradient: not where ZeRO shards them (stage 2/3).

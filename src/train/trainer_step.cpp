@@ -242,9 +242,12 @@ bool Trainer::train_step() {
   for (auto& e : health_monitor_->check(m)) {
     // The non-finite policy already reported this step's skip.
     if (!health_.empty() && health_.back().step == e.step && health_.back().kind == e.kind) continue;
-    std::vector<int64_t> ids;
-    for (const auto& b : batches) ids.insert(ids.end(), b.sample_ids.begin(), b.sample_ids.end());
-    e.details["sample_ids"] = ids_text(ids);
+    // Events about this one step name its samples (a bad batch can cause them).
+    if (e.kind == "loss_spike" || e.kind == "grad_spike" || e.kind == "exploding_gradients" || e.kind == "skipped_step") {
+      std::vector<int64_t> ids;
+      for (const auto& b : batches) ids.insert(ids.end(), b.sample_ids.begin(), b.sample_ids.end());
+      e.details["sample_ids"] = ids_text(ids);
+    }
     emit_health(e);
   }
   profile_window(m.step, false);

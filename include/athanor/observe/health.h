@@ -21,7 +21,7 @@
 //                             apart by whether the loss recovers.
 //   exploding_gradients       grad_norm ≥ `explode_factor` × the (warm) window mean, or one
 //                             weight's grad/param norm ratio ≥ `layer_ratio_factor` × the
-//                             median of the others; names the layers
+//                             median of the others and 10x its own last value; names the layers
 //   vanishing_gradients       weights whose ratio ≤ median / `layer_ratio_factor` on
 //                             `persist_stat_steps` layer-statistics steps in a row (named)
 //   dead_relus                ReLU layers with ≥ `dead_fraction` of their units 0 for every sample
@@ -58,7 +58,9 @@ struct HealthOptions {
   // (measured on a healthy tiny GPT: z 6.7 at 1.9x the mean), so a grad spike must
   // also be this many times the window mean.
   double grad_spike_min_ratio = 3.0;
-  int64_t min_samples = 20;
+  // Values a window needs before its statistics are trusted (the trainer and the doctor use
+  // the whole spike_window: a window is warm when it is full).
+  int64_t min_samples = 50;
   double explode_factor = 100.0;
   double layer_ratio_factor = 100.0;
   int64_t scale_drops = 4;

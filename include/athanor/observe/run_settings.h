@@ -42,6 +42,8 @@ struct Remedy {
 std::string config_number(double v);
 // v rounded down to 1, 2 or 5 times a power of ten (a learning rate a person would write).
 double round_down_125(double v);
+// v rounded to the nearest (in ratio) of 1, 2 or 5 times a power of ten.
+double round_125(double v);
 
 // The remedies below read the settings and return std::nullopt when the change they
 // would make is already in place (the fix would be what the run has).
