@@ -190,6 +190,19 @@ void exploding_finding(const RunRecord& run, Diagnosis& d) {
   d.add(f, {"grad_spike", "loss_spike", "loss_rise", "nan_origin", "nonfinite", "skipped_step"});
 }
 
+// The loss sat at the labels' entropy H (the loss of the best model that ignores its input)
+// for the last half of a run of >= 100 steps without moving, and never went below it.
+bool stuck_at_chance(const RunRecord& run) {
+  const size_t n = run.steps.size();
+  const double fin = final_level(run);
+  if (run.label_entropy <= 0 || n < 4 || run.steps.back().step < 100 || !std::isfinite(fin)) return false;
+  const double h = run.label_entropy;
+  const double half = median_loss(run.steps, n / 2, n / 2 + std::max<size_t>(1, n / 10));
+  double lowest = fin;
+  for (size_t i = 0; i + 3 <= n; ++i) lowest = std::min(lowest, median_loss(run.steps, i, i + 3));
+  return fin >= 0.9 * h && lowest >= 0.9 * h && std::isfinite(half) && std::fabs(half - fin) <= 0.05 * h;
+}
+
 void lr_high_findings(const RunRecord& run, Diagnosis& d) {
   const HealthEvent* rise = first_event(run, {"loss_rise"});
   const bool nonfinite = has_nonfinite(run) && !d.explained.count("nan_origin");
@@ -244,7 +257,8 @@ void lr_high_findings(const RunRecord& run, Diagnosis& d) {
     d.add(f, {"nan_origin", "nonfinite", "skipped_step", "loss_rise", "loss_spike", "grad_spike", "exploding_gradients", "rollback"});
     return;
   }
-  if (rise && recovered && !d.explained.count("loss_rise")) {
+  // A spike that "recovers" only to the label frequencies is the stuck run's story (below).
+  if (rise && recovered && !d.explained.count("loss_rise") && !stuck_at_chance(run)) {
     const int64_t start = static_cast<int64_t>(detail_number(*rise, "min_step", static_cast<double>(rise->step)));
     const double max_steps = run.settings.number("trainer.max_steps", 0);
     const double warmup = run.settings.number("schedule.warmup_steps", 0);
@@ -327,18 +341,17 @@ void learning_findings(const RunRecord& run, Diagnosis& d) {
   // It must also never have learned: a loss that fell below H and came back is another
   // story (dead units, a divergence), and so is one whose gradients vanish before the
   // first layers.
-  if (run.label_entropy > 0 && last_step >= 100 && std::isfinite(fin) && !d.explained.count("vanishing_gradients")) {
+  const bool vanishing = std::any_of(d.findings.begin(), d.findings.end(), [](const HealthEvent& f) { return f.kind == "vanishing_gradients"; });
+  if (stuck_at_chance(run) && !vanishing) {
     const double h = run.label_entropy;
-    const double half = median_loss(run.steps, n / 2, n / 2 + std::max<size_t>(1, n / 10));
-    double lowest = fin;
-    for (size_t i = 0; i + 3 <= n; ++i) lowest = std::min(lowest, median_loss(run.steps, i, i + 3));
-    const bool at_chance = fin >= 0.9 * h && lowest >= 0.9 * h && std::isfinite(half) && std::fabs(half - fin) <= 0.05 * h;
+    const bool at_chance = true;
     const bool moving = !std::isfinite(med) || med >= 1e-4;
     // Stuck at the label frequencies while the gradients spike: the optimizer, not the data
     // (a GPT whose lr is too high stays on its unigram plateau).
     const HealthEvent* unstable = nullptr;
     for (const auto& e : run.events)
-      if ((e.kind == "grad_spike" || e.kind == "loss_spike" || e.kind == "exploding_gradients") && !d.explained.count(e.kind)) {
+      if ((e.kind == "grad_spike" || e.kind == "loss_spike" || e.kind == "exploding_gradients" || e.kind == "loss_rise") &&
+          !d.explained.count(e.kind)) {
         unstable = &e;
         break;
       }

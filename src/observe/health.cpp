@@ -298,13 +298,16 @@ void HealthMonitor::check_loss_rise(const StepMetrics& m, std::vector<HealthEven
                                     const std::map<std::string, std::string>& context) {
   if (!std::isfinite(m.loss)) return;
   const size_t w = static_cast<size_t>(std::max<int64_t>(3, options_.rise_window));
-  if (first_losses_.size() < 5) {
+  // The starting level is the untrained model's loss (the first step's); the level is the
+  // median of the last `w` losses, or of all of them while there are fewer (from 3 on, so a
+  // spike in the first steps is seen).
+  if (first_losses_.empty()) {
     first_losses_.push_back(m.loss);
-    initial_level_ = median(first_losses_);
+    initial_level_ = m.loss;
   }
   recent_losses_.push_back(m.loss);
   while (recent_losses_.size() > w) recent_losses_.pop_front();
-  if (recent_losses_.size() < w) return;
+  if (recent_losses_.size() < 3) return;
   const double level = median(std::vector<double>(recent_losses_.begin(), recent_losses_.end()));
   if (!have_min_ || level < min_level_) {
     have_min_ = true;
@@ -317,15 +320,11 @@ void HealthMonitor::check_loss_rise(const StepMetrics& m, std::vector<HealthEven
   if (rise_reported_) return;  // one rise is one story until the loss makes a new low
   const double progress = initial_level_ - min_level_;
   const double scale = std::max(std::fabs(initial_level_), 1e-12);
-  // The batch-to-batch spread of the loss (MAD of the recent losses, as a std): the lowest
-  // level is the minimum of many noisy medians and sits a few of their spreads low, so a
-  // rise must also clear twice a single batch's spread.
-  std::vector<double> dev;
-  for (double x : recent_losses_) dev.push_back(std::fabs(x - level));
-  const double noise = 1.4826 * median(dev);
-  // Given back a quarter of a real (≥ 10%) improvement, or climbed well above the start.
+  // Given back a quarter of a real (≥ 10%) improvement, and at least a tenth of the starting
+  // loss (the lowest level is the minimum of many noisy medians: a slowly learning, noisy
+  // run would otherwise "rise" from a lucky low), or climbed well above the start.
   const bool gave_back = progress >= 0.1 * scale && level - min_level_ >= options_.rise_fraction * progress &&
-                         level - min_level_ >= 2 * noise;
+                         level - min_level_ >= 0.1 * scale;
   const bool above_start = level >= initial_level_ + 0.25 * scale;
   if (!gave_back && !above_start) return;
   HealthEvent e;
@@ -460,7 +459,7 @@ void HealthMonitor::check_activations(const StepMetrics& m, std::vector<HealthEv
   e.kind = "dead_relus";
   e.severity = "warning";
   e.details = context;
-  e.message = "dead ReLUs: " + fractions + " output 0 for every sample of the batch (for " +
+  e.message = "dead ReLUs: " + fractions + " output 0 for every input of the last statistics window (>= 256 samples; for " +
               std::to_string(options_.persist_stat_steps) + " statistics steps in a row, up to step " + std::to_string(m.step) +
               "); a dead unit gets no gradient and never recovers";
   e.details["layers"] = join(dead, 100);

@@ -180,6 +180,38 @@ observe::ActivationStats activation_stats(const std::string& name, const std::st
   return a;
 }
 
+ForwardObserver StepObserver::observer(std::vector<observe::ActivationStats>* stats) {
+  static const std::set<std::string> kLayerOps = {"linear", "linear_relu", "gelu_linear", "conv2d", "relu",
+                                                  "gelu",   "tanh",        "sigmoid",     "silu"};
+  return [this, stats](const char* op, const std::string& module_path, const Tensor& y) {
+    const bool relu = relu_like(op);
+    if (!(relu || (stats && kLayerOps.count(op))) || !y.defined() || !is_floating(y.dtype()) || y.dim() == 0) return;
+    const std::string name = (module_path.empty() ? std::string("(root)") : module_path) + ":" + op;
+    if (stats)
+      for (const auto& a : *stats)
+        if (a.name == name) return;  // a layer called twice in one forward keeps its first output
+    if (relu) {  // the units that fired, over the window
+      const bool nchw = y.dim() == 4;
+      const int64_t units = nchw ? y.size(1) : y.size(-1), inner = nchw ? y.size(2) * y.size(3) : 1;
+      auto& alive = alive_[name];
+      if (static_cast<int64_t>(alive.size()) != units) alive.assign(static_cast<size_t>(units), 0), alive_samples_[name] = 0;
+      for_each_value(y, [&](int64_t i, double v) {
+        if (v > 0) alive[static_cast<size_t>(nchw ? (i / inner) % units : i % units)] = 1;
+      });
+      alive_samples_[name] += y.size(0) * (y.dim() == 3 ? y.size(1) : 1);
+    }
+    if (!stats) return;
+    observe::ActivationStats a = activation_stats(name, op, y);
+    if (relu) {
+      const auto& alive = alive_[name];
+      a.dead_frac = static_cast<double>(std::count(alive.begin(), alive.end(), 0)) / static_cast<double>(alive.size());
+      alive_.erase(name);  // the next window starts afresh
+      alive_samples_.erase(name);
+    }
+    stats->push_back(std::move(a));
+  };
+}
+
 ForwardObserver activation_observer(std::vector<observe::ActivationStats>& out) {
   static const std::set<std::string> kLayerOps = {"linear", "linear_relu", "gelu_linear", "conv2d", "relu",
                                                   "gelu",   "tanh",        "sigmoid",     "silu"};

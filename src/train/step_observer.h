@@ -14,6 +14,7 @@
 // Statistics are computed in double from the tensors' own dtype, outside autograd.
 #include <algorithm>
 #include <cstdint>
+#include <map>
 #include <string>
 #include <vector>
 
@@ -30,13 +31,30 @@ namespace athanor::train {
 
 class StepObserver {
  public:
-  // every: the trainer's log interval; histograms_every: 0 = none.
-  StepObserver(int64_t log_every, bool layer_stats, int64_t histograms_every)
-      : log_every_(std::max<int64_t>(1, log_every)), layer_stats_(layer_stats), histograms_every_(histograms_every) {}
+  // log_every: the trainer's log interval; histograms_every: 0 = none; batch: samples per
+  // micro-batch (a dead unit is judged over at least kDeadSamples samples).
+  StepObserver(int64_t log_every, bool layer_stats, int64_t histograms_every, int64_t batch)
+      : log_every_(std::max<int64_t>(1, log_every)), layer_stats_(layer_stats), histograms_every_(histograms_every),
+        dead_window_(std::clamp<int64_t>((kDeadSamples + std::max<int64_t>(1, batch) - 1) / std::max<int64_t>(1, batch), 1,
+                                         log_every_)) {}
+  // A ReLU unit is dead when it is 0 for every one of this many samples: one batch of 32 is
+  // too few (a unit that fires for 1 input in 100 looks dead in most batches).
+  static constexpr int64_t kDeadSamples = 256;
   // Layer statistics on the logged steps (every log_every, the first and the last).
   bool stats_step(int64_t step, int64_t max_steps) const {
     return layer_stats_ && (step % log_every_ == 0 || step == 1 || step == max_steps);
   }
+  // The steps just before a statistics step whose first micro-batch adds to the ReLU units'
+  // alive record (dead_window_ steps, the statistics step included).
+  bool dead_window_step(int64_t step, int64_t max_steps) const {
+    if (!layer_stats_) return false;
+    const int64_t next = std::min(max_steps, (step + log_every_ - 1) / log_every_ * log_every_);
+    return stats_step(step, max_steps) || (next - step < dead_window_ && next >= step);
+  }
+  // The forward observer for a step: on statistics steps (`stats` non-null) every layer's
+  // output statistics, the ReLU layers' dead fraction over the window; on window steps only
+  // the ReLU units' alive record.
+  ForwardObserver observer(std::vector<observe::ActivationStats>* stats);
   bool histogram_step(int64_t step, int64_t max_steps) const {
     return histograms_every_ > 0 && stats_step(step, max_steps) && (step % histograms_every_ == 0 || step == 1 || step == max_steps);
   }
@@ -50,7 +68,10 @@ class StepObserver {
   int64_t log_every_;
   bool layer_stats_;
   int64_t histograms_every_;
+  int64_t dead_window_;
   std::vector<Tensor> before_;
+  std::map<std::string, std::vector<char>> alive_;  // per ReLU layer: unit fired in the window
+  std::map<std::string, int64_t> alive_samples_;
 };
 
 // Statistics of the step's floating inputs over all its micro-batches (present = false for

@@ -216,7 +216,7 @@ void Trainer::init(bool /*write_run_files: in write_files_*/) {
   // Per-layer statistics read every parameter's gradient: not where ZeRO shards them (stage 2/3).
   step_observer_ = std::make_unique<StepObserver>(c.get_int("trainer.log_every"),
                                                   c.get_bool("observe.layer_stats") && (!dp_ || zero_stage_ <= 1),
-                                                  c.get_int("observe.histograms_every"));
+                                                  c.get_int("observe.histograms_every"), c.get_int("trainer.batch_size"));
 
   run_dir_ = (fs::path(c.get_string("out_dir")) / c.get_string("name")).string();
   if (!run_files_) return;
@@ -247,6 +247,9 @@ void Trainer::init(bool /*write_run_files: in write_files_*/) {
   // metrics.jsonl is truncated by the first line written, unless a resume keeps it up to the checkpoint.
   std::ofstream(fs::path(run_dir_) / "metrics.jsonl", std::ios::app);
   if (c.get_string("resume") == "auto") resume_latest();
+  // A fresh run under an old run's name: the old health events are not this run's (the file
+  // is otherwise only truncated by this run's first event, which a healthy run never has).
+  if (step_ == 0) fs::remove(fs::path(run_dir_) / "health.jsonl", ec);
 }
 
 Trainer::~Trainer() = default;

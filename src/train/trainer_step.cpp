@@ -90,7 +90,7 @@ void Trainer::forward_backward(const std::vector<data::Batch>& batches, StepMetr
       if (precision_ != DType::f32) ac.emplace(precision_);
       // Layer-statistics steps: each layer's output, from the first micro-batch.
       std::optional<ForwardObserverScope> observe_layers;
-      if (k == 0 && activations_out_) observe_layers.emplace(activation_observer(*activations_out_));
+      if (k == 0 && observe_window_) observe_layers.emplace(step_observer_->observer(activations_out_));
       loss = task_->loss(b);
     }
     const double w = static_cast<double>(b.num_targets) / static_cast<double>(m.targets);
@@ -144,8 +144,10 @@ bool Trainer::train_step() {
   const bool periodic = m.step % log_every == 0 || m.step == max_steps_ || m.step == 1;
   const bool stats = rank_ == 0 && (step_observer_->stats_step(m.step, max_steps_) || config_.get_bool("observe.layer_norms"));
   activations_out_ = stats ? &m.activations : nullptr;
+  observe_window_ = stats || (rank_ == 0 && step_observer_->dead_window_step(m.step, max_steps_));
   forward_backward(batches, m);
   activations_out_ = nullptr;
+  observe_window_ = false;
   if (dp_) {
     maybe_kill_for_test();
     const double tc = now_seconds();

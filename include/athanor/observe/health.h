@@ -24,8 +24,9 @@
 //                             median of the others and 10x its own last value; names the layers
 //   vanishing_gradients       weights whose ratio ≤ median / `layer_ratio_factor` on
 //                             `persist_stat_steps` layer-statistics steps in a row (named)
-//   dead_relus                ReLU layers with ≥ `dead_fraction` of their units 0 for every sample
-//                             of the batch, on `persist_stat_steps` statistics steps in a row
+//   dead_relus                ReLU layers with ≥ `dead_fraction` of their units 0 for every input
+//                             seen over the window before a statistics step (≥ 256 samples,
+//                             train/step_observer.h), on `persist_stat_steps` statistics steps in a row
 //   skipped_step              the update was skipped (names the non-finite params)
 //   scale_collapse            the f16 loss scale dropped ≥ `scale_drops` times within
 //                             the window (or fell below 1)

@@ -212,6 +212,7 @@ class Trainer {
   void finish_step_records(StepMetrics& m, bool periodic);  // totals, elapsed time, per-rank compute
   std::unique_ptr<StepObserver> step_observer_;
   std::vector<observe::ActivationStats>* activations_out_ = nullptr;  // set on layer-statistics steps
+  bool observe_window_ = false;  // this step's forward is observed (statistics, or the dead-unit window)
   observe::PhaseTotals totals_;
   double compute_total_ = 0;                 // this rank's step time outside the gradient wait, summed
   double label_entropy_ = -1;                // of the training targets (before debug.* faults); -1 = n/a
