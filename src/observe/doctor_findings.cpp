@@ -190,8 +190,8 @@ void exploding_finding(const RunRecord& run, Diagnosis& d) {
   d.add(f, {"grad_spike", "loss_spike", "loss_rise", "nan_origin", "nonfinite", "skipped_step"});
 }
 
-// The loss sat at the labels' entropy H (the loss of the best model that ignores its input)
-// for the last half of a run of >= 100 steps without moving, and never went below it.
+// The loss sat at the labels' entropy H (the loss of the best model that ignores its input),
+// within 10%, for the last half of a run of >= 100 steps without moving, and never went below it.
 bool stuck_at_chance(const RunRecord& run) {
   const size_t n = run.steps.size();
   const double fin = final_level(run);
@@ -200,7 +200,8 @@ bool stuck_at_chance(const RunRecord& run) {
   const double half = median_loss(run.steps, n / 2, n / 2 + std::max<size_t>(1, n / 10));
   double lowest = fin;
   for (size_t i = 0; i + 3 <= n; ++i) lowest = std::min(lowest, median_loss(run.steps, i, i + 3));
-  return fin >= 0.9 * h && lowest >= 0.9 * h && std::isfinite(half) && std::fabs(half - fin) <= 0.05 * h;
+  // At the entropy, not above it (far above is a divergence, not "chance").
+  return fin >= 0.9 * h && fin <= 1.1 * h && lowest >= 0.9 * h && std::isfinite(half) && std::fabs(half - fin) <= 0.05 * h;
 }
 
 void lr_high_findings(const RunRecord& run, Diagnosis& d) {
@@ -237,10 +238,10 @@ void lr_high_findings(const RunRecord& run, Diagnosis& d) {
       auto det = [&](const char* k) { auto it = origin->details.find(k); return it == origin->details.end() ? std::string("?") : it->second; };
       msg << "; the first non-finite value came from op '" << det("op") << "'"
           << (det("module").empty() || det("module") == "?" ? std::string(" outside any module") : " in module '" + det("module") + "'")
-          << " (" << det("phase") << ")";
+          << (det("phase") == "?" ? std::string() : " (" + det("phase") + ")");
       f.details["op"] = det("op");
       f.details["module"] = det("module");
-      f.details["phase"] = det("phase");
+      if (origin->details.count("phase")) f.details["phase"] = det("phase");
       if (origin->details.count("file")) f.details["file"] = origin->details.at("file");
     }
     msg << "; the lr was " << fmt(onset_lr) << " at the onset (step " << onset << ")";
@@ -574,6 +575,12 @@ std::vector<HealthEvent> find_causes(const RunRecord& run, const RunRecord* base
     for (const auto& o : run.events) count += o.kind == e.kind;
     if (count > 1) f.details["occurrences"] = std::to_string(count);
     d.findings.push_back(f);
+  }
+  for (auto& f : d.findings) {  // each suggestion once, in its first place
+    std::vector<std::string> seen;
+    for (const auto& sg : f.suggestions)
+      if (std::find(seen.begin(), seen.end(), sg) == seen.end()) seen.push_back(sg);
+    f.suggestions = std::move(seen);
   }
   std::stable_sort(d.findings.begin(), d.findings.end(),
                    [&](const HealthEvent& a, const HealthEvent& b) { return priority(a.kind, d.diverged) < priority(b.kind, d.diverged); });

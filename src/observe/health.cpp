@@ -85,6 +85,10 @@ bool HealthMonitor::cooling_down(const std::string& kind, int64_t step) const {
 
 void HealthMonitor::emit(std::vector<HealthEvent>& out, HealthEvent e) {
   if (cooling_down(e.kind, e.step)) return;
+  std::vector<std::string> once;  // remedies from several sources may repeat
+  for (auto& s : e.suggestions)
+    if (std::find(once.begin(), once.end(), s) == once.end()) once.push_back(s);
+  e.suggestions = std::move(once);
   last_fired_[e.kind] = e.step;
   out.push_back(std::move(e));
 }
