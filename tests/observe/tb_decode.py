@@ -57,7 +57,10 @@ def event_class():
     summary = fdp.message_type.add(name="Summary")
     value = summary.nested_type.add(name="Value")
     value.field.add(name="tag", number=1, type=F.TYPE_STRING, label=F.LABEL_OPTIONAL)
-    value.field.add(name="simple_value", number=2, type=F.TYPE_FLOAT, label=F.LABEL_OPTIONAL)
+    # summary.proto: `oneof value { float simple_value = 2; ... HistogramProto histo = 5; ... }`:
+    # a oneof member has presence, so a 0.0 simple_value is on the wire.
+    value.oneof_decl.add(name="value")
+    value.field.add(name="simple_value", number=2, type=F.TYPE_FLOAT, label=F.LABEL_OPTIONAL, oneof_index=0)
     histo = fdp.message_type.add(name="HistogramProto")
     for i, n in enumerate(["min", "max", "num", "sum", "sum_squares"]):
         histo.field.add(name=n, number=i + 1, type=F.TYPE_DOUBLE, label=F.LABEL_OPTIONAL)
@@ -65,7 +68,7 @@ def event_class():
         histo.field.add(name=n, number=6 + i, type=F.TYPE_DOUBLE, label=F.LABEL_REPEATED,
                         options=descriptor_pb2.FieldOptions(packed=True))
     value.field.add(name="histo", number=5, type=F.TYPE_MESSAGE, label=F.LABEL_OPTIONAL,
-                    type_name=".tbcheck.HistogramProto")
+                    type_name=".tbcheck.HistogramProto", oneof_index=0)
     summary.field.add(name="value", number=1, type=F.TYPE_MESSAGE, label=F.LABEL_REPEATED,
                       type_name=".tbcheck.Summary.Value")
     event = fdp.message_type.add(name="Event")
@@ -164,7 +167,7 @@ def check(event_path, expected_path):
         if len(ev.summary.value) == 0:
             raise ValueError(f"event at step {ev.step} has no summary values")
         for v in ev.summary.value:
-            if v.HasField("histo"):
+            if v.WhichOneof("value") == "histo":
                 check_histogram_structure(v.histo, f"histogram {v.tag!r} at step {ev.step}")
                 histograms.append((v.tag, ev.step, v.histo, ev.wall_time))
             else:

@@ -121,6 +121,9 @@ def main():
             mpiexec = args[i + 1]
     with open(os.path.join(HERE, "catalogue.json")) as f:
         entries = json.load(f)
+    if not os.path.exists("/usr/share/datasets/fashion-mnist/train-images-idx3-ubyte.gz"):
+        print("SKIP: dataset-fashion-mnist is not installed (scripts/setup.sh installs it)")
+        return 77
     os.makedirs(work, exist_ok=True)
     chosen = [e for e in entries if (not fast or e.get("fast")) and (only is None or e["name"] in only)]
     # A baseline runs before the entries that compare with it.
