@@ -100,7 +100,8 @@ const std::vector<ConfigKey>& config_schema() {
 
       {"observe.tensorboard", true, "write TensorBoard scalars (events.out.tfevents.*) to the run directory"},
       {"observe.report", true, "write report.html at the end of the run (also: athanor report RUN_DIR)"},
-      {"observe.layer_norms", false, "log per-layer gradient and parameter norms (and check them for explosion/vanishing)"},
+      {"observe.layer_norms", false,
+       "per-layer statistics (observe.layer_stats) on every step instead of the logged ones (costs a pass over the weights per step)"},
       {"observe.layer_stats", true,
        "on every logged step: per-layer gradient and weight norms, update-to-weight ratios and activation statistics "
        "(metrics.jsonl 'layers'/'acts', the report's heat maps, the doctor's per-layer checks); off under dist.zero_stage 2/3"},

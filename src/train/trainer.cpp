@@ -270,6 +270,22 @@ void Trainer::setup_data_parallel(int64_t gb) {
 void Trainer::build_data() {
   Config& c = config_;
   const uint64_t seed = static_cast<uint64_t>(c.get_int("seed"));
+  // The TEST ONLY faults (debug.*), checked before any data is loaded.
+  data::DebugDataOptions dbg;
+  dbg.shuffle_labels = c.get_bool("debug.shuffle_labels");
+  dbg.seed = seed;
+  dbg.sample_delay_ms = c.get_float("debug.sample_delay_ms");
+  dbg.corrupt_ids = c.get_int_list("debug.corrupt_samples");
+  {
+    const std::string& v = c.get_string("debug.corrupt_value");
+    char* end = nullptr;
+    dbg.corrupt_value = std::strtod(v.c_str(), &end);
+    ATH_CHECK(!v.empty() && end == v.c_str() + v.size(), "config", "debug.corrupt_value must be 'nan', 'inf' or a number, got '", v, "'",
+              Hint{"e.g. debug.corrupt_value: nan, or 1e6"});
+  }
+  dbg.input_scale = c.get_float("debug.input_scale");
+  ATH_CHECK(dbg.sample_delay_ms >= 0 && c.get_float("debug.slow_rank_delay_ms") >= 0, "config",
+            "debug.sample_delay_ms and debug.slow_rank_delay_ms must be >= 0", Hint{"they are delays in milliseconds"});
   data::LoaderOptions lo;
   lo.batch_size = c.get_int("trainer.batch_size");
   lo.num_workers = static_cast<int>(c.get_int("data.num_workers"));
@@ -310,18 +326,6 @@ void Trainer::build_data() {
   // The labels' entropy (the loss of a model that ignores its inputs), for the doctor: of the
   // data as it is, before any debug.* fault.
   if (rank_ == 0) label_entropy_ = step_label_entropy(*train_set_, &label_classes_);
-  data::DebugDataOptions dbg;
-  dbg.shuffle_labels = c.get_bool("debug.shuffle_labels");
-  dbg.seed = seed;
-  dbg.sample_delay_ms = c.get_float("debug.sample_delay_ms");
-  dbg.corrupt_ids = c.get_int_list("debug.corrupt_samples");
-  {
-    const std::string& v = c.get_string("debug.corrupt_value");
-    char* end = nullptr;
-    dbg.corrupt_value = std::strtod(v.c_str(), &end);
-    ATH_CHECK(!v.empty() && end == v.c_str() + v.size(), "config", "debug.corrupt_value must be 'nan', 'inf' or a number, got '", v, "'");
-  }
-  dbg.input_scale = c.get_float("debug.input_scale");
   if (dbg.any()) train_set_ = data::debug_dataset(train_set_, dbg);
   ATH_CHECK(train_set_->size() >= lo.batch_size, "data", train_set_->describe(), " has fewer samples than one batch (",
             lo.batch_size, ")", Hint{"lower trainer.batch_size or use more data"});
