@@ -236,16 +236,37 @@ observe::InputStats input_stats(const std::vector<data::Batch>& batches) {
     const int64_t rows = b.input.size(0), per = rows ? b.input.numel() / rows : 0;
     std::vector<double> row_max(static_cast<size_t>(rows), 0.0);
     std::vector<char> row_bad(static_cast<size_t>(rows), 0);
-    for_each_value(b.input, [&](int64_t i, double v) {
-      const size_t r = static_cast<size_t>(i / std::max<int64_t>(1, per));
-      if (!std::isfinite(v)) {
-        row_bad[r] = 1;
-        return;
+    const Tensor x = dense(b.input);
+    // Per row: sums in 8 independent lanes (this runs every step, ~3 flops per input value);
+    // a NaN or Inf anywhere makes the row's sum of squares non-finite.
+    dispatch(x.dtype(), [&]<class T>() {
+      if constexpr (is_float_type_v<T>) {
+        const T* d = static_cast<const T*>(x.raw_data());
+        for (int64_t r = 0; r < rows; ++r) {
+          const T* row = d + r * per;
+          double s8[8] = {0}, q8[8] = {0}, m8[8] = {0};
+          int64_t i = 0;
+          for (; i + 8 <= per; i += 8)
+            for (int k = 0; k < 8; ++k) {
+              const double v = cast_value<double>(row[i + k]);
+              s8[k] += v;
+              q8[k] += v * v;
+              m8[k] = std::max(m8[k], std::fabs(v));
+            }
+          double rs = 0, rq = 0, rm = 0;
+          for (; i < per; ++i) {
+            const double v = cast_value<double>(row[i]);
+            rs += v, rq += v * v, rm = std::max(rm, std::fabs(v));
+          }
+          for (int k = 0; k < 8; ++k) rs += s8[k], rq += q8[k], rm = std::max(rm, m8[k]);
+          if (!std::isfinite(rq) || !std::isfinite(rs)) {
+            row_bad[static_cast<size_t>(r)] = 1;
+            continue;
+          }
+          sum += rs, ss += rq, count += per;
+          row_max[static_cast<size_t>(r)] = rm;
+        }
       }
-      sum += v;
-      ss += v * v;
-      ++count;
-      row_max[r] = std::max(row_max[r], std::fabs(v));
     });
     for (int64_t r = 0; r < rows; ++r) {
       const int64_t id = static_cast<size_t>(r) < b.sample_ids.size() ? b.sample_ids[static_cast<size_t>(r)] : -1;

@@ -37,6 +37,7 @@ void Trainer::write_run_info() {
 }
 
 void Trainer::observe_inputs(const std::vector<data::Batch>& batches, StepMetrics& m) {
+  if (!write_files_) return;  // its events go to health.jsonl (benchmarks write none and skip the pass)
   m.input = input_stats(batches);
   if (!m.input.present) return;
   for (auto& e : health_monitor_->check_inputs(m)) emit_health(e);

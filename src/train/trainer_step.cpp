@@ -142,9 +142,11 @@ bool Trainer::train_step() {
 
   const int64_t log_every = std::max<int64_t>(1, config_.get_int("trainer.log_every"));
   const bool periodic = m.step % log_every == 0 || m.step == max_steps_ || m.step == 1;
-  const bool stats = rank_ == 0 && (step_observer_->stats_step(m.step, max_steps_) || config_.get_bool("observe.layer_norms"));
+  // Only where the run's files are written (rank 0 of a run with files): the benchmarks and
+  // lr-find/batch-find, which write none, time their steps without it.
+  const bool stats = write_files_ && (step_observer_->stats_step(m.step, max_steps_) || config_.get_bool("observe.layer_norms"));
   activations_out_ = stats ? &m.activations : nullptr;
-  observe_window_ = stats || (rank_ == 0 && step_observer_->dead_window_step(m.step, max_steps_));
+  observe_window_ = stats || (write_files_ && step_observer_->dead_window_step(m.step, max_steps_));
   forward_backward(batches, m);
   activations_out_ = nullptr;
   observe_window_ = false;
@@ -196,7 +198,7 @@ bool Trainer::train_step() {
   m.grad_norm_clipped = clip > 0 && m.grad_norm > clip ? clip : m.grad_norm;
   // An exploding step gets per-layer norms too, to name the layer (the gradients are
   // still unclipped without data parallelism).
-  if (!stats && rank_ == 0 && !dp_ && config_.get_bool("observe.layer_stats") && health_monitor_->wants_layer_detail(m.grad_norm))
+  if (!stats && write_files_ && !dp_ && config_.get_bool("observe.layer_stats") && health_monitor_->wants_layer_detail(m.grad_norm))
     step_observer_->before_update(named, m, /*keep_weights=*/false, /*histograms=*/false);
 
   bool rolled_back = false;
