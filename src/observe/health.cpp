@@ -311,6 +311,31 @@ void HealthMonitor::check_loss_rise(const StepMetrics& m, std::vector<HealthEven
   }
   recent_losses_.push_back(m.loss);
   while (recent_losses_.size() > w) recent_losses_.pop_front();
+  // One step worse than the untrained model, after real progress: no statistics needed (the
+  // starting loss is the ceiling of a model that learned anything), so it is seen from step
+  // 2 on, where an early spike without warm-up happens (and the median below hides it).
+  if (!rise_reported_ && min_loss_step_ > 0 && initial_level_ > 0 && min_loss_ <= 0.9 * initial_level_ &&
+      m.loss >= 1.25 * initial_level_) {
+    HealthEvent e;
+    e.step = m.step;
+    e.kind = "loss_rise";
+    e.severity = "warning";
+    e.details = context;
+    e.message = "the loss jumped to " + fmt(m.loss) + " at step " + std::to_string(m.step) + ", above the untrained model's " +
+                fmt(initial_level_) + " (step 1), after it had come down to " + fmt(min_loss_) + " (step " +
+                std::to_string(min_loss_step_) + ")";
+    e.details["min_level"] = fmt(min_loss_);
+    e.details["min_step"] = std::to_string(min_loss_step_);
+    e.details["level"] = fmt(m.loss);
+    e.details["initial_level"] = fmt(initial_level_);
+    e.details["lr"] = fmt(m.lr);
+    e.details["lr_at_min"] = fmt(lr_at_min_loss_);
+    e.details["single_step"] = "true";
+    add_instability_remedies(e, settings_, lr_at_min_loss_ > 0 ? lr_at_min_loss_ : m.lr);
+    rise_reported_ = true;
+    out.push_back(std::move(e));
+  }
+  if (min_loss_step_ == 0 || m.loss < min_loss_) min_loss_ = m.loss, min_loss_step_ = m.step, lr_at_min_loss_ = m.lr;
   if (recent_losses_.size() < 3) return;
   const double level = median(std::vector<double>(recent_losses_.begin(), recent_losses_.end()));
   if (!have_min_ || level < min_level_) {

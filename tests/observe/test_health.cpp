@@ -180,6 +180,31 @@ TEST(HealthMonitor, AnEarlyLossRiseIsSeenWithoutAWarmWindow) {
   EXPECT_EQ(ev[0].details.at("initial_level"), "3.75");
 }
 
+TEST(HealthMonitor, OneStepAboveTheUntrainedModelsLossIsARise) {
+  // A GPT without warm-up: 5.55 (ln 256) -> 3.2 by step 3, then one step at 12.8 (median
+  // filters cannot see it), then back.
+  const std::vector<double> losses = {5.55, 4.07, 3.19, 3.59, 12.79, 3.69, 3.37, 3.30, 3.32, 3.29, 3.25, 3.2};
+  std::vector<StepMetrics> run;
+  for (size_t i = 0; i < losses.size(); ++i) {
+    StepMetrics m;
+    m.step = static_cast<int64_t>(i + 1);
+    m.loss = losses[i];
+    m.grad_norm = 1;
+    m.lr = 0.015;
+    run.push_back(m);
+  }
+  HealthMonitor h;
+  const auto ev = run_all(h, run);
+  ASSERT_EQ(ev.size(), 1u) << kinds(ev);
+  EXPECT_EQ(ev[0].kind, "loss_rise");
+  EXPECT_EQ(ev[0].step, 5);
+  EXPECT_EQ(ev[0].details.at("min_step"), "3");
+  // The same jump before any progress (the loss never came down) is not a rise from a low.
+  run[1].loss = run[2].loss = run[3].loss = 5.5;
+  HealthMonitor fresh;
+  for (const auto& e : run_all(fresh, run)) EXPECT_FALSE(e.kind == "loss_rise" && e.step == 5) << kinds({e});
+}
+
 TEST(HealthMonitor, DeadReluLayersAreNamedAfterThreeStatisticsSteps) {
   auto run = healthy_run(6, 15);
   for (auto& m : run) {

@@ -16,9 +16,10 @@
 //                             times the mean (gradient norms are heavy-tailed).
 //   loss_rise                 the loss level (median of the last `rise_window` losses) climbed
 //                             back by `rise_fraction` of the progress made so far, or above its
-//                             starting level: no z-score, so it works from step 1 (an early
-//                             spike without warm-up, a divergence). The doctor tells the two
-//                             apart by whether the loss recovers.
+//                             starting level; or one step's loss rose 25% above the untrained
+//                             model's (step 1) after coming down 10%: no z-score, so it works
+//                             from step 2 (an early spike without warm-up, a divergence). The
+//                             doctor tells the two apart by whether the loss recovers.
 //   exploding_gradients       grad_norm ≥ `explode_factor` × the (warm) window mean, or one
 //                             weight's grad/param norm ratio ≥ `layer_ratio_factor` × the
 //                             median of the others and 10x its own last value; names the layers
@@ -109,6 +110,8 @@ class HealthMonitor {
   std::vector<double> first_losses_;
   double initial_level_ = 0, min_level_ = 0, lr_at_min_ = 0;
   int64_t min_step_ = 0;
+  double min_loss_ = 0, lr_at_min_loss_ = 0;  // the lowest single loss so far (0 steps: none)
+  int64_t min_loss_step_ = 0;
   bool have_min_ = false, rise_reported_ = false;
   // per-layer persistence: how many statistics steps in a row each layer was low / dead
   std::map<std::string, int64_t> low_streak_, dead_streak_;
