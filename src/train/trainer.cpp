@@ -247,9 +247,6 @@ void Trainer::init(bool /*write_run_files: in write_files_*/) {
   // metrics.jsonl is truncated by the first line written, unless a resume keeps it up to the checkpoint.
   std::ofstream(fs::path(run_dir_) / "metrics.jsonl", std::ios::app);
   if (c.get_string("resume") == "auto") resume_latest();
-  // A fresh run under an old run's name: the old health events are not this run's (the file
-  // is otherwise only truncated by this run's first event, which a healthy run never has).
-  if (step_ == 0) fs::remove(fs::path(run_dir_) / "health.jsonl", ec);
 }
 
 Trainer::~Trainer() = default;

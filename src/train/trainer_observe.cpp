@@ -52,6 +52,13 @@ void Trainer::debug_rank_delay(StepMetrics& m) const {
 
 void Trainer::finish_step_records(StepMetrics& m, bool periodic) {
   if (start_time_ == 0) start_time_ = now_seconds();  // train_step() called without fit()
+  // A fresh run under an old run's name: the old health events are not this run's. The file
+  // is truncated by this run's first event, or here, after its first step, when it has none
+  // (a resume has already cut it back to the checkpoint).
+  if (write_files_ && !health_started_) {
+    std::ofstream(fs::path(run_dir_) / "health.jsonl", std::ios::trunc);
+    health_started_ = true;
+  }
   totals_.steps += 1;
   totals_.step_s += m.step_seconds;
   totals_.data_s += m.data_seconds;

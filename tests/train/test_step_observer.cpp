@@ -85,8 +85,8 @@ TEST(StepObserver, InputStatisticsNameTheNanSampleAndTheOutlier) {
   EXPECT_DOUBLE_EQ(s.max_absmax, 1e4);
   EXPECT_DOUBLE_EQ(s.median_absmax, 2.0);  // samples 10, 12, 13: 1, 2, 1e4
   EXPECT_EQ(s.samples, 4);
-  // The mean over the finite values: (0.5 - 1 + 1 + 2 + 0.25 - 1e4 + 3) / 7
-  EXPECT_NEAR(s.mean, (0.5 - 1 + 1 + 2 + 0.25 - 1e4 + 3) / 7, 1e-9);
+  // The mean over the samples whose inputs are finite (11 is left out): 6 values.
+  EXPECT_NEAR(s.mean, (0.5 - 1 + 2 + 0.25 - 1e4 + 3) / 6, 1e-9);
   data::Batch tokens;
   tokens.input = full({2, 3}, 1.0, {DType::i64});
   EXPECT_FALSE(input_stats({tokens}).present);
