@@ -190,8 +190,8 @@ void exploding_finding(const RunRecord& run, Diagnosis& d) {
   d.add(f, {"grad_spike", "loss_spike", "loss_rise", "nan_origin", "nonfinite", "skipped_step"});
 }
 
-// The loss sat at the labels' entropy H (the loss of the best model that ignores its input),
-// within 10%, for the last half of a run of >= 100 steps without moving, and never went below it.
+// The loss sat at the labels' entropy H (the loss of the best model that ignores its input)
+// for the last half of a run of >= 100 steps without moving, and never went below it.
 bool stuck_at_chance(const RunRecord& run) {
   const size_t n = run.steps.size();
   const double fin = final_level(run);
@@ -200,8 +200,10 @@ bool stuck_at_chance(const RunRecord& run) {
   const double half = median_loss(run.steps, n / 2, n / 2 + std::max<size_t>(1, n / 10));
   double lowest = fin;
   for (size_t i = 0; i + 3 <= n; ++i) lowest = std::min(lowest, median_loss(run.steps, i, i + 3));
-  // At the entropy, not above it (far above is a divergence, not "chance").
-  return fin >= 0.9 * h && fin <= 1.1 * h && lowest >= 0.9 * h && std::isfinite(half) && std::fabs(half - fin) <= 0.05 * h;
+  // Within 5% of the entropy, never more than 5% below it (a model that got 5% past the
+  // label frequencies has learned something from its inputs), and not far above it (that is
+  // a divergence, not "chance").
+  return fin >= 0.95 * h && fin <= 1.1 * h && lowest >= 0.95 * h && std::isfinite(half) && std::fabs(half - fin) <= 0.05 * h;
 }
 
 void lr_high_findings(const RunRecord& run, Diagnosis& d) {
@@ -363,13 +365,13 @@ void learning_findings(const RunRecord& run, Diagnosis& d) {
       f.step = unstable->step;
       const double lr = lr_at(run, unstable->step) > 0 ? lr_at(run, unstable->step) : run.settings.number("optimizer.lr", 0);
       f.message = "the learning rate is too high: the loss stays at " + fmt(fin) + ", the entropy of the labels (" + fmt(h) +
-                  " nats: predicting the label frequencies), and the gradients spike (" + unstable->kind + " at step " +
+                  " nats: predicting the label frequencies), and training was unstable (" + unstable->kind + " at step " +
                   std::to_string(unstable->step) + "): the updates are too large for the model to learn more than the label "
                   "frequencies; the lr was " + fmt(lr) + " there";
       f.details["label_entropy"] = fmt(h);
       f.details["onset_step"] = std::to_string(unstable->step);
       f.details["onset_lr"] = fmt(lr);
-      add_remedy(f, remedy_set_lr(run.settings, round_125(lr / 10), "a tenth of the lr where the gradients spiked"), true);
+      add_remedy(f, remedy_set_lr(run.settings, round_125(lr / 10), "a tenth of the lr where training turned unstable"), true);
       f.suggestions.push_back("measure it: athanor lr-find CONFIG (a learning-rate range test)");
       if (run.settings.number("schedule.warmup_steps", 0) <= 0) add_remedy(f, remedy_warmup(run.settings), false);
       d.add(f, {"grad_spike", "loss_spike", "exploding_gradients", "loss_rise", "dead_relus"});

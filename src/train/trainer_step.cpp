@@ -132,13 +132,13 @@ bool Trainer::train_step() {
   }
   m.data_seconds = now_seconds() - t0;
   observe_inputs(batches, m);  // a NaN sample is named before the step can stop the run
-  debug_rank_delay(m);
   for (const auto& b : batches) {
     m.targets += b.num_targets;
     m.flops += task_->train_flops(b);  // this process's (MFU is per process)
   }
   if (dp_) m.targets = std::llround(sum_across_ranks(static_cast<double>(m.targets)));
   ATH_CHECK(m.targets > 0, "trainer", "step ", m.step, " has no targets to learn from (all ignored?)");
+  debug_rank_delay(m);  // after the step's last collective before backward: the others wait in the gradient reduction
 
   const int64_t log_every = std::max<int64_t>(1, config_.get_int("trainer.log_every"));
   const bool periodic = m.step % log_every == 0 || m.step == max_steps_ || m.step == 1;

@@ -1,7 +1,7 @@
 #!/usr/bin/env python3
 """The doctor's catalogue: broken runs it must diagnose, healthy runs it must leave alone.
 
-usage: run_catalogue.py ATHANOR_CLI WORK_DIR [--fast] [--only NAME[,NAME...]] [--mpirun MPIEXEC]
+usage: run_catalogue.py ATHANOR_CLI WORK_DIR [--fast] [--only NAME[,NAME...]] [--mpirun MPIEXEC] [--doctor-only]
 
 For each entry of catalogue.json (beside this script), in order:
   1. `athanor train CONFIG out_dir=WORK_DIR name=ENTRY OVERRIDES...` (under mpirun when the
@@ -11,7 +11,9 @@ For each entry of catalogue.json (beside this script), in order:
      exits 1, and the fix names the expected config key with a value in the expected range
      (or the expected text or detail); a healthy run has no finding and `doctor` exits 0.
 Prints the confusion table (expected kind against the kinds reported) and exits 1 when any
-entry is wrong. --fast runs the entries marked "fast" (the fast test suite's subset).
+entry is wrong. --fast runs the entries marked "fast" (the fast test suite's subset);
+--doctor-only diagnoses the run directories a previous call left in WORK_DIR again
+(after a change to the doctor) without training.
 """
 import json
 import os
@@ -45,7 +47,7 @@ def check_fix(spec, finding):
     return problems
 
 
-def run_entry(cli, work, e, mpiexec):
+def run_entry(cli, work, e, mpiexec, doctor_only=False):
     name = e["name"]
     config = os.path.join(HERE, e["config"]) if not e["config"].startswith("examples/") else os.path.join(ROOT, e["config"])
     overrides = [o.replace("{work}", work) for o in e.get("overrides", [])]
@@ -59,8 +61,15 @@ def run_entry(cli, work, e, mpiexec):
         env["OMP_NUM_THREADS"] = "1"
     t0 = time.time()
     log_path = os.path.join(work, name + ".train.log")
-    with open(log_path, "w") as log:
-        train_rc = subprocess.call(cmd, cwd=ROOT, stdout=log, stderr=subprocess.STDOUT, env=env)
+    rc_path = os.path.join(work, name + ".train.rc")
+    if doctor_only and os.path.exists(rc_path):
+        with open(rc_path) as f:
+            train_rc = int(f.read())
+    else:
+        with open(log_path, "w") as log:
+            train_rc = subprocess.call(cmd, cwd=ROOT, stdout=log, stderr=subprocess.STDOUT, env=env)
+        with open(rc_path, "w") as f:
+            f.write(str(train_rc))
     train_s = time.time() - t0
     problems = []
     want_train = e.get("train_exit", "ok")
@@ -134,7 +143,7 @@ def main():
             names.add(e["baseline"])
     results = []
     for e in chosen:
-        r = run_entry(cli, work, e, mpiexec)
+        r = run_entry(cli, work, e, mpiexec, "--doctor-only" in args)
         results.append(r)
         status = "ok  " if r["ok"] else "FAIL"
         print(f"{status} {r['name']} ({r['seconds']:.0f} s train): expected {r['expect']}, reported {r['kinds'] or ['none']}",
