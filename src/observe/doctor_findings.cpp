@@ -455,6 +455,12 @@ void data_starved_finding(const RunRecord& run, Diagnosis& d) {
       if (std::isfinite(m.step_seconds) && std::isfinite(m.data_seconds)) ++t.steps, t.step_s += m.step_seconds, t.data_s += m.data_seconds;
   // A pipeline that keeps up costs ~0 wait (the batch is ready); 20% is far above noise.
   if (t.steps < 10 || !(t.step_s > 0) || t.data_s / t.step_s < 0.2) return;
+  // And on the typical step, not in bursts: loader threads descheduled on a busy machine
+  // make a few steps wait long (the mean), a starved pipeline makes every step wait.
+  std::vector<double> shares;
+  for (const auto& m : run.steps)
+    if (std::isfinite(m.data_seconds) && m.step_seconds > 0) shares.push_back(m.data_seconds / m.step_seconds);
+  if (shares.size() >= 5 && median(shares) < 0.2) return;
   const double share = t.data_s / t.step_s;
   const double load = t.data_s / static_cast<double>(t.steps), compute = (t.step_s - t.data_s) / static_cast<double>(t.steps);
   const int64_t workers = static_cast<int64_t>(run.settings.number("data.num_workers", 0));
