@@ -41,6 +41,6 @@ if(ATHANOR_PYTHON3)
   add_test(NAME observe.doctor_catalogue
            COMMAND ${ATHANOR_PYTHON3} ${CMAKE_CURRENT_SOURCE_DIR}/observe/doctor_catalogue/run_catalogue.py
                    $<TARGET_FILE:athanor_cli> ${CMAKE_CURRENT_BINARY_DIR}/observe/doctor_catalogue --mpirun ${_mpiexec})
-  set_tests_properties(observe.doctor_catalogue PROPERTIES LABELS slow RUN_SERIAL TRUE TIMEOUT 1800 SKIP_RETURN_CODE 77
+  set_tests_properties(observe.doctor_catalogue PROPERTIES LABELS slow RUN_SERIAL TRUE TIMEOUT 3600 SKIP_RETURN_CODE 77
                        ENVIRONMENT "OMP_NUM_THREADS=2;OMP_WAIT_POLICY=PASSIVE")
 endif()
