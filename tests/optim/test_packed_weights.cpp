@@ -19,6 +19,7 @@
 #include "athanor/ops/gelu_linear.h"
 #include "athanor/ops/linear_relu.h"
 #include "athanor/optim/optimizer.h"
+#include "backend/cpu/gemm.h"
 #include "backend/cpu/weight_packing.h"
 #include "ops/packed_weights.h"
 #include "test_util.h"
@@ -82,10 +83,16 @@ TEST(PackedWeights, TrainingWithPackedCopiesMatchesTrainingWithout) {
     const detail::PackedWeightStats before = detail::packed_weight_stats();
     const std::vector<Tensor> packed = train(true, precision, 5);
     const detail::PackedWeightStats after = detail::packed_weight_stats();
-    // Steps 2-5 run each forward GEMM and each input-gradient GEMM (but the first layer's)
-    // on copies written by the previous step's update.
-    EXPECT_GE(after.hits - before.hits, 4u * 5u) << dtype_name(precision);
-    EXPECT_GE(after.packs_in_refresh - before.packs_in_refresh, 4u * 5u) << dtype_name(precision);
+    if (cpu::gemm_packed_supported(precision == DType::bf16)) {
+      // Steps 2-5 run each forward GEMM and each input-gradient GEMM (but the first layer's)
+      // on copies written by the previous step's update.
+      EXPECT_GE(after.hits - before.hits, 4u * 5u) << dtype_name(precision);
+      EXPECT_GE(after.packs_in_refresh - before.packs_in_refresh, 4u * 5u) << dtype_name(precision);
+    } else {
+      // oneDNN reads no packed layout at this ISA level: no copy is written or used.
+      EXPECT_EQ(after.hits - before.hits, 0u) << dtype_name(precision);
+      EXPECT_EQ(after.packs_in_refresh - before.packs_in_refresh, 0u) << dtype_name(precision);
+    }
     for (size_t i = 0; i < plain.size(); ++i)
       EXPECT_LT(max_rel_diff(packed[i], plain[i]), precision == DType::f32 ? 1e-6 : 1e-3)
           << dtype_name(precision) << " parameter " << i;

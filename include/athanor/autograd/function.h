@@ -13,6 +13,7 @@
 // is on and some input requires grad. Backward closures run with grad mode off
 // and may return undefined tensors for inputs that need no gradient
 // (`needs_grad(n, i)` tells which).
+#include <functional>
 #include <initializer_list>
 #include <string>
 #include <vector>
@@ -43,6 +44,24 @@ std::vector<Tensor> record_multi(const char* op, const std::vector<Tensor>& inpu
 void check_finite(const char* phase, const std::string& op, const std::vector<Tensor>& inputs, const Tensor& out,
                   size_t out_index, const std::string& module_path);
 bool all_finite(const Tensor& t);
+
+// Forward-output observer: while a ForwardObserverScope is alive on this thread, `record`
+// and `record_multi` pass each forward op's name, module path and (first) output to it.
+// The trainer's per-layer activation statistics use it (train/step_observer.h); with no
+// scope it costs one thread-local load per op. The observer runs with observation
+// suspended, so ops it calls itself are not observed; scopes nest (the inner one wins).
+using ForwardObserver = std::function<void(const char* op, const std::string& module_path, const Tensor& output)>;
+class ForwardObserverScope {
+ public:
+  explicit ForwardObserverScope(ForwardObserver observer);
+  ~ForwardObserverScope();
+  ForwardObserverScope(const ForwardObserverScope&) = delete;
+  ForwardObserverScope& operator=(const ForwardObserverScope&) = delete;
+
+ private:
+  ForwardObserver observer_;
+  const ForwardObserver* previous_;
+};
 std::string tensor_stats(const Tensor& t);  // "min -1.2 max 3.4 absmax 3.4 nan 0 inf 0"
 
 }  // namespace athanor

@@ -22,6 +22,7 @@
 #include <vector>
 
 #include "athanor/amp/grad_scaler.h"
+#include "athanor/autograd/function.h"
 #include "athanor/data/dataloader.h"
 #include "athanor/dist/pipeline_executor.h"
 #include "athanor/observe/metrics.h"
@@ -42,6 +43,14 @@ class StepPipeline {
   virtual void finish_backward(observe::StepMetrics& m) = 0;
   // The last step's per-action clocks on this rank (pipeline schedules; empty otherwise).
   virtual const std::vector<dist::TimelineEvent>& timeline() const;
+  // An observer of the next step's first forward (per-layer activation statistics,
+  // train/step_observer.h), for that forward_backward only. The micro-batch loop runs its
+  // first micro-batch's forward under it; a pipeline schedule does not (its layers are
+  // spread over the ranks).
+  void observe_next_first_forward(ForwardObserver observer) { first_forward_observer_ = std::move(observer); }
+
+ protected:
+  ForwardObserver first_forward_observer_;
 };
 
 // What both kinds use; they keep the references.

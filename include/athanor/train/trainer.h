@@ -93,6 +93,8 @@ class ProcessGroup;
 
 namespace athanor::train {
 
+class StepObserver;  // train/step_observer.h: per-layer, activation and input statistics
+
 // The records of a run (include/athanor/observe/metrics.h); the old train:: names stay valid.
 using StepMetrics = observe::StepMetrics;
 using EvalMetrics = observe::EvalMetrics;
@@ -244,6 +246,18 @@ class Trainer {
   std::vector<observe::HealthEvent> health_;
   std::unique_ptr<GradScaler> scaler_;
   std::unique_ptr<observe::HealthMonitor> health_monitor_;  // spikes, exploding/vanishing gradients
+  // ---- what the doctor and the report read beyond the step's own metrics (trainer_observe.cpp)
+  void write_run_info();                                    // run.json
+  void observe_inputs(const std::vector<data::Batch>& batches, StepMetrics& m);  // input stats + their health check
+  void debug_rank_delay(StepMetrics& m) const;              // debug.slow_rank (TEST ONLY)
+  void finish_step_records(StepMetrics& m, bool periodic);  // totals, elapsed time, per-rank compute
+  std::unique_ptr<StepObserver> step_observer_;
+  std::vector<observe::ActivationStats>* activations_out_ = nullptr;  // set on layer-statistics steps
+  bool observe_window_ = false;  // this step's forward is observed (statistics, or the dead-unit window)
+  observe::PhaseTotals totals_;
+  double compute_total_ = 0;                 // this rank's step time outside the gradient wait, summed
+  double label_entropy_ = -1;                // of the training targets (before debug.* faults); -1 = n/a
+  int64_t label_classes_ = 0;
   DType precision_ = DType::f32;
   std::vector<double> initial_base_lrs_;
   double lr_factor_ = 1.0;
