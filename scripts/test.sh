@@ -5,6 +5,8 @@
 #                                     an accuracy bar, one at a time: ~10 more minutes), then the
 #                                     kernel tests again at each lower ISA level this CPU runs
 #   bash scripts/test.sh --fast       ... without the slow tests (label "slow")
+#   bash scripts/test.sh --long       ... and the runs too long for CI (label "long": the doctor's
+#                                     whole catalogue, gpt-char trained at lr-find's lr; ~25 min)
 #   bash scripts/test.sh --sanitize   ASan + UBSan + LSan build in build-asan/, allocator cache off
 #                                     (implies --fast)
 #   --labels a,b,c                    only the tests with these labels (and only their executables
@@ -22,17 +24,19 @@ set -euo pipefail
 source "$(dirname "${BASH_SOURCE[0]}")/common.sh"
 
 SLOW=1
+LONG=0
 SANITIZE=0
 LABELS=""
 while [[ $# -gt 0 ]]; do
   case "$1" in
     --fast) SLOW=0 ;;
     --slow) SLOW=1 ;;
+    --long) SLOW=1; LONG=1 ;;
     --sanitize) SANITIZE=1; SLOW=0 ;;
     --labels) shift; LABELS=${1:-} ;;
     --labels=*) LABELS=${1#--labels=} ;;
-    -h|--help) sed -n '2,21p' "${BASH_SOURCE[0]}" | sed 's/^# \{0,1\}//'; exit 0 ;;
-    *) echo "test.sh: unknown option '$1' (expected --fast, --sanitize or --labels a,b)" >&2; exit 2 ;;
+    -h|--help) sed -n '2,23p' "${BASH_SOURCE[0]}" | sed 's/^# \{0,1\}//'; exit 0 ;;
+    *) echo "test.sh: unknown option '$1' (expected --fast, --long, --sanitize or --labels a,b)" >&2; exit 2 ;;
   esac
   shift
 done
@@ -69,6 +73,7 @@ if [[ -n "$LABELS" ]]; then
       dist) TARGETS+=(athanor_tests_dist athanor_tests_zero athanor_tests_sync_batch_norm athanor_tests_trainer_dist athanor_cli) ;;
       fuzz) TARGETS+=(athanor_fuzz_safetensors) ;;
       cli|train|observe|slow) TARGETS+=("athanor_tests_$l" athanor_cli) ;;
+      long) TARGETS+=(athanor_tests_slow athanor_cli) ;;
       core|backend|autograd|ops|amp|nn|optim|data|ckpt) TARGETS+=("athanor_tests_$l") ;;
       *) echo "test.sh: unknown label '$l'" >&2; exit 2 ;;
     esac
@@ -92,8 +97,12 @@ else
 fi
 
 CTEST_ARGS=(--output-on-failure -j2 --test-dir "$BUILD_DIR")
-if [[ $SLOW -eq 0 ]]; then
-  CTEST_ARGS+=(-LE slow)
+if [[ -n "$LABEL_REGEX" ]]; then
+  :  # the labels asked for, long ones included
+elif [[ $SLOW -eq 0 ]]; then
+  CTEST_ARGS+=(-LE '^(slow|long)$')
+elif [[ $LONG -eq 0 ]]; then
+  CTEST_ARGS+=(-LE '^long$')
 fi
 if [[ -n "$LABEL_REGEX" ]]; then
   CTEST_ARGS+=(-L "$LABEL_REGEX")

@@ -22,8 +22,9 @@ set_tests_properties(observe.report_screenshot_rejects_blank PROPERTIES LABELS o
 # The doctor's catalogue (tests/observe/doctor_catalogue): broken runs it must diagnose with
 # the right kind and a fix that fits their config, healthy runs it must leave alone; each
 # run is `athanor train` + `athanor doctor --json`, as a user would, and the test prints the
-# confusion table. The whole catalogue trains GPTs for minutes (label slow); a subset of
-# Fashion-MNIST runs (seconds each) is in the fast suite. Exit 77: no Fashion-MNIST.
+# confusion table. The whole catalogue trains GPTs for ~10 minutes on two cores (label long:
+# scripts/test.sh --long runs it); a subset of Fashion-MNIST runs (seconds each) is in the
+# fast suite. Exit 77: no Fashion-MNIST.
 find_program(ATHANOR_PYTHON3 NAMES python3 PATHS /usr/bin NO_DEFAULT_PATH)
 if(NOT ATHANOR_PYTHON3)
   find_program(ATHANOR_PYTHON3 NAMES python3)
@@ -41,6 +42,6 @@ if(ATHANOR_PYTHON3)
   add_test(NAME observe.doctor_catalogue
            COMMAND ${ATHANOR_PYTHON3} ${CMAKE_CURRENT_SOURCE_DIR}/observe/doctor_catalogue/run_catalogue.py
                    $<TARGET_FILE:athanor_cli> ${CMAKE_CURRENT_BINARY_DIR}/observe/doctor_catalogue --mpirun ${_mpiexec})
-  set_tests_properties(observe.doctor_catalogue PROPERTIES LABELS slow RUN_SERIAL TRUE TIMEOUT 3600 SKIP_RETURN_CODE 77
+  set_tests_properties(observe.doctor_catalogue PROPERTIES LABELS long RUN_SERIAL TRUE TIMEOUT 3600 SKIP_RETURN_CODE 77
                        ENVIRONMENT "OMP_NUM_THREADS=2;OMP_WAIT_POLICY=PASSIVE")
 endif()
