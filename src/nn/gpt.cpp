@@ -181,33 +181,35 @@ int32_t sample_token(std::vector<double> last, double temperature, int64_t top_k
   return next;
 }
 
-std::vector<int32_t> GPT::generate(const std::vector<int32_t>& prompt, int64_t max_new_tokens, double temperature,
-                                   int64_t top_k, Generator& gen) {
+std::vector<int32_t> generate_tokens(Module& model, const std::vector<int32_t>& prompt, int64_t max_new_tokens,
+                                     double temperature, int64_t vocab_size, int64_t block_size,
+                                     const std::function<int32_t(const std::vector<int64_t>& context)>& next_token) {
   ATH_CHECK(!prompt.empty(), "generate", "the prompt is empty", Hint{"give at least one token"});
   ATH_CHECK(temperature > 0, "generate", "temperature must be > 0, got ", temperature);
   for (int32_t t : prompt)
-    ATH_CHECK(t >= 0 && t < config_.vocab_size, "generate", "prompt token ", t, " is outside the vocabulary [0, ",
-              config_.vocab_size, ")");
-  const bool was_training = is_training();
-  eval();
+    ATH_CHECK(t >= 0 && t < vocab_size, "generate", "prompt token ", t, " is outside the vocabulary [0, ", vocab_size, ")");
+  const bool was_training = model.is_training();
+  model.eval();
   NoGradGuard ng;
   std::vector<int32_t> out = prompt;
-  const int64_t V = config_.vocab_size;
   for (int64_t step = 0; step < max_new_tokens; ++step) {
-    const int64_t start = std::max<int64_t>(0, static_cast<int64_t>(out.size()) - config_.block_size);
-    std::vector<int64_t> ctx(out.begin() + start, out.end());
-    Tensor ids = from_vector(ctx, {1, static_cast<int64_t>(ctx.size())});
-    Tensor logits = forward(ids);
-    std::vector<double> last(V);
-    {
-      Tensor row = make_view(logits, {V}, {1}, logits.storage_offset() + (static_cast<int64_t>(ctx.size()) - 1) * V);
-      last = row.to_vector();
-    }
-    const int32_t next = sample_token(std::move(last), temperature, top_k, gen);
-    out.push_back(next);
+    const int64_t start = std::max<int64_t>(0, static_cast<int64_t>(out.size()) - block_size);
+    out.push_back(next_token(std::vector<int64_t>(out.begin() + start, out.end())));
   }
-  train(was_training);
+  model.train(was_training);
   return out;
+}
+
+std::vector<int32_t> GPT::generate(const std::vector<int32_t>& prompt, int64_t max_new_tokens, double temperature,
+                                   int64_t top_k, Generator& gen) {
+  const int64_t V = config_.vocab_size;
+  return generate_tokens(*this, prompt, max_new_tokens, temperature, V, config_.block_size,
+                         [&](const std::vector<int64_t>& ctx) {
+                           const int64_t T = static_cast<int64_t>(ctx.size());
+                           Tensor logits = forward(from_vector(ctx, {1, T}));
+                           Tensor last = make_view(logits, {V}, {1}, logits.storage_offset() + (T - 1) * V);
+                           return sample_token(last.to_vector(), temperature, top_k, gen);
+                         });
 }
 
 std::vector<std::string> GPT::shard_units() const {

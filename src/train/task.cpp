@@ -126,36 +126,26 @@ class PipelineLanguageModelTask : public Task {
   std::vector<int32_t> generate(const std::vector<int32_t>& prompt, int64_t tokens, double temperature, int64_t top_k,
                                 Generator& gen) override {
     const auto& c = model_->config();
-    ATH_CHECK(!prompt.empty(), "generate", "the prompt is empty", Hint{"give at least one token"});
-    ATH_CHECK(temperature > 0, "generate", "temperature must be > 0, got ", temperature);
-    for (int32_t t : prompt)
-      ATH_CHECK(t >= 0 && t < c.vocab_size, "generate", "prompt token ", t, " is outside the vocabulary [0, ", c.vocab_size, ")");
-    const bool was_training = model_->is_training();
-    model_->eval();
-    NoGradGuard ng;
-    std::vector<int32_t> out = prompt;
-    for (int64_t step = 0; step < tokens; ++step) {
-      const int64_t start = std::max<int64_t>(0, static_cast<int64_t>(out.size()) - c.block_size);
-      std::vector<int64_t> ctx(out.begin() + start, out.end());
-      const int64_t T = static_cast<int64_t>(ctx.size());
-      Tensor logits = chain(from_vector(ctx, {1, T}), Tensor(), Reduction::mean);  // the last stage: [1, T, V/tp]
-      Tensor next = full({1}, 0.0, {DType::i64});
-      if (logits.defined()) {
-        const int64_t Vl = logits.size(-1);
-        Tensor last = make_view(logits, {1, Vl}, {Vl, 1}, logits.storage_offset() + (T - 1) * Vl);
-        // Every tp rank's vocabulary columns of the last position: V values, not T·V.
-        Tensor all = dist::all_gather_along(last.contiguous(), *model_->tp(), -1);
-        std::vector<double> row = all.to_vector();
-        row.resize(static_cast<size_t>(c.vocab_size));  // drop the padding columns
-        next.data_ptr<int64_t>()[0] = nn::sample_token(std::move(row), temperature, top_k, gen);
-      } else {
-        (void)gen.reserve(1);  // the draw sample_token makes: every stage's generator stays alike
-      }
-      pp_->broadcast(next, pp_->size() - 1);
-      out.push_back(static_cast<int32_t>(next.data_ptr<int64_t>()[0]));
-    }
-    model_->train(was_training);
-    return out;
+    return nn::generate_tokens(*model_, prompt, tokens, temperature, c.vocab_size, c.block_size,
+                               [&](const std::vector<int64_t>& ctx) {
+                                 const int64_t T = static_cast<int64_t>(ctx.size());
+                                 // Defined on the last stage only: [1, T, V/tp].
+                                 Tensor logits = chain(from_vector(ctx, {1, T}), Tensor(), Reduction::mean);
+                                 Tensor next = full({1}, 0.0, {DType::i64});
+                                 if (logits.defined()) {
+                                   const int64_t Vl = logits.size(-1);
+                                   Tensor last = make_view(logits, {1, Vl}, {Vl, 1}, logits.storage_offset() + (T - 1) * Vl);
+                                   // Every tp rank's vocabulary columns of the last position: V values, not T·V.
+                                   Tensor all = dist::all_gather_along(last.contiguous(), *model_->tp(), -1);
+                                   std::vector<double> row = all.to_vector();
+                                   row.resize(static_cast<size_t>(c.vocab_size));  // drop the padding columns
+                                   next.data_ptr<int64_t>()[0] = nn::sample_token(std::move(row), temperature, top_k, gen);
+                                 } else {
+                                   (void)gen.reserve(1);  // the draw sample_token makes: every stage's generator stays alike
+                                 }
+                                 pp_->broadcast(next, pp_->size() - 1);
+                                 return static_cast<int32_t>(next.data_ptr<int64_t>()[0]);
+                               });
   }
 
  private:

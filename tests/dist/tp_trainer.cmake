@@ -8,11 +8,9 @@
 # Tolerances: the loss within 1e-5 relative at every step (compare_loss); grad norms, the
 # final validation loss and every weight within rtol 1e-4, atol 2e-5 (compare): the ranks
 # sum partial products in another order than one process, nothing else differs.
-set(_flags ${MPIFLAGS})
-file(REMOVE_RECURSE ${DIR})
-file(MAKE_DIRECTORY ${DIR})
-configure_file(${CORPUS} ${DIR}/corpus.txt COPYONLY)
-file(WRITE ${DIR}/tiny.yaml "seed: 11
+set(RUN_TIMEOUT 150)
+include(${CMAKE_CURRENT_LIST_DIR}/trainer_runs.cmake)
+trainer_runs_scratch("seed: 11
 model: {type: gpt, n_layer: 2, n_head: 4, n_embd: 32, block_size: 32, dropout: 0.0}
 data: {type: text, corpus: ${DIR}/corpus.txt, tokenizer: byte, cache_dir: ${DIR}/data, num_workers: 0, val_fraction: 0.1}
 optimizer: {type: adamw, lr: 2.0e-3, weight_decay: 0.1, grad_clip: 0.5}
@@ -21,35 +19,6 @@ trainer: {max_steps: 20, accum_steps: 2, eval_every: 0, eval_batches: 4, log_eve
 observe: {tensorboard: false, report: false, peak_gflops: 1.0}
 ")
 
-# run(<name> <np or 1proc> <overrides…>): out_dir ${DIR}/runs, name <name>.
-function(run name np)
-  set(_cmd ${CLI} train ${DIR}/tiny.yaml out_dir=${DIR}/runs name=${name} ${ARGN})
-  if(np STREQUAL "1proc")
-    set(_cmd ${_cmd} dist.backend=none)
-  else()
-    set(_cmd ${MPIEXEC} ${_flags} -np ${np} ${_cmd})
-  endif()
-  execute_process(COMMAND ${_cmd} RESULT_VARIABLE _rc OUTPUT_VARIABLE _out ERROR_VARIABLE _err TIMEOUT 150)
-  if(NOT _rc EQUAL 0)
-    message(FATAL_ERROR "run ${name} (${np}) failed (${_rc}):\n${_out}${_err}")
-  endif()
-  string(REGEX MATCH "training [^\n]*" _line "${_out}")
-  message("${name}: ${_line}")
-  file(WRITE ${DIR}/runs/${name}.out "${_out}")
-endfunction()
-
-function(check)
-  execute_process(COMMAND ${CHECK} ${ARGN} RESULT_VARIABLE _rc OUTPUT_VARIABLE _out ERROR_VARIABLE _err)
-  message("${_out}${_err}")
-  if(NOT _rc EQUAL 0)
-    message(FATAL_ERROR "check failed: ${ARGN}")
-  endif()
-endfunction()
-# equal(<run> <reference run>): the loss at every step within 1e-5 relative, the rest as above.
-function(equal a b)
-  check(compare_loss ${DIR}/runs/${a} ${DIR}/runs/${b} 1e-5)
-  check(compare ${DIR}/runs/${a} ${DIR}/runs/${b} 1e-4 2e-5)
-endfunction()
 
 if(SCENARIO STREQUAL "train")
   # 20 AdamW steps at tp 2 (dp 1), with and without sequence parallelism, == 1 process.
@@ -90,22 +59,11 @@ elseif(SCENARIO STREQUAL "ckpt")
   set(_u trainer.max_steps=10 checkpoint.every=5 checkpoint.keep_last=0)
   run(full 4 trainer.batch_size=4 dist.tp=2 dist.zero_stage=1 ${_u})
   # Each resumed copy starts from the step-5 checkpoint (its metrics.jsonl is kept up to it).
-  function(resume name np)
-    file(COPY ${DIR}/runs/full/ DESTINATION ${DIR}/runs/${name})
-    file(REMOVE_RECURSE ${DIR}/runs/${name}/checkpoints/step-000010 ${DIR}/runs/${name}/model.safetensors)
-    file(WRITE ${DIR}/runs/${name}/checkpoints/latest "step-000005\n")
-    run(${name} ${np} resume=auto ${_u} ${ARGN})
-    file(READ ${DIR}/runs/${name}.out _o)
-    if(NOT _o MATCHES "resumed from [^\n]*step-000005 at step 5")
-      message(FATAL_ERROR "${name} did not resume from step 5:\n${_o}")
-    endif()
-    equal(${name} full)
-  endfunction()
-  resume(at_tp1 1proc trainer.batch_size=8)
-  resume(at_tp4 4 trainer.batch_size=8 dist.tp=4)
-  resume(at_dp4 4 trainer.batch_size=2 dist.zero_stage=2)
-  resume(at_tp2_sp 2 trainer.batch_size=8 dist.tp=2 dist.sequence_parallel=true dist.zero_stage=0)
-  resume(at_dp2tp2_z3 4 trainer.batch_size=4 dist.tp=2 dist.zero_stage=3)
+  resume_from_step5(at_tp1 1proc trainer.batch_size=8)
+  resume_from_step5(at_tp4 4 trainer.batch_size=8 dist.tp=4)
+  resume_from_step5(at_dp4 4 trainer.batch_size=2 dist.zero_stage=2)
+  resume_from_step5(at_tp2_sp 2 trainer.batch_size=8 dist.tp=2 dist.sequence_parallel=true dist.zero_stage=0)
+  resume_from_step5(at_dp2tp2_z3 4 trainer.batch_size=4 dist.tp=2 dist.zero_stage=3)
   # export-hf merges the step-10 checkpoint's shards: importing the export back gives the
   # run's final (merged) weights, exactly.
   execute_process(COMMAND ${CLI} export-hf ${DIR}/runs/full ${DIR}/hf --checkpoint ${DIR}/runs/full/checkpoints/step-000010
@@ -187,21 +145,6 @@ elseif(SCENARIO STREQUAL "cli")
   endforeach()
 elseif(SCENARIO STREQUAL "errors")
   # Bad layouts: a clear error naming the numbers, before any work (no data is prepared).
-  function(expect_error what np)
-    file(REMOVE_RECURSE ${DIR}/data)
-    set(_cmd ${CLI} train ${DIR}/tiny.yaml out_dir=${DIR}/runs name=bad ${ARGN})
-    if(NOT np STREQUAL "1proc")
-      set(_cmd ${MPIEXEC} ${_flags} -np ${np} ${_cmd})
-    endif()
-    execute_process(COMMAND ${_cmd} RESULT_VARIABLE _rc OUTPUT_VARIABLE _out ERROR_VARIABLE _err TIMEOUT 60)
-    if(_rc EQUAL 0 OR NOT "${_out}${_err}" MATCHES "${what}")
-      message(FATAL_ERROR "expected an error matching '${what}' for ${ARGN}, got exit ${_rc}:\n${_out}${_err}")
-    endif()
-    if(EXISTS ${DIR}/data/corpus-byte/train.bin)
-      message(FATAL_ERROR "${ARGN}: the data was prepared before the error")
-    endif()
-    message("ok: ${ARGN} -> ${what}")
-  endfunction()
   expect_error("model.n_head \\(3\\) is not divisible by dist.tp \\(2\\).*hint:" 2 dist.tp=2 model.n_head=3 model.n_embd=48)
   expect_error("the world size 2 is not divisible by tp x pp = 4 x 1 = 4.*hint:" 2 dist.tp=4)
   file(WRITE ${DIR}/convnet.yaml "model: {type: convnet}\ndata: {type: fashion_mnist}\ndist: {tp: 2}\n")
