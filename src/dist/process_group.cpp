@@ -355,15 +355,23 @@ void check_cpu(const Tensor& t, const char* op) {
 }  // namespace
 
 ProcessGroup::ProcessGroup(std::unique_ptr<Impl> impl) : impl_(std::move(impl)) {}
+namespace {
+// Frees what a group holds inside MPI (its pending reply requests, its communicators); the
+// group stays an object, unusable for collectives.
+void release_mpi_resources(ProcessGroup::Impl& impl) {
+  for (auto& r : impl.replies) MPI_Request_free(&r.second);
+  impl.replies.clear();
+  if (impl.diag != MPI_COMM_NULL) MPI_Comm_free(&impl.diag);
+  if (impl.owns_comm && impl.comm != MPI_COMM_NULL) MPI_Comm_free(&impl.comm);
+  impl.diag = impl.comm = MPI_COMM_NULL;
+}
+}  // namespace
+
 ProcessGroup::~ProcessGroup() {
   std::erase(g_groups, impl_.get());
   int fin = 0;
   MPI_Finalized(&fin);
-  if (!fin) {
-    for (auto& r : impl_->replies) MPI_Request_free(&r.second);
-    if (impl_->diag != MPI_COMM_NULL) MPI_Comm_free(&impl_->diag);
-    if (impl_->owns_comm && impl_->comm != MPI_COMM_NULL) MPI_Comm_free(&impl_->comm);
-  }
+  if (!fin) release_mpi_resources(*impl_);
 }
 int ProcessGroup::rank() const { return impl_->rank; }
 int ProcessGroup::size() const { return impl_->size; }
@@ -553,6 +561,10 @@ void finalize() {
   g_world.reset();
   int fin = 0;
   MPI_Finalized(&fin);
+  // Groups still alive (a mesh kept in a static, say) give their communicators back now:
+  // after MPI_Finalize nothing can free them.
+  if (!fin)
+    for (ProcessGroup::Impl* impl : g_groups) release_mpi_resources(*impl);
   if (!fin && g_we_initialized) MPI_Finalize();
   g_initialized = false;
 }
