@@ -233,13 +233,7 @@ RunRecord read_run(const std::string& run_dir) {
 
 namespace {
 
-std::string fmt(double v) {
-  if (!std::isfinite(v)) return std::isnan(v) ? "nan" : "inf";
-  std::ostringstream o;
-  o.precision(4);
-  o << v;
-  return o.str();
-}
+using detail::fmt;
 
 std::string duration(double s) {
   if (!std::isfinite(s) || s < 0) return "n/a";

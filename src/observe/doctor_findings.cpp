@@ -13,13 +13,6 @@
 namespace athanor::observe::detail {
 namespace {
 
-std::string fmt(double v) {
-  if (!std::isfinite(v)) return std::isnan(v) ? "nan" : "inf";
-  std::ostringstream o;
-  o.precision(4);
-  o << v;
-  return o.str();
-}
 std::string pct(double f) { return fmt(100 * f) + "%"; }
 
 double median(std::vector<double> v) {

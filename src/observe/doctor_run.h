@@ -2,6 +2,8 @@
 // The doctor's view of one run directory (internal to observe/doctor*.cpp): its settings,
 // logged steps and evaluations as records, the health events (recorded, or recomputed
 // from the logged steps for runs without run.json), and the facts in run.json.
+#include <cmath>
+#include <sstream>
 #include <string>
 #include <vector>
 
@@ -9,6 +11,15 @@
 #include "athanor/observe/run_settings.h"
 
 namespace athanor::observe::detail {
+
+// A number as the doctor prints it: 4 significant digits, "nan" / "inf" spelled out.
+inline std::string fmt(double v) {
+  if (!std::isfinite(v)) return std::isnan(v) ? "nan" : "inf";
+  std::ostringstream o;
+  o.precision(4);
+  o << v;
+  return o.str();
+}
 
 struct RunRecord {
   std::string dir;
