@@ -119,6 +119,10 @@ TEST(Bench, TimesExactlyTheRequestedStepsAndDerivesItsStatistics) {
                       "minor_faults_per_step", "major_faults_per_step", "thread_minor_faults_per_step",
                       "system_allocs_per_step", "system_frees_per_step", "final_loss", "phase_ms", "peak_bytes",
                       "reserved_bytes"}));
+  // Strings are escaped (a name with quotes and a backslash survives the round trip).
+  train::BenchResult odd = r;
+  odd.name = "a \"quoted\" \\ name\n";
+  EXPECT_EQ(nlohmann::json::parse(odd.json())["name"], odd.name);
 }
 
 // No peak given: MFU is against the CPU's theoretical peak for the precision (cpu_peak.h), in
