@@ -352,8 +352,8 @@ void Trainer::log_step(const StepMetrics& m) {
   if (write_files_ && (periodic || m.skipped)) files_->append_metrics(observe::to_json(m));
 
   // The progress line: plain periodic lines, or in a terminal redrawn at most ~10 times a
-  // second (and on those steps). Formatting it every step cost ~40 us of serial time per
-  // step, ~1% of the MLP's, with nothing to show for it between prints.
+  // second (and on those steps). Formatting it every step costs serial time in every
+  // step, with nothing to show for it between prints.
   if (tty_) {
     const double now = now_seconds();
     if (!periodic && now - last_redraw_ < 0.1) return;
