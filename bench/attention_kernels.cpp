@@ -1,18 +1,18 @@
 // The flash-attention kernels at the GPT shapes: cpu::attention_forward and attention_backward
 // (causal, q, k, v read from one packed [B, T, 3 H D] projection, as the GPT block calls them),
-// f32 and bf16, at the tiny / small / gpt2-124M shapes. Prints ms per call and GFLOP/s
-// (median, min, max of the repetitions), counting the causal FLOPs: forward 4 B H T^2 D / 2
-// (S = Q K^T and O = P V on the lower triangle), backward twice that (S recomputed, dV, dP, dQ,
-// dK: 5 products, FlashAttention's convention counts 2.5x the forward; we count 2x as the
-// issue does), plus "slice": one (b, h) slice that stays in cache (the speed without memory
-// stalls). The forward and backward alternate within each repetition, so a shared machine's
-// load hits both alike; for an old-vs-new A/B run two builds of this program interleaved.
-// Process CPU time is printed too (the work all threads did, spinning included): with
-// OMP_NUM_THREADS=1 on a loaded machine it is the steadiest figure.
-//   ./bench_attention_kernels [reps=30] [filter] [query_tile key_tile]
-//   (filter: substring of "tiny f32", "gpt2 bf16", ...; tiles: cpu::AttentionTiles, default the kernels')
+// f32 and bf16, at the tiny / small / gpt2-124M shapes, timed by Google Benchmark. The
+// "GFLOP" counter (a rate: GFLOP/s) counts the causal FLOPs: forward 4 B H T^2 D / 2
+// (S = Q K^T and O = P V on the lower triangle), backward twice that (S recomputed, dV, dP,
+// dQ, dK: 5 products, FlashAttention's convention counts 2.5x the forward; we count 2x as
+// the issue does). Shapes: tiny, small, gpt2, and "slice": one (b, h) slice that stays in
+// cache (the speed without memory stalls). Times are
+// wall time; the CPU time column is the whole process's (all threads, spinning included):
+// with OMP_NUM_THREADS=1 on a loaded machine it is the steadiest figure. For an old-vs-new
+// A/B run two builds of this program interleaved.
+//   ./bench_attention_kernels [--benchmark_filter=gpt2/bf16] [--benchmark_repetitions=30] [query_tile key_tile]
+//   (tiles: cpu::AttentionTiles, default the kernels')
+#include <benchmark/benchmark.h>
 #include <omp.h>
-#include <time.h>
 
 #include <algorithm>
 #include <cmath>
@@ -23,10 +23,8 @@
 
 #include "athanor/core/half.h"
 #include "backend/cpu/attention.h"
-#include "bench_timing.h"
 
 using namespace athanor;
-using bench::clock_s;
 
 namespace {
 
@@ -50,7 +48,11 @@ template <class T> void fill(std::vector<T>& x, uint64_t seed) {
   }
 }
 
-template <class T> void run(const BenchShape& sh, const char* dtype, int reps, cpu::AttentionTiles tiles) {
+cpu::AttentionTiles g_tiles;  // the kernels' defaults unless given on the command line
+
+// One pass (forward or backward) of one shape and dtype; the backward reads the forward's
+// output and statistics, computed once before the timing.
+template <class T> void attention(benchmark::State& state, BenchShape sh, bool backward) {
   const int64_t B = sh.B, H = sh.H, T_ = sh.T, D = sh.D, dm = H * D;
   const cpu::AttentionDims d{B, H, T_, T_, D, D};
   const cpu::AttentionLayout L = cpu::AttentionLayout::packed_qkv(d);
@@ -60,49 +62,48 @@ template <class T> void run(const BenchShape& sh, const char* dtype, int reps, c
   const double scale = 1.0 / std::sqrt(static_cast<double>(D));
   const T* q = qkv.data();
   T* g = dqkv.data();
+  const cpu::AttentionTiles tiles = g_tiles;
   auto fwd = [&] { cpu::attention_forward<T>(q, q + dm, q + 2 * dm, o.data(), lse.data(), d, L, true, scale, tiles); };
   auto bwd = [&] {
     cpu::attention_backward<T>(q, q + dm, q + 2 * dm, o.data(), dout.data(), lse.data(), g, g + dm, g + 2 * dm, d, L,
                                true, scale, tiles);
   };
   for (int i = 0; i < 3; ++i) fwd(), bwd();  // warm-up: workspace, caches, thread pool
-  std::vector<double> fw, bw, fc, bc;
-  for (int i = 0; i < reps; ++i) {
-    double w0 = clock_s(CLOCK_MONOTONIC), c0 = clock_s(CLOCK_PROCESS_CPUTIME_ID);
-    fwd();
-    double w1 = clock_s(CLOCK_MONOTONIC), c1 = clock_s(CLOCK_PROCESS_CPUTIME_ID);
-    bwd();
-    double w2 = clock_s(CLOCK_MONOTONIC), c2 = clock_s(CLOCK_PROCESS_CPUTIME_ID);
-    fw.push_back(w1 - w0), bw.push_back(w2 - w1), fc.push_back(c1 - c0), bc.push_back(c2 - c1);
+  for (auto _ : state) {
+    if (backward) bwd();
+    else fwd();
+    benchmark::ClobberMemory();
   }
-  const double flops_f = 4.0 * B * H * T_ * T_ * D / 2, flops_b = 2 * flops_f;
-  auto line = [&](const char* pass, const std::vector<double>& w, const std::vector<double>& c, double flops) {
-    const bench::Spread s = bench::spread(w), cs = bench::spread(c);
-    std::printf("%-6s %-5s %-4s %8.3f ms (min %7.3f max %7.3f)  %6.1f GFLOP/s (best %6.1f)  cpu %8.3f ms\n", sh.name,
-                dtype, pass, 1e3 * s.median, 1e3 * s.min, 1e3 * s.max, flops / s.median * 1e-9, flops / s.min * 1e-9,
-                1e3 * cs.median);
-  };
-  line("fwd", fw, fc, flops_f);
-  line("bwd", bw, bc, flops_b);
-  std::fflush(stdout);
+  const double flops_f = 4.0 * B * H * T_ * T_ * D / 2;
+  state.counters["GFLOP"] =
+      benchmark::Counter((backward ? 2 : 1) * flops_f * 1e-9, benchmark::Counter::kIsIterationInvariantRate);
 }
 
 }  // namespace
 
 int main(int argc, char** argv) {
-  const int reps = argc > 1 ? std::max(1, std::atoi(argv[1])) : 30;
-  const std::string filter = argc > 2 ? argv[2] : "";
-  cpu::AttentionTiles tiles;  // the kernels' defaults unless given
-  if (argc > 4) tiles = {std::atoi(argv[3]), std::atoi(argv[4])};
-  std::printf("threads: %d, GOMP_SPINCOUNT=%s, %d repetitions, tiles %lld x %lld, causal, packed qkv; median (min, max)\n",
-              omp_get_max_threads(), std::getenv("GOMP_SPINCOUNT") ? std::getenv("GOMP_SPINCOUNT") : "(default)",
-              reps, static_cast<long long>(tiles.q), static_cast<long long>(tiles.k));
+  benchmark::Initialize(&argc, argv);
+  if (argc == 3) g_tiles = {std::atoi(argv[1]), std::atoi(argv[2])};
+  else if (argc != 1) {
+    std::fprintf(stderr, "usage: %s [benchmark flags] [query_tile key_tile]\n", argv[0]);
+    return 1;
+  }
+  benchmark::AddCustomContext("threads", std::to_string(omp_get_max_threads()));
+  benchmark::AddCustomContext("GOMP_SPINCOUNT", std::getenv("GOMP_SPINCOUNT") ? std::getenv("GOMP_SPINCOUNT") : "(default)");
+  benchmark::AddCustomContext("tiles", std::to_string(g_tiles.q) + " x " + std::to_string(g_tiles.k));
   // "slice": one (b, h) slice of the GPT shapes (one thread: it is one task), in cache.
   const BenchShape shapes[] = {
       {"tiny", 8, 4, 256, 64}, {"small", 8, 6, 256, 64}, {"gpt2", 4, 12, 256, 64}, {"slice", 1, 1, 256, 64}};
-  for (const BenchShape& s : shapes) {
-    auto want = [&](const char* dt) { return filter.empty() || (std::string(s.name) + " " + dt).find(filter) != std::string::npos; };
-    if (want("f32")) run<float>(s, "f32", reps, tiles);
-    if (want("bf16")) run<bfloat16>(s, "bf16", reps, tiles);
-  }
+  for (const BenchShape& s : shapes)
+    for (const char* pass : {"fwd", "bwd"}) {
+      const bool backward = pass[0] == 'b';
+      const std::string base = std::string(s.name) + "/";
+      benchmark::RegisterBenchmark((base + "f32/" + pass).c_str(), [s, backward](benchmark::State& st) { attention<float>(st, s, backward); })
+          ->UseRealTime()->MeasureProcessCPUTime()->Unit(benchmark::kMillisecond);
+      benchmark::RegisterBenchmark((base + "bf16/" + pass).c_str(), [s, backward](benchmark::State& st) { attention<bfloat16>(st, s, backward); })
+          ->UseRealTime()->MeasureProcessCPUTime()->Unit(benchmark::kMillisecond);
+    }
+  benchmark::RunSpecifiedBenchmarks();
+  benchmark::Shutdown();
+  return 0;
 }

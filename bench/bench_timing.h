@@ -1,6 +1,9 @@
 #pragma once
-// Timing helpers shared by the benchmark programs: a clock, and the median / min / max of
-// repeated measurements (the figures of record on a shared, noisy machine).
+// Timing helpers of the A/B benchmark programs that interleave their variants inside each
+// repetition (gemm_shapes, gpt_ops, step_floor), a pattern Google Benchmark's one function
+// per benchmark does not express: a clock, and the median / min / max of repeated
+// measurements (the figures of record on a shared, noisy machine). Single-kernel
+// micro-benchmarks use Google Benchmark instead (bench/CMakeLists.txt).
 #include <time.h>
 
 #include <algorithm>

@@ -7,8 +7,8 @@
 // that parallelises by duplicating work shows up there).
 // Linear's forward (x W^T + b) and input-gradient (dy W) shapes also run with W
 // pre-packed in the layout oneDNN picks (format_tag::any, reordered once outside the
-// timing): what athanor's packed weight copies (src/ops/packed_weights.h) save per call. A reorder per call costs more than it saves (MLP fc1/fc2 f32: 0.66/0.86 ms
-// reorder + packed GEMM against 0.54/0.69 unpacked; 0.51/0.64 packed alone).
+// timing): what athanor's packed weight copies (src/ops/packed_weights.h) save per call. A
+// reorder per call costs more than it saves, hence copies kept beside the weights.
 // The bf16 column is athanor's dispatch as a step runs it: its weight-gradient (TN) shapes
 // with >= 512 rows include the one packing of B that gemm_lowp does first (gemm.cpp).
 //   ./bench_gemm_shapes [reps=15]         (set OMP_NUM_THREADS / OMP_WAIT_POLICY as for training)

@@ -75,8 +75,8 @@ struct Call {
 
 // Buffers of one dtype, kept alive for the whole run, filled with small values. They are
 // tensors from athanor's allocator, as a step's are: large blocks get huge pages there
-// (MADV_HUGEPAGE), which the GEMMs measurably profit from (gpt2-124M f32: 290 GFLOP/s on
-// plain std::vector buffers, more than the whole real step achieves).
+// (MADV_HUGEPAGE), which the GEMMs measurably profit from (on plain std::vector buffers
+// the floor would understate what a real step can reach).
 template <class T> struct Pool {
   std::vector<Tensor> bufs;
   T* get(int64_t n) {
@@ -326,8 +326,8 @@ template <class T> int run(const Config& c, const std::string& precision, int re
 }  // namespace
 
 int main(int argc, char** argv) {
-  // As the athanor program: idle OpenMP workers wait passively (thread_env.h). With libgomp's
-  // default spinning, this 2-core box ran the MLP bf16 floor at 72-80 ms instead of 5.
+  // As the athanor program: idle OpenMP workers wait passively (thread_env.h); with libgomp's
+  // default spinning on a loaded machine the floor measures the spinners, not the kernels.
   cpu::ensure_passive_openmp_wait(argv);
   if (argc < 2) {
     std::fprintf(stderr, "usage: %s CONFIG.yaml [f32|bf16] [reps=7] [packed|plain|both]\n", argv[0]);

@@ -7,9 +7,9 @@ set -euo pipefail
 
 PACKAGES=(
   build-essential cmake ninja-build ccache pkg-config git
-  libgtest-dev libgmock-dev libbenchmark-dev
+  libgtest-dev libbenchmark-dev  # libbenchmark-dev: bench/'s single-kernel micro-benchmarks
   libopenblas-dev libdnnl-dev
-  libyaml-cpp-dev nlohmann-json3-dev libcli11-dev libfmt-dev libspdlog-dev zlib1g-dev
+  libyaml-cpp-dev nlohmann-json3-dev libcli11-dev zlib1g-dev
   libpcre2-dev  # the tokenizer's regular expressions (pkg-config libpcre2-8)
   libopenmpi-dev openmpi-bin
   dataset-fashion-mnist

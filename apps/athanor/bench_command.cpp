@@ -46,7 +46,7 @@ const bool registered = register_command(
        sub.add_option("overrides", args->overrides, "key.path=value overrides, e.g. trainer.precision=bf16");
        sub.add_option("--steps", args->steps, "timed steps (default 10)");
        sub.add_option("--warmup", args->warmup, "untimed warm-up steps first (default 3)");
-       sub.add_option("--peak-gflops", args->peak_gflops, "MFU denominator (default: measured by a short GEMM probe)");
+       sub.add_option("--peak-gflops", args->peak_gflops, "MFU denominator (default: the CPU's theoretical peak for the precision, as `athanor --version` prints it)");
        sub.add_flag("--json", args->json, "print one JSON object instead of the report");
        return [args] { return bench(*args); };
      }});

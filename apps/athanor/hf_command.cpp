@@ -1,13 +1,16 @@
 // Hugging Face GPT-2 interop from the command line (ckpt/hf_gpt2.h):
 //   athanor export-hf RUN_DIR OUT_DIR [--checkpoint DIR]
-//       the run's GPT (RUN_DIR/config.yaml) with the weights of its newest valid
-//       checkpoint (or DIR) -> OUT_DIR/model.safetensors + OUT_DIR/config.json
+//       the run's GPT (RUN_DIR/config.yaml) with its newest weights: the newest valid
+//       checkpoint or the final RUN_DIR/model.safetensors, whichever is of the later step
+//       (or DIR) -> OUT_DIR/model.safetensors + OUT_DIR/config.json
 //   athanor import-hf HF_DIR OUT_FILE
 //       a Hugging Face GPT-2 directory -> one safetensors file in athanor's names and
 //       layout (f32), with the GPT config in its metadata
+#include <cstdlib>
 #include <filesystem>
 #include <iostream>
 #include <memory>
+#include <optional>
 #include <string>
 
 #include "athanor/ckpt/checkpoint.h"
@@ -15,6 +18,7 @@
 #include "athanor/ckpt/safetensors.h"
 #include "athanor/ckpt/sharded_checkpoint.h"
 #include "athanor/core/error.h"
+#include "athanor/train/checkpointer.h"
 #include "athanor/train/config.h"
 #include "athanor/train/trainer.h"
 #include "command_registry.h"
@@ -34,22 +38,40 @@ int export_hf(const std::string& run_dir, const std::string& out_dir, const std:
   ATH_CHECK(g.vocab_size > 0, "export-hf", cfg_path, ": model.vocab_size is 0 (the tokenizer's, not resolved)",
             Hint{"set model.vocab_size in the run's config.yaml"});
 
-  std::string ckpt_dir = checkpoint;
-  if (ckpt_dir.empty()) {
-    const ckpt::LatestCheckpoint latest = ckpt::find_latest_valid((fs::path(run_dir) / "checkpoints").string());
-    for (const auto& s : latest.skipped) std::cerr << "export-hf: skipped " << s << "\n";
-    ATH_CHECK(!latest.path.empty(), "export-hf", run_dir, ": no valid checkpoint in ", (fs::path(run_dir) / "checkpoints").string(),
-              Hint{"train with checkpointing on, or pass --checkpoint DIR"});
-    ckpt_dir = latest.path;
-  } else {
-    ckpt::verify_checkpoint(ckpt_dir);
-  }
-  // One file, or the shards of a data-parallel run merged (ckpt/sharded_checkpoint.h).
-  const ckpt::SafetensorsFile weights = ckpt::load_checkpoint_tensors(ckpt_dir, "model");
   nn::GPT model(g);
-  model.load_state_dict(weights.tensors, /*strict=*/true);
+  std::string source;
+  if (!checkpoint.empty()) {
+    ckpt::verify_checkpoint(checkpoint);
+    // One file, or the shards of a data-parallel run merged (ckpt/sharded_checkpoint.h).
+    model.load_state_dict(ckpt::load_checkpoint_tensors(checkpoint, "model").tensors, /*strict=*/true);
+    source = checkpoint;
+  } else {
+    // The newest weights the run has: its newest valid checkpoint, or the model.safetensors it
+    // wrote when it finished (the README's demo run has only that), whichever is of a later step.
+    const std::string ckpt_root = (fs::path(run_dir) / "checkpoints").string();
+    if (const std::string note = train::stale_latest_note(ckpt_root); !note.empty()) std::cerr << "export-hf: warning: " << note << "\n";
+    const ckpt::LatestCheckpoint latest = ckpt::find_latest_valid(ckpt_root);
+    for (const auto& s : latest.skipped) std::cerr << "export-hf: skipped " << s << "\n";
+    const fs::path final_path = fs::path(run_dir) / "model.safetensors";
+    std::optional<ckpt::SafetensorsFile> final_weights;
+    int64_t final_step = -1;
+    if (fs::exists(final_path)) {
+      final_weights = ckpt::load_safetensors(final_path.string());
+      if (auto it = final_weights->metadata.find("step"); it != final_weights->metadata.end()) final_step = std::atoll(it->second.c_str());
+    }
+    ATH_CHECK(!latest.path.empty() || final_weights, "export-hf", run_dir, ": no valid checkpoint in ", ckpt_root,
+              " and no final model.safetensors",
+              Hint{"pass the directory of a run that finished (it writes model.safetensors) or saved checkpoints, or pass --checkpoint DIR"});
+    if (final_weights && (latest.path.empty() || final_step >= latest.step)) {
+      model.load_state_dict(final_weights->tensors, /*strict=*/true);
+      source = final_path.string();
+    } else {
+      model.load_state_dict(ckpt::load_checkpoint_tensors(latest.path, "model").tensors, /*strict=*/true);
+      source = latest.path;
+    }
+  }
   ckpt::export_hf_gpt2(model, out_dir);
-  std::cout << "exported " << ckpt_dir << " to " << out_dir << " (model.safetensors, config.json)\n";
+  std::cout << "exported " << source << " to " << out_dir << " (model.safetensors, config.json)\n";
   return 0;
 }
 
@@ -73,9 +95,9 @@ const bool export_registered = register_command(
        auto run_dir = std::make_shared<std::string>();
        auto out_dir = std::make_shared<std::string>();
        auto checkpoint = std::make_shared<std::string>();
-       sub.add_option("run_dir", *run_dir, "run directory (config.yaml, checkpoints/)")->required();
+       sub.add_option("run_dir", *run_dir, "run directory (config.yaml; checkpoints/ or model.safetensors)")->required();
        sub.add_option("out_dir", *out_dir, "directory to write model.safetensors and config.json into")->required();
-       sub.add_option("--checkpoint", *checkpoint, "a checkpoint directory to export instead of the newest valid one");
+       sub.add_option("--checkpoint", *checkpoint, "a checkpoint directory to export instead of the run's newest weights");
        return [=] { return export_hf(*run_dir, *out_dir, *checkpoint); };
      }});
 

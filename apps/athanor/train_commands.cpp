@@ -5,6 +5,7 @@
 #include <filesystem>
 #include <fstream>
 #include <iostream>
+#include <optional>
 
 #include "athanor/core/error.h"
 #include "athanor/data/corpus.h"
@@ -39,10 +40,11 @@ train::Config run_config(const std::string& run_dir, const std::vector<std::stri
   }
   return c;
 }
-void load_final_weights(train::Trainer& t, const std::string& run_dir) {
+// Returns the step the weights were trained to (recorded in the file), when it says.
+std::optional<int64_t> load_final_weights(train::Trainer& t, const std::string& run_dir) {
   const fs::path w = fs::path(run_dir) / "model.safetensors";
   ATH_CHECK(fs::exists(w), "cli", "'", run_dir, "' has no model.safetensors", Hint{"the run did not finish; train it to the end first"});
-  t.load_weights(w.string());
+  return t.load_weights(w.string());
 }
 }  // namespace
 
@@ -62,8 +64,7 @@ int train(const std::string& config_path, const std::vector<std::string>& overri
 
 int eval(const std::string& run_dir, const std::vector<std::string>& overrides) {
   train::Trainer t(run_config(run_dir, overrides), /*write_run_files=*/false);
-  load_final_weights(t, run_dir);
-  t.evaluate();
+  t.evaluate(load_final_weights(t, run_dir));  // "eval at step N": the run's last step, not 0
   return 0;
 }
 

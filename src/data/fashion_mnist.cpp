@@ -65,10 +65,10 @@ class FashionMnist final : public Dataset {
     float* images = b.input.data_ptr<float>();
     int64_t* labels = b.target.data_ptr<int64_t>();
     // The images of a shuffled batch are scattered over the 47 MB of pixels: each one is
-    // a round trip to memory, so the loop asks for a few images ahead. 128 images: 78 ->
-    // 11 us (with the arithmetic below instead of a table lookup; /tmp harness, medians of
-    // 2000 batches). A loader thread building a batch takes a core from the step: the
-    // MLP's first GEMM ran 110 us longer with loader threads than without.
+    // a round trip to memory, so the loop asks for a few images ahead (several times
+    // faster, with the arithmetic below instead of a table lookup). A loader thread
+    // building a batch takes a core from the step, so the batch must be cheap to build:
+    // the MLP's first GEMM ran measurably longer with loader threads than without.
     constexpr int64_t kAhead = 4;
     for (int64_t i = 0; i < std::min(n, kAhead); ++i) prefetch_image(ids[i]);
     for (int64_t i = 0; i < n; ++i) {

@@ -158,8 +158,8 @@ void TensorBoardWriter::add_scalars(const std::vector<std::pair<std::string, dou
   if (!records.empty()) write_framed(records);
 }
 
-// A step's scalars go out in one write (a flush per scalar, ~25 a step, cost ~110 us of
-// serial time per step, 2% of the MLP's). Non-finite values draw badly in TensorBoard and
+// A step's scalars go out in one write (a flush per scalar, ~25 a step, cost a measurable
+// share of the MLP's step in serial time). Non-finite values draw badly in TensorBoard and
 // are left out, except the loss: a NaN loss is the thing to see.
 void TensorBoardSink::on_step(const StepMetrics& m) {
   std::vector<std::pair<std::string, double>> scalars{{"train/loss", m.loss}};

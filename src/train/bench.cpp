@@ -3,6 +3,8 @@
 #include <omp.h>
 #include <sys/resource.h>
 
+#include <nlohmann/json.hpp>
+
 #include <algorithm>
 #include <chrono>
 #include <cmath>
@@ -50,15 +52,6 @@ double median_seconds(F&& f, int runs) {
 double median_of_sorted(const std::vector<double>& v) {
   const size_t k = v.size();
   return k % 2 ? v[k / 2] : 0.5 * (v[k / 2 - 1] + v[k / 2]);
-}
-
-std::string json_escape(const std::string& s) {
-  std::string o;
-  for (char c : s) {
-    if (c == '"' || c == '\\') o += '\\';
-    o += c;
-  }
-  return o;
 }
 
 }  // namespace
@@ -197,27 +190,46 @@ BenchResult run_bench(Trainer& trainer, const BenchOptions& opts) {
 }
 
 std::string BenchResult::json() const {
-  std::ostringstream o;
-  o << std::setprecision(10);
-  o << "{\"engine\":\"athanor\",\"name\":\"" << json_escape(name) << "\",\"model\":\"" << json_escape(model_type)
-    << "\",\"precision\":\"" << precision << "\",\"unit\":\"" << unit << "\",\"targets_per_step\":" << targets_per_step
-    << ",\"parameters\":" << parameters << ",\"warmup\":" << warmup << ",\"steps\":" << step_seconds.size()
-    << ",\"step_ms\":[";
-  for (size_t i = 0; i < step_seconds.size(); ++i) o << (i ? "," : "") << step_seconds[i] * 1e3;
-  o << "],\"min_ms\":" << min_ms << ",\"median_ms\":" << median_ms << ",\"max_ms\":" << max_ms
-    << ",\"throughput\":" << throughput << ",\"throughput_mean\":" << throughput_mean
-    << ",\"flops_per_step\":" << flops_per_step << ",\"achieved_gflops\":" << achieved_gflops
-    << ",\"peak_gflops\":" << peak_gflops << ",\"peak_source\":\"" << json_escape(peak_source)
-    << "\",\"gemm_gflops\":" << gemm_gflops << ",\"mfu\":" << mfu << ",\"gemm_efficiency\":" << gemm_efficiency << ",\"minor_faults_per_step\":" << minor_faults_per_step
-    << ",\"major_faults_per_step\":" << major_faults_per_step
-    << ",\"thread_minor_faults_per_step\":" << thread_minor_faults_per_step
-    << ",\"system_allocs_per_step\":" << system_allocs_per_step << ",\"system_frees_per_step\":" << system_frees_per_step
-    << ",\"final_loss\":" << final_loss << ",\"phase_ms\":{\"data\":" << data_ms << ",\"forward\":" << forward_ms
-    << ",\"backward\":" << backward_ms << ",\"optimizer\":" << optimizer_ms << ",\"comm\":" << comm_ms
-    << ",\"other\":" << other_ms << "},\"peak_bytes\":{";
-  for (int t = 0; t < kNumMemTags; ++t) o << "\"" << mem_tag_name(static_cast<MemTag>(t)) << "\":" << memory.peak[t] << ",";
-  o << "\"total\":" << memory.peak_total << "},\"reserved_bytes\":" << memory.reserved << "}";
-  return o.str();
+  // Ordered: the keys come out in the order bench/*.py and the tests have always read them.
+  nlohmann::ordered_json j;
+  j["engine"] = "athanor";
+  j["name"] = name;
+  j["model"] = model_type;
+  j["precision"] = precision;
+  j["unit"] = unit;
+  j["targets_per_step"] = targets_per_step;
+  j["parameters"] = parameters;
+  j["warmup"] = warmup;
+  j["steps"] = step_seconds.size();
+  nlohmann::ordered_json step_ms = nlohmann::ordered_json::array();
+  for (double s : step_seconds) step_ms.push_back(s * 1e3);
+  j["step_ms"] = std::move(step_ms);
+  j["min_ms"] = min_ms;
+  j["median_ms"] = median_ms;
+  j["max_ms"] = max_ms;
+  j["throughput"] = throughput;
+  j["throughput_mean"] = throughput_mean;
+  j["flops_per_step"] = flops_per_step;
+  j["achieved_gflops"] = achieved_gflops;
+  j["peak_gflops"] = peak_gflops;
+  j["peak_source"] = peak_source;
+  j["gemm_gflops"] = gemm_gflops;
+  j["mfu"] = mfu;
+  j["gemm_efficiency"] = gemm_efficiency;
+  j["minor_faults_per_step"] = minor_faults_per_step;
+  j["major_faults_per_step"] = major_faults_per_step;
+  j["thread_minor_faults_per_step"] = thread_minor_faults_per_step;
+  j["system_allocs_per_step"] = system_allocs_per_step;
+  j["system_frees_per_step"] = system_frees_per_step;
+  j["final_loss"] = final_loss;  // a non-finite loss comes out as null, still valid JSON
+  j["phase_ms"] = {{"data", data_ms}, {"forward", forward_ms}, {"backward", backward_ms},
+                   {"optimizer", optimizer_ms}, {"comm", comm_ms}, {"other", other_ms}};
+  nlohmann::ordered_json peak = nlohmann::ordered_json::object();
+  for (int t = 0; t < kNumMemTags; ++t) peak[mem_tag_name(static_cast<MemTag>(t))] = memory.peak[t];
+  peak["total"] = memory.peak_total;
+  j["peak_bytes"] = std::move(peak);
+  j["reserved_bytes"] = memory.reserved;
+  return j.dump();
 }
 
 std::string BenchResult::text() const {

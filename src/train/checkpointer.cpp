@@ -120,6 +120,15 @@ void Checkpointer::verify(const std::string& dir) const {
   else ckpt::verify_checkpoint(dir);
 }
 
+std::string stale_latest_note(const std::string& checkpoints_dir) {
+  const std::string named = ckpt::read_latest(checkpoints_dir);
+  if (named.empty()) return "";
+  std::error_code ec;
+  if (fs::is_directory(fs::path(checkpoints_dir) / named, ec)) return "";
+  return (fs::path(checkpoints_dir) / "latest").string() + " names '" + named + "', which is not in " + checkpoints_dir +
+         " (deleted, or never written by this run)";
+}
+
 std::string Checkpointer::latest_valid(const std::function<void(const std::string&)>& skipped) const {
   const auto found = ckpt::find_latest_valid(dir_, [this](const std::string& d) { verify(d); });
   for (const auto& s : found.skipped) skipped(s);

@@ -107,7 +107,7 @@ const std::vector<ConfigKey>& config_schema() {
        "(metrics.jsonl 'layers'/'acts', the report's heat maps, the doctor's per-layer checks); off under dist.zero_stage 2/3"},
       {"observe.histograms_every", int64_t{250},
        "write weight and gradient histograms to TensorBoard every N steps (on logged steps; 0 = never)"},
-      {"observe.peak_gflops", 0.0, "peak GFLOP/s for MFU (0 = measure once with a short GEMM probe)"},
+      {"observe.peak_gflops", 0.0, "peak GFLOP/s for MFU (0 = the CPU's theoretical peak for the precision: cores x FMA units x lanes x 2 x clock; given, the GEMM probe behind GEMM efficiency is skipped too)"},
       {"profile.enabled", false, "profile a window of steps: op table printed, trace.json written"},
       {"profile.start_step", int64_t{5}, "first profiled step (after warm-up)", "profile.enabled=true"},
       {"profile.num_steps", int64_t{10}, "profiled steps", "profile.enabled=true"},

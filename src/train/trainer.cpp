@@ -357,7 +357,7 @@ void Trainer::build_data() {
   train_loader_ = std::make_unique<data::DataLoader>(train_set_, lo, par_->train_sampler(train_set_->size(), seed));
 }
 
-EvalMetrics Trainer::evaluate() {
+EvalMetrics Trainer::evaluate(std::optional<int64_t> weights_step) {
   nn::Module& model = task_->module();
   model.eval();
   NoGradGuard ng;
@@ -382,7 +382,7 @@ EvalMetrics Trainer::evaluate() {
     for (int64_t j = i * global + par_->dp_rank() * lo.batch_size; j < std::min(i * global + (par_->dp_rank() + 1) * lo.batch_size, N); ++j)
       mine.push_back(j);
   EvalMetrics e;
-  e.step = step_;
+  e.step = weights_step.value_or(step_);
   double loss_sum = 0;
   int64_t correct = 0;
   if (!mine.empty()) {
@@ -437,11 +437,20 @@ void Trainer::save_weights(const std::string& path) {
   if (par_->rank() == 0) ckpt::save_safetensors(path, named, {{"format", "athanor"}, {"step", std::to_string(step_)}});
 }
 
-void Trainer::load_weights(const std::string& path) {
+std::optional<int64_t> Trainer::load_weights(const std::string& path) {
   auto file = ckpt::load_safetensors(path);
   const nn::StateDict state = par_->local(nn::StateDict(file.tensors.begin(), file.tensors.end()), false);
   if (dp_) dp_->load_full_state_dict(state);  // stage 3: into the gathered blocks (every rank calls it)
   else task_->module().load_state_dict(state);
+  const auto it = file.metadata.find("step");
+  if (it == file.metadata.end()) return std::nullopt;
+  try {
+    size_t used = 0;
+    const int64_t step = std::stoll(it->second, &used);
+    if (used == it->second.size() && step >= 0) return step;
+  } catch (const std::exception&) {
+  }
+  return std::nullopt;  // a "step" that is not a step count: not ours to trust
 }
 
 std::string Trainer::checkpoints_dir() const { return (fs::path(run_dir_) / "checkpoints").string(); }
@@ -486,7 +495,13 @@ void Trainer::resume_from(const std::string& dir) {
 }
 
 bool Trainer::resume_latest() {
+  const std::string stale = stale_latest_note(checkpointer_->dir());
   const std::string found = checkpointer_->latest_valid([this](const std::string& s) { out_("skipping damaged checkpoint " + s + "\n"); });
+  if (!stale.empty())
+    out_("warning: " + stale + "; " +
+         (found.empty() ? std::string("no valid checkpoint is left, so training starts from step 0")
+                        : "resuming from the newest valid checkpoint, " + fs::path(found).filename().string() + ", instead") +
+         "\n");
   if (found.empty()) return false;
   resume_from(found);
   return true;

@@ -24,6 +24,7 @@
 #include "athanor/ops.h"
 #include "athanor/ops/autocast.h"
 #include "athanor/optim/clip.h"
+#include "athanor/train/bench.h"
 #include "athanor/train/trainer.h"
 #include "backend/cpu/cpu_peak.h"
 #include "backend/cpu/isa.h"
@@ -48,28 +49,14 @@ std::string fmt_duration(double s) {
   return o.str();
 }
 
-// Achieved FLOP/s of a square GEMM in `dt`, measured for ~0.3 s once per process and dtype.
-// A private generator keeps the training RNG untouched.
+// The GEMM probe of `athanor bench` (bench.h: measure_gemm_gflops) in FLOP/s, once per
+// process and dtype: the denominator of GEMM efficiency, the same in the log and the bench.
 double gemm_probe_flops(DType dt) {
   static std::mutex mu;
   static std::map<DType, double> cache;
   std::lock_guard<std::mutex> lock(mu);
   if (auto it = cache.find(dt); it != cache.end()) return it->second;
-  NoGradGuard ng;
-  MemTagScope tag(MemTag::workspace);
-  Generator gen(12345);
-  const int64_t n = 512;
-  Tensor a = randn({n, n}, {}, gen).to(dt), b = randn({n, n}, {}, gen).to(dt);
-  (void)matmul(a, b);  // warm-up (packing buffers, thread pool)
-  int64_t reps = 0;
-  const double t0 = now_seconds();
-  double elapsed = 0;
-  while (elapsed < 0.3) {
-    (void)matmul(a, b).raw_data();
-    ++reps;
-    elapsed = now_seconds() - t0;
-  }
-  const double flops = 2.0 * static_cast<double>(n * n * n) * static_cast<double>(reps) / elapsed;
+  const double flops = measure_gemm_gflops(dtype_name(dt)) * 1e9;
   cache[dt] = flops;
   return flops;
 }
@@ -79,7 +66,7 @@ double gemm_probe_flops(DType dt) {
 void Trainer::measure_peak_flops() {
   if (peak_flops_ > 0) return;
   const double given = config_.get_float("observe.peak_gflops");
-  if (given > 0) {  // no probe either (tests set it to skip the ~0.3 s): GEMM efficiency unknown
+  if (given > 0) {  // no probe either (tests set it to skip the probe): GEMM efficiency unknown
     peak_flops_ = given * 1e9;
     peak_source_ = "observe.peak_gflops";
     return;
@@ -365,8 +352,8 @@ void Trainer::log_step(const StepMetrics& m) {
   if (write_files_ && (periodic || m.skipped)) files_->append_metrics(observe::to_json(m));
 
   // The progress line: plain periodic lines, or in a terminal redrawn at most ~10 times a
-  // second (and on those steps). Formatting it every step cost ~40 us of serial time per
-  // step, ~1% of the MLP's, with nothing to show for it between prints.
+  // second (and on those steps). Formatting it every step costs serial time in every
+  // step, with nothing to show for it between prints.
   if (tty_) {
     const double now = now_seconds();
     if (!periodic && now - last_redraw_ < 0.1) return;

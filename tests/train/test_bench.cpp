@@ -3,13 +3,16 @@
 // matches a count made by hand from the model's shapes, the JSON carries the
 // same figures, and bad options are clear errors.
 #include <nlohmann/json.hpp>
+#include <omp.h>
 
 #include <algorithm>
 #include <chrono>
+#include <cstdio>
 #include <filesystem>
 
 #include "athanor/data/dataset.h"
 #include "athanor/train/bench.h"
+#include "backend/cpu/cpu_peak.h"
 #include "test_util.h"
 
 namespace athanor {
@@ -105,6 +108,57 @@ TEST(Bench, TimesExactlyTheRequestedStepsAndDerivesItsStatistics) {
   EXPECT_TRUE(j["phase_ms"].contains("optimizer") && j["phase_ms"].contains("comm") && j["phase_ms"].contains("data"));
   EXPECT_NE(r.text().find("tok/s"), std::string::npos);
   EXPECT_NE(r.text().find("phases"), std::string::npos);
+  // The schema bench/*.py and the report read: these keys, in this order.
+  std::vector<std::string> keys;
+  const auto ordered = nlohmann::ordered_json::parse(r.json());  // (a temporary would die before the loop)
+  for (const auto& [k, v] : ordered.items()) keys.push_back(k);
+  EXPECT_EQ(keys, (std::vector<std::string>{
+                      "engine", "name", "model", "precision", "unit", "targets_per_step", "parameters", "warmup", "steps",
+                      "step_ms", "min_ms", "median_ms", "max_ms", "throughput", "throughput_mean", "flops_per_step",
+                      "achieved_gflops", "peak_gflops", "peak_source", "gemm_gflops", "mfu", "gemm_efficiency",
+                      "minor_faults_per_step", "major_faults_per_step", "thread_minor_faults_per_step",
+                      "system_allocs_per_step", "system_frees_per_step", "final_loss", "phase_ms", "peak_bytes",
+                      "reserved_bytes"}));
+  // Strings are escaped (a name with quotes and a backslash survives the round trip).
+  train::BenchResult odd = r;
+  odd.name = "a \"quoted\" \\ name\n";
+  EXPECT_EQ(nlohmann::json::parse(odd.json())["name"], odd.name);
+}
+
+// No peak given: MFU is against the CPU's theoretical peak for the precision (cpu_peak.h), in
+// the training log and in the bench, and GEMM efficiency (against the probe) is printed beside it.
+TEST(Bench, MfuIsAgainstTheTheoreticalPeakAndTheLogPrintsGemmEfficiencyBesideIt) {
+  const std::string dir = testing::fresh_temp_dir("bench_mfu_peak");
+  train::Trainer t(tiny_gpt(dir, {"trainer.log_every=1", "trainer.max_steps=4"}), /*write_run_files=*/false);
+  std::string log;
+  t.set_output([&](const std::string& s) { log += s; });
+  const cpu::CpuPeak peak = cpu::cpu_peak(DType::f32, omp_get_max_threads());
+  train::BenchOptions opts;
+  opts.warmup = 1;
+  opts.steps = 2;
+  const train::BenchResult r = train::run_bench(t, opts);  // peak_gflops 0: the hardware's
+  EXPECT_DOUBLE_EQ(r.peak_gflops, peak.gflops);
+  EXPECT_NE(r.peak_source.find(peak.engine), std::string::npos) << r.peak_source;  // describe(): cores x units x ...
+  EXPECT_NEAR(r.mfu, r.achieved_gflops / peak.gflops, 1e-12);
+  EXPECT_NE(r.text().find("GEMM eff."), std::string::npos) << r.text();
+
+  // The trainer's own measure, one more step: the step line prints both.
+  t.fit();
+  EXPECT_DOUBLE_EQ(t.peak_flops(), peak.gflops * 1e9);
+  ASSERT_GT(t.gemm_flops(), 0);
+  const observe::StepMetrics& m = t.history().back();
+  EXPECT_NEAR(m.mfu, m.flops / m.step_seconds / (peak.gflops * 1e9), 1e-12);
+  EXPECT_NEAR(m.gemm_efficiency, m.flops / m.step_seconds / t.gemm_flops(), 1e-12);
+  EXPECT_NE(log.find("MFU against a peak of"), std::string::npos) << log;
+  const size_t line = log.rfind("step 4/4");
+  ASSERT_NE(line, std::string::npos) << log;
+  const std::string last = log.substr(line, log.find('\n', line) - line);
+  char mfu_text[32] = {}, eff_text[32] = {};
+  const size_t at = last.find("| MFU ");
+  ASSERT_NE(at, std::string::npos) << last;
+  ASSERT_EQ(std::sscanf(last.c_str() + at, "| MFU %31[0-9.]%% (GEMM eff %31[0-9]%%)", mfu_text, eff_text), 2) << last;
+  EXPECT_NEAR(std::stod(mfu_text), 100 * m.mfu, 0.051) << last;
+  EXPECT_NEAR(std::stod(eff_text), 100 * m.gemm_efficiency, 0.51) << last;
 }
 
 TEST(Bench, GptFlopsMatchAHandCountOfTheShapes) {

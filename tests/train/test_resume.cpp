@@ -10,6 +10,7 @@
 #include <sstream>
 
 #include "athanor/ckpt/checkpoint.h"
+#include "athanor/train/checkpointer.h"
 #include "athanor/train/trainer.h"
 #include "test_util.h"
 
@@ -184,6 +185,36 @@ TEST(Resume, AutoUsesNewestValidAndSkipsDamaged) {
   EXPECT_NE(log.find("step-000006"), std::string::npos) << log;
   EXPECT_NE(log.find("optimizer.safetensors"), std::string::npos) << log;
   EXPECT_NE(log.find("step-000004"), std::string::npos) << log;
+}
+
+// A `latest` that names a checkpoint that is not there (deleted by hand): resume still goes on
+// from the newest valid one, and says that `latest` was wrong.
+TEST(Resume, AStaleLatestIsSaidAndTheNewestValidCheckpointIsUsed) {
+  const std::string dir = tmp_dir("stale_latest");
+  const std::string text = testing::write_tiny_text(dir);
+  {
+    train::Trainer t(gpt_config(dir, text, {"name=r", "trainer.max_steps=6", "checkpoint.every=2", "checkpoint.keep_last=0"}));
+    quiet(t);
+    t.fit();
+  }
+  const fs::path cdir = fs::path(dir) / "r" / "checkpoints";
+  ASSERT_EQ(ckpt::read_latest(cdir.string()), "step-000006");
+  EXPECT_EQ(train::stale_latest_note(cdir.string()), "");  // a correct latest: nothing to say
+  fs::remove_all(cdir / "step-000006");
+  train::Trainer t(gpt_config(dir, text, {"name=r", "trainer.max_steps=10", "resume=auto"}));
+  EXPECT_EQ(t.step(), 4);
+  std::string log;
+  t.set_output([&](const std::string& s) { log += s; });
+  EXPECT_TRUE(t.resume_latest());
+  EXPECT_EQ(t.step(), 4);
+  EXPECT_NE(log.find("warning: " + (cdir / "latest").string() + " names 'step-000006', which is not in " + cdir.string()),
+            std::string::npos) << log;
+  EXPECT_NE(log.find("resuming from the newest valid checkpoint, step-000004, instead"), std::string::npos) << log;
+  // No checkpoint left at all: said too, and nothing is resumed.
+  for (const char* d : {"step-000002", "step-000004"}) fs::remove_all(cdir / d);
+  log.clear();
+  EXPECT_FALSE(t.resume_latest());
+  EXPECT_NE(log.find("no valid checkpoint is left"), std::string::npos) << log;
 }
 
 TEST(Resume, RefusesAChangedModelShape) {

@@ -6,8 +6,8 @@
 //   step lines:   {"step", "loss", "lr", "grad_norm", "grad_norm_clipped", "skipped",
 //                  "skipped_total", "loss_scale" (only with the f16 scaler), "targets",
 //                  "throughput", "step_s", "data_s", "forward_s", "backward_s",
-//                  "optimizer_s", "comm_s", "mfu" (fraction of the hardware's peak, omitted
-//                  when unknown), "gemm_efficiency" (fraction of a measured GEMM's rate),
+//                  "optimizer_s", "comm_s", "mfu" (model FLOP/s / the theoretical peak for the
+//                  precision, PaLM's), "gemm_efficiency" (model FLOP/s / a GEMM probe's, train/bench.h),
 //                  "mem": {"<tag>": {"cur": bytes, "peak": bytes}, …},
 //                  "nonfinite_params": [names] (only when non-empty),
 //                  "layers": {"<param name>": {"grad": norm, "param": norm, "update": ||ΔW||/||W||,

@@ -66,8 +66,9 @@ double training_flops_per_step(Trainer& trainer);
 
 // A short GEMM probe (768 x 3072 x 768 and 1024^3, best median of a few runs) at the
 // precision's compute type: "f32" -> f32 GEMM, "bf16" -> bf16 GEMM with f32 accumulation,
-// "f16" -> its f32 path. GFLOP/s of the faster shape; about 50 ms. The denominator of
-// GEMM efficiency (not of MFU, which is against the hardware's peak).
+// "f16" -> its f32 path. GFLOP/s of the faster shape. The denominator of GEMM efficiency
+// (achieved model FLOP/s / this), which the trainer's log and `athanor bench` print beside
+// MFU (achieved / the hardware's theoretical peak): MFU / GEMM efficiency = probe / peak.
 double measure_gemm_gflops(const std::string& precision);
 
 }  // namespace athanor::train

@@ -52,6 +52,12 @@ struct CheckpointParts {
   const ParallelContext& par;
 };
 
+// `latest` (ckpt/checkpoint.h) names the newest complete checkpoint. When it names one that
+// is not in `checkpoints_dir` (deleted by hand, or copied from another run), a sentence
+// saying so; "" when it is absent or names a directory that is there. Resuming goes on from
+// the newest valid checkpoint either way; this is what tells the user `latest` was wrong.
+std::string stale_latest_note(const std::string& checkpoints_dir);
+
 class Checkpointer {
  public:
   Checkpointer(std::string checkpoints_dir, CheckpointParts parts);

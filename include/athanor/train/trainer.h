@@ -64,6 +64,7 @@
 #include <deque>
 #include <functional>
 #include <memory>
+#include <optional>
 #include <string>
 #include <vector>
 
@@ -134,7 +135,10 @@ class Trainer {
   ~Trainer();
   void fit();                                  // trains to trainer.max_steps (or the time limit)
   bool train_step();                           // one optimizer step; false when finished
-  EvalMetrics evaluate();
+  // Reports (and records) the validation loss at this trainer's step, or at `weights_step`: the
+  // step the weights were trained to when they were loaded rather than trained here
+  // (`athanor eval` passes what load_weights returns).
+  EvalMetrics evaluate(std::optional<int64_t> weights_step = std::nullopt);
   // GPT only: a decoded sample from the prompt. Under dist.zero_stage 3 every rank must call it
   // (the sharded weights are gathered for it: a collective); the others just return it too.
   std::string sample(int64_t tokens);
@@ -143,7 +147,9 @@ class Trainer {
   // Under data parallel every rank must call it (stage 3 gathers the weights); rank 0 writes.
   void save_weights(const std::string& path);
   // Strict: names and shapes must match the config's model. Under data parallel every rank calls it.
-  void load_weights(const std::string& path);
+  // Returns the step the weights were trained to (the "step" save_weights records in the file's
+  // metadata); nullopt for a file without one (e.g. from import-hf).
+  std::optional<int64_t> load_weights(const std::string& path);
   void add_callback(std::shared_ptr<Callback> cb) { callbacks_.push_back(std::move(cb)); }
   // Every step/eval/health record and the end of the run also go to these (TensorBoard, report…).
   void add_sink(std::shared_ptr<observe::MetricsSink> sink) { sinks_.push_back(std::move(sink)); }

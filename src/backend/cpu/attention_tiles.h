@@ -390,7 +390,7 @@ template <class C, class T> inline Rows<C> load_rows(const T* src, int64_t ld, i
 }
 // The rows of src as a dense rows x cols copy in buf, converted to C: tile products read their B
 // operand row by row, and rows a packed-qkv stride (3 H D floats) apart alias in the L1 cache
-// (measured: 64 x 64 x 64 f32 products at ~75% of their speed on dense rows).
+// (the products run measurably slower on them than on dense rows).
 template <class C, class T> inline Rows<C> dense_rows(const T* src, int64_t ld, int64_t rows, int64_t cols, C* buf) {
   if constexpr (std::is_same_v<T, C>) {
     for (int64_t r = 0; r < rows; ++r) std::memcpy(buf + r * cols, src + r * ld, cols * sizeof(C));
@@ -511,8 +511,8 @@ template <class C> inline C softmax_row(C* s, int64_t nv, int64_t n, C& m, C& l)
 }
 #if ATHANOR_CPU_AVX512
 // Rows of up to 64 keys (the default tiles) in registers: one load and one store per score
-// instead of the three passes of row_max, row_exp (measured ~40% of the f32 forward's time
-// outside the tile products went to those passes' per-row overhead).
+// instead of the three passes of row_max, row_exp (whose per-row overhead was a large part
+// of the f32 forward's time outside the tile products).
 inline float softmax_row(float* s, int64_t nv, int64_t n, float& m, float& l) {
   if (n > 64) return softmax_row<float>(s, nv, n, m, l);
   constexpr float kNegInf = -std::numeric_limits<float>::infinity();

@@ -97,28 +97,46 @@ double measured_clock_ghz() {
   return ghz;
 }
 
-CpuPeak cpu_peak(DType dt, int threads) {
+CpuPeak derive_peak(DType dt, const PeakInputs& in) {
   CpuPeak p;
-  p.threads = std::max(threads, 1);
-  p.ghz = measured_clock_ghz();
-  p.nominal_ghz = nominal_ghz();
-  // The level in use (isa.h): the CPU's own, unless ATHANOR_ISA caps it to stand in for a
-  // smaller CPU, whose peak this then is (with oneDNN capped alike, ONEDNN_MAX_CPU_ISA).
-  const bool avx512 = active_isa() != Isa::avx2;
-  fma_units(identify(), avx512, p.units, p.lanes);
+  p.threads = std::max(in.threads, 1);
+  p.ghz = in.ghz;
+  const bool avx512 = in.isa != Isa::avx2;
+  fma_units({in.vendor, in.family, in.model}, avx512, p.units, p.lanes);
   p.engine = avx512 ? "AVX-512 FMA" : "AVX2 FMA";
   if (dt == DType::f64) p.lanes /= 2;
   if (dt == DType::bf16) {
-    if (amx_bf16_in_use()) {  // a TDPBF16PS: 16 x 16 x 32 multiply-adds per 16 cycles, one tile unit
+    if (in.amx_bf16) {  // a TDPBF16PS: 16 x 16 x 32 multiply-adds per 16 cycles, one tile unit
       p.units = 1;
       p.lanes = 512;
       p.engine = "AMX-BF16 tiles";
-    } else if (active_isa() == Isa::avx512_bf16) {  // vdpbf16ps: two multiply-adds per f32 lane
+    } else if (in.isa == Isa::avx512_bf16) {  // vdpbf16ps: two multiply-adds per f32 lane
       p.lanes *= 2;
       p.engine = "AVX512_BF16 dot products";
     }
   }
   p.gflops = p.threads * p.units * p.lanes * 2.0 * p.ghz;
+  return p;
+}
+
+PeakInputs this_cpu(int threads) {
+  const CpuIdentity id = identify();
+  PeakInputs in;
+  in.vendor = id.vendor;
+  in.family = id.family;
+  in.model = id.model;
+  // The level in use (isa.h): the CPU's own, unless ATHANOR_ISA caps it to stand in for a
+  // smaller CPU, whose peak this then is (with oneDNN capped alike, ONEDNN_MAX_CPU_ISA).
+  in.isa = active_isa();
+  in.amx_bf16 = amx_bf16_in_use();
+  in.ghz = measured_clock_ghz();
+  in.threads = threads;
+  return in;
+}
+
+CpuPeak cpu_peak(DType dt, int threads) {
+  CpuPeak p = derive_peak(dt, this_cpu(threads));
+  p.nominal_ghz = nominal_ghz();
   return p;
 }
 

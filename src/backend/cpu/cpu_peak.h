@@ -19,6 +19,7 @@
 #include <string>
 
 #include "athanor/core/dtype.h"
+#include "backend/cpu/isa.h"
 
 namespace athanor::cpu {
 
@@ -33,6 +34,23 @@ struct CpuPeak {
   // "2 cores x 2 AVX-512 FMA units x 16 lanes x 2 flops x 3.55 GHz (measured; nominal 2.10) = 454 GFLOP/s"
   std::string describe() const;
 };
+
+// What the peak follows from. cpu_peak() reads them from this machine; tests give them by hand.
+struct PeakInputs {
+  std::string vendor;         // CPUID's: "GenuineIntel", "AuthenticAMD"
+  unsigned family = 0;        // CPUID's display family and model
+  unsigned model = 0;
+  Isa isa = Isa::avx2;        // the level the kernels run at (active_isa())
+  bool amx_bf16 = false;      // oneDNN computes bf16 GEMMs on AMX tiles
+  double ghz = 0;             // the clock
+  int threads = 1;            // cores in use
+};
+
+// The formula above, for `dt` on the machine `in` describes (nominal_ghz left 0).
+CpuPeak derive_peak(DType dt, const PeakInputs& in);
+
+// This machine's inputs now: CPUID, the kernels' ISA level, oneDNN's ISA, the measured clock.
+PeakInputs this_cpu(int threads);
 
 // The peak of `threads` cores for computing in `dt` (f32 and f64 on the FMA units, f64 at
 // half the f32 lanes; bf16 as above; f16 as f32: athanor computes f16 GEMMs in f32), at the

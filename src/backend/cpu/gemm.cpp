@@ -1,24 +1,22 @@
 // GEMM dispatch (see gemm.h). f32 and bf16 run on cached oneDNN matmul primitives;
 // tiny f32 GEMMs (under kMinPrimitiveWork multiply-adds) on dnnl_sgemm, f64 on OpenBLAS.
 // f32 GEMMs with one dimension <= 16 (a classifier head's linear) go first to narrow_gemm
-// (narrow_gemm.h): oneDNN blocks for square-ish shapes and ran these at 60-120 GFLOP/s.
+// (narrow_gemm.h): oneDNN blocks for square-ish shapes and runs these far below its peak.
 //
-// Why primitives rather than dnnl_sgemm for f32 (issue 7, measured on the 2-core dev
-// box, bench/gemm_shapes.cpp and /tmp harnesses):
+// Why primitives rather than dnnl_sgemm for f32 (issue 7; figures in bench/RESULTS.md):
 //  - dnnl_sgemm parallelises a small-M x W^T (linear's forward, M = 128) badly: on 2
-//    threads it spends up to 2x the CPU time of 1 thread (128x1024x1024: ~85 GFLOP per
-//    CPU-second against ~165 for the primitive; 2048x256x1024: ~127 against ~183). The
-//    backward layouts (NN, TN) parallelise well on both.
+//    threads it spends up to twice the CPU time of 1 thread. The backward layouts (NN,
+//    TN) parallelise well on both.
 //  - dnnl_sgemm mallocs its packing buffers on every call, from whichever thread runs
 //    it (also from inside our parallel regions: the attention tiles). With two threads
 //    the order of those mallocs and frees varies from step to step and glibc's heap
-//    top kept creeping into fresh pages: 0-65 minor faults per warm GPT step. A
+//    top kept creeping into fresh pages: minor faults in every warm GPT step. A
 //    primitive takes its scratchpad from us (scratchpad_mode::user): a per-thread
 //    buffer, allocated once.
 //  - A primitive adds the bias in its epilogue (gemm_bias: linear's forward), instead
 //    of a prefill of C and beta = 1.
-// Single-thread CPU time per call is the same within noise (64x64x64: ~5 us both;
-// 128x1024x784: ~0.5 ms both), so the primitive costs nothing on small tiles either.
+// Single-thread CPU time per call is the same within noise, so the primitive costs
+// nothing on small tiles either.
 #include "backend/cpu/gemm.h"
 
 #include <cblas.h>
@@ -211,11 +209,10 @@ bool matmul_dnnl(bool ta, bool tb, int64_t M, int64_t N, int64_t K, float alpha,
 // A bf16 GEMM whose plain B changes every call (a weight gradient dW = dy^T x: B is an
 // activation) packed into oneDNN's blocked layout first, once, by all threads. Given a
 // plain B, oneDNN's matmul packs the B blocks each thread needs for each block of rows it
-// takes, so with many rows the same B is packed several times over; packing it once ran
-// gpt2-124M's weight gradients 7-18% faster, packing included (lm_head: 135 -> 111 ms;
-// MLP fc2: 0.43 -> 0.39; tiny GPT fc2, 256 rows: 1.89 -> 1.94, so not below
-// kMinRowsToPackB rows; /tmp harness, 2 threads, medians of 9). Returns false, running
-// nothing, where oneDNN would not read the packed layout (the caller runs the plain GEMM).
+// takes, so with many rows the same B is packed several times over; packing it once pays
+// from kMinRowsToPackB rows on (below, the one packing costs more than the repeats it
+// saves; bench/RESULTS.md). Returns false, running nothing, where oneDNN would not read
+// the packed layout (the caller runs the plain GEMM).
 constexpr int64_t kMinRowsToPackB = 512;
 template <class TC>
 bool matmul_bf16_packing_b(bool ta, int64_t M, int64_t N, int64_t K, float alpha, const bfloat16* A, int64_t lda,
@@ -361,12 +358,9 @@ template bool gemm_packed<float>(int64_t, const float*, int64_t, const PackedLay
 template bool gemm_packed<bfloat16>(int64_t, const bfloat16*, int64_t, const PackedLayout&, const bfloat16*, const bfloat16*,
                                     bfloat16*, int64_t);
 
-// Packed weights pay when many rows share one packing: GPT steps (1024-2048 rows) ran
-// 3-8% faster in f32 and bf16 (athanor bench, ATHANOR_PACKED_WEIGHTS=0 against 1). At the
-// MLP's batch of 128 they gained nothing: f32, its forward GEMMs were 0.2 ms faster per
-// step and the optimizer's step 0.15-0.17 ms slower writing the copies (profiler spans,
-// interleaved runs); bf16, 0-0.09 ms faster in the step and 0.2 ms slower in
-// bench_step_floor (packing 0.36 ms of its 0.86 ms optimizer phase).
+// Packed weights pay when many rows share one packing (GPT steps, 1024-2048 rows). At the
+// MLP's batch of 128 they gain nothing: what the forward GEMMs save, the optimizer's step
+// spends rewriting the copies (bench/RESULTS.md has the figures).
 constexpr int64_t kMinPackedRows = 256;
 
 bool gemm_prefers_packed_b(bool bf16, bool tb, int64_t M, int64_t N, int64_t K) {

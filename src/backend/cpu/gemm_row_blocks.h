@@ -4,8 +4,8 @@
 // epilogue(r0, rows) on them while they are still in its cache. For the backward's
 // dx = g W of a linear layer: each thread's g and dx rows never leave its core. Against
 // one GEMM over all rows on both threads (a matmul primitive) followed by an elementwise
-// pass, that measured faster at batch-sized M (the MLP's fc2, 128 x 1024 x 1024:
-// 1.67-1.72 ms against 1.81-1.90 for its whole backward; gelu_linear.cpp has its figures).
+// pass, that measured faster at batch-sized M (the MLP's fc2; bench/RESULTS.md has the
+// figures).
 #include <omp.h>
 
 #include <algorithm>

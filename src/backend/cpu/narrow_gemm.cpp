@@ -14,14 +14,9 @@
 // NT and TT with K <= 8 pack op(B) into a K x N row-major buffer and run kstat. Which
 // shapes go where, and what stays on oneDNN: choose_path.
 //
-// Measured on the 2-core dev box (Zen 5; /tmp harness calling cpu::gemm / gemm_bias with
-// this path on and off alternately, medians of 1000 calls; machine shared with other
-// builds, +-10%), linear 1024 -> 10 at batch 128, oneDNN -> this path:
-//   OMP_NUM_THREADS=2 (oneDNN on 2 threads, this on 1): forward 52 -> 19.5 us,
-//     dx 29 -> 18 us, dW 34 -> 16 us;
-//   OMP_NUM_THREADS=1: forward 38 -> 18 us, dx 17.5 -> 18 us, dW 20 -> 16 us.
-// dx writes 512 KiB of C for 1.3M multiply-adds: on one thread both libraries sit at the
-// FMA time plus the write traffic.
+// On linear 1024 -> 10 at batch 128 this path beats oneDNN in the forward and dW, and ties
+// in dx (bench/RESULTS.md): dx writes 512 KiB of C for 1.3M multiply-adds, so on one
+// thread both libraries sit at the FMA time plus the write traffic.
 //
 // Each element of C is summed by one thread in a fixed order (kstat, bcast: k = 0..K-1;
 // dot: 16 lane sums over k, then a fixed tree), so results do not depend on the tiling or
@@ -51,7 +46,8 @@ constexpr int64_t kWorkPerThread = kNarrowWorkPerThread;
 // Which shapes take which kernel. Chosen from a sweep against oneDNN (1 and 2 threads, all
 // four transposes, the narrow size in {1, 4, 7..12, 16} in each position, the others from
 // {128 x 1024, 1024 x 1024, 4096 x 256}; /tmp harness, +-10% noise): only the kinds that
-// won or tied are routed here (ratios narrow / oneDNN in brackets). Known small losses
+// won or tied are routed here (the sweep's time ratios narrow / oneDNN in brackets: they
+// are why each rule is there; the absolute times are in bench/RESULTS.md). Known small losses
 // left in: 4 x 128 x 1024 NN/TN on one thread (+1-2 us, [1.1-1.3]; [0.2-0.4] on two),
 // 4096 x 256 x {1, 4} on two threads ([1.1-1.2]; [0.6-0.7] on one).
 //  - K <= 12, op(B) row-major, M*N*K <= 4M: kstat [0.31-1.04 on one thread; 0.54-0.66 on
@@ -137,7 +133,7 @@ constexpr auto kNothingToPrepare = [](int64_t, int64_t) {};
 // registers for the whole row range; each row of C is then K broadcasts, K * JB FMAs and
 // JB stores, and consecutive rows are independent work for the out-of-order core. (The
 // bcast tile re-reads B and refills its accumulators every K = 10 steps: there the
-// start-up latency of each tile showed, 21 us against 16 us for oneDNN on dx = g W.)
+// start-up latency of each tile showed, and it lost to oneDNN on dx = g W.)
 template <int KK, int JB> void kstat_tile(const TileOperands& o, int64_t i0, int64_t i1, int64_t j0, __mmask16 last) {
   const int64_t a_rs = o.a_rs, a_ks = o.a_ks, ldb = o.ldb, ldc = o.ldc;
   const TileEpilogue e{o.alpha, o.beta, o.bias};
@@ -219,8 +215,7 @@ template <int RW, int NP> void dot_tile(const DotOperands& o, int64_t w0, int64_
     for (int c = 0; c < NP; ++c) {
       __m512 pv = _mm512_loadu_ps(p + kc * p_chunk + c * 16);
       // One load per vector, kept in a register: GCC otherwise folds it into each FMA
-      // (RW loads), and this core sustains about one 64-byte load per cycle (N = 10:
-      // 35 -> 16 us on one thread).
+      // (RW loads), and a core sustains only one or two 64-byte loads per cycle.
       __asm__("" : "+v"(pv));
 #pragma GCC unroll 12
       for (int r = 0; r < RW; ++r) acc[r][c] = _mm512_fmadd_ps(wv[r], pv, acc[r][c]);
@@ -258,7 +253,7 @@ void pack_narrow(const float* X, int64_t ldx, int64_t n, int64_t K, int64_t kc_b
 constexpr int kBcastMaxRows = 12, kBcastMaxVecs = 4, kKstatMaxVecs = 4, kDotMaxSide = 9, kDotWholeNarrow = 9;
 constexpr int kMaxAccumulators = 24;  // of 32 zmm registers: the rest hold op(A)/op(B) values
 // Rows of C per kstat tile. With rows 4 KiB apart (N = 1024) more rows per tile made
-// dx = g W bimodal, 16 or 25-40 us (the rows' lines share L1 sets); 16 rows: 17 us steady.
+// dx = g W's time bimodal (the rows' lines share L1 sets); 16 rows ran steadily.
 constexpr int64_t kKstatRows = 16;
 
 using BcastTile = void (*)(const TileOperands&, int64_t, int64_t, __mmask16);
@@ -297,7 +292,7 @@ inline int64_t split(int64_t n, int64_t nb, int64_t b) { return n * b / nb; }
 inline int64_t ceil_div(int64_t a, int64_t b) { return (a + b - 1) / b; }
 
 // M <= 16: all of M in one row block (two when M > 12), so op(B) streams through once
-// (dW = g^T x, M = 10: 14 us on one thread; in two blocks of 5, 13-14 us); column blocks
+// (for M = 10 one block or two of 5 ran the same); column blocks
 // of JB vectors with rows * JB <= 24; row blocks inner (they share the column block's
 // slice of op(B) from cache).
 void run_bcast(const TileOperands& o, int64_t M, int64_t N) {
@@ -337,9 +332,9 @@ void run_dot(bool n_is_narrow, int64_t M, int64_t N, int64_t K, float alpha, con
   const int64_t ldx = n_is_narrow ? ldb : lda;
   // The narrow side whole up to 9 (NP = narrow), else in two blocks (N = 10: 5 + 5); the
   // wide side in blocks of <= 24 / NP (<= 8): 4 x 5 tiles for linear 1024 -> 10, 9 vector
-  // loads per 20 FMAs. Measured on one thread: N = 10, K = 1024: 2 x 10 tiles 24 us,
-  // 4 x 5 16 us; tiles with NP = 4 (two blocks of 4 for N = 8, or 5 + 4 for N = 9) ran at
-  // ~70 GFLOP/s against 140-180 for NP = 5..9 (4096 x 8 x 256: 238 -> 122 us as one block).
+  // loads per 20 FMAs, which ran faster than 2 x 10 tiles; tiles with NP = 4 (two blocks of
+  // 4 for N = 8, or 5 + 4 for N = 9) ran at half the speed of NP = 5..9, hence the whole
+  // narrow side up to 9 (figures in bench/RESULTS.md).
   const int64_t nnb = narrow <= kDotWholeNarrow ? 1 : 2, narrow_block = ceil_div(narrow, nnb);
   const int64_t nwb = ceil_div(wide, std::min<int64_t>(8, kMaxAccumulators / narrow_block));
   run_tiles(

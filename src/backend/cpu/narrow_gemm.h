@@ -1,9 +1,9 @@
 #pragma once
 // f32 GEMMs with one narrow dimension (min(M, N, K) <= 16), e.g. a classifier head
 // linear(1024 -> 10) at batch 128: its forward (NT, N = 10), dx (NN, K = 10) and dW
-// (TN, M = 10). oneDNN runs these at 60-120 GFLOP/s on two threads (it blocks for
+// (TN, M = 10). oneDNN runs these far below its peak, on two threads (it blocks for
 // square-ish shapes); register-blocked AVX-512 kernels that keep the narrow dimension
-// whole in registers reach 145-185 GFLOP/s on one (figures in narrow_gemm.cpp).
+// whole in registers run faster on one (figures in bench/RESULTS.md).
 //
 // Semantics are those of cpu::gemm / cpu::gemm_bias (row-major, leading dimensions
 // honoured): C = alpha op(A) op(B) + bias[j] + beta C; bias may be null; beta == 0
@@ -37,10 +37,10 @@ inline constexpr int64_t kNarrowMaxDim = 16;
 inline constexpr int64_t kNarrowMinWork = int64_t{64} * 1024;
 // Multiply-adds per OpenMP thread: a GEMM runs on min(omp_get_max_threads(),
 // work / this) threads. Waking the sleeping workers (the trainer's passive wait policy)
-// took 5-30 us on the loaded 2-core dev box, as long as linear 1024 -> 10's GEMMs
-// (1.3M multiply-adds, ~15 us on one thread): in MLP steps its `linear` span went 48-53 ->
-// 31-39 us and `linear_backward` 92-133 -> 52-73 us with these on one thread. From
-// ~4M on (512 x 10 x 1024: 72 us on one thread, 50 us on two) the split pays.
+// takes about as long as a GEMM of linear 1024 -> 10's size (1.3M multiply-adds) on one
+// thread, so those run on one; from a few million multiply-adds on the split pays
+// (figures in bench/RESULTS.md).
+//
 inline constexpr int64_t kNarrowWorkPerThread = int64_t{2} * 1024 * 1024;
 
 namespace detail {

@@ -43,11 +43,9 @@ template <bool kTail> inline void store_copy(void* copy, DType dt, int64_t i, __
 // state (PREFETCHW). In a training step the weights (or their bf16 copies) were last
 // read by both cores (each thread of the forward's and backward's GEMMs packs its part
 // of W), so their lines are shared; a plain store then waits for the other core to
-// give its copy up, one line at a time. Asked ahead, the ownership requests overlap:
-// the MLP's f32 SGD step went from 0.72-0.80 to 0.49-0.56 ms (1.5 KB ahead; 0.5 or
-// 8 KB ahead gained less), its bf16 step from ~0.59 to ~0.54 ms (the copies), tiny
-// GPT's AdamW ~6%. The momentum, Adam moments and gradients are not shared: asking
-// for them too gained nothing. (always_inline: GCC deems a function that only
+// give its copy up, one line at a time. Asked ahead, the ownership requests overlap
+// (bench/RESULTS.md has the gain; 1.5 KB ahead did best). The momentum, Adam moments and
+// gradients are not shared: asking for them too gained nothing. (always_inline: GCC deems a function that only
 // prefetches free of effects and deletes the calls it has not inlined yet.)
 constexpr int64_t kWriteAhead = 384;
 template <class T> [[gnu::always_inline]] inline void prefetch_for_write(const T* w, int64_t i, int64_t n) {

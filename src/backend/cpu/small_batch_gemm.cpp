@@ -5,27 +5,16 @@
 //    x 8 rows of B keeps one 16-lane partial sum per element of C over all of K (<= 1024),
 //    then sums the lanes four elements at a time. A step loads 3 + 8 vectors for 24 FMAs;
 //    the 8 rows of B (32 KiB at K = 1024) stay in L1 while the tile walks down every row of
-//    A (512 KiB at 128 x 1024, in L2). The weight is not copied. Tiles of 2 x 8 and 2 x 12
-//    ran within 3% of 3 x 8; 4 x 4 / 5 x 4 / 6 x 4 at half its speed (more rows of A per
-//    tile: more L2 traffic per FMA, and more rows in one L1 set when they alias).
+//    A (512 KiB at 128 x 1024, in L2). The weight is not copied. Taller tiles (4-6 rows of
+//    A x 4 of B) are slower: more L2 traffic per FMA, and more rows in one L1 set when they
+//    alias.
 //  - "outer" (NN, TN: op(B) row-major): a tile of 5-6 rows x 64 columns of C over a panel
 //    of op(B), at most 256 x 64, used by every row of C; op(A) is read in place, one
 //    broadcast per row and step (6 broadcasts + 4 vectors per 24 FMAs). TN copies the
 //    panel into scratch first, NN reads it in place (run_outer says why).
-// In L1 alone, one thread: outer 200-218 GFLOP/s, dot 200-206, of this core's 227.
-//
-// Measured on the 2-core dev box (session 9; /tmp harness, 2 threads, this path and
-// cpu::gemm's oneDNN matmul alternating call by call, medians of 38). The box's speed
-// swung by up to 2x within minutes, and the two paths with it, differently:
-//  - in quiet stretches (oneDNN at 365-387 GFLOP/s) the MLP's five GEMMs ran within 0.99-
-//    1.04x of oneDNN's time;
-//  - in busy ones the forward of the 1024 x 1024 weight (128 x 1024 x 1024 NT) took
-//    oneDNN 1,350-1,520 us (177-199 GFLOP/s) and this path 700-1,460 us; dx 0.92-1.02x,
-//    dW 0.87-1.20x.
-// In the MLP's step, 10 interleaved pairs of `athanor bench bench/configs/mlp.yaml --steps
-// 200` with ATHANOR_SMALL_BATCH_GEMM=1 / 0: time ratio 0.968 median [0.844-1.030], 9 of
-// 10 pairs faster; profiler spans (300 steps, two runs each way): fc2's forward 936-1041
-// -> 794-874 us, the backward 2477-2868 -> 2441-2509 us.
+// In L1 alone both kernels run close to one core's FMA peak. Against oneDNN's matmul on
+// the MLP's shapes this path ties on a quiet machine and holds up better on a loaded one,
+// and the MLP's step ran faster with it (session 9; the figures are in bench/RESULTS.md).
 //
 // Each element of C is summed by one thread in a fixed order (dot: 16 lane sums over k,
 // then a fixed tree; outer: k = 0..K-1), whatever the tiling or the thread count.
@@ -176,8 +165,8 @@ void run_dot(int64_t M, int64_t N, int64_t K, float alpha, const float* A, int64
   }
   const float* const a = copy_a ? a_base : A;
   // The copy of A and the blocks of B both go by StealingRuns (stealing_runs.h): the worker
-  // thread often starts 15-80 us after the main one, which then copies most of A itself
-  // instead of sleeping in a barrier until the worker has copied its half.
+  // thread often starts late (its core is woken by the host), and the main thread then copies
+  // most of A itself instead of sleeping in a barrier until the worker has copied its half.
   constexpr int64_t kCopyRows = 16;
   const int64_t ncopy = copy_a ? ceil_div(M, kCopyRows) : 0;
   StealingRuns copies(ncopy, nthreads), blocks(nbb, nthreads);
@@ -225,11 +214,10 @@ void pack_panel(const float* B, int64_t ldb, int64_t k0, int64_t kc, int64_t j0,
 }
 
 // NN reads op(B) (the weight W of dx = g W) in place; TN copies each panel of op(B) (the
-// activation x of dW = g^T x) first. Measured both ways (/tmp harness, 2 threads, medians
-// of 40): dx 128 x 1024 x 1024 in place 848-881 us, copied 1019-1059 (W's 4 MiB come in
-// once either way, and the copy stalls on them before any FMA runs); dW 1024 x 1024 x 128
-// copied 766-804, in place 888-918 (x's 128 rows 4 KiB apart thrash L1 without the copy,
-// and each panel is used by 85 tiles). Panels of 256 rows: 128 read 5-10% slower in place.
+// activation x of dW = g^T x) first, each the faster way when measured both ways
+// (bench/RESULTS.md): for dx, W's 4 MiB come in once either way, and a copy stalls on them
+// before any FMA runs; for dW, x's 128 rows 4 KiB apart thrash L1 without the copy, and each
+// panel is used by 85 tiles. Panels of 256 rows: 128 read slower in place.
 //
 // The work goes in items over StealingRuns (stealing_runs.h): 64-column blocks (all rows,
 // every K pass) when they split evenly between the threads, so that no panel is copied

@@ -5,12 +5,12 @@
 // runs exactly once. Nothing may depend on which thread runs an item (per-item partial
 // sums stay deterministic; per-thread ones would not).
 //
-// Why: on this paravirtualized 2-vCPU machine a passive OpenMP worker starts 15-50 us after
-// the region opens (its vCPU is halted and the host wakes it), and the two cores run the
-// same share at different speeds. With a plain static split the main thread waited 40-100 us
-// at the end of the MLP's GEMM and SGD regions for the late worker (an LD_PRELOAD timing
-// of GOMP_parallel, bench/RESULTS.md, session 11). Most items stay with their owner, so
-// what the static split buys (each core writing the same rows every step) is kept.
+// Why: on a paravirtualized machine a passive OpenMP worker starts late after the region
+// opens (its vCPU is halted and the host wakes it), and the cores run the same share at
+// different speeds. With a plain static split the main thread waited at the end of the
+// MLP's GEMM and SGD regions for the late worker (an LD_PRELOAD timing of GOMP_parallel,
+// bench/RESULTS.md, session 11). Most items stay with their owner, so what the static
+// split buys (each core writing the same rows every step) is kept.
 #include <emmintrin.h>
 #include <omp.h>
 #include <sched.h>
@@ -24,7 +24,7 @@
 namespace athanor::cpu {
 
 // Spins (_mm_pause) until `count` reaches `target` or `max_spins` pauses have passed;
-// returns whether it got there. 4,096 pauses take ~75 us here (Zen 5, measured).
+// returns whether it got there (a pause is tens of cycles on current cores).
 inline bool spin_for_count(const std::atomic<int64_t>& count, int64_t target, int max_spins) {
   for (int spins = 0; spins < max_spins; ++spins) {
     if (count.load(std::memory_order_acquire) >= target) return true;
@@ -51,8 +51,8 @@ class StealingRuns {
   // Inside the region, on thread t: f(i) for this thread's items, then stolen ones. Then
   // it spins a little (kEndSpins) for the items other threads are still running, so that
   // the threads reach the region's closing barrier together: under the passive wait policy
-  // a thread that gets there first sleeps in the kernel, and the main thread left the
-  // region 10-25 us after the last item instead of ~3 (session 11). Past the spin it goes
+  // a thread that gets there first sleeps in the kernel, and the main thread then leaves the
+  // region long after the last item (a wake-up; session 11). Past the spin it goes
   // on to the barrier, which waits passively (a descheduled thread may take a long time).
   template <class F> void run(int t, const F& f) {
     const int threads = static_cast<int>(runs_.size());
@@ -123,15 +123,15 @@ template <class F> void parallel_for_stealing(int64_t n, bool parallel, const F&
 // threads (each thread packs or writes its own block of rows). The lines a thread updates
 // are then more often in its own core's cache already. Dealt as one static run of all
 // tensors' chunks instead (thread 0 took the first half of the model, thread 1 the rest),
-// the MLP's optimizer phase (gradient norm + SGD) took 0.67-0.69 ms per step against
-// 0.48-0.52 ms this way (profiler spans, interleaved runs).
+// the MLP's optimizer phase (gradient norm + SGD) ran markedly slower (bench/RESULTS.md:
+// profiler spans, interleaved runs).
 //
 // Runs body(k, begin, end, index) for every chunk [begin, end) of every array k
 // (sizes[k] elements); `index` numbers the chunks array by array, in order, from 0
 // (num_chunks(sizes, chunk) in all). Parallel when `parallel`. A thread done with its
 // runs takes chunks from the end of another's (StealingRuns): the worker thread starts
-// 15+ us late and the cores run at different speeds; the MLP's SGD region had the main
-// thread waiting ~100 us for the worker at its end (median, session 11).
+// late and the cores run at different speeds, which left the main thread waiting for the
+// worker at the end of the MLP's SGD region (session 11).
 template <class Body>
 void for_each_chunk(const std::vector<int64_t>& sizes, int64_t chunk, bool parallel, const Body& body) {
   const int threads = parallel ? omp_get_max_threads() : 1;

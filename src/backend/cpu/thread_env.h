@@ -7,10 +7,10 @@
 // regions separated by serial work (autograd bookkeeping, allocation), so the idle
 // worker burns a core while the main thread works alone; on a machine shared with
 // other processes the spinners also take cores from whoever holds the data they wait
-// for. Measured on the 2-core dev box under load (gpt-char-like GPT step, bf16
-// autocast; /tmp harness, medians): default ~4.2 s/step, GOMP_SPINCOUNT=10000 ~1.4 s,
-// OMP_WAIT_POLICY=PASSIVE ~0.3-0.5 s. Passive waiting costs a futex wake-up (a few
-// microseconds) per region, negligible against that.
+// for: on a loaded machine the step then runs several times slower than with passive
+// waiting (bench/RESULTS.md, "OpenMP waiting"). Passive waiting costs a futex wake-up (a
+// few microseconds) per region, negligible against that.
+//
 //
 // libgomp reads OMP_WAIT_POLICY / GOMP_SPINCOUNT once, when it is loaded, so a
 // library cannot change them with setenv(). A program that wants the passive policy

@@ -2,8 +2,8 @@
 // Weights packed in the blocked layout oneDNN's matmul kernels (brgemm, AVX-512) read
 // their B operand in. Given a plain B, a matmul packs it into this layout on every
 // call; a packed copy kept next to the weight, rewritten only when the weight changes
-// (the optimizer's step), saves that work: on the MLP's and GPTs' linear shapes the
-// bf16 GEMMs ran 13-30% faster on a packed B, f32 3-20% (bench_gemm_shapes).
+// (the optimizer's step), saves that work on the MLP's and GPTs' linear shapes, bf16
+// most (bench_gemm_shapes; bench/RESULTS.md).
 //
 // The layout of B [K, N] (oneDNN 2.6's BA16a64b for f32, BA16a64b2a for bf16): N in
 // panels of 64 columns, each panel a [Kp, 64] row-major block (f32) or [Kp/2, 64, 2]
