@@ -165,11 +165,12 @@ plan::Cluster calibrate(const PlanArgs& a, const plan::TrainSpec& spec, plan::Cl
   for (size_t s = 0; s < measured.size(); ++s) ratio = std::max(ratio, measured[s] / best.stages[s].peak());
   const double fixed = best.time.dp_comm + best.time.tp_comm + best.time.pp_comm;
   const double scaled = best.time.compute + best.time.bubble;
-  const double eff = std::clamp(cluster.efficiency * scaled / std::max(step - fixed, 1e-9 * scaled), 1e-4, 1.0);
+  const double was = cluster.efficiency_for(spec.precision);
+  const double eff = std::clamp(was * scaled / std::max(step - fixed, 1e-9 * scaled), 1e-4, 1.0);
   std::cout << "  step: predicted " << best.time.total << " s, measured " << step << " s (median) -> efficiency "
-            << cluster.efficiency << " -> " << eff << "\n  peak: predicted " << plan::format_bytes(best.peak) << ", measured "
+            << was << " -> " << eff << "\n  peak: predicted " << plan::format_bytes(best.peak) << ", measured "
             << plan::format_bytes(*std::max_element(measured.begin(), measured.end())) << " -> memory x" << ratio << "\n";
-  cluster.efficiency = eff;
+  (spec.precision == plan::Precision::f32 ? cluster.efficiency : cluster.efficiency_lowp) = eff;
   cluster.memory_calibration = ratio;
   if (a.cluster == "cpu") {
     std::ofstream(plan::default_cpu_cache_path()) << "# this CPU, calibrated by athanor plan --calibrate\n" << plan::to_yaml(cluster);

@@ -6,6 +6,7 @@
 #include <cmath>
 #include <sstream>
 
+#include "athanor/dist/pipeline_schedule.h"
 #include "backend/cpu/gemm.h"
 #include "backend/cpu/weight_packing.h"
 
@@ -45,17 +46,15 @@ double block_params_tp(const ModelSpec& m, int tp) {
 }
 
 
-// The GEMM-layout copies athanor's CPU linears keep of a weight [out, in] multiplied by M rows:
-// one for x·Wᵀ and one for dy·W, each only where oneDNN's blocked kernels would run
+// The GEMM-layout copy athanor's CPU linears keep of a weight [out, in] multiplied by M rows,
+// for x·Wᵀ (forward) or dy·W, only where oneDNN's blocked kernels would run
 // (cpu::gemm_prefers_packed_b, the test the ops make), in the padded blocked layout.
-double packed_bytes(Precision p, double M, double out, double in) {
+double packed_bytes(Precision p, double M, double out, double in, bool forward) {
   if (p == Precision::f16) return 0;  // f16 GEMMs run in f32 on the CPU, unpacked
   const bool bf16 = p == Precision::bf16;
   const auto m = static_cast<int64_t>(M), o = static_cast<int64_t>(out), i = static_cast<int64_t>(in);
-  double bytes = 0;
-  if (cpu::gemm_prefers_packed_b(bf16, true, m, o, i)) bytes += static_cast<double>(cpu::packed_layout(bf16, i, o).bytes());
-  if (cpu::gemm_prefers_packed_b(bf16, false, m, i, o)) bytes += static_cast<double>(cpu::packed_layout(bf16, o, i).bytes());
-  return bytes;
+  if (forward) return cpu::gemm_prefers_packed_b(bf16, true, m, o, i) ? static_cast<double>(cpu::packed_layout(bf16, i, o).bytes()) : 0;
+  return cpu::gemm_prefers_packed_b(bf16, false, m, i, o) ? static_cast<double>(cpu::packed_layout(bf16, o, i).bytes()) : 0;
 }
 
 }  // namespace
@@ -156,17 +155,27 @@ StageMemory stage_memory(const TrainSpec& spec, const Layout& l, int stage) {
   // per weight it updates (optimizer.low_precision_copies), autocast casts the others and the
   // GEMMs save them for backward (ops/autocast.cpp).
   if (autocast) r.params += lp * held;
-  // Packed GEMM-layout copies (ops/packed_weights.h; CPU only): the optimizer rewrites the copies
-  // of the weights it updates, so under ZeRO-1/2 with one micro-batch only the owned 1/dp have
-  // them (an op packs a weight itself only when it sees it twice at one version: accumulation);
-  // ZeRO-3's gathered blocks are new tensors at every gather and get none.
+  // Packed GEMM-layout copies (ops/packed_weights.h; CPU only), one per weight and use (x·Wᵀ,
+  // dy·W). A copy stays current only while its weight keeps the version it was packed at:
+  //  - the optimizer repacks the weights it updates, so with ZeRO-1/2 over dp > 1 only the
+  //    owned 1/dp keep theirs in f32, and none in bf16 (the weights' all-gather makes the 16-bit
+  //    copies stale, and autocast's fresh casts are never seen twice);
+  //  - an op packs a weight itself when it sees it twice at one version: ZeRO-3's recompute
+  //    runs each gathered block's forward twice, so f32 blocks keep their x·Wᵀ copies.
   if (spec.packed_weights) {
     const double t = l.tp, M = tokens;
-    double block = packed_bytes(spec.precision, M, 3 * h / t, h) + packed_bytes(spec.precision, M, h, h / t) +
-                   packed_bytes(spec.precision, M, 4 * h / t, h) + packed_bytes(spec.precision, M, h, 4 * h / t);
-    double head = last ? packed_bytes(spec.precision, M, vrows, h) : 0;
-    double packed = (l.zero == 3 ? 0 : static_cast<double>(r.layers) * block) + head;
-    if (l.zero >= 1 && dp > 1 && l.accum == 1) packed /= dp;
+    const Precision p = spec.precision;
+    const double block_fwd = packed_bytes(p, M, 3 * h / t, h, true) + packed_bytes(p, M, h, h / t, true) +
+                             packed_bytes(p, M, 4 * h / t, h, true) + packed_bytes(p, M, h, 4 * h / t, true);
+    const double block = block_fwd + packed_bytes(p, M, 3 * h / t, h, false) + packed_bytes(p, M, h, h / t, false) +
+                         packed_bytes(p, M, 4 * h / t, h, false) + packed_bytes(p, M, h, 4 * h / t, false);
+    const double head = last ? packed_bytes(p, M, vrows, h, true) + packed_bytes(p, M, vrows, h, false) : 0;
+    const double layers = static_cast<double>(r.layers);
+    const bool sharded = l.zero >= 1 && dp > 1;
+    double packed = layers * block + head;
+    if (sharded && p != Precision::f32) packed = 0;
+    else if (l.zero == 3 && dp > 1) packed = layers * block_fwd + head / dp;
+    else if (sharded && l.accum == 1) packed /= dp;
     r.derived = packed;
   }
 
@@ -186,7 +195,9 @@ StageMemory stage_memory(const TrainSpec& spec, const Layout& l, int stage) {
   // Flat buckets (tagged gradient) in every distributed run: the trainer wraps a tensor- or
   // pipeline-parallel stage in DataParallel too, even at dp 1 (its grad sync over tp).
   if (l.world() > 1 && l.zero <= 1) comm = 4 * psi;
-  const double bucket = std::min(spec.bucket_mb * 1024 * 1024, grads_full);
+  // ZeRO-3 reduces each block's gradients as one bucket (dist/zero.cpp), the rest by bucket_mb.
+  const double bucket = l.zero == 3 ? std::max(4 * block_params_tp(m, l.tp), std::min(spec.bucket_mb * 1048576, 4 * rest))
+                                    : std::min(spec.bucket_mb * 1024 * 1024, grads_full);
   // Buckets launch as their gradients become ready, at most two reducing at once (dist/zero.h
   // kMaxInFlight): at the last launch, the owned shard, that bucket's .grads, packed copy and
   // received segment, and the previous bucket's packed copy and segment if there is one.
@@ -226,6 +237,32 @@ StageMemory stage_memory(const TrainSpec& spec, const Layout& l, int stage) {
     full.zero = 0;
     ws += activation_bytes_per_layer(spec, full);
   }
+  // ZB-H1 defers each weight-gradient pass: until it runs, the micro-batch keeps the output
+  // gradients its Linears' weight gradients need (f32: c_attn 3h/t, c_proj h, c_fc 4h/t,
+  // mlp.c_proj h per token and layer; the head's V/t on the last stage). The worst moment of
+  // forwarded-and-not-done micro-batches and deferred ones comes from the schedule itself.
+  if (l.pp > 1 && l.schedule == Schedule::zb_h1) {
+    const double t = l.tp;
+    const double deferred = tokens * 4 * (static_cast<double>(r.layers) * (7 * h / t + 2 * h) + (last ? vrows : 0));
+    const int mm = static_cast<int>(std::min<int64_t>(l.accum, 4 * l.pp));  // the pattern repeats past the warm-up
+    int live = 0, pending = 0;
+    double worst = -1, worst_live = 0, worst_pending = 0;
+    for (const auto& a : dist::make_schedule(dist::ScheduleKind::zero_bubble, l.pp, stage, mm, 1)) {
+      if (a.kind == dist::ActionKind::forward) ++live;
+      if (a.kind == dist::ActionKind::backward_input) ++pending;
+      const double v = live * per_mb + pending * deferred;
+      if (v > worst) worst = v, worst_live = live, worst_pending = pending;
+      if (a.kind == dist::ActionKind::backward_weight) --live, --pending;
+    }
+    r.in_flight = static_cast<int>(worst_live);
+    r.activations = worst_live * per_mb;
+    ws += worst_pending * deferred;
+  }
+  // A pipeline stage's backward of a later micro-batch (the .grads already exist) holds a
+  // workspace of the stage's gradient size on top: measured on every 1F1B, GPipe and interleaved
+  // run in bench/plan_check.sh (each weight's new gradient before it is added into .grad).
+  // ZB-H1 computes the weight gradients in its separate W passes, and does not show it.
+  if (l.pp > 1 && l.schedule != Schedule::zb_h1 && l.accum > 1) ws += 4 * (blocks + rest);
   r.workspace = ws;
   // The peak is the largest of three moments (static memory aside):
   //   forward: the in-flight activations and the backward's first workspace, plus the full
@@ -234,13 +271,20 @@ StageMemory stage_memory(const TrainSpec& spec, const Layout& l, int stage) {
   //   update:  the gradients the optimizer reads and the weights' all-gather workspace.
   const bool grads_during_forward = static_cast<double>(l.accum) > n;
   const double at_forward = r.activations + r.workspace + (grads_during_forward ? grads_full : 0);
-  const double at_reduce = grads_at_reduce;
+  double at_reduce = grads_at_reduce;
+  // ZeRO-3 keeps only block inputs, so its backward holds them, a recomputed block and its
+  // temporaries while the owned shard and the previous block's reduce-scatter are alive too.
+  if (l.zero == 3 && dp > 1) at_reduce = r.activations + r.workspace + shard + bucket * (1 + 1.0 / dp);
   const double at_update = grads_at_update + gather_ws;
   if (at_forward >= at_reduce && at_forward >= at_update) {
     r.grads = grads_during_forward ? grads_full : 0;
   } else if (at_reduce >= at_update) {
-    r.grads = at_reduce;
-    r.activations = r.workspace = 0;
+    if (l.zero == 3 && dp > 1) {
+      r.grads = shard + bucket * (1 + 1.0 / dp);
+    } else {
+      r.grads = at_reduce;
+      r.activations = r.workspace = 0;
+    }
   } else {
     r.grads = grads_at_update;
     r.activations = 0;

@@ -274,7 +274,7 @@ std::string format_plan(const TrainSpec& spec, const Cluster& c, const PlanResul
     << ", vocab " << spec.model.vocab << "), " << precision_name(spec.precision) << ", " << spec.optimizer << "\n";
   o << "cluster: " << c.name << ", " << c.nodes << " x " << c.devices_per_node << " devices of " << format_bytes(c.memory_bytes) << ", "
     << std::setprecision(1) << c.peak(spec.precision) / 1e12 << " TFLOP/s " << precision_name(spec.precision) << " peak at "
-    << std::setprecision(0) << c.efficiency * 100 << "% efficiency; links " << std::setprecision(1) << c.intra.bytes_per_s / 1e9
+    << std::setprecision(0) << c.efficiency_for(spec.precision) * 100 << "% efficiency; links " << std::setprecision(1) << c.intra.bytes_per_s / 1e9
     << " GB/s within a node, " << c.inter.bytes_per_s / 1e9 << " GB/s across (" << c.source << ")\n";
   o << "global batch " << r.global_batch << " x " << spec.model.seq << " tokens; " << r.enumerated << " layouts enumerated\n\n";
   o << "decision tree:\n";

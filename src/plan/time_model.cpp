@@ -44,7 +44,7 @@ StepTime step_time(const TrainSpec& spec, const Layout& l, const Cluster& c) {
   const int ranks_on_node = std::min(l.world(), c.devices_per_node);
   // Shared cores: one thread per rank, so a rank gets one core's share of the peak, or less when
   // the ranks outnumber the cores.
-  const double rate = c.peak(spec.precision) * c.efficiency / (c.shared_compute ? std::max(ranks_on_node, c.cores) : 1);
+  const double rate = c.peak(spec.precision) * c.efficiency_for(spec.precision) / (c.shared_compute ? std::max(ranks_on_node, c.cores) : 1);
   const double t_mb = flops_mb / rate;
   const double m_count = static_cast<double>(l.accum);
   t.compute = m_count * t_mb;

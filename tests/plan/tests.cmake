@@ -1,7 +1,7 @@
 # `athanor plan`'s per-rank peak memory against the allocator's measured peak of real runs
 # (24 tiny-GPT configurations under mpirun across dp/tp/pp, ZeRO stage, recompute, precision,
-# micro-batch and schedule): every rank within 10%; and the predicted step-time ranking against
-# the measured one, Spearman rho >= 0.8 (bench/plan_check.sh prints the table for RESULTS.md).
+# micro-batch and schedule): every rank within 10%. bench/plan_check.sh also prints the step-time
+# ranking's Spearman rho (reported in bench/RESULTS.md, not asserted).
 if(TARGET athanor_cli AND TARGET MPI::MPI_CXX)
   add_test(NAME plan.model_against_runs COMMAND bash ${PROJECT_SOURCE_DIR}/bench/plan_check.sh ${PROJECT_BINARY_DIR} --assert)
   set_tests_properties(plan.model_against_runs PROPERTIES LABELS slow TIMEOUT 1800 RUN_SERIAL TRUE)

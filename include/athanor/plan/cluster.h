@@ -31,7 +31,9 @@ struct Cluster {
   int nodes = 1;
   double memory_bytes = 0;  // per device
   double peak_f32 = 0, peak_bf16 = 0, peak_f16 = 0;  // FLOP/s per device
-  double efficiency = 0.5;
+  double efficiency = 0.5;        // achieved / peak on the model's GEMMs, f32
+  double efficiency_lowp = -1;    // the same for bf16/f16 (< 0: as f32)
+  double efficiency_for(Precision p) const { return p != Precision::f32 && efficiency_lowp > 0 ? efficiency_lowp : efficiency; }
   Link intra, inter;
   // Devices of a node share its cores (this CPU: ranks oversubscribe the cores, so one
   // rank's compute rate is the node's peak over the ranks on the node).
