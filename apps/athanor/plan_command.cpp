@@ -156,7 +156,10 @@ plan::Cluster calibrate(const PlanArgs& a, const plan::TrainSpec& spec, plan::Cl
   std::vector<double> steps;
   std::ifstream metrics(dir / "calibrate" / "metrics.jsonl");
   for (std::string line; std::getline(metrics, line);)
-    if (!line.empty()) steps.push_back(nlohmann::json::parse(line)["step_s"].get<double>());
+    if (!line.empty()) {
+      const auto j = nlohmann::json::parse(line);
+      if (j.contains("step_s") && j["step_s"].is_number()) steps.push_back(j["step_s"].get<double>());  // not the evaluation records
+    }
   ATH_CHECK(!steps.empty(), "plan", "--calibrate: the run logged no steps", Hint{"see " + (dir / "train.log").string()});
   if (steps.size() > 1) steps.erase(steps.begin());  // the first step warms up
   std::sort(steps.begin(), steps.end());

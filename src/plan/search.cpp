@@ -283,7 +283,7 @@ std::string format_plan(const TrainSpec& spec, const Cluster& c, const PlanResul
   int i = 1;
   for (const auto& cand : r.ranked) {
     const StageMemory& w = cand.stages[cand.worst_stage];
-    o << "  " << std::left << std::setw(3) << i++ << std::setw(52) << cand.layout.str() << std::right << std::setw(10)
+    o << "  " << std::left << std::setw(3) << i++ << std::setw(52) << cand.layout.str() << " " << std::right << std::setw(10)
       << format_bytes(cand.peak) << "  " << std::setw(9) << std::setprecision(4) << cand.time.total << "s  " << std::setw(11)
       << std::setprecision(0) << cand.time.tokens_per_s << "  " << std::setw(5) << std::setprecision(1) << 100 * cand.time.mfu << "%"
       << "  (" << format_bytes(w.params) << " " << format_bytes(w.grads) << " " << format_bytes(w.optimizer) << " "
@@ -292,7 +292,7 @@ std::string format_plan(const TrainSpec& spec, const Cluster& c, const PlanResul
   }
   if (!r.rejected.empty()) {
     o << "\nrejected:\n";
-    for (const auto& cand : r.rejected) o << "  " << std::left << std::setw(52) << cand.layout.str() << cand.rejected << "\n";
+    for (const auto& cand : r.rejected) o << "  " << std::left << std::setw(52) << cand.layout.str() << " " << cand.rejected << "\n";
   }
   const Candidate& best = r.ranked.front();
   o << "\nbest: " << best.layout.str() << "\n" << format_memory(spec, best);
