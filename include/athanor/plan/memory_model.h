@@ -44,8 +44,8 @@ struct SavedTensor {
 std::vector<SavedTensor> activation_tensors(const TrainSpec& spec, const Layout& l);
 double activation_bytes_per_layer(const TrainSpec& spec, const Layout& l);  // one micro-batch, this rank
 // Korthikanti et al. 2022, bytes per layer of one micro-batch in 16-bit training:
-// sbh(34 + 5as/h) / t with tensor parallelism, sbh(34/t + 5as/(ht)) with sequence
-// parallelism too, 2sbh (the input only) with full recompute.
+// sbh(34 + 5as/h) alone, sbh(10 + 24/t + 5as/(ht)) with tensor parallelism,
+// sbh/t (34 + 5as/h) with sequence parallelism too, 2sbh (the input only) with full recompute.
 struct Korthikanti {
   double none = 0, tp = 0, tp_sp = 0, recompute = 0;
 };
