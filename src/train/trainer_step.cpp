@@ -269,6 +269,7 @@ bool Trainer::train_step() {
   if (par_->pp_size() > 1 && run_files_ &&
       m.step == (profiling ? config_.get_int("profile.start_step") : std::min<int64_t>(2, max_steps_)))
     write_pipeline_timeline(m.step);
+  write_rank_memory(mem, m.step == max_steps_);
   for (auto& cb : callbacks_) cb->on_step(m);
   for (auto& s : sinks_) s->on_step(m);
   return true;
@@ -328,6 +329,31 @@ void Trainer::write_pipeline_timeline(int64_t step) {
   j["ranks"] = nlohmann::json::array();
   for (const auto& r : all) j["ranks"].push_back(nlohmann::json::parse(r));
   files_->write_text("pipeline_timeline.json", j.dump() + "\n");
+}
+
+void Trainer::write_rank_memory(const MemoryStats& step_stats, bool last) {
+  for (int t = 0; t < kNumMemTags; ++t) run_peak_.peak[t] = std::max(run_peak_.peak[t], step_stats.peak[t]);
+  run_peak_.peak_total = std::max(run_peak_.peak_total, step_stats.peak_total);
+  if (!last) return;
+  // What `athanor plan --evaluate` is checked against: each rank's allocator high-water mark
+  // (requested bytes), the largest over the steps (the allocator's peak is reset per step).
+  const auto* mesh = par_->mesh();
+  nlohmann::json mine;
+  mine["rank"] = par_->rank();
+  mine["dp"] = mesh ? mesh->dp_index() : 0;
+  mine["tp"] = mesh ? mesh->tp_index() : 0;
+  mine["pp"] = mesh ? mesh->pp_index() : 0;
+  mine["peak_total"] = run_peak_.peak_total;
+  mine["last_step_peak_total"] = step_stats.peak_total;
+  for (int t = 0; t < kNumMemTags; ++t) mine["peak"][mem_tag_name(static_cast<MemTag>(t))] = run_peak_.peak[t];
+  std::vector<std::string> all{mine.dump()};
+  if (par_->distributed()) all = dist::all_gather_strings(*par_->world(), mine.dump());
+  if (!write_files_) return;
+  nlohmann::json j;
+  j["steps"] = max_steps_;
+  j["ranks"] = nlohmann::json::array();
+  for (const auto& r : all) j["ranks"].push_back(nlohmann::json::parse(r));
+  files_->write_text("memory_ranks.json", j.dump() + "\n");
 }
 
 void Trainer::memory_report(const StepMetrics& m) {

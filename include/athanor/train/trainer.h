@@ -233,6 +233,8 @@ class Trainer {
   void barrier() const;
   bool collective_model() const;  // sampling and saving the weights are collectives (ZeRO-3, tp, pp)
   void write_pipeline_timeline(int64_t step);  // pipeline_timeline.json from every rank's clocks (a collective)
+  // memory_ranks.json: every rank's peak bytes, in total and per tag, over the run's steps (a collective).
+  void write_rank_memory(const MemoryStats& step_stats, bool last);
   Config config_;
   std::unique_ptr<ParallelContext> par_;       // first: every other part depends on the layout
   std::unique_ptr<Task> task_;
@@ -274,6 +276,7 @@ class Trainer {
   double gemm_flops_ = 0;
   std::string peak_source_;  // how peak_flops_ was obtained, for the log
   bool memory_reported_ = false;
+  MemoryStats run_peak_;  // per-tag and total peaks, the maximum over the run's steps
   // "12,40,7" (at most `limit` ids, then ",…"): the samples of a step, for health events.
   static std::string ids_text(const std::vector<int64_t>& ids, size_t limit = 64);
   int64_t rollbacks_in_a_row_ = 0;  // rollbacks that did not get past the failing step

@@ -1,0 +1,62 @@
+#pragma once
+// The machine a plan is for: devices per node and their memory and peak FLOP/s,
+// and the links between them for the α-β communication model (a message of n bytes
+// over a link takes α + n/β). A cluster is a preset (h100-sxm-80gb, a100-80gb, cpu)
+// or a YAML file with the same keys:
+//
+//   name: my-cluster
+//   devices_per_node: 8
+//   nodes: 16
+//   memory_gib: 80            # per device, usable by the framework
+//   peak_tflops: {f32: 19.5, bf16: 312, f16: 312}
+//   efficiency: 0.45          # achieved / peak on the model's GEMMs (a probe or --calibrate replaces it)
+//   intra_node: {gbps: 300, latency_us: 3}   # GB/s per device, one direction (NVLink)
+//   inter_node: {gbps: 25, latency_us: 5}    # GB/s per device (InfiniBand)
+#include <string>
+#include <vector>
+
+#include "athanor/plan/spec.h"
+
+namespace athanor::plan {
+
+struct Link {
+  double bytes_per_s = 0;  // β: per device, one direction
+  double latency_s = 0;    // α: per message
+};
+
+struct Cluster {
+  std::string name;
+  std::string source;  // "preset", a file path, or how it was measured
+  int devices_per_node = 1;
+  int nodes = 1;
+  double memory_bytes = 0;  // per device
+  double peak_f32 = 0, peak_bf16 = 0, peak_f16 = 0;  // FLOP/s per device
+  double efficiency = 0.5;        // achieved / peak on the model's GEMMs, f32
+  double efficiency_lowp = -1;    // the same for bf16/f16 (< 0: as f32)
+  double efficiency_for(Precision p) const { return p != Precision::f32 && efficiency_lowp > 0 ? efficiency_lowp : efficiency; }
+  Link intra, inter;
+  // Devices of a node share its cores (this CPU: ranks oversubscribe the cores, so one
+  // rank's compute rate is the node's peak over the ranks on the node).
+  bool shared_compute = false;
+  // Measured peak over predicted peak, from `athanor plan --calibrate` (1 = the model as is).
+  double memory_calibration = 1.0;
+  int cores = 1;  // shared_compute: the node's cores; a rank runs one thread (OMP_NUM_THREADS=1 under mpirun)
+  int devices() const { return devices_per_node * nodes; }
+  double peak(Precision p) const;  // per device
+};
+
+// The preset names, for --help and did-you-mean.
+std::vector<std::string> preset_names();
+// A preset by name or a YAML file by path; an unknown name that is not a file is an
+// Error with the nearest preset name. `nodes` > 0 overrides the node count.
+Cluster load_cluster(const std::string& name_or_file, int nodes = 0);
+// This CPU as a cluster: the clock-based peak (backend/cpu/cpu_peak.h), a memcpy bandwidth
+// for the shared-memory "links", measured once and cached in cache_path (empty: not cached).
+Cluster cpu_cluster(const std::string& cache_path);
+std::string default_cpu_cache_path();  // $XDG_CACHE_HOME or ~/.cache /athanor/cpu-cluster.yaml
+
+std::string to_yaml(const Cluster& c);  // a cluster file load_cluster reads back
+
+size_t levenshtein(const std::string& a, const std::string& b);
+
+}  // namespace athanor::plan

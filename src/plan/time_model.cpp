@@ -1,0 +1,93 @@
+// The α-β step-time model (plan/time_model.h).
+#include "athanor/plan/time_model.h"
+
+#include <algorithm>
+#include <cmath>
+
+namespace athanor::plan {
+
+namespace {
+
+// The GEMM parameters (blocks' Linear weights and the tied head) and attention, per token:
+// forward 2 flops per weight and 4·h·s per layer for QKᵀ and PV (causal: counted whole, as
+// PaLM does); backward twice the forward.
+double matmul_params(const ModelSpec& m) {
+  const double h = static_cast<double>(m.n_embd);
+  return static_cast<double>(m.n_layer) * 12 * h * h + static_cast<double>(m.vocab) * h;
+}
+
+// A ring collective over n ranks: `factor` × bytes on the wire per rank, `hops` latencies.
+double ring(double bytes, int n, double factor, double hops, const Link& link) {
+  if (n <= 1) return 0;
+  return hops * link.latency_s + factor * bytes / link.bytes_per_s;
+}
+
+}  // namespace
+
+double model_flops_per_token(const ModelSpec& m) {
+  return 6 * matmul_params(m) + 12.0 * static_cast<double>(m.n_layer * m.n_embd * m.seq);
+}
+
+StepTime step_time(const TrainSpec& spec, const Layout& l, const Cluster& c) {
+  const ModelSpec& m = spec.model;
+  StepTime t;
+  const double h = static_cast<double>(m.n_embd), s = static_cast<double>(m.seq);
+  const double tokens_mb = static_cast<double>(l.micro_batch) * s;
+  const double layers_stage = static_cast<double>(m.n_layer) / l.pp;
+  const double lp = spec.precision == Precision::f32 ? 4.0 : 2.0;
+
+  // Compute of one micro-batch on one rank of the busiest stage (the last holds the head too).
+  const double fwd_layer = (2 * 12 * h * h + 4 * h * s) * tokens_mb / l.tp;
+  const double fwd_head = 2 * static_cast<double>(m.vocab) * h * tokens_mb / l.tp;
+  const double fwd = layers_stage * fwd_layer + fwd_head;
+  const double flops_mb = 3 * fwd + (l.recompute || l.zero == 3 ? layers_stage * fwd_layer : 0);  // ZeRO-3 recomputes its blocks
+  const int ranks_on_node = std::min(l.world(), c.devices_per_node);
+  // Shared cores: one thread per rank, so a rank gets one core's share of the peak, or less when
+  // the ranks outnumber the cores.
+  const double rate = c.peak(spec.precision) * c.efficiency_for(spec.precision) / (c.shared_compute ? std::max(ranks_on_node, c.cores) : 1);
+  const double t_mb = flops_mb / rate;
+  const double m_count = static_cast<double>(l.accum);
+  t.compute = m_count * t_mb;
+  if (l.pp > 1) {
+    double bubble = (l.pp - 1) * t_mb;
+    if (l.schedule == Schedule::interleaved) bubble /= l.virtual_stages;
+    if (l.schedule == Schedule::zb_h1) bubble /= 3;
+    t.bubble = bubble;
+  }
+
+  // Which link each group crosses (ranks: tp fastest, then dp, then pp).
+  const int dpn = c.devices_per_node;
+  const Link& tp_link = l.tp <= dpn ? c.intra : c.inter;
+  const Link& dp_link = l.tp * l.dp <= dpn ? c.intra : c.inter;
+  const Link& pp_link = l.world() <= dpn ? c.intra : c.inter;
+
+  // Data parallel: the stage's f32 gradients once per step.
+  const double psi = static_cast<double>(m.n_layer) / l.pp * 12 * h * h / l.tp + static_cast<double>(m.vocab) * h / l.tp;
+  double dp = ring(4 * psi, l.dp, 2.0 * (l.dp - 1) / l.dp, 2.0 * (l.dp - 1), dp_link);
+  if (l.zero == 3) dp *= 1.5;
+  // Overlapped with the last micro-batch's backward (2/3 of its compute), except ZeRO-3's gathers.
+  const double hidden = l.zero == 3 ? 0 : (2.0 / 3.0) * t_mb;
+  t.dp_comm = std::max(0.0, dp - hidden);
+
+  // Tensor parallel: 4 all-reduces (6 with recompute) of the micro-batch's activations per layer.
+  const double per_ar = ring(tokens_mb * h * lp, l.tp, 2.0 * (l.tp - 1) / l.tp, 2.0 * (l.tp - 1), tp_link);
+  t.tp_comm = m_count * layers_stage * (l.recompute ? 6 : 4) * per_ar;
+
+  // Pipeline: each micro-batch's boundary activation forward and its gradient back, plus the
+  // fill and drain of the pipe.
+  if (l.pp > 1) {
+    const double bytes = tokens_mb * h * lp / (l.sequence_parallel ? l.tp : 1);
+    const double one = pp_link.latency_s + bytes / pp_link.bytes_per_s;
+    t.pp_comm = 2 * (m_count + l.pp - 1) * one;
+  }
+  t.total = t.compute + t.bubble + t.dp_comm + t.tp_comm + t.pp_comm;
+  const double tokens_step = static_cast<double>(l.global_batch()) * s;
+  t.tokens_per_s = tokens_step / t.total;
+  t.model_flops = model_flops_per_token(m) * tokens_step;
+  const double peak_all = c.shared_compute ? c.peak(spec.precision) * std::max(1, l.world() / dpn)
+                                           : c.peak(spec.precision) * l.world();
+  t.mfu = t.model_flops / t.total / peak_all;
+  return t;
+}
+
+}  // namespace athanor::plan

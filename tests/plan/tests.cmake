@@ -1,0 +1,15 @@
+# `athanor plan`'s per-rank peak memory against the allocator's measured peak of real runs
+# (24 tiny-GPT configurations under mpirun across dp/tp/pp, ZeRO stage, recompute, precision,
+# micro-batch and schedule): every rank within 10%. bench/plan_check.sh also prints the step-time
+# ranking's Spearman rho (reported in bench/RESULTS.md, not asserted).
+if(TARGET athanor_cli AND TARGET MPI::MPI_CXX)
+  add_test(NAME plan.model_against_runs COMMAND bash ${PROJECT_SOURCE_DIR}/bench/plan_check.sh ${PROJECT_BINARY_DIR} --assert)
+  set_tests_properties(plan.model_against_runs PROPERTIES LABELS slow TIMEOUT 1800 RUN_SERIAL TRUE)
+endif()
+
+# The command line: bad input (unknown preset, a model that does not divide, a model no device
+# holds) and a --write'd config trained under mpirun.
+if(TARGET athanor_cli)
+  add_test(NAME plan.cli COMMAND bash ${CMAKE_CURRENT_LIST_DIR}/test_plan_cli.sh $<TARGET_FILE:athanor_cli>)
+  set_tests_properties(plan.cli PROPERTIES LABELS plan TIMEOUT 180)
+endif()
