@@ -9,7 +9,7 @@
 #include "athanor/autograd/grad_mode.h"
 #include "athanor/autograd/node.h"
 #include "athanor/core/error.h"
-#include "athanor/observe/profiler.h"
+#include "athanor/core/observer.h"
 #include "grad_buffer.h"
 
 namespace athanor {
@@ -172,7 +172,7 @@ void backward(const std::vector<Tensor>& roots, const std::vector<Tensor>& grad_
       if (buf.rows[slot].empty()) continue;
       auto* acc_node = dynamic_cast<AccumulateGrad*>(node.get());
       if (acc_node && !grads[slot].defined() && !has_pre_hook(*node, slot)) {
-        observe::BackwardNodeTimer timer(node->name());
+        ObservedNode timer(node->name());
         if (acc_node->accumulate_rows(buf.rows[slot])) {
           accumulated = true;
           continue;
@@ -193,7 +193,7 @@ void backward(const std::vector<Tensor>& roots, const std::vector<Tensor>& grad_
     if (anomaly) incoming = grads;
     std::vector<Tensor> in_grads;
     {
-      observe::BackwardNodeTimer timer(node->name());  // free when the profiler is off
+      ObservedNode timer(node->name());  // the profiler's hook (core/observer.h); free when none is registered
       node->set_pending_grads(&pending);
       struct Unset {
         Node* n;

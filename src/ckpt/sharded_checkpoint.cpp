@@ -81,7 +81,8 @@ std::string save_sharded_checkpoint(dist::ProcessGroup& group, const std::string
         names.push_back(name);
         bytes += static_cast<uint64_t>(t.nbytes());
       }
-      report.push_back({{"name", e.name}, {"bytes", e.bytes}, {"sha256", e.sha256}, {"tensors", names}, {"data_bytes", bytes}});
+      report.push_back({{"name", e.name}, {"bytes", e.bytes}, {"checksum", e.checksum}, {"algorithm", e.algorithm},
+                        {"tensors", names}, {"data_bytes", bytes}});
     }
   });
   const auto reports = dist::all_gather_strings(group, report.dump());
@@ -97,7 +98,8 @@ std::string save_sharded_checkpoint(dist::ProcessGroup& group, const std::string
                 shards.size(), Hint{"every rank must pass the same prefixes to save_sharded_checkpoint"});
       for (std::size_t i = 0; i < j.size(); ++i) {
         const auto& e = j[i];
-        entries.push_back({e.at("name").get<std::string>(), e.at("bytes").get<uint64_t>(), e.at("sha256").get<std::string>()});
+        entries.push_back({e.at("name").get<std::string>(), e.at("bytes").get<uint64_t>(), e.at("checksum").get<std::string>(),
+                           e.at("algorithm").get<std::string>()});
         const std::string& prefix = shards[i].name;
         total[prefix] += e.at("data_bytes").get<uint64_t>();
         for (const auto& t : e.at("tensors")) {

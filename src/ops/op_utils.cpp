@@ -2,7 +2,6 @@
 
 #include <algorithm>
 
-#include "athanor/ops/autocast.h"
 #include "backend/cpu/weight_packing.h"
 #include "ops/packed_weights.h"
 
@@ -93,22 +92,6 @@ void check_linear_args(const Tensor& x, const Tensor& weight, const Tensor& bias
     ATH_CHECK(bias.dim() == 1 && bias.size(0) == weight.size(0), op, "bias ", bias.describe(),
               " must be 1-D of size out_features = ", weight.size(0));
   }
-}
-
-bool runs_on_f32_master(const char* op, const Tensor& x, const Tensor& weight, const Tensor& bias) {
-  return autocast_enabled() && x.defined() && weight.defined() && weight.dtype() == DType::f32 &&
-         (!bias.defined() || bias.dtype() == DType::f32) && autocast_target(op, DType::f32) == DType::bf16 &&
-         is_floating(x.dtype()) && autocast_target(op, x.dtype()) == DType::bf16;
-}
-
-LowpLinearInputs f32_master_inputs(const char* op, const Tensor& x, const Tensor& weight, const Tensor& bias) {
-  LowpLinearInputs in;
-  in.x = autocast_input(x, op);
-  // The bf16 copies are read, not differentiated (the op records W and b themselves). Taken
-  // with grad mode as it is, so they share the region's cache entry with the other ops.
-  in.weight = autocast_input(weight, op);
-  in.bias = autocast_input(bias, op);
-  return in;
 }
 
 template <class T>

@@ -28,7 +28,7 @@
 #include "athanor/ops/autocast.h"
 #include "athanor/optim/clip.h"
 #include <optional>
-#include "ckpt/sha256.h"
+#include "ckpt/checksum.h"
 #include "ops/packed_weights.h"
 
 #include <nlohmann/json.hpp>

@@ -246,10 +246,4 @@ TEST(GeluLinear, ErrorsNameOpAndShapes) {
             std::string::npos);
 }
 
-TEST(GeluLinear, IsInTheOpTableAsLowerPrecision) {
-  const OpInfo* op = find_op("gelu_linear");
-  ASSERT_NE(op, nullptr);
-  EXPECT_EQ(op->autocast, AutocastCategory::lower_precision);
-}
-
 }  // namespace athanor

@@ -288,10 +288,4 @@ TEST(LinearRelu, ErrorsNameOpAndShapes) {
             std::string::npos);
 }
 
-TEST(LinearRelu, IsInTheOpTableAsLowerPrecision) {
-  const OpInfo* op = find_op("linear_relu");
-  ASSERT_NE(op, nullptr);
-  EXPECT_EQ(op->autocast, AutocastCategory::lower_precision);
-}
-
 }  // namespace athanor

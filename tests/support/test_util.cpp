@@ -5,12 +5,18 @@
 #include "backend/cpu/isa.h"
 
 #include <cmath>
+#include <cstdlib>
 #include <cstdio>
 #include <filesystem>
 #include <fstream>
 #include <sstream>
 
 namespace athanor::testing {
+
+bool ci_run() {
+  const char* ci = std::getenv("CI");
+  return ci && std::string(ci) == "true";
+}
 
 void note_isa(const std::string& what) {
   const std::string line = std::string("kernels ") + cpu::isa_name(cpu::active_isa()) + " (CPU: " +

@@ -1,18 +1,21 @@
 #pragma once
-// How ops join the tape. Every differentiable op ends with `record`:
+// How a computation joins the tape.
 //
-//   Tensor exp(const Tensor& x) {
-//     Tensor y = …forward kernel…;
-//     return record("exp", {x}, y, [y = save(y, "result")](const Node& n, const Grads& g) {
-//       return Grads{mul(g[0], y.unpack(n))};        // d/dx exp(x) = exp(x)
+// The ops of the functional API (src/ops) join it through the op dispatch point
+// (athanor/ops/registry.h), which checks anomalies and calls attach_node. A custom
+// differentiable function outside the registry (a collective in dist, a test's op) ends
+// with `record`, which checks its outputs in anomaly mode and attaches its node:
+//
+//   Tensor all_reduce_sum(const Tensor& x) {
+//     Tensor y = …;
+//     return record("all_reduce_sum", {x}, y, [](const Node& n, const Grads& g) {
+//       return Grads{…the gradient of x…};
 //     });
 //   }
 //
-// `record` is the single place where (1) anomaly mode checks forward outputs,
-// (2) the profiler will time ops, and (3) a node is created only when grad mode
-// is on and some input requires grad. Backward closures run with grad mode off
-// and may return undefined tensors for inputs that need no gradient
-// (`needs_grad(n, i)` tells which).
+// A node is created only when grad mode is on and some input requires grad. Backward
+// closures run with grad mode off and may return undefined tensors for inputs that need
+// no gradient (`needs_grad(n, i)` tells which).
 #include <initializer_list>
 #include <string>
 #include <vector>
@@ -31,6 +34,11 @@ bool any_requires_grad(std::initializer_list<Tensor> inputs);
 bool any_requires_grad(const std::vector<Tensor>& inputs);
 // Inside a backward closure: does input i need a gradient?
 inline bool needs_grad(const Node& n, size_t i) { return i < n.next_edges.size() && n.next_edges[i].valid(); }
+
+// Makes `backward` the grad_fn of the outputs when grad mode is on and some input requires
+// grad (no checks; the dispatch point and record() call it).
+std::vector<Tensor> attach_node(const char* op, const std::vector<Tensor>& inputs, std::vector<Tensor> outputs,
+                                OpBackward backward);
 
 Tensor record(const char* op, const std::vector<Tensor>& inputs, Tensor output, OpBackward backward);
 std::vector<Tensor> record_multi(const char* op, const std::vector<Tensor>& inputs, std::vector<Tensor> outputs,
