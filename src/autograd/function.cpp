@@ -129,6 +129,32 @@ void check_finite(const char* phase, const std::string& op, const std::vector<Te
   throw err;
 }
 
+namespace {
+thread_local const ForwardObserver* t_forward_observer = nullptr;
+
+void observe_output(const char* op, const Tensor& output) {
+  const ForwardObserver* obs = t_forward_observer;
+  t_forward_observer = nullptr;  // ops the observer runs are not observed
+  try {
+    (*obs)(op, current_module_path(), output);
+  } catch (...) {
+    t_forward_observer = obs;
+    throw;
+  }
+  t_forward_observer = obs;
+}
+}  // namespace
+
+ForwardObserverScope::ForwardObserverScope(ForwardObserver observer)
+    : observer_(std::move(observer)), previous_(t_forward_observer) {
+  t_forward_observer = &observer_;
+}
+ForwardObserverScope::~ForwardObserverScope() { t_forward_observer = previous_; }
+
+void notify_forward_observer(const char* op, const std::vector<Tensor>& outputs) {
+  if (t_forward_observer && !outputs.empty()) observe_output(op, outputs[0]);
+}
+
 std::vector<Tensor> attach_node(const char* op, const std::vector<Tensor>& inputs, std::vector<Tensor> outputs,
                                 OpBackward backward) {
   if (any_requires_grad(inputs)) attach(op, inputs, outputs, std::move(backward));
@@ -137,6 +163,7 @@ std::vector<Tensor> attach_node(const char* op, const std::vector<Tensor>& input
 
 Tensor record(const char* op, const std::vector<Tensor>& inputs, Tensor output, OpBackward backward) {
   if (anomaly_mode_enabled()) check_finite("forward", op, inputs, output, 0, current_module_path());
+  if (t_forward_observer) observe_output(op, output);
   if (!any_requires_grad(inputs)) return output;
   std::vector<Tensor> outs{output};
   attach(op, inputs, outs, std::move(backward));
@@ -147,7 +174,10 @@ std::vector<Tensor> record_multi(const char* op, const std::vector<Tensor>& inpu
                                  OpBackward backward) {
   if (anomaly_mode_enabled())
     for (size_t i = 0; i < outputs.size(); ++i) check_finite("forward", op, inputs, outputs[i], i, current_module_path());
-  return attach_node(op, inputs, std::move(outputs), std::move(backward));
+  if (t_forward_observer && !outputs.empty()) observe_output(op, outputs[0]);
+  if (!any_requires_grad(inputs)) return outputs;
+  attach(op, inputs, outputs, std::move(backward));
+  return outputs;
 }
 
 }  // namespace athanor

@@ -1,6 +1,7 @@
 #include "athanor/autograd/node.h"
 
 #include "athanor/autograd/grad_mode.h"
+#include "athanor/autograd/saved_tensor_hooks.h"
 #include "athanor/core/error.h"
 #include "athanor/core/storage.h"
 #include "grad_buffer.h"
@@ -14,6 +15,10 @@ Node::Node(std::string name) : name_(std::move(name)), sequence_nr_(g_sequence.f
 
 SavedTensor::SavedTensor(const Tensor& t, const char* what) : what_(what) {
   if (!t.defined()) return;
+  if ((packed_ = pack_saved_tensor(t))) {  // a saved-tensor hook keeps its own form
+    name_ = t.name();
+    return;
+  }
   data_ = t.detach();
   version_ = t.version();
   name_ = t.name();
@@ -23,6 +28,7 @@ Tensor SavedTensor::unpack(const Node& owner) const {
   ATH_CHECK(!owner.released(), owner.name(),
             "trying to backward through the graph a second time (its saved tensors were freed after the first backward)",
             Hint{"call backward(grad, /*retain_graph=*/true) the first time if you need to backward twice"});
+  if (packed_) return packed_->unpack(owner);
   if (!data_.defined()) return data_;
   if (data_.version() != version_) {
     std::string which = name_.empty() ? std::string("'") + what_ + "'" : "'" + name_ + "' (saved as '" + what_ + "')";

@@ -4,6 +4,7 @@
 #include <cstdio>
 #include <filesystem>
 #include <fstream>
+#include <algorithm>
 #include <functional>
 #include <map>
 #include <nlohmann/json.hpp>
@@ -76,13 +77,23 @@ std::string save_sharded_checkpoint(dist::ProcessGroup& group, const std::string
       shard.metadata["shard"] = std::to_string(me + 1) + "/" + std::to_string(n);
       const ManifestEntry e = write_tensor_file(tmp, shard);
       std::vector<std::string> names;
+      nlohmann::json slices = nlohmann::json::object();
       uint64_t bytes = 0;
       for (const auto& [name, t] : f.tensors) {
-        names.push_back(name);
         bytes += static_cast<uint64_t>(t.nbytes());
+        auto it = f.slices.find(name);
+        if (it == f.slices.end()) {
+          names.push_back(name);
+          continue;
+        }
+        const dist::ShardSpec& sp = it->second;
+        Shape logical = t.sizes();
+        logical[sp.dim] = sp.logical;
+        slices[name] = {{"shape", logical}, {"dim", sp.dim},       {"parts", sp.parts}, {"logical", sp.logical},
+                        {"padded", sp.padded}, {"index", sp.index}, {"count", sp.count}};
       }
       report.push_back({{"name", e.name}, {"bytes", e.bytes}, {"checksum", e.checksum}, {"algorithm", e.algorithm},
-                        {"tensors", names}, {"data_bytes", bytes}});
+                        {"tensors", names}, {"slices", slices}, {"data_bytes", bytes}});
     }
   });
   const auto reports = dist::all_gather_strings(group, report.dump());
@@ -90,7 +101,8 @@ std::string save_sharded_checkpoint(dist::ProcessGroup& group, const std::string
   agree(group, [&] {
     if (me != 0) return;
     std::vector<ManifestEntry> entries;
-    std::map<std::string, nlohmann::json> index;  // prefix -> weight_map
+    std::map<std::string, nlohmann::json> index;   // prefix -> weight_map
+    std::map<std::string, nlohmann::json> sliced;  // prefix -> tp_slices
     std::map<std::string, uint64_t> total;
     for (int r = 0; r < n; ++r) {
       const auto j = nlohmann::json::parse(reports[r]);
@@ -107,7 +119,25 @@ std::string save_sharded_checkpoint(dist::ProcessGroup& group, const std::string
           ATH_CHECK(!index[prefix].contains(name), "checkpoint", "tensor '", name, "' of '", prefix,
                     "' is in the shards of two ranks (", index[prefix].value(name, std::string()), " and ",
                     shard_file_name(prefix, r, n), ")", Hint{"each tensor must be saved by exactly one rank"});
+          ATH_CHECK(!sliced[prefix].contains(name), "checkpoint", "'", name, "' of '", prefix, "' is saved both whole and as slices");
           index[prefix][name] = shard_file_name(prefix, r, n);
+        }
+        for (const auto& [name, sp] : e.at("slices").items()) {
+          nlohmann::json& entry = sliced[prefix][name];
+          const int count = sp.at("count").get<int>(), k = sp.at("index").get<int>();
+          if (entry.is_null()) {
+            entry = sp;
+            entry.erase("index");
+            entry["files"] = std::vector<std::string>(static_cast<std::size_t>(count));
+          }
+          for (const char* key : {"shape", "dim", "parts", "logical", "padded", "count"})
+            ATH_CHECK(entry.at(key) == sp.at(key), "checkpoint", "the slices of '", name, "' of '", prefix,
+                      "' disagree on their ", key, " (rank ", r, ")", Hint{"every tensor-parallel rank must shard it alike"});
+          ATH_CHECK(k >= 0 && k < count && entry["files"][k].get<std::string>().empty(), "checkpoint", "slice ", k, " of '", name,
+                    "' of '", prefix, "' is written twice (again by rank ", r, ")",
+                    Hint{"each slice must be saved by exactly one rank"});
+          ATH_CHECK(!index[prefix].contains(name), "checkpoint", "'", name, "' of '", prefix, "' is saved both whole and as slices");
+          entry["files"][k] = shard_file_name(prefix, r, n);
         }
       }
     }
@@ -115,6 +145,7 @@ std::string save_sharded_checkpoint(dist::ProcessGroup& group, const std::string
       nlohmann::json j;
       j["metadata"] = {{"total_size", total[f.name]}, {"format", "athanor"}, {"shards", n}};
       j["weight_map"] = index[f.name].is_null() ? nlohmann::json::object() : index[f.name];
+      if (!sliced[f.name].is_null()) j["tp_slices"] = sliced[f.name];
       entries.push_back(write_text_file(tmp, {shard_index_name(f.name), j.dump(2) + "\n"}));
     }
     for (const TextFile& f : text_files) entries.push_back(write_text_file(tmp, f));
@@ -150,6 +181,43 @@ SafetensorsFile load_checkpoint_tensors(const std::string& dir, const std::strin
             "' has no \"weight_map\" object", Hint{"use an earlier checkpoint"});
   std::map<std::string, std::string> where;  // tensor -> shard file
   std::set<std::string> files;
+  // Tensor-parallel slices: name -> (spec, logical shape, file of each slice).
+  struct Sliced {
+    dist::ShardSpec spec;
+    Shape shape;
+    std::vector<std::string> files;
+    std::vector<Tensor> parts;
+  };
+  std::map<std::string, Sliced> sliced;
+  if (j.contains("tp_slices")) {
+    try {
+      for (const auto& [name, e] : j.at("tp_slices").items()) {
+        Sliced s;
+        s.spec.dim = e.at("dim").get<int>();
+        s.spec.parts = e.at("parts").get<int>();
+        s.spec.logical = e.at("logical").get<int64_t>();
+        s.spec.padded = e.at("padded").get<int64_t>();
+        s.spec.count = e.at("count").get<int>();
+        s.shape = e.at("shape").get<Shape>();
+        s.files = e.at("files").get<std::vector<std::string>>();
+        ATH_CHECK(s.spec.count >= 1 && static_cast<int>(s.files.size()) == s.spec.count && s.spec.dim >= 0 &&
+                      s.spec.dim < static_cast<int>(s.shape.size()) && s.shape[s.spec.dim] == s.spec.logical && s.spec.parts >= 1 &&
+                      s.spec.padded % (static_cast<int64_t>(s.spec.parts) * s.spec.count) == 0,
+                  "checkpoint", "'", index_path.string(), "': the slices of '", name, "' are inconsistent",
+                  Hint{"the checkpoint is damaged; use an earlier one"});
+        for (const std::string& f : s.files)
+          if (!f.empty()) {
+            ATH_CHECK(f.find('/') == std::string::npos && f != "..", "checkpoint", "'", index_path.string(), "' names a bad shard file '",
+                      f, "' for '", name, "'");
+            files.insert(f);
+          }
+        s.parts.resize(s.files.size());
+        sliced.emplace(name, std::move(s));
+      }
+    } catch (const nlohmann::json::exception& e) {
+      ATH_FAIL("checkpoint", "'", index_path.string(), "': bad \"tp_slices\": ", e.what(), Hint{"use an earlier checkpoint"});
+    }
+  }
   for (const auto& [name, file] : j["weight_map"].items()) {
     ATH_CHECK(file.is_string(), "checkpoint", "'", index_path.string(), "': the shard of '", name, "' is not a file name");
     const std::string f = file.get<std::string>();
@@ -172,6 +240,14 @@ SafetensorsFile load_checkpoint_tensors(const std::string& dir, const std::strin
     SafetensorsFile shard = load_safetensors(p.string());
     if (out.metadata.empty()) out.metadata = shard.metadata;
     for (auto& [name, t] : shard.tensors) {
+      if (auto sl = sliced.find(name); sl != sliced.end()) {
+        const auto k = std::find(sl->second.files.begin(), sl->second.files.end(), f) - sl->second.files.begin();
+        ATH_CHECK(k < static_cast<std::ptrdiff_t>(sl->second.files.size()), "checkpoint", "shard '", p.string(), "' holds a slice of '",
+                  name, "', which ", index_path.filename().string(), " places elsewhere",
+                  Hint{"the checkpoint's index and shards do not belong together"});
+        sl->second.parts[static_cast<std::size_t>(k)] = std::move(t);
+        continue;
+      }
       auto it = where.find(name);
       ATH_CHECK(it != where.end(), "checkpoint", "shard '", p.string(), "' holds '", name, "', which ", index_path.filename().string(),
                 " does not list", Hint{"the checkpoint's index and shards do not belong together; use an earlier checkpoint"});
@@ -184,6 +260,13 @@ SafetensorsFile load_checkpoint_tensors(const std::string& dir, const std::strin
   for (const auto& [name, f] : where)
     ATH_CHECK(seen.count(name), "checkpoint", index_path.filename().string(), " places '", name, "' in '", f,
               "', which does not hold it", Hint{"the checkpoint is damaged; use an earlier one"});
+  for (auto& [name, s] : sliced) {
+    for (int k = 0; k < s.spec.count; ++k)
+      ATH_CHECK(s.spec.real_rows(k) == 0 || s.parts[static_cast<std::size_t>(k)].defined(), "checkpoint", index_path.filename().string(),
+                ": slice ", k, " of '", name, "' is missing from its shard '", s.files[static_cast<std::size_t>(k)], "'",
+                Hint{"the checkpoint is damaged; use an earlier one"});
+    out.tensors.emplace_back(name, dist::assemble_shards(s.parts, s.spec, s.shape, name));
+  }
   out.metadata.erase("shard");
   return out;
 }

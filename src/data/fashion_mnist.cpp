@@ -1,6 +1,7 @@
 // Fashion-MNIST (Xiao et al. 2017) from Debian's dataset-fashion-mnist: four
 // gzipped IDX files, read once into memory as u8. get() normalizes on the fly:
-// image [1, 28, 28] f32 = (x / 255 - 0.2860) / 0.3530, label [] i64 in 0..9.
+// image [1, 28, 28] f32 = (x / 255 - 0.2860) / 0.3530, label [] i64 in 0..9
+// (normalize = false: the raw pixel values 0..255 as f32).
 #include <algorithm>
 #include <cstring>
 #include <filesystem>
@@ -19,7 +20,7 @@ constexpr float kMean = 0.2860f, kStd = 0.3530f;
 
 class FashionMnist final : public Dataset {
  public:
-  FashionMnist(const std::string& dir, bool train) : train_(train) {
+  FashionMnist(const std::string& dir, bool train, bool normalize) : train_(train), normalize_(normalize) {
     namespace fs = std::filesystem;
     ATH_CHECK(fs::is_directory(dir), kOp, "Fashion-MNIST directory not found: ", dir, Hint{kInstallHint});
     const std::string prefix = train ? "train" : "t10k";
@@ -98,11 +99,15 @@ class FashionMnist final : public Dataset {
   // bitwise those of the table it replaced.
   void write_sample(int64_t index, float* image, int64_t* label) const {
     const uint8_t* src = pixels_.data() + index * kRows * kCols;
-    for (int64_t i = 0; i < kRows * kCols; ++i) image[i] = (static_cast<float>(src[i]) / 255.0f - kMean) / kStd;
+    if (normalize_)
+      for (int64_t i = 0; i < kRows * kCols; ++i) image[i] = (static_cast<float>(src[i]) / 255.0f - kMean) / kStd;
+    else
+      for (int64_t i = 0; i < kRows * kCols; ++i) image[i] = static_cast<float>(src[i]);
     *label = labels_[index];
   }
 
   bool train_;
+  bool normalize_;
   int64_t count_ = 0;
   std::vector<uint8_t> pixels_, labels_;
 };
@@ -111,8 +116,8 @@ class FashionMnist final : public Dataset {
 
 std::string default_fashion_mnist_dir() { return "/usr/share/datasets/fashion-mnist"; }
 
-std::shared_ptr<Dataset> fashion_mnist(const std::string& dir, bool train) {
-  return std::make_shared<FashionMnist>(dir, train);
+std::shared_ptr<Dataset> fashion_mnist(const std::string& dir, bool train, bool normalize) {
+  return std::make_shared<FashionMnist>(dir, train, normalize);
 }
 
 }  // namespace athanor::data

@@ -19,6 +19,7 @@
 #include <type_traits>
 
 #include "athanor/core/error.h"
+#include "athanor/dist/comm_ledger.h"
 
 namespace athanor::dist {
 
@@ -92,6 +93,7 @@ struct ProcessGroup::Impl {
   MPI_Comm diag = MPI_COMM_NULL;  // duplicate of comm: timeout probes never mix with user traffic
   bool owns_comm = false;
   std::string name;
+  std::string dimension;  // the mesh dimension (DeviceMesh sets it), else the name
   int rank = 0, size = 1;
   std::vector<int> world_ranks;
   std::chrono::milliseconds timeout = default_timeout();
@@ -105,10 +107,14 @@ struct ProcessGroup::Impl {
     if (ledger.size() > kLedgerCap) ledger.pop_front();
     return ledger.back();
   }
-  void mark_completed(const std::string& op, uint64_t seq, bool p2p) {
+  void mark_completed(const std::string& op, uint64_t seq, bool p2p, double seconds) {
     if (!p2p) completed = std::max(completed, seq);
     for (auto it = ledger.rbegin(); it != ledger.rend(); ++it)
-      if (it->seq == seq && it->op == op) { it->completed = true; break; }
+      if (it->seq == seq && it->op == op) {
+        it->completed = true;
+        it->seconds = seconds;
+        break;
+      }
   }
   // Answers every pending probe on this group's diagnosis communicator.
   void service_probes() {
@@ -143,6 +149,7 @@ std::string describe_entry(const LedgerEntry& e) {
   os << e.op << " #" << e.seq << " on group " << e.group << " (bytes " << e.bytes << ", " << dtype_name(e.dtype);
   if (e.peer >= 0) os << (e.op == "broadcast" ? ", root " : ", peer ") << e.peer;
   os << ", called at " << e.call_site << ")";
+  if (!e.context.empty()) os << ": " << e.context;
   return os.str();
 }
 }  // namespace
@@ -197,7 +204,7 @@ void ProcessGroup::Impl::timeout_abort(const LedgerEntry& e, double waited_s) {
     }
   }
   std::ostringstream msg;
-  msg << "[athanor.dist rank " << world_ranks[rank] << "] collective " << describe_entry(e) << " timed out after "
+  msg << "[athanor.dist rank " << world_ranks[rank] << "] " << (p2p ? "transfer " : "collective ") << describe_entry(e) << " timed out after "
       << std::fixed << std::setprecision(1) << waited_s << "s; ranks not arrived: [";
   for (std::size_t i = 0; i < not_arrived.size(); ++i) msg << (i ? ", " : "") << not_arrived[i];
   msg << "]\n";
@@ -208,8 +215,13 @@ void ProcessGroup::Impl::timeout_abort(const LedgerEntry& e, double waited_s) {
   const std::size_t first = ledger.size() > 5 ? ledger.size() - 5 : 0;
   for (std::size_t i = first; i < ledger.size(); ++i)
     msg << "    " << describe_entry(ledger[i]) << (ledger[i].completed ? " done" : " PENDING") << "\n";
-  msg << "hint: every rank of a group must call the same collectives in the same order; set the timeout with "
-         "ATHANOR_DIST_TIMEOUT_S or ProcessGroup::set_timeout. Aborting every rank (MPI_Abort).\n";
+  if (p2p)
+    msg << "hint: the peer did not " << (e.op == "recv" ? "send" : "receive") << " it in time: it is dead, hung, slower than the "
+        << "timeout, or running another schedule; set the timeout with ATHANOR_DIST_TIMEOUT_S, dist.timeout_s or "
+           "ProcessGroup::set_timeout. Aborting every rank (MPI_Abort).\n";
+  else
+    msg << "hint: every rank of a group must call the same collectives in the same order; set the timeout with "
+           "ATHANOR_DIST_TIMEOUT_S or ProcessGroup::set_timeout. Aborting every rank (MPI_Abort).\n";
   const std::string s = msg.str();
   std::fwrite(s.data(), 1, s.size(), stderr);
   std::fflush(stderr);
@@ -225,11 +237,15 @@ struct Work::Impl {
   LedgerEntry entry;
   bool p2p = false;
   bool done = false;
+  Clock::time_point posted_at;
   std::function<void()> finish;  // after the request completed: copy back, divide, …
 
   void complete() {
     done = true;
-    g->mark_completed(entry.op, entry.seq, p2p);
+    entry.completed = true;
+    entry.seconds = std::chrono::duration<double>(Clock::now() - posted_at).count();
+    g->mark_completed(entry.op, entry.seq, p2p, entry.seconds);
+    comm_ledger().record(entry);
     if (finish) finish();
     finish = nullptr;  // drops the tensors it kept alive
   }
@@ -246,6 +262,7 @@ Work::~Work() {
   }
 }
 bool Work::completed() const { return impl_->done; }
+void Work::set_context(std::string context) { impl_->entry.context = std::move(context); }
 uint64_t Work::seq() const { return impl_->entry.seq; }
 const std::string& Work::op() const { return impl_->entry.op; }
 
@@ -285,6 +302,7 @@ std::shared_ptr<ProcessGroup> make_group(MPI_Comm comm, std::string name, bool o
   impl->comm = comm;
   impl->owns_comm = owns;
   impl->name = std::move(name);
+  impl->dimension = impl->name;
   MPI_Comm_rank(comm, &impl->rank);
   MPI_Comm_size(comm, &impl->size);
   MPI_Comm_dup(comm, &impl->diag);
@@ -337,19 +355,35 @@ void check_cpu(const Tensor& t, const char* op) {
 }  // namespace
 
 ProcessGroup::ProcessGroup(std::unique_ptr<Impl> impl) : impl_(std::move(impl)) {}
+namespace {
+// Frees what a group holds inside MPI (its pending reply requests, its communicators); the
+// group stays an object, unusable for collectives.
+void release_mpi_resources(ProcessGroup::Impl& impl) {
+  for (auto& r : impl.replies) MPI_Request_free(&r.second);
+  impl.replies.clear();
+  if (impl.diag != MPI_COMM_NULL) MPI_Comm_free(&impl.diag);
+  if (impl.owns_comm && impl.comm != MPI_COMM_NULL) MPI_Comm_free(&impl.comm);
+  impl.diag = impl.comm = MPI_COMM_NULL;
+}
+}  // namespace
+
 ProcessGroup::~ProcessGroup() {
   std::erase(g_groups, impl_.get());
   int fin = 0;
   MPI_Finalized(&fin);
-  if (!fin) {
-    for (auto& r : impl_->replies) MPI_Request_free(&r.second);
-    if (impl_->diag != MPI_COMM_NULL) MPI_Comm_free(&impl_->diag);
-    if (impl_->owns_comm && impl_->comm != MPI_COMM_NULL) MPI_Comm_free(&impl_->comm);
-  }
+  if (!fin) release_mpi_resources(*impl_);
 }
 int ProcessGroup::rank() const { return impl_->rank; }
 int ProcessGroup::size() const { return impl_->size; }
 const std::string& ProcessGroup::name() const { return impl_->name; }
+const std::string& ProcessGroup::dimension() const { return impl_->dimension; }
+void ProcessGroup::set_dimension(std::string dim) { impl_->dimension = std::move(dim); }
+std::shared_ptr<ProcessGroup> ProcessGroup::split(int color, int key, std::string name) {
+  check_init("ProcessGroup::split");
+  MPI_Comm c;
+  check_mpi(MPI_Comm_split(impl_->comm, color, key, &c), "MPI_Comm_split");
+  return make_group(c, std::move(name), true);
+}
 int ProcessGroup::world_rank_of(int r) const { return impl_->world_ranks.at(r); }
 void ProcessGroup::set_timeout(std::chrono::milliseconds t) { impl_->timeout = t; }
 std::chrono::milliseconds ProcessGroup::timeout() const { return impl_->timeout; }
@@ -358,6 +392,15 @@ uint64_t ProcessGroup::last_completed_seq() const { return impl_->completed; }
 std::vector<LedgerEntry> ProcessGroup::ledger() const { return {impl_->ledger.begin(), impl_->ledger.end()}; }
 
 namespace {
+// What a ring implementation moves per rank (NCCL's bus bytes; comm_ledger.h).
+double wire_bytes(const std::string& op, std::size_t bytes, int n) {
+  const double b = static_cast<double>(bytes), frac = n > 1 ? static_cast<double>(n - 1) / n : 0.0;
+  if (op == "all_reduce") return 2.0 * frac * b;
+  if (op == "all_gather" || op == "reduce_scatter") return frac * b;
+  if (op == "barrier") return 0;
+  return n > 1 ? b : 0.0;  // broadcast, send, recv
+}
+
 // Posts one operation: ledger entry, MPI call (which fills the request), Work.
 template <class Post>
 WorkPtr post(ProcessGroup::Impl& g, const char* op, std::size_t bytes, DType dt, int peer, const std::source_location& loc,
@@ -370,11 +413,15 @@ WorkPtr post(ProcessGroup::Impl& g, const char* op, std::size_t bytes, DType dt,
   e.seq = p2p ? ++g.p2p_posted : ++g.posted;
   e.op = op;
   e.group = g.name;
+  e.dimension = g.dimension;
+  e.group_size = g.size;
   e.bytes = bytes;
+  e.wire_bytes = wire_bytes(op, bytes, g.size);
   e.dtype = dt;
   e.peer = peer;
   e.call_site = call_site(loc);
   w->entry = g.add_entry(e);
+  w->posted_at = Clock::now();
   w->finish = std::move(finish);
   check_mpi(post_fn(&w->req), op);
   return std::make_shared<Work>(std::move(w));
@@ -514,6 +561,10 @@ void finalize() {
   g_world.reset();
   int fin = 0;
   MPI_Finalized(&fin);
+  // Groups still alive (a mesh kept in a static, say) give their communicators back now:
+  // after MPI_Finalize nothing can free them.
+  if (!fin)
+    for (ProcessGroup::Impl* impl : g_groups) release_mpi_resources(*impl);
   if (!fin && g_we_initialized) MPI_Finalize();
   g_initialized = false;
 }
@@ -548,27 +599,6 @@ const char* thread_level_name() {
 std::shared_ptr<ProcessGroup> world() {
   check_init("dist::world");
   return g_world;
-}
-
-// ---------------------------------------------------------------------------
-DeviceMesh::DeviceMesh(int dp, int tp, int pp, std::shared_ptr<ProcessGroup> w) : dp_n_(dp), tp_n_(tp), pp_n_(pp) {
-  if (!w) w = world();
-  ATH_CHECK(dp >= 1 && tp >= 1 && pp >= 1 && dp * tp * pp == w->size(), "DeviceMesh", "dp x tp x pp = ", dp, " x ", tp, " x ", pp,
-            " does not match the ", w->size(), " ranks of group ", w->name(),
-            Hint{"choose sizes whose product is the number of processes (mpirun -np)"});
-  const int r = w->rank();
-  tp_i_ = r % tp;
-  dp_i_ = (r / tp) % dp;
-  pp_i_ = r / (tp * dp);
-  MPI_Comm parent = w->impl().comm;
-  auto split = [&](int color, int key, const char* name) {
-    MPI_Comm c;
-    check_mpi(MPI_Comm_split(parent, color, key, &c), "MPI_Comm_split");
-    return make_group(c, name, true);
-  };
-  dp_ = split(pp_i_ * tp + tp_i_, dp_i_, "dp");
-  tp_ = split(pp_i_ * dp + dp_i_, tp_i_, "tp");
-  pp_ = split(dp_i_ * tp + tp_i_, pp_i_, "pp");
 }
 
 }  // namespace athanor::dist

@@ -273,6 +273,7 @@ void DataParallel::reset_step() {
 void DataParallel::finish_backward() {
   if (ddp_) {
     ddp_->finish();
+    sum_sequence_parallel_grads();
     return;
   }
   if (!step_active_) {
@@ -283,9 +284,54 @@ void DataParallel::finish_backward() {
   launch_ready_buckets();
   for (int bi = 0; bi < static_cast<int>(buckets_.size()); ++bi) drain(bi);
   reset_step();
+  sum_sequence_parallel_grads();
+}
+
+void DataParallel::sum_sequence_parallel_grads() {
+  if (!tensor_parallel()) return;
+  // Every tp rank holds the same parameters in the same order (equal shard shapes give equal
+  // ownership), so the ranks post the same all-reduces. One per dtype, over a flat buffer.
+  std::map<DType, std::vector<Tensor>> by_dtype;
+  for (auto& p : params_)
+    if (spec_of(opts_.tp_specs, p.name).sum_grad_over_tp && holds_grad(p) && p.tensor.grad().defined())
+      by_dtype[p.tensor.grad().dtype()].push_back(p.tensor.grad());
+  NoGradGuard ng;
+  for (auto& [dt, grads] : by_dtype) {
+    int64_t n = 0;
+    for (auto& g : grads) n += g.numel();
+    Tensor flat = empty({n}, TensorOptions(dt).with_tag(MemTag::gradient));
+    int64_t off = 0;
+    for (auto& g : grads) {
+      copy_into(view_of(flat, g, off), g);
+      off += g.numel();
+    }
+    opts_.tp_group->all_reduce(flat, ReduceOp::sum);
+    off = 0;
+    for (auto& g : grads) {
+      copy_into(g, view_of(flat, g, off));
+      g.bump_version();
+      off += g.numel();
+    }
+  }
 }
 
 double DataParallel::grad_norm() {
+  if (tensor_parallel() || pipeline_parallel()) {
+    // Each logical gradient counted once: shards are disjoint parts of their logical tensors
+    // (each rank's counts); replicated parameters hold the same gradient on every tp rank
+    // (counted on tp rank 0); a stage's copy of another stage's parameter not at all.
+    std::vector<Tensor> sharded, replicated;
+    for (auto& p : params_)
+      if (holds_grad(p) && !opts_.norm_excluded.count(p.name))
+        (spec_of(opts_.tp_specs, p.name).sharded() ? sharded : replicated).push_back(p.tensor);
+    const bool tp_first = !tensor_parallel() || opts_.tp_group->rank() == 0;
+    const double a = optim::grad_norm(sharded), b = tp_first ? optim::grad_norm(replicated) : 0.0;
+    Tensor sq = from_vector(std::vector<double>{a * a + b * b}, {1}, TensorOptions(DType::f64));
+    if (opts_.zero_stage >= 2) group_->all_reduce(sq, ReduceOp::sum);  // the owners' parts
+    if (tensor_parallel()) opts_.tp_group->all_reduce(sq, ReduceOp::sum);
+    if (pipeline_parallel()) opts_.pp_group->all_reduce(sq, ReduceOp::sum);
+    return std::sqrt(sq.item());
+  }
   if (opts_.zero_stage < 2) return optim::grad_norm(module_->parameters());
   std::vector<Tensor> owned;
   for (auto& p : params_)
@@ -298,13 +344,13 @@ double DataParallel::grad_norm() {
 
 double DataParallel::clip_grad_norm(double max_norm) {
   ATH_CHECK(max_norm > 0, "DataParallel.clip_grad_norm", "max_norm must be > 0, got ", max_norm);
-  if (opts_.zero_stage < 2) return optim::clip_grad_norm(module_->parameters(), max_norm);
+  if (opts_.zero_stage < 2 && !tensor_parallel() && !pipeline_parallel()) return optim::clip_grad_norm(module_->parameters(), max_norm);
   const double norm = grad_norm();
   if (!std::isfinite(norm)) return norm;
   const double coef = max_norm / (norm + 1e-6);  // the formula of optim::clip_grad_norm
   if (coef >= 1.0) return norm;
   for (auto& p : params_)
-    if (p.owner == group_->rank() && p.tensor.grad().defined()) scale_in_place(p.tensor.grad(), coef);
+    if (holds_grad(p) && p.tensor.grad().defined()) scale_in_place(p.tensor.grad(), coef);
   return norm;
 }
 

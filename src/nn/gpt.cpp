@@ -157,51 +157,59 @@ Tensor GPT::loss(const Tensor& ids, const Tensor& targets) {
   return cross_entropy(reshape(logits, {-1, config_.vocab_size}), reshape(targets, {-1}));
 }
 
-std::vector<int32_t> GPT::generate(const std::vector<int32_t>& prompt, int64_t max_new_tokens, double temperature,
-                                   int64_t top_k, Generator& gen) {
+int32_t sample_token(std::vector<double> last, double temperature, int64_t top_k, Generator& gen) {
+  const int64_t V = static_cast<int64_t>(last.size());
+  for (double& l : last) l /= temperature;
+  if (top_k > 0 && top_k < V) {  // keep the k largest logits
+    std::vector<double> sorted = last;
+    std::nth_element(sorted.begin(), sorted.begin() + (top_k - 1), sorted.end(), std::greater<double>());
+    const double kth = sorted[top_k - 1];
+    for (double& l : last)
+      if (l < kth) l = -INFINITY;
+  }
+  const double mx = *std::max_element(last.begin(), last.end());
+  double total = 0;
+  for (double& l : last) total += (l = std::exp(l - mx));
+  const GeneratorState s = gen.reserve(1);
+  const auto r = philox4x32(s.seed, s.offset);
+  double u = static_cast<double>(uint_to_unit_float(r[0])) * total, acc = 0;
+  int32_t next = static_cast<int32_t>(V - 1);
+  for (int64_t i = 0; i < V; ++i) {
+    acc += last[i];
+    if (u < acc) { next = static_cast<int32_t>(i); break; }
+  }
+  return next;
+}
+
+std::vector<int32_t> generate_tokens(Module& model, const std::vector<int32_t>& prompt, int64_t max_new_tokens,
+                                     double temperature, int64_t vocab_size, int64_t block_size,
+                                     const std::function<int32_t(const std::vector<int64_t>& context)>& next_token) {
   ATH_CHECK(!prompt.empty(), "generate", "the prompt is empty", Hint{"give at least one token"});
   ATH_CHECK(temperature > 0, "generate", "temperature must be > 0, got ", temperature);
   for (int32_t t : prompt)
-    ATH_CHECK(t >= 0 && t < config_.vocab_size, "generate", "prompt token ", t, " is outside the vocabulary [0, ",
-              config_.vocab_size, ")");
-  const bool was_training = is_training();
-  eval();
+    ATH_CHECK(t >= 0 && t < vocab_size, "generate", "prompt token ", t, " is outside the vocabulary [0, ", vocab_size, ")");
+  const bool was_training = model.is_training();
+  model.eval();
   NoGradGuard ng;
   std::vector<int32_t> out = prompt;
-  const int64_t V = config_.vocab_size;
   for (int64_t step = 0; step < max_new_tokens; ++step) {
-    const int64_t start = std::max<int64_t>(0, static_cast<int64_t>(out.size()) - config_.block_size);
-    std::vector<int64_t> ctx(out.begin() + start, out.end());
-    Tensor ids = from_vector(ctx, {1, static_cast<int64_t>(ctx.size())});
-    Tensor logits = forward(ids);
-    std::vector<double> last(V);
-    {
-      Tensor row = make_view(logits, {V}, {1}, logits.storage_offset() + (static_cast<int64_t>(ctx.size()) - 1) * V);
-      last = row.to_vector();
-    }
-    for (double& l : last) l /= temperature;
-    if (top_k > 0 && top_k < V) {  // keep the k largest logits
-      std::vector<double> sorted = last;
-      std::nth_element(sorted.begin(), sorted.begin() + (top_k - 1), sorted.end(), std::greater<double>());
-      const double kth = sorted[top_k - 1];
-      for (double& l : last)
-        if (l < kth) l = -INFINITY;
-    }
-    const double mx = *std::max_element(last.begin(), last.end());
-    double total = 0;
-    for (double& l : last) total += (l = std::exp(l - mx));
-    const GeneratorState s = gen.reserve(1);
-    const auto r = philox4x32(s.seed, s.offset);
-    double u = static_cast<double>(uint_to_unit_float(r[0])) * total, acc = 0;
-    int32_t next = static_cast<int32_t>(V - 1);
-    for (int64_t i = 0; i < V; ++i) {
-      acc += last[i];
-      if (u < acc) { next = static_cast<int32_t>(i); break; }
-    }
-    out.push_back(next);
+    const int64_t start = std::max<int64_t>(0, static_cast<int64_t>(out.size()) - block_size);
+    out.push_back(next_token(std::vector<int64_t>(out.begin() + start, out.end())));
   }
-  train(was_training);
+  model.train(was_training);
   return out;
+}
+
+std::vector<int32_t> GPT::generate(const std::vector<int32_t>& prompt, int64_t max_new_tokens, double temperature,
+                                   int64_t top_k, Generator& gen) {
+  const int64_t V = config_.vocab_size;
+  return generate_tokens(*this, prompt, max_new_tokens, temperature, V, config_.block_size,
+                         [&](const std::vector<int64_t>& ctx) {
+                           const int64_t T = static_cast<int64_t>(ctx.size());
+                           Tensor logits = forward(from_vector(ctx, {1, T}));
+                           Tensor last = make_view(logits, {V}, {1}, logits.storage_offset() + (T - 1) * V);
+                           return sample_token(last.to_vector(), temperature, top_k, gen);
+                         });
 }
 
 std::vector<std::string> GPT::shard_units() const {

@@ -87,6 +87,10 @@ class ProfilerHook final : public OpObserver {
   void node_end(const std::string& node, int64_t begin) override {
     if (begin >= 0) Profiler::instance().end_node(node, begin);
   }
+  int64_t span_begin(const char*) override { return Profiler::enabled() ? Profiler::instance().begin_span() : -1; }
+  void span_end(const char* name, const char* category, int64_t begin) override {
+    if (begin >= 0) Profiler::instance().end_span(name, category, begin);
+  }
 };
 ProfilerHook g_hook;
 }  // namespace
@@ -262,6 +266,41 @@ void Profiler::write_chrome_trace(const std::string& path) const {
   ATH_CHECK(f.good(), "profiler", "cannot write the trace file '", path, "'",
             Hint{"check that the directory exists and is writable"});
   f << nlohmann::json{{"traceEvents", std::move(events)}, {"displayTimeUnit", "ms"}}.dump() << "\n";
+  ATH_CHECK(f.good(), "profiler", "writing the trace file '", path, "' failed", Hint{"check free disk space"});
+}
+
+std::string Profiler::trace_events(int pid, const std::string& track) const {
+  nlohmann::json events = nlohmann::json::array();
+  events.push_back({{"name", "process_name"}, {"ph", "M"}, {"pid", pid}, {"args", {{"name", track}}}});
+  events.push_back({{"name", "process_sort_index"}, {"ph", "M"}, {"pid", pid}, {"args", {{"sort_index", pid}}}});
+  const double origin_us = static_cast<double>(g_origin_ns.load(std::memory_order_relaxed)) / 1e3;
+  for (const ProfileEvent& e : this->events())
+    events.push_back({{"name", e.name}, {"cat", e.category}, {"ph", "X"}, {"ts", origin_us + e.begin_ns / 1e3},
+                      {"dur", e.dur_ns / 1e3}, {"pid", pid}, {"tid", e.tid}});
+  return events.dump();
+}
+
+void write_merged_chrome_trace(const std::string& path, const std::vector<std::string>& arrays) {
+  nlohmann::json all = nlohmann::json::array();
+  double t0 = 0;
+  bool any = false;
+  std::vector<nlohmann::json> parsed;
+  for (const auto& a : arrays) {
+    parsed.push_back(nlohmann::json::parse(a));
+    for (const auto& e : parsed.back())
+      if (e.contains("ts")) {
+        t0 = any ? std::min(t0, e["ts"].get<double>()) : e["ts"].get<double>();
+        any = true;
+      }
+  }
+  for (auto& p : parsed)
+    for (auto& e : p) {
+      if (e.contains("ts")) e["ts"] = e["ts"].get<double>() - t0;
+      all.push_back(std::move(e));
+    }
+  std::ofstream f(path);
+  ATH_CHECK(f.good(), "profiler", "cannot write the trace file '", path, "'", Hint{"check that the directory exists and is writable"});
+  f << nlohmann::json{{"traceEvents", std::move(all)}, {"displayTimeUnit", "ms"}}.dump() << "\n";
   ATH_CHECK(f.good(), "profiler", "writing the trace file '", path, "' failed", Hint{"check free disk space"});
 }
 

@@ -78,12 +78,14 @@ std::string svg_line_chart(const ChartSpec& spec, const std::vector<ChartSeries>
   constexpr double W = 1100, H = 320, left = 90, right = 190, top = 40, bottom = 55;
   const double pw = W - left - right, ph = H - top - bottom;
   auto ty = [&](double y) { return spec.log_y ? std::log10(y) : y; };
+  auto tx = [&](double x) { return spec.log_x ? std::log10(x) : x; };
   auto usable = [&](double y) { return std::isfinite(y) && (!spec.log_y || y > 0); };
+  auto usable_x = [&](double x) { return std::isfinite(x) && (!spec.log_x || x > 0); };
   double xmin = std::numeric_limits<double>::infinity(), xmax = -xmin, ymin = xmin, ymax = -xmin;
   for (const auto& s : series)
     for (const auto& [x, y] : s.points)
-      if (std::isfinite(x) && usable(y)) {
-        xmin = std::min(xmin, x), xmax = std::max(xmax, x);
+      if (usable_x(x) && usable(y)) {
+        xmin = std::min(xmin, tx(x)), xmax = std::max(xmax, tx(x));
         ymin = std::min(ymin, ty(y)), ymax = std::max(ymax, ty(y));
       }
   std::ostringstream o;
@@ -96,7 +98,7 @@ std::string svg_line_chart(const ChartSpec& spec, const std::vector<ChartSeries>
     return o.str();
   }
   if (spec.y_from_zero && !spec.log_y) ymin = std::min(ymin, 0.0);
-  const std::vector<double> xt = nice_ticks(xmin, xmax, 10), yt = spec.log_y ? log_ticks(ymin, ymax) : nice_ticks(ymin, ymax, 6);
+  const std::vector<double> xt = spec.log_x ? log_ticks(xmin, xmax) : nice_ticks(xmin, xmax, 10), yt = spec.log_y ? log_ticks(ymin, ymax) : nice_ticks(ymin, ymax, 6);
   const double x0 = std::min(xt.front(), xmin), x1 = std::max(xt.back(), xmax);
   const double y0 = std::min(yt.front(), ymin), y1 = std::max(yt.back(), ymax);
   auto px = [&](double x) { return left + (x - x0) / (x1 - x0) * pw; };
@@ -112,12 +114,13 @@ std::string svg_line_chart(const ChartSpec& spec, const std::vector<ChartSeries>
   for (double t : xt) {
     if (t < x0 || t > x1) continue;
     o << "<line x1=\"" << fmt(px(t)) << "\" x2=\"" << fmt(px(t)) << "\" y1=\"" << top + ph << "\" y2=\"" << top + ph + 5
-      << "\" stroke=\"#333\"/><text x=\"" << fmt(px(t)) << "\" y=\"" << top + ph + 19 << "\" text-anchor=\"middle\">" << format_tick(t)
-      << "</text>\n";
+      << "\" stroke=\"#333\"/><text x=\"" << fmt(px(t)) << "\" y=\"" << top + ph + 19 << "\" text-anchor=\"middle\">"
+      << (spec.log_x ? format_tick(std::pow(10.0, t)) : format_tick(t)) << "</text>\n";
   }
   o << "<line x1=\"" << left << "\" x2=\"" << left << "\" y1=\"" << top << "\" y2=\"" << top + ph << "\" stroke=\"#333\"/>\n"
     << "<line x1=\"" << left << "\" x2=\"" << left + pw << "\" y1=\"" << top + ph << "\" y2=\"" << top + ph << "\" stroke=\"#333\"/>\n"
-    << "<text x=\"" << left + pw / 2 << "\" y=\"" << H - 12 << "\" text-anchor=\"middle\">" << html_escape(spec.x_label) << "</text>\n"
+    << "<text x=\"" << left + pw / 2 << "\" y=\"" << H - 12 << "\" text-anchor=\"middle\">"
+    << html_escape(spec.x_label + (spec.log_x ? " (log scale)" : "")) << "</text>\n"
     << "<text transform=\"translate(18," << top + ph / 2 << ") rotate(-90)\" text-anchor=\"middle\">"
     << html_escape(spec.y_label + (spec.log_y ? " (log scale)" : "")) << "</text>\n</g>\n";
   // series and legend
@@ -127,19 +130,19 @@ std::string svg_line_chart(const ChartSpec& spec, const std::vector<ChartSeries>
     bool pen_down = false;
     size_t drawn = 0;
     for (const auto& [x, y] : s.points) {
-      if (!std::isfinite(x) || !usable(y)) {
+      if (!usable_x(x) || !usable(y)) {
         pen_down = false;
         continue;
       }
-      d << (pen_down ? "L" : "M") << fmt(px(x)) << " " << fmt(py(ty(y))) << " ";
+      d << (pen_down ? "L" : "M") << fmt(px(tx(x))) << " " << fmt(py(ty(y))) << " ";
       pen_down = true;
       ++drawn;
     }
     if (drawn == 0) continue;
     if (drawn == 1) {  // a lone point: a dot, since a one-point path draws nothing
       for (const auto& [x, y] : s.points)
-        if (std::isfinite(x) && usable(y))
-          o << "<circle cx=\"" << fmt(px(x)) << "\" cy=\"" << fmt(py(ty(y))) << "\" r=\"3\" fill=\"" << s.color << "\"/>\n";
+        if (usable_x(x) && usable(y))
+          o << "<circle cx=\"" << fmt(px(tx(x))) << "\" cy=\"" << fmt(py(ty(y))) << "\" r=\"3\" fill=\"" << s.color << "\"/>\n";
     }
     o << "<path class=\"series\" d=\"" << d.str() << "\" fill=\"none\" stroke=\"" << s.color << "\" stroke-width=\"1.6\""
       << (s.dashed ? " stroke-dasharray=\"5 3\"" : "") << "/>\n";

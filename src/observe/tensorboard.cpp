@@ -66,6 +66,40 @@ std::string encode_scalar_event(double wall_time, int64_t step, const std::strin
   return out;
 }
 
+std::string encode_histogram_event(double wall_time, int64_t step, const Histogram& h) {
+  // HistogramProto {double min = 1, max = 2, num = 3, sum = 4, sum_squares = 5;
+  //                 repeated double bucket_limit = 6 [packed], bucket = 7 [packed]}
+  // proto3 leaves out fields at their default (0, empty): the canonical encoding.
+  std::string histo;
+  auto put_double = [&](int field, double v) {
+    if (v == 0) return;  // also -0.0
+    put_key(histo, field, 1);
+    put_little_endian(histo, v);
+  };
+  auto put_packed = [&](int field, const std::vector<double>& v) {
+    if (v.empty()) return;
+    std::string body;
+    for (double x : v) put_little_endian(body, x == 0 ? 0.0 : x);
+    put_bytes(histo, field, body);
+  };
+  put_double(1, h.min);
+  put_double(2, h.max);
+  put_double(3, h.num);
+  put_double(4, h.sum);
+  put_double(5, h.sum_squares);
+  put_packed(6, h.bucket_limit);
+  put_packed(7, h.bucket);
+  std::string v;
+  put_bytes(v, 1, h.tag);  // Summary.Value.tag
+  put_bytes(v, 5, histo);  // Summary.Value.histo
+  std::string summary;
+  put_bytes(summary, 1, v);
+  std::string out;
+  put_event_header(out, wall_time, step);
+  put_bytes(out, 5, summary);
+  return out;
+}
+
 std::string frame_tfrecord(const std::string& data) {
   std::string out;
   const uint64_t length = data.size();
@@ -108,6 +142,14 @@ void TensorBoardWriter::add_scalar(const std::string& tag, double value, int64_t
   write_record(encode_scalar_event(wall_time < 0 ? now_seconds() : wall_time, step, tag, static_cast<float>(value)));
 }
 
+void TensorBoardWriter::add_histograms(const std::vector<Histogram>& histograms, int64_t step, double wall_time) {
+  const double t = wall_time < 0 ? now_seconds() : wall_time;
+  std::string records;
+  for (const Histogram& h : histograms)
+    if (h.num > 0) records += frame_tfrecord(encode_histogram_event(t, step, h));
+  if (!records.empty()) write_framed(records);
+}
+
 void TensorBoardWriter::add_scalars(const std::vector<std::pair<std::string, double>>& scalars, int64_t step,
                                     double wall_time) {
   const double t = wall_time < 0 ? now_seconds() : wall_time;
@@ -144,6 +186,7 @@ void TensorBoardSink::on_step(const StepMetrics& m) {
     scalar("mem/" + mem.tag + "_mib", static_cast<double>(mem.current) / kMiB);
   }
   writer_.add_scalars(scalars, m.step);
+  if (!m.histograms.empty()) writer_.add_histograms(m.histograms, m.step);
 }
 
 void TensorBoardSink::on_eval(const EvalMetrics& m) {

@@ -136,6 +136,9 @@ std::vector<Tensor> dispatch(const OpDef& op, std::vector<Tensor> inputs, const 
     for (std::size_t i = 0; i < out.size(); ++i)
       check_finite("forward", op.name, call.recorded_inputs(), out[i], i, current_module_path());
 
+  // The forward observer (the trainer's per-layer activation statistics), when one is set.
+  notify_forward_observer(op.name.c_str(), out);
+
   // 5. The autograd node: the device's backward on what the forward saved.
   if (call.records_ && call.differentiable_) {
     ATH_CHECK(k.backward != nullptr, op.name, "has no ", device_type_name(call.device_.type), " backward",

@@ -225,16 +225,19 @@ Grads linear_backward(const Node& n, const Grads& g, const OpSaved& saved) {
     }
     return {dx, dw, db};
   }
-  const Tensor xv = s.x.unpack(n), wv = s.w.unpack(n);
+  // x is unpacked only for dW: a split backward's input pass (autograd/engine.h) does not
+  // need it, and a saved-tensor hook may rebuild it at a cost (sequence parallelism re-gathers it).
+  const Tensor wv = s.w.unpack(n);
   const Tensor dy = detail::contiguous_raw(g[0]);
   dispatch(dy.dtype(), [&]<class T>() {
     if constexpr (std::is_floating_point_v<T> || is_half_v<T>) {
       const T* pdy = static_cast<const T*>(dy.raw_data());
       if (needs_grad(n, 0)) {  // dx = dy W            [M, out] @ [out, in]
-        dx = empty(xv.sizes(), TensorOptions(dy.dtype()));
+        dx = empty(n.input_meta[0].sizes, TensorOptions(dy.dtype()));
         detail::input_grad_gemm<T>(M, in, out_f, pdy, wv, static_cast<T*>(dx.raw_data()));
       }
       if (needs_grad(n, 1)) {  // dW = dy^T x          [out, M] @ [M, in]
+        const Tensor xv = s.x.unpack(n);
         dw = empty(wv.sizes(), TensorOptions(dy.dtype()));
         gemm_t<T>(true, false, out_f, in, M, pdy, out_f, static_cast<const T*>(xv.raw_data()), in, 0.0f,
                   static_cast<T*>(dw.raw_data()), in);

@@ -128,8 +128,8 @@ template void input_grad_gemm<float16>(int64_t, int64_t, int64_t, const float16*
 void lowp_linear_backward_gemms(const Node& n, const bfloat16* g, const SavedTensor& x, const SavedTensor& w, int64_t M,
                                 int64_t in, int64_t out_f, Tensor& dx, Tensor& dw) {
   if (needs_grad(n, 0)) {  // dx = g W     [M, out] @ [out, in], bf16 like x
-    const Tensor xv = x.unpack(n), wv = w.unpack(n);
-    dx = empty(xv.sizes(), TensorOptions(DType::bf16));
+    const Tensor wv = w.unpack(n);  // x is not unpacked: see linear's backward
+    dx = empty(n.input_meta[0].sizes, TensorOptions(DType::bf16));
     input_grad_gemm<bfloat16>(M, in, out_f, g, wv, static_cast<bfloat16*>(dx.raw_data()));
   }
   if (needs_grad(n, 1)) {  // dW = g^T x   [out, M] @ [M, in], f32 out of the f32 accumulators

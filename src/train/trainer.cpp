@@ -19,17 +19,24 @@
 #include "athanor/core/rng.h"
 #include "athanor/data/corpus.h"
 #include "athanor/data/token_shard.h"
+#include "athanor/dist/device_mesh.h"
+#include "athanor/dist/pipeline_gpt.h"
 #include "athanor/dist/sync_batch_norm.h"
+#include "athanor/dist/tensor_parallel_gpt.h"
 #include "athanor/dist/zero.h"
+#include "athanor/nn/convnet.h"
 #include "athanor/nn/gpt.h"
+#include "athanor/nn/mlp.h"
 #include "athanor/ops.h"
 #include "athanor/observe/report.h"
 #include "athanor/observe/tensorboard.h"
 #include "athanor/ops/autocast.h"
 #include "athanor/optim/clip.h"
 #include <optional>
+#include "athanor/data/debug_dataset.h"
 #include "ckpt/checksum.h"
 #include "ops/packed_weights.h"
+#include "train/step_observer.h"
 
 #include <nlohmann/json.hpp>
 
@@ -59,44 +66,6 @@ class StopSignalScope {
   struct sigaction old_term_ {}, old_int_ {};
 };
 
-// The config keys that fix the model's parameter names and shapes (all applicable model.*
-// keys but dropout), as "key" -> canonical value text.
-bool key_applies(const Config& c, const ConfigKey& k) {
-  if (k.applies_to.empty()) return true;
-  const auto eq = k.applies_to.find('=');
-  // Model keys depend on model.type (a string choice): "|a|b|" contains "|value|".
-  std::string allowed = "|", value = "|";
-  allowed += k.applies_to.substr(eq + 1);
-  allowed += "|";
-  value += c.get_string(k.applies_to.substr(0, eq));
-  value += "|";
-  return allowed.find(value) != std::string::npos;
-}
-std::string value_text(const Config& c, const ConfigKey& k) {
-  std::ostringstream o;
-  o << std::setprecision(17);
-  switch (k.default_value.index()) {
-    case 0: o << c.get_int(k.path); break;
-    case 1: o << c.get_float(k.path); break;
-    case 2: o << (c.get_bool(k.path) ? "true" : "false"); break;
-    case 3: o << c.get_string(k.path); break;
-    case 4: for (auto v : c.get_int_list(k.path)) o << v << ","; break;
-    default: for (auto v : c.get_float_list(k.path)) o << v << ","; break;
-  }
-  return o.str();
-}
-std::map<std::string, std::string> model_shape(const Config& c) {
-  std::map<std::string, std::string> out;
-  for (const auto& k : config_schema())
-    if (k.path.rfind("model.", 0) == 0 && k.path != "model.dropout" && key_applies(c, k)) out[k.path] = value_text(c, k);
-  return out;
-}
-std::string shape_hash(const std::map<std::string, std::string>& shape) {
-  std::string canon;
-  for (const auto& [k, v] : shape) canon += k + "=" + v + "\n";
-  return ckpt::sha256_hex(canon);
-}
-
 // A sampler that returns the same given order every epoch (a rank's share of the validation set).
 class FixedOrderSampler final : public data::Sampler {
  public:
@@ -113,6 +82,8 @@ std::shared_ptr<data::Sampler> fixed_order_sampler(std::vector<int64_t> order) {
 double now_seconds() {
   return std::chrono::duration<double>(std::chrono::steady_clock::now().time_since_epoch()).count();
 }
+
+double step_label_entropy(const data::Dataset& set, int64_t* classes) { return label_entropy(set, 4096, classes); }
 
 // Over `params`: the model's, or (data parallel, ZeRO >= 1) the ones this rank owns.
 std::unique_ptr<optim::Optimizer> make_optimizer(const Config& c, const optim::NamedTensors& params, int64_t global_batch) {
@@ -133,15 +104,21 @@ std::unique_ptr<optim::Optimizer> make_optimizer(const Config& c, const optim::N
 }
 }  // namespace
 
+namespace {
+void check_batch(const Config& c) {
+  ATH_CHECK(c.get_int("trainer.batch_size") > 0, "config", "trainer.batch_size must be > 0");
+  ATH_CHECK(c.get_int("trainer.accum_steps") > 0, "config", "trainer.accum_steps must be > 0");
+}
+}  // namespace
+
 Trainer::Trainer(Config config, bool write_run_files)
     : config_(std::move(config)), run_files_(write_run_files), write_files_(write_run_files) {
   out_ = [](const std::string& s) { std::cout << s << std::flush; };
   tty_ = isatty(STDOUT_FILENO);
-  setup_process_group();  // first: the sampler and the run files depend on the rank
-  ATH_CHECK(config_.get_int("trainer.batch_size") > 0, "config", "trainer.batch_size must be > 0");
-  ATH_CHECK(config_.get_int("trainer.accum_steps") > 0, "config", "trainer.accum_steps must be > 0");
+  check_batch(config_);
+  par_ = std::make_unique<ParallelContext>(config_);  // first: the sampler and the run files depend on the rank
   build_data();  // first: the text pipeline fixes the vocabulary size
-  task_ = make_task(config_);
+  task_ = make_task(config_, par_->mesh());
   init(write_run_files);
 }
 
@@ -149,10 +126,16 @@ Trainer::Trainer(Config config, std::unique_ptr<Task> task, bool write_run_files
     : config_(std::move(config)), task_(std::move(task)), run_files_(write_run_files), write_files_(write_run_files) {
   out_ = [](const std::string& s) { std::cout << s << std::flush; };
   tty_ = isatty(STDOUT_FILENO);
-  setup_process_group();
+  check_batch(config_);
+  ParallelContext::check_config(config_);
+  const int64_t tp = config_.get_int("dist.tp"), pp = config_.get_int("dist.pp");
+  ATH_CHECK(tp == 1 && pp == 1, "trainer", "dist.tp ", tp, ", dist.pp ", pp,
+            ": a caller's Task cannot be split across tensor- or pipeline-parallel ranks by the trainer",
+            Hint{"build the model from dist:: tensor-parallel layers (or dist::PipelineGPT with dist::PipelineExecutor) and train "
+                 "it with dist::DataParallel directly, or let the trainer build its GPT (model.type gpt, no Task), or set "
+                 "dist.tp: 1 and dist.pp: 1"});
   ATH_CHECK(task_ != nullptr, "trainer", "the task is null", Hint{"pass std::make_unique<YourTask>(...)"});
-  ATH_CHECK(config_.get_int("trainer.batch_size") > 0, "config", "trainer.batch_size must be > 0");
-  ATH_CHECK(config_.get_int("trainer.accum_steps") > 0, "config", "trainer.accum_steps must be > 0");
+  par_ = std::make_unique<ParallelContext>(config_);
   build_data();
   init(write_run_files);
 }
@@ -160,7 +143,11 @@ Trainer::Trainer(Config config, std::unique_ptr<Task> task, bool write_run_files
 void Trainer::init(bool /*write_run_files: in write_files_*/) {
   const Config& c = config_;
   const int64_t gb = global_batch();
-  if (group_) {
+  write_files_ = run_files_ && par_->rank() == 0;
+  if (par_->rank() != 0) out_ = [](const std::string&) {};
+  par_->bind_model(task_->module());
+  if (par_->distributed()) {
+    zero_stage_ = par_->zero_stage();
     setup_data_parallel(gb);
   } else {
     optimizer_ = make_optimizer(config_, task_->module().named_parameters(), gb);
@@ -206,56 +193,123 @@ void Trainer::init(bool /*write_run_files: in write_files_*/) {
   ho.spike_window = c.get_int("health.spike_window");
   ho.loss_spike_z = c.get_float("health.loss_spike_z");
   ho.grad_spike_z = c.get_float("health.grad_spike_z");
-  health_monitor_ = std::make_unique<observe::HealthMonitor>(ho);
+  ho.min_samples = ho.spike_window;  // a window is warm when full
+  // The monitor reads the run's config to fit its advice (nothing already set is suggested).
+  health_monitor_ = std::make_unique<observe::HealthMonitor>(ho, observe::RunSettings::from_yaml(c.resolved_yaml(), "the config"));
+  // Per-layer statistics read every parameter's gradient: not where ZeRO shards them (stage 2/3).
+  step_observer_ = std::make_unique<StepObserver>(c.get_int("trainer.log_every"),
+                                                  c.get_bool("observe.layer_stats") && (!dp_ || zero_stage_ <= 1),
+                                                  c.get_int("observe.histograms_every"), c.get_int("trainer.batch_size"));
+
+  // The step's first part: the micro-batch loop, or the pipeline schedule.
+  const StepParts parts{*task_, dp_.get(), *scaler_, precision_, par_->dp_size()};
+  step_pipeline_ = par_->pp_size() > 1
+                       ? make_pipeline_schedule(parts, *par_, dist::parse_schedule(c.get_string("dist.pp_schedule")),
+                                                static_cast<int>(c.get_int("trainer.accum_steps")),
+                                                static_cast<int>(c.get_int("dist.virtual_stages")))
+                       : make_micro_batch_loop(parts);
 
   run_dir_ = (fs::path(c.get_string("out_dir")) / c.get_string("name")).string();
+  files_ = std::make_unique<RunFiles>(run_dir_, write_files_);
+  checkpointer_ = std::make_unique<Checkpointer>(
+      (fs::path(run_dir_) / "checkpoints").string(),
+      CheckpointParts{config_, *task_, dp_.get(), optimizer_.get(), *optim_, *scheduler_, *scaler_, *train_loader_, *par_});
   if (!run_files_) return;
   if (!write_files_) {  // ranks other than 0: only resume (every rank loads the checkpoint)
     if (c.get_string("resume") == "auto") resume_latest();
     return;
   }
-  std::error_code ec;
-  fs::create_directories(run_dir_, ec);
-  ATH_CHECK(!ec, "trainer", "cannot create the run directory '", run_dir_, "': ", ec.message(),
-            Hint{"check out_dir and the permissions"});
   std::string resolved = config_.resolved_yaml();
   if (precision_ != DType::f16)
     resolved += "# scaler: off (dynamic loss scaling is used only with trainer.precision f16; this run uses " +
                 c.get_string("trainer.precision") + ")\n";
-  resolved += "# data parallel: " + (group_ ? "mpi, world size " + std::to_string(world_) + ", zero_stage " + std::to_string(zero_stage_)
-                                            : std::string("off (1 process)")) +
+  resolved += "# data parallel: " + (par_->distributed() ? "mpi, world size " + std::to_string(par_->world_size()) + ", zero_stage " + std::to_string(zero_stage_)
+                                                         : std::string("off (1 process)")) +
               "; global batch " + std::to_string(gb) + " = batch_size " + std::to_string(c.get_int("trainer.batch_size")) +
-              " x accum_steps " + std::to_string(c.get_int("trainer.accum_steps")) + " x world " + std::to_string(world_) + "\n";
+              " x accum_steps " + std::to_string(c.get_int("trainer.accum_steps")) + " x dp " + std::to_string(par_->dp_size()) + "\n";
+  if (par_->tp_size() > 1)
+    resolved += "# tensor parallel: tp " + std::to_string(par_->tp_size()) + " x dp " + std::to_string(par_->dp_size()) +
+                " (ranks tp-fastest), sequence parallel " + (c.get_bool("dist.sequence_parallel") ? "on" : "off") + "\n";
+  if (par_->pp_size() > 1) {
+    const auto* pm = dynamic_cast<const dist::PipelineGPT*>(&task_->module());
+    resolved += "# pipeline parallel: " + par_->describe() + ", schedule " + c.get_string("dist.pp_schedule") + ", " +
+                std::to_string(c.get_int("trainer.accum_steps")) + " micro-batches, " + (pm ? pm->layout().describe() : "") + "\n";
+  }
   if (dp_ && zero_stage_ == 3) {
     std::string units;
     for (const auto& u : dp_->shard_units()) units += (units.empty() ? "" : ", ") + u;
     resolved += "# zero_stage 3 sharded modules (parameters split across the ranks, gathered per forward/backward): " + units + "\n";
   }
-  std::ofstream(fs::path(run_dir_) / "config.yaml") << resolved;
+  files_->create(resolved);
+  write_run_info();
   if (c.get_bool("observe.tensorboard")) add_sink(std::make_shared<observe::TensorBoardSink>(run_dir_));
-  // metrics.jsonl is truncated by the first line written, unless a resume keeps it up to the checkpoint.
-  std::ofstream(fs::path(run_dir_) / "metrics.jsonl", std::ios::app);
   if (c.get_string("resume") == "auto") resume_latest();
 }
 
 Trainer::~Trainer() = default;
 
+namespace {
+// The stage-3 sharding units of the models the trainer builds (empty: rely on FullyShardedBlocks).
+std::vector<std::string> zero3_units(nn::Module& m) {
+  if (auto* gpt = dynamic_cast<nn::GPT*>(&m)) return gpt->shard_units();
+  if (auto* tpg = dynamic_cast<dist::TensorParallelGPT*>(&m)) return tpg->shard_units();
+  if (auto* mlp = dynamic_cast<nn::MLP*>(&m)) return mlp->shard_units();
+  ATH_CHECK(dynamic_cast<nn::ConvNet*>(&m) == nullptr, "config",
+            "dist.zero_stage 3 is not supported for model.type convnet: its layers are not called through "
+            "nn::Module::run_forward, so they cannot be sharded (and its parameters are small)",
+            Hint{"use dist.zero_stage 2 (gradients and optimizer state sharded) for the convnet; stage 3 supports "
+                 "model.type gpt and mlp"});
+  for (auto& [path, sub] : m.named_modules())
+    if (std::dynamic_pointer_cast<dist::FullyShardedBlock>(sub)) return {};
+  ATH_FAIL("config", "dist.zero_stage 3: the task's model is not one the trainer builds (gpt, mlp) and has no "
+           "dist::FullyShardedBlock, so there is nothing to shard",
+           Hint{"wrap the model's repeated blocks in dist::FullyShardedBlock (include/athanor/dist/zero.h), "
+                "or use dist.zero_stage 2"});
+}
+}  // namespace
+
+std::vector<std::string> Trainer::zero3_shard_modules() { return zero3_units(task_->module()); }
+
 void Trainer::setup_data_parallel(int64_t gb) {
-  if (config_.get_bool("dist.sync_batchnorm")) dist::convert_sync_batchnorm(task_->module(), group_);
+  if (config_.get_bool("dist.sync_batchnorm")) dist::convert_sync_batchnorm(task_->module(), par_->dp_group());
   // The model is owned by the task, which outlives dp_ (declared before it).
   std::shared_ptr<nn::Module> model(&task_->module(), [](nn::Module*) {});
   dist::DataParallelOptions o;
   o.zero_stage = zero_stage_;
   o.bucket_mb = config_.get_float("dist.bucket_mb");
   if (zero_stage_ == 3) o.shard_modules = zero3_shard_modules();
+  if (const auto* specs = par_->tp_specs()) {  // norms over shards, sequence-parallel gradients summed over tp
+    o.tp_group = par_->tp_group();
+    o.tp_specs = *specs;
+  }
+  if (par_->pp_size() > 1) {  // the norm sums every stage's part, the last stage's tied copy not counted
+    o.pp_group = par_->pp_group();
+    o.norm_excluded = par_->duplicates();
+  }
   dp_ = std::make_unique<dist::DataParallel>(
-      model, group_, [this, gb](const optim::NamedTensors& owned) { return make_optimizer(config_, owned, gb); }, o);
+      model, par_->dp_group(), [this, gb](const optim::NamedTensors& owned) { return make_optimizer(config_, owned, gb); }, o);
   optim_ = &dp_->optimizer();
 }
 
 void Trainer::build_data() {
   Config& c = config_;
   const uint64_t seed = static_cast<uint64_t>(c.get_int("seed"));
+  // The TEST ONLY faults (debug.*), checked before any data is loaded.
+  data::DebugDataOptions dbg;
+  dbg.shuffle_labels = c.get_bool("debug.shuffle_labels");
+  dbg.seed = seed;
+  dbg.sample_delay_ms = c.get_float("debug.sample_delay_ms");
+  dbg.corrupt_ids = c.get_int_list("debug.corrupt_samples");
+  {
+    const std::string& v = c.get_string("debug.corrupt_value");
+    char* end = nullptr;
+    dbg.corrupt_value = std::strtod(v.c_str(), &end);
+    ATH_CHECK(!v.empty() && end == v.c_str() + v.size(), "config", "debug.corrupt_value must be 'nan', 'inf' or a number, got '", v, "'",
+              Hint{"e.g. debug.corrupt_value: nan, or 1e6"});
+  }
+  dbg.input_scale = c.get_float("debug.input_scale");
+  ATH_CHECK(dbg.sample_delay_ms >= 0 && c.get_float("debug.slow_rank_delay_ms") >= 0, "config",
+            "debug.sample_delay_ms and debug.slow_rank_delay_ms must be >= 0", Hint{"they are delays in milliseconds"});
   data::LoaderOptions lo;
   lo.batch_size = c.get_int("trainer.batch_size");
   lo.num_workers = static_cast<int>(c.get_int("data.num_workers"));
@@ -263,8 +317,8 @@ void Trainer::build_data() {
   lo.seed = seed;
   if (c.get_string("data.type") == "fashion_mnist") {
     const std::string dir = c.get_string("data.dir").empty() ? data::default_fashion_mnist_dir() : c.get_string("data.dir");
-    train_set_ = data::fashion_mnist(dir, true);
-    val_set_ = data::fashion_mnist(dir, false);
+    train_set_ = data::fashion_mnist(dir, true, c.get_bool("data.normalize"));
+    val_set_ = data::fashion_mnist(dir, false, c.get_bool("data.normalize"));
   } else {
     const std::string corpus = c.get_string("data.corpus"), tok = c.get_string("data.tokenizer");
     tokenizer_ = data::make_tokenizer(tok, c.get_string("data.tokenizer_dir"));
@@ -272,12 +326,13 @@ void Trainer::build_data() {
     ATH_CHECK(c.get_int("model.vocab_size") >= tokenizer_->vocab_size(), "config", "model.vocab_size (",
               c.get_int("model.vocab_size"), ") is smaller than the tokenizer's vocabulary (", tokenizer_->vocab_size(), ")",
               Hint{"set model.vocab_size: 0 to take the tokenizer's"});
+    ParallelContext::check_config(c);  // the vocabulary is known now (before the data is prepared)
     // Tokenized shards are cached per (corpus, tokenizer) and reused.
     const std::string stem = corpus == "brown" ? "brown" : fs::path(corpus).stem().string();
     const fs::path dir = fs::path(c.get_string("data.cache_dir")) / (stem + "-" + tok);
     // Under data parallel rank 0 prepares the shards while the others wait (one writer).
     const bool need = any_rank(!fs::exists(dir / "train.bin") || !fs::exists(dir / "val.bin"));
-    if (need && rank_ == 0) {
+    if (need && par_->rank() == 0) {
       std::string text_path = corpus;
       if (corpus == "brown") {
         fs::create_directories(c.get_string("data.cache_dir"));
@@ -292,9 +347,14 @@ void Trainer::build_data() {
     train_set_ = data::token_windows(std::make_shared<data::TokenShard>((dir / "train.bin").string(), vocab), T);
     val_set_ = data::token_windows(std::make_shared<data::TokenShard>((dir / "val.bin").string(), vocab), T);
   }
+  if (c.get_int("data.train_samples") > 0) train_set_ = data::prefix_subset(train_set_, c.get_int("data.train_samples"));
+  // The labels' entropy (the loss of a model that ignores its inputs), for the doctor: of the
+  // data as it is, before any debug.* fault.
+  if (rank() == 0) label_entropy_ = step_label_entropy(*train_set_, &label_classes_);
+  if (dbg.any()) train_set_ = data::debug_dataset(train_set_, dbg);
   ATH_CHECK(train_set_->size() >= lo.batch_size, "data", train_set_->describe(), " has fewer samples than one batch (",
             lo.batch_size, ")", Hint{"lower trainer.batch_size or use more data"});
-  train_loader_ = std::make_unique<data::DataLoader>(train_set_, lo, train_sampler(train_set_->size(), seed));
+  train_loader_ = std::make_unique<data::DataLoader>(train_set_, lo, par_->train_sampler(train_set_->size(), seed));
 }
 
 EvalMetrics Trainer::evaluate() {
@@ -311,15 +371,15 @@ EvalMetrics Trainer::evaluate() {
   lo.drop_last = false;
   lo.num_workers = static_cast<int>(config_.get_int("data.num_workers"));
   // The validation batches are those of one sequential pass in global micro-batches (batch_size
-  // × world, as training); under data parallel rank r evaluates its slice of each and the sums
-  // are reduced, so the result is that of 1 process with batch_size × world.
-  const int64_t global = lo.batch_size * world_, N = val_set_->size();
+  // × dp, as training); under data parallel dp rank r evaluates its slice of each and the sums
+  // are reduced, so the result is that of 1 process with batch_size × dp.
+  const int64_t global = lo.batch_size * par_->dp_size(), N = val_set_->size();
   const int64_t total = (N + global - 1) / global;
   const int64_t limit = config_.get_int("trainer.eval_batches");
   const int64_t n = limit > 0 ? std::min(limit, total) : total;
   std::vector<int64_t> mine;
   for (int64_t i = 0; i < n; ++i)
-    for (int64_t j = i * global + rank_ * lo.batch_size; j < std::min(i * global + (rank_ + 1) * lo.batch_size, N); ++j)
+    for (int64_t j = i * global + par_->dp_rank() * lo.batch_size; j < std::min(i * global + (par_->dp_rank() + 1) * lo.batch_size, N); ++j)
       mine.push_back(j);
   EvalMetrics e;
   e.step = step_;
@@ -335,9 +395,9 @@ EvalMetrics Trainer::evaluate() {
       e.count += b.num_targets;
     }
   }
-  loss_sum = sum_across_ranks(loss_sum);
-  correct = std::llround(sum_across_ranks(static_cast<double>(correct)));
-  e.count = std::llround(sum_across_ranks(static_cast<double>(e.count)));
+  loss_sum = par_->sum_over_dp(loss_sum);
+  correct = std::llround(par_->sum_over_dp(static_cast<double>(correct)));
+  e.count = std::llround(par_->sum_over_dp(static_cast<double>(e.count)));
   e.loss = loss_sum / std::max<int64_t>(e.count, 1);
   if (task_->is_classifier()) e.accuracy = static_cast<double>(correct) / std::max<int64_t>(e.count, 1);
   model.train();
@@ -348,7 +408,7 @@ EvalMetrics Trainer::evaluate() {
   o << " (" << e.count << (task_->is_language_model() ? " tokens)" : " samples)");
   if (tty_) out_("\n");
   out_(o.str() + "\n");
-  write_jsonl(observe::to_json(e));
+  files_->append_metrics(observe::to_json(e));
   for (auto& cb : callbacks_) cb->on_eval(e);
   for (auto& s : sinks_) s->on_eval(e);
   return e;
@@ -358,26 +418,28 @@ std::string Trainer::sample(int64_t tokens) { return sample(tokens, config_.get_
 
 std::string Trainer::sample(int64_t tokens, const std::string& prompt_text) {
   ATH_CHECK(task_->is_language_model() && tokenizer_, "sample", "only GPT models on text data can generate text");
-  auto& gpt = dynamic_cast<nn::GPT&>(task_->module());
   std::vector<int32_t> prompt = tokenizer_->encode(prompt_text);
   if (prompt.empty()) prompt.push_back(0);
   std::optional<dist::DataParallel::FullParameters> full;  // stage 3: every rank is here (a collective)
   if (dp_ && zero_stage_ == 3) full.emplace(*dp_);
   Generator gen(static_cast<uint64_t>(config_.get_int("seed")) + static_cast<uint64_t>(step_));
-  auto ids = gpt.generate(prompt, tokens, config_.get_float("trainer.sample_temperature"), config_.get_int("trainer.sample_top_k"), gen);
+  auto ids = task_->generate(prompt, tokens, config_.get_float("trainer.sample_temperature"), config_.get_int("trainer.sample_top_k"), gen);
   return tokenizer_->decode(ids);
 }
 
 void Trainer::save_weights(const std::string& path) {
   ckpt::NamedTensors named;
-  // Stage 3: gathered copies under the 1-process names (a collective); otherwise the tensors themselves.
-  for (auto& [n, t] : dp_ && zero_stage_ == 3 ? dp_->full_state_dict() : task_->module().state_dict()) named.emplace_back(n, t);
-  if (rank_ == 0) ckpt::save_safetensors(path, named, {{"format", "athanor"}, {"step", std::to_string(step_)}});
+  // Stage 3: gathered copies under the 1-process names (a collective); otherwise the tensors
+  // themselves; tensor parallel: the shards merged into the logical tensors (a collective).
+  // Pipeline: every stage's tensors gathered on the first stage (collectives over pp).
+  for (auto& [n, t] : par_->gather_stages(par_->logical(dp_ && zero_stage_ == 3 ? dp_->full_state_dict() : task_->module().state_dict())))
+    named.emplace_back(n, t);
+  if (par_->rank() == 0) ckpt::save_safetensors(path, named, {{"format", "athanor"}, {"step", std::to_string(step_)}});
 }
 
 void Trainer::load_weights(const std::string& path) {
   auto file = ckpt::load_safetensors(path);
-  const nn::StateDict state(file.tensors.begin(), file.tensors.end());
+  const nn::StateDict state = par_->local(nn::StateDict(file.tensors.begin(), file.tensors.end()), false);
   if (dp_) dp_->load_full_state_dict(state);  // stage 3: into the gathered blocks (every rank calls it)
   else task_->module().load_state_dict(state);
 }
@@ -386,47 +448,20 @@ std::string Trainer::checkpoints_dir() const { return (fs::path(run_dir_) / "che
 
 void Trainer::request_stop() { g_stop_requested.store(true); }
 
+int Trainer::rank() const { return par_->rank(); }
+int Trainer::world_size() const { return par_->world_size(); }
+int Trainer::tp_size() const { return par_->tp_size(); }
+int Trainer::pp_size() const { return par_->pp_size(); }
+int Trainer::dp_size() const { return par_->dp_size(); }
+int64_t Trainer::global_batch() const {
+  return config_.get_int("trainer.batch_size") * config_.get_int("trainer.accum_steps") * par_->dp_size();
+}
+bool Trainer::any_rank(bool v) const { return par_->any_rank(v); }
+void Trainer::barrier() const { par_->barrier(); }
+bool Trainer::collective_model() const { return zero_stage_ == 3 || par_->tp_size() > 1 || par_->pp_size() > 1; }
+
 std::string Trainer::save_checkpoint() {
-  // Under data parallel every rank saves its own part, under the logical (1-process) names
-  // (ckpt/sharded_checkpoint.h): no rank ever holds the full state. The scalars (steps, lrs)
-  // are gathered: a collective, so every rank calls save_checkpoint.
-  const ckpt::NamedTensors model_tensors = dp_ ? dp_->local_state_dict() : task_->module().state_dict();
-  const ckpt::NamedTensors optim_tensors = dp_ ? dp_->local_optimizer_state() : optimizer_->state_tensors();
-  const std::map<std::string, double> optim_scalars = dp_ ? dp_->full_optimizer_scalars() : optimizer_->state_scalars();
-  const auto shape = model_shape(config_);
-  const data::LoaderPosition pos = train_loader_->position();
-  const GeneratorState rng = default_generator().state();
-  nlohmann::json j;
-  j["format"] = "athanor-train-state";
-  j["version"] = ATHANOR_VERSION;
-  j["step"] = step_;
-  j["skipped_steps"] = skipped_;
-  j["max_steps"] = max_steps_;
-  j["epoch"] = pos.epoch;
-  // "samples": the position in the epoch's global sample stream, so that another world size or
-  // micro-batch continues with the same global batches.
-  const int64_t micro = config_.get_int("trainer.batch_size");
-  j["loader"] = {{"epoch", pos.epoch}, {"batch", pos.batch}, {"samples", pos.batch * micro * world_}};
-  j["dist"] = {{"world_size", world_}, {"zero_stage", zero_stage_}, {"micro_batch", micro}};
-  j["rng"] = {{"default", {{"seed", rng.seed}, {"offset", rng.offset}}}};
-  j["scheduler_step"] = scheduler_->current_step();
-  j["optimizer"] = {{"type", optim_->name()}, {"scalars", optim_scalars}};
-  j["model_shape"] = shape;
-  j["config_hash"] = shape_hash(shape);
-  j["seed"] = config_.get_int("seed");
-  j["lr_factor"] = lr_factor_;
-  if (scaler_->enabled())
-    j["scaler"] = {{"scale", scaler_->get_scale()}, {"growth_tracker", scaler_->growth_tracker()}, {"skipped_steps", scaler_->skipped_steps()}};
-  const std::map<std::string, std::string> meta{{"format", "athanor"}, {"step", std::to_string(step_)}};
-  std::string dir;
-  if (dp_) {  // every rank writes its shards, rank 0 the indexes, state.json and the manifest
-    dir = ckpt::save_sharded_checkpoint(*group_, checkpoints_dir(), step_, {{"model", model_tensors, meta}, {"optimizer", optim_tensors, meta}},
-                                        {{"state.json", j.dump(2) + "\n"}});
-  } else {
-    dir = ckpt::save_checkpoint(checkpoints_dir(), step_,
-                                {{"model.safetensors", model_tensors, meta}, {"optimizer.safetensors", optim_tensors, meta}},
-                                {{"state.json", j.dump(2) + "\n"}});
-  }
+  const std::string dir = checkpointer_->save({step_, skipped_, max_steps_, lr_factor_});
   if (write_files_)
     ckpt::apply_retention(checkpoints_dir(), config_.get_int("checkpoint.keep_last"), config_.get_int("checkpoint.keep_every"));
   barrier();  // the checkpoint is complete for every rank (a rollback may read it next)
@@ -434,119 +469,31 @@ std::string Trainer::save_checkpoint() {
   return dir;
 }
 
-void Trainer::verify_checkpoint(const std::string& dir) const {
-  if (group_) ckpt::verify_checkpoint_across(*group_, dir);  // each rank hashes 1/N of the files; any failure fails all
-  else ckpt::verify_checkpoint(dir);
-}
+void Trainer::verify_checkpoint(const std::string& dir) const { checkpointer_->verify(dir); }
 
 void Trainer::resume_from(const std::string& dir) {
-  verify_checkpoint(dir);
-  const fs::path state_path = fs::path(dir) / "state.json";
-  nlohmann::json j;
-  try {
-    std::ifstream f(state_path);
-    j = nlohmann::json::parse(f);
-  } catch (const nlohmann::json::exception& e) {
-    ATH_FAIL("resume", "'", state_path.string(), "' is not valid JSON: ", e.what(), Hint{"use an earlier checkpoint"});
-  }
-  try {
-    ATH_CHECK(j.value("format", "") == "athanor-train-state", "resume", "'", state_path.string(), "' is not an athanor training state");
-    // The model shape must match: the weights would not fit otherwise.
-    const auto saved = j.at("model_shape").get<std::map<std::string, std::string>>();
-    const auto now = model_shape(config_);
-    if (j.at("config_hash").get<std::string>() != shape_hash(now)) {
-      std::string diff;
-      std::set<std::string> keys;
-      for (const auto& [k, v] : saved) keys.insert(k);
-      for (const auto& [k, v] : now) keys.insert(k);
-      for (const auto& k : keys) {
-        const auto a = saved.count(k) ? saved.at(k) : std::string("(unset)");
-        const auto b = now.count(k) ? now.at(k) : std::string("(unset)");
-        if (a != b) diff += (diff.empty() ? "" : ", ") + k + " (checkpoint " + a + ", config " + b + ")";
-      }
-      ATH_FAIL("resume", "cannot resume from '", dir, "': the config changes the model shape: ", diff.empty() ? "hash differs" : diff,
-               Hint{"restore those model.* keys, or start a new run (another name, or resume: off)"});
-    }
-    const std::string opt = j.at("optimizer").at("type").get<std::string>();
-    ATH_CHECK(opt == optim_->name(), "resume", "cannot resume from '", dir, "': it holds ", opt, " optimizer state but optimizer.type makes ",
-              optim_->name(), Hint{"restore optimizer.type, or start a new run"});
-    // One file (1 process) or the shards of every rank of the saving run (any world size and
-    // stage). Shards are memory-mapped: each rank reads only the tensors it keeps.
-    const std::string model_path = (fs::path(dir) / "model.safetensors").string();
-    auto optim_file = ckpt::load_checkpoint_tensors(dir, "optimizer");
-    if (dp_) {  // the data-parallel wrapper may shard parameters: it takes what this rank holds
-      auto model_file = ckpt::load_checkpoint_tensors(dir, "model");
-      dp_->load_full_state_dict(nn::StateDict(model_file.tensors.begin(), model_file.tensors.end()));
-    } else if (fs::exists(model_path)) {  // straight into the parameters: one copy, as fast as read()
-      ckpt::load_safetensors_into(model_path, task_->module().state_dict());
-    } else {
-      auto model_file = ckpt::load_checkpoint_tensors(dir, "model");
-      task_->module().load_state_dict(nn::StateDict(model_file.tensors.begin(), model_file.tensors.end()));
-    }
-    const auto scalars = j.at("optimizer").at("scalars").get<std::map<std::string, double>>();
-    if (dp_) dp_->load_full_optimizer_state(optim_file.tensors, scalars);  // each rank keeps its part: any world size/stage
-    else optimizer_->load_state(optim_file.tensors, scalars);
-    // Loading bumped the weights' versions: remake their low-precision copies now rather than cast each one in the next step.
-    if (optim_->low_precision_copies() != DType::f32) optim_->enable_low_precision_copies(optim_->low_precision_copies());
-    step_ = j.at("step").get<int64_t>();
-    skipped_ = j.at("skipped_steps").get<int64_t>();
-    scheduler_->set_step(j.at("scheduler_step").get<int64_t>());
-    const auto& loader = j.at("loader");
-    int64_t batch = loader.at("batch").get<int64_t>();
-    if (loader.contains("samples")) {  // map the global sample position onto this run's micro-batch × world
-      const int64_t samples = loader.at("samples").get<int64_t>(), per = config_.get_int("trainer.batch_size") * world_;
-      ATH_CHECK(samples % per == 0, "resume", "cannot resume from '", dir, "': it stopped after ", samples,
-                " samples of its epoch, which is not a whole number of this run's global micro-batches (batch_size ",
-                config_.get_int("trainer.batch_size"), " x world ", world_, " = ", per, ")",
-                Hint{"choose trainer.batch_size and the number of processes so that batch_size x world divides " + std::to_string(samples)});
-      batch = samples / per;
-    }
-    train_loader_->set_position({loader.at("epoch").get<int64_t>(), batch});
-    lr_factor_ = j.value("lr_factor", 1.0);
-    apply_lr_factor();
-    if (scaler_->enabled() && j.contains("scaler"))
-      scaler_->load_state_dict({{"scale", scalar_tensor(j.at("scaler").at("scale").get<double>(), {DType::f64})},
-                                {"growth_tracker", scalar_tensor(static_cast<double>(j.at("scaler").at("growth_tracker").get<int64_t>()),
-                                                                 {DType::f64})}});
-    default_generator().set_state({j.at("rng").at("default").at("seed").get<uint64_t>(), j.at("rng").at("default").at("offset").get<uint64_t>()});
-  } catch (const nlohmann::json::exception& e) {
-    ATH_FAIL("resume", "'", state_path.string(), "' lacks a field or has a wrong type: ", e.what(), Hint{"use an earlier checkpoint"});
-  }
+  const TrainCounters c = checkpointer_->restore(dir);
+  step_ = c.step;
+  skipped_ = c.skipped;
+  lr_factor_ = c.lr_factor;
+  apply_lr_factor();
   last_checkpoint_step_ = step_;
   history_.clear();
   // metrics.jsonl and health.jsonl: keep the lines up to the checkpoint, so the logs read as one run.
-  if (write_files_) {
-    for (const char* log : {"metrics.jsonl", "health.jsonl"}) {
-      const fs::path mp = fs::path(run_dir_) / log;
-      if (!fs::exists(mp)) continue;
-      std::ifstream in(mp);
-      std::string line, kept;
-      while (std::getline(in, line)) {
-        const auto at = line.find("\"step\":");
-        if (at != std::string::npos && std::strtoll(line.c_str() + at + 7, nullptr, 10) > step_) continue;
-        kept += line + "\n";
-      }
-      in.close();
-      std::ofstream(mp, std::ios::trunc) << kept;
-    }
-    metrics_started_ = health_started_ = true;
-  }
+  files_->keep_until(step_);
+  if (write_files_) health_started_ = true;
   out_("resumed from " + dir + " at step " + std::to_string(step_) + "\n");
 }
 
 bool Trainer::resume_latest() {
-  const auto found = ckpt::find_latest_valid(checkpoints_dir(), [this](const std::string& dir) { verify_checkpoint(dir); });
-  for (const auto& s : found.skipped) out_("skipping damaged checkpoint " + s + "\n");
-  if (found.path.empty()) {
-    if (!found.skipped.empty()) out_("no valid checkpoint in " + checkpoints_dir() + "; starting from scratch\n");
-    return false;
-  }
-  resume_from(found.path);
+  const std::string found = checkpointer_->latest_valid([this](const std::string& s) { out_("skipping damaged checkpoint " + s + "\n"); });
+  if (found.empty()) return false;
+  resume_from(found);
   return true;
 }
 
 void Trainer::fit() {
-  start_time_ = now_seconds();
+  if (start_time_ == 0 || step_ == 0) start_time_ = now_seconds();
   g_stop_requested.store(false);
   stopped_by_signal_ = false;
   StopSignalScope signals;
@@ -563,10 +510,27 @@ void Trainer::fit() {
     out_(o.str());
   }
   if (const std::string note = bf16_speed_note(); !note.empty()) out_("warning: " + note);
-  out_("training " + task_->module().local_name() + std::to_string(task_->module().parameters_count()) + " parameters on " +
+  const auto* tpm = dynamic_cast<const dist::TensorParallelGPT*>(&task_->module());
+  const auto* ppm = dynamic_cast<const dist::PipelineGPT*>(&task_->module());
+  const int64_t logical = tpm ? tpm->logical_parameters_count() : ppm ? ppm->logical_parameters_count() : 0;
+  out_("training " + task_->module().local_name() +
+       (logical ? std::to_string(logical) + " parameters (" + std::to_string(task_->module().parameters_count()) + " on rank 0, " +
+                      (ppm ? "its pipeline stage" : "a tensor-parallel shard") + ")"
+                : std::to_string(task_->module().parameters_count()) + " parameters") +
+       " on " +
        train_set_->describe() + " for " + std::to_string(max_steps_) + " steps (batch " +
        std::to_string(config_.get_int("trainer.batch_size")) + " x accum " + std::to_string(config_.get_int("trainer.accum_steps")) +
-       (dp_ ? " x " + std::to_string(world_) + " ranks (mpi, zero_stage " + std::to_string(zero_stage_) + ")" : std::string()) +
+       (dp_ ? " x " + std::to_string(par_->dp_size()) + " dp ranks (mpi, zero_stage " + std::to_string(zero_stage_) +
+                  (par_->tp_size() > 1 ? "; tp " + std::to_string(par_->tp_size()) +
+                                             (config_.get_bool("dist.sequence_parallel") ? ", sequence parallel" : "")
+                                       : std::string()) +
+                  (par_->pp_size() > 1 ? "; pp " + std::to_string(par_->pp_size()) + ", " + config_.get_string("dist.pp_schedule") +
+                                             (config_.get_int("dist.virtual_stages") > 1
+                                                  ? " x " + std::to_string(config_.get_int("dist.virtual_stages")) + " virtual stages"
+                                                  : std::string())
+                                       : std::string()) +
+                  ")"
+            : std::string()) +
        " = global batch " + std::to_string(global_batch()) + "); run directory " + run_dir_ + "\n");
   const int64_t eval_every = config_.get_int("trainer.eval_every"), sample_every = config_.get_int("trainer.sample_every");
   const double limit = config_.get_float("trainer.time_limit_s");
@@ -584,7 +548,7 @@ void Trainer::fit() {
     if (run_files_ && ckpt_every > 0 && step_ % ckpt_every == 0) save_checkpoint();
     if (eval_every > 0 && step_ % eval_every == 0 && step_ < max_steps_) evaluate();
     // Stage 3: every rank samples (the weights are gathered for it); only rank 0 has an output.
-    if ((rank_ == 0 || zero_stage_ == 3) && sample_every > 0 && step_ % sample_every == 0 && step_ < max_steps_ &&
+    if ((par_->rank() == 0 || collective_model()) && sample_every > 0 && step_ % sample_every == 0 && step_ < max_steps_ &&
         task_->is_language_model())
       out_("--- sample ---\n" + sample(config_.get_int("trainer.sample_tokens")) + "\n--------------\n");
     if (time_up) {
@@ -599,21 +563,21 @@ void Trainer::fit() {
   if (run_files_ && ckpt_every > 0 && last_checkpoint_step_ != step_) save_checkpoint();
   if (stopped_by_signal_) {  // leave quickly: no sample; evaluate only if nothing was evaluated yet
     if (evals_.empty()) evaluate();
-    if (write_files_ || (run_files_ && zero_stage_ == 3)) save_weights((fs::path(run_dir_) / "model.safetensors").string());
+    if (write_files_ || (run_files_ && collective_model())) save_weights((fs::path(run_dir_) / "model.safetensors").string());
     for (auto& cb : callbacks_) cb->on_end();
     for (auto& s : sinks_) s->on_end();
     return;
   }
   evaluate();
-  if (write_files_ || (run_files_ && zero_stage_ == 3)) save_weights((fs::path(run_dir_) / "model.safetensors").string());
+  if (write_files_ || (run_files_ && collective_model())) save_weights((fs::path(run_dir_) / "model.safetensors").string());
   if (write_files_ && config_.get_bool("observe.report")) {
     try {
-      out_("report: " + observe::write_report(run_dir_) + "\n");
+      out_("report: " + files_->write_report() + "\n");
     } catch (const Error& e) {  // the run itself succeeded: say so and go on
       out_(std::string("could not write report.html: ") + e.what() + "\n");
     }
   }
-  if ((rank_ == 0 || zero_stage_ == 3) && task_->is_language_model())
+  if ((par_->rank() == 0 || collective_model()) && task_->is_language_model())
     out_("--- sample ---\n" + sample(config_.get_int("trainer.sample_tokens")) + "\n--------------\n");
   for (auto& cb : callbacks_) cb->on_end();
   for (auto& s : sinks_) s->on_end();

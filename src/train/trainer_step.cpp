@@ -15,6 +15,10 @@
 #include <sstream>
 
 #include "athanor/core/allocator.h"
+#include "athanor/dist/comm_ledger.h"
+#include "athanor/dist/process_group.h"
+#include "athanor/dist/device_mesh.h"
+#include "athanor/dist/pipeline_schedule.h"
 #include "athanor/dist/zero.h"
 #include "athanor/observe/profiler.h"
 #include "athanor/ops.h"
@@ -23,6 +27,9 @@
 #include "athanor/train/trainer.h"
 #include "backend/cpu/cpu_peak.h"
 #include "backend/cpu/isa.h"
+#include "train/step_observer.h"
+
+#include <nlohmann/json.hpp>
 
 namespace athanor::train {
 namespace fs = std::filesystem;
@@ -67,11 +74,6 @@ double gemm_probe_flops(DType dt) {
   return flops;
 }
 
-double l2_norm(const Tensor& t) {
-  double s = 0;
-  for (double v : t.to_vector()) s += v * v;
-  return std::sqrt(s);
-}
 }  // namespace
 
 void Trainer::measure_peak_flops() {
@@ -105,40 +107,6 @@ std::string Trainer::bf16_speed_note() {
   return o.str();
 }
 
-void Trainer::forward_backward(const std::vector<data::Batch>& batches, StepMetrics& m) {
-  for (size_t k = 0; k < batches.size(); ++k) {
-    const auto& b = batches[k];
-    // Data parallel: gradients of non-final micro-batches accumulate locally (no reduction).
-    std::optional<dist::DataParallel::NoSync> no_sync;
-    if (dp_ && k + 1 < batches.size()) no_sync.emplace(*dp_);
-    const double tf = now_seconds();
-    Tensor loss;
-    {
-      observe::ProfileSpan span("forward");
-      // What forward allocates (the activations kept for backward, autocast's weight casts) is
-      // "activation"; backward's temporaries (activation gradients) are "workspace", so the
-      // activation peak is the memory the forward pass holds, as the memory report means it.
-      MemTagScope tag(MemTag::activation);
-      std::optional<autocast> ac;
-      if (precision_ != DType::f32) ac.emplace(precision_);
-      loss = task_->loss(b);
-    }
-    const double w = static_cast<double>(b.num_targets) / static_cast<double>(m.targets);
-    m.loss += loss.item() * w;
-    const double tb = now_seconds();
-    m.forward_seconds += tb - tf;
-    // Backward runs outside autocast, as in PyTorch.
-    observe::ProfileSpan span("backward");
-    MemTagScope tag(MemTag::workspace);
-    // m.targets counts every rank's targets; DDP averages over the world, hence × world_: the
-    // reduced gradient is the token-weighted one of the global batch, as in 1 process.
-    Tensor weighted = mul(loss, w * static_cast<double>(world_));
-    if (scaler_->enabled()) weighted = scaler_->scale(weighted);
-    weighted.backward();
-    m.backward_seconds += now_seconds() - tb;
-  }
-}
-
 bool Trainer::train_step() {
   if (step_ >= max_steps_) return false;
   const int64_t accum = config_.get_int("trainer.accum_steps");
@@ -147,6 +115,7 @@ bool Trainer::train_step() {
   measure_peak_flops();  // once; before the clock starts
   profile_window(step_ + 1, true);
   Allocator::cpu().reset_peak();
+  if (par_->distributed()) dist::comm_ledger().reset();  // the step's communication, by mesh dimension, goes into its record
   const GeneratorState rng_at_start = default_generator().state();
   const double t0 = now_seconds();
   StepMetrics m;
@@ -161,24 +130,34 @@ bool Trainer::train_step() {
     for (int64_t k = 0; k < accum; ++k) batches.push_back(train_loader_->next());
   }
   m.data_seconds = now_seconds() - t0;
+  observe_inputs(batches, m);  // a NaN sample is named before the step can stop the run
   for (const auto& b : batches) {
     m.targets += b.num_targets;
     m.flops += task_->train_flops(b);  // this process's (MFU is per process)
   }
-  if (dp_) m.targets = std::llround(sum_across_ranks(static_cast<double>(m.targets)));
+  if (dp_) m.targets = std::llround(par_->sum_over_dp(static_cast<double>(m.targets)));
   ATH_CHECK(m.targets > 0, "trainer", "step ", m.step, " has no targets to learn from (all ignored?)");
+  debug_rank_delay(m);  // after the step's last collective before backward: the others wait in the gradient reduction
 
-  forward_backward(batches, m);
-  if (dp_) {
-    maybe_kill_for_test();
-    const double tc = now_seconds();
-    {
-      observe::ProfileSpan span("comm");
-      dp_->finish_backward();  // the wait for the bucket reductions still in flight after backward
-    }
-    m.comm_seconds = now_seconds() - tc;
-    m.loss = sum_across_ranks(m.loss);  // each rank added its share of the token-weighted mean
-  }
+  const int64_t log_every = std::max<int64_t>(1, config_.get_int("trainer.log_every"));
+  const bool periodic = m.step % log_every == 0 || m.step == max_steps_ || m.step == 1;
+  // Per-layer statistics see whole layers only in a run without tensor or pipeline parallelism
+  // (a rank holds shards or a stage there); they run only where the run's files are written
+  // (rank 0 of a run with files): the benchmarks and lr-find/batch-find, which write none,
+  // time their steps without them.
+  const bool whole_layers = par_->tp_size() == 1 && par_->pp_size() == 1;
+  const bool stats = write_files_ && whole_layers &&
+                     (step_observer_->stats_step(m.step, max_steps_) || config_.get_bool("observe.layer_norms"));
+  activations_out_ = stats ? &m.activations : nullptr;
+  observe_window_ = stats || (write_files_ && whole_layers && step_observer_->dead_window_step(m.step, max_steps_));
+  if (observe_window_) step_pipeline_->observe_next_first_forward(step_observer_->observer(activations_out_));
+  // Forward and (scaled) backward of every micro-batch: the loop, or the pipeline schedule.
+  step_pipeline_->forward_backward(batches, m);
+  activations_out_ = nullptr;
+  observe_window_ = false;
+  if (dp_) par_->maybe_kill_for_test(m.step);
+  step_pipeline_->finish_backward(m);  // wait for the gradient reduction
+  if (dp_) m.loss = par_->sum_over_dp(m.loss);  // each dp rank added its share of the token-weighted mean
 
   // Unscale (before clipping), clip, guarded step.
   const double topt = now_seconds();
@@ -195,9 +174,28 @@ bool Trainer::train_step() {
     m.nonfinite_params = scaler_->nonfinite_params();
   }
   found_inf = any_rank(found_inf || m.loss_nonfinite);  // every rank takes the same branch
-  if (config_.get_bool("observe.layer_norms"))
+  // Pre-clip per-layer norms; the weights are kept to measure this step's update.
+  if (stats) step_observer_->before_update(named, m, /*keep_weights=*/true, step_observer_->histogram_step(m.step, max_steps_));
+  if (!whole_layers && config_.get_bool("observe.layer_norms")) {  // every rank: tensor parallelism sums over tp
     for (const auto& [n, p] : named)
       m.layers.push_back({n, p.grad().defined() ? l2_norm(p.grad()) : 0.0, l2_norm(p)});
+    if (const auto* specs = par_->tp_specs()) {  // a shard's norm is part of its logical tensor's: sum the squares over tp
+      std::vector<double> sq;
+      for (size_t i = 0; i < named.size(); ++i) {
+        const bool sharded = dist::spec_of(*specs, named[i].first).sharded();
+        sq.push_back(sharded ? m.layers[i].grad_norm * m.layers[i].grad_norm : 0.0);
+        sq.push_back(sharded ? m.layers[i].param_norm * m.layers[i].param_norm : 0.0);
+      }
+      Tensor t = from_vector(sq, {static_cast<int64_t>(sq.size())}, TensorOptions(DType::f64));
+      par_->tp_group()->all_reduce(t);
+      const std::vector<double> total = t.to_vector();
+      for (size_t i = 0; i < named.size(); ++i)
+        if (dist::spec_of(*specs, named[i].first).sharded()) {
+          m.layers[i].grad_norm = std::sqrt(total[2 * i]);
+          m.layers[i].param_norm = std::sqrt(total[2 * i + 1]);
+        }
+    }
+  }
   const double clip = config_.get_float("optimizer.grad_clip");
   if (!found_inf && config_.get_float("optimizer.clip_value") > 0)
     optim::clip_grad_value(params, config_.get_float("optimizer.clip_value"));
@@ -216,6 +214,10 @@ bool Trainer::train_step() {
     m.nonfinite_params = scaler_->nonfinite_params();
   }
   m.grad_norm_clipped = clip > 0 && m.grad_norm > clip ? clip : m.grad_norm;
+  // An exploding step gets per-layer norms too, to name the layer (the gradients are
+  // still unclipped without data parallelism).
+  if (!stats && write_files_ && !dp_ && config_.get_bool("observe.layer_stats") && health_monitor_->wants_layer_detail(m.grad_norm))
+    step_observer_->before_update(named, m, /*keep_weights=*/false, /*histograms=*/false);
 
   bool rolled_back = false;
   auto zero_grad = [&] { dp_ ? dp_->zero_grad() : optimizer_->zero_grad(); };
@@ -236,6 +238,7 @@ bool Trainer::train_step() {
     zero_grad();
     return true;
   }
+  if (stats && !m.skipped) step_observer_->after_update(named, m);
   scheduler_->step();
   {
     observe::ProfileSpan span("zero_grad");
@@ -249,23 +252,36 @@ bool Trainer::train_step() {
   m.throughput = static_cast<double>(m.targets) / std::max(m.step_seconds, 1e-9);
   if (m.flops > 0 && peak_flops_ > 0) m.mfu = m.flops / std::max(m.step_seconds, 1e-9) / peak_flops_;
   if (m.flops > 0 && gemm_flops_ > 0) m.gemm_efficiency = m.flops / std::max(m.step_seconds, 1e-9) / gemm_flops_;
+  if (par_->distributed())
+    for (const auto& [dim, t] : dist::comm_ledger().by_dimension())
+      m.comm.push_back({dim, t.ops, static_cast<double>(t.bytes), t.wire_bytes, t.seconds});
   const MemoryStats mem = Allocator::cpu().stats();
   for (int t = 0; t < kNumMemTags; ++t)
     m.memory.push_back({mem_tag_name(static_cast<MemTag>(t)), static_cast<int64_t>(mem.current[t]), static_cast<int64_t>(mem.peak[t])});
+  finish_step_records(m, periodic);
   history_.push_back(m);
   if (history_.size() > kHistorySteps) history_.pop_front();
+  history_.back().histograms.clear();  // TensorBoard's; the history keeps the scalars
   log_step(m);
   if (!memory_reported_) memory_report(m);
   // The batch's sample ids go into an event's details; formatted only when one fires.
   for (auto& e : health_monitor_->check(m)) {
     // The non-finite policy already reported this step's skip.
     if (!health_.empty() && health_.back().step == e.step && health_.back().kind == e.kind) continue;
-    std::vector<int64_t> ids;
-    for (const auto& b : batches) ids.insert(ids.end(), b.sample_ids.begin(), b.sample_ids.end());
-    e.details["sample_ids"] = ids_text(ids);
+    // Events about this one step name its samples (a bad batch can cause them).
+    if (e.kind == "loss_spike" || e.kind == "grad_spike" || e.kind == "exploding_gradients" || e.kind == "skipped_step") {
+      std::vector<int64_t> ids;
+      for (const auto& b : batches) ids.insert(ids.end(), b.sample_ids.begin(), b.sample_ids.end());
+      e.details["sample_ids"] = ids_text(ids);
+    }
     emit_health(e);
   }
   profile_window(m.step, false);
+  // The pipeline's action timeline of one step (the first profiled one, else step 2: past the warm-up).
+  const bool profiling = config_.get_bool("profile.enabled");
+  if (par_->pp_size() > 1 && run_files_ &&
+      m.step == (profiling ? config_.get_int("profile.start_step") : std::min<int64_t>(2, max_steps_)))
+    write_pipeline_timeline(m.step);
   for (auto& cb : callbacks_) cb->on_step(m);
   for (auto& s : sinks_) s->on_step(m);
   return true;
@@ -281,14 +297,50 @@ void Trainer::profile_window(int64_t step, bool at_start) {
   } else if (!at_start && (step == last || (step == max_steps_ && step >= first && step < last))) {
     prof.stop();
     std::string msg = "profile of steps " + std::to_string(first) + "-" + std::to_string(step) + ":\n" + prof.table();
-    if (write_files_) {
-      const std::string path = (fs::path(run_dir_) / "trace.json").string();
+    const std::string path = files_->path("trace.json");
+    if (par_->distributed() && run_files_) {
+      // One track per rank: every rank's events, gathered on rank 0 (a collective).
+      std::string track = "rank " + std::to_string(par_->rank());
+      if (const auto* mesh = par_->mesh())
+        track += " (dp " + std::to_string(mesh->dp_index()) + ", tp " + std::to_string(mesh->tp_index()) + ", pp " +
+                 std::to_string(mesh->pp_index()) + ")";
+      const auto all = dist::all_gather_strings(*par_->world(), prof.trace_events(par_->rank(), track));
+      if (write_files_) observe::write_merged_chrome_trace(path, all);
+    } else if (write_files_) {
       prof.write_chrome_trace(path);
-      msg += "trace: " + path + " (open in Perfetto or chrome://tracing)\n";
     }
+    if (write_files_) msg += "trace: " + path + " (open in Perfetto or chrome://tracing)\n";
     if (tty_) out_("\n");
     out_(msg);
   }
+}
+
+void Trainer::write_pipeline_timeline(int64_t step) {
+  const auto* mesh = par_->mesh();
+  nlohmann::json mine;
+  mine["rank"] = par_->rank();
+  mine["dp"] = mesh ? mesh->dp_index() : 0;
+  mine["tp"] = mesh ? mesh->tp_index() : 0;
+  mine["pp"] = mesh ? mesh->pp_index() : 0;
+  nlohmann::json events = nlohmann::json::array();
+  for (const auto& e : step_pipeline_->timeline())
+    events.push_back({dist::action_name(e.kind), e.mb, e.chunk, e.start, e.end});
+  mine["events"] = events;
+  const auto all = dist::all_gather_strings(*par_->world(), mine.dump());  // every rank's clocks, on every rank
+  if (!write_files_ || history_.empty()) return;
+  const auto& pl = history_.back().pipeline;
+  nlohmann::json j;
+  j["step"] = step;
+  j["schedule"] = pl.schedule;
+  j["stages"] = pl.stages;
+  j["virtual_stages"] = pl.virtual_stages;
+  j["micro_batches"] = pl.micro_batches;
+  j["bubble"] = pl.bubble;
+  j["theory"] = pl.theory;
+  j["schedule_s"] = pl.step_seconds;
+  j["ranks"] = nlohmann::json::array();
+  for (const auto& r : all) j["ranks"].push_back(nlohmann::json::parse(r));
+  files_->write_text("pipeline_timeline.json", j.dump() + "\n");
 }
 
 void Trainer::memory_report(const StepMetrics& m) {
@@ -310,7 +362,7 @@ void Trainer::memory_report(const StepMetrics& m) {
 void Trainer::log_step(const StepMetrics& m) {
   const int64_t every = std::max<int64_t>(1, config_.get_int("trainer.log_every"));
   const bool periodic = m.step % every == 0 || m.step == max_steps_ || m.step == 1;
-  if (write_files_ && (periodic || m.skipped)) write_jsonl(observe::to_json(m));
+  if (write_files_ && (periodic || m.skipped)) files_->append_metrics(observe::to_json(m));
 
   // The progress line: plain periodic lines, or in a terminal redrawn at most ~10 times a
   // second (and on those steps). Formatting it every step cost ~40 us of serial time per
@@ -344,13 +396,6 @@ void Trainer::log_step(const StepMetrics& m) {
     out_(line);
   }
   else out_(o.str() + "\n");
-}
-
-void Trainer::write_jsonl(const std::string& line) {
-  if (!write_files_) return;
-  if (!metrics_started_) std::ofstream(fs::path(run_dir_) / "metrics.jsonl", std::ios::trunc);
-  metrics_started_ = true;
-  std::ofstream(fs::path(run_dir_) / "metrics.jsonl", std::ios::app) << line << "\n";
 }
 
 }  // namespace athanor::train

@@ -67,6 +67,18 @@ expect_error truncated-shard 1 "$WORK/cache/book-byte/train.bin" "$ATHANOR" trai
 expect_error unknown-command 2 "unknown command 'trian'" "$ATHANOR" trian
 expect_error eval-not-a-run 1 "is not a run directory" "$ATHANOR" eval "$WORK"
 
+# The doctor and the tuning tools: bad input is refused before any work.
+expect_error doctor-no-metrics 1 "no metrics.jsonl in '$WORK'|hint:" "$ATHANOR" doctor "$WORK"
+mkdir -p "$WORK/run" && printf '{"step": 1, "loss": 2.0}\n' > "$WORK/run/metrics.jsonl"
+expect_error doctor-bad-baseline 1 "'$WORK/nope' is not a directory" "$ATHANOR" doctor "$WORK/run" --baseline "$WORK/nope"
+printf 'trainer:\n  max_steps: 3\n' > "$WORK/small.yaml"
+expect_error lr-find-steps 1 "--steps must be at least 5, got 2" "$ATHANOR" lr-find "$WORK/small.yaml" --steps 2
+expect_error lr-find-range 1 "0 < --min-lr < --max-lr" "$ATHANOR" lr-find "$WORK/small.yaml" --min-lr 1 --max-lr 0.1
+expect_error batch-find-memory 1 "cannot read the memory size 'lots'|16GiB" "$ATHANOR" batch-find "$WORK/small.yaml" --memory lots
+printf 'debug:\n  corrupt_value: oops\n' > "$WORK/bad_debug.yaml"
+expect_error debug-corrupt-value 1 "debug.corrupt_value must be 'nan', 'inf' or a number, got 'oops'" \
+  "$ATHANOR" train "$WORK/bad_debug.yaml"
+
 if [[ $failures -eq 0 ]]; then echo "cli errors: all cases passed"; exit 0; fi
 echo "cli errors: $failures case(s) failed"
 exit 1

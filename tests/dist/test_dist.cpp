@@ -17,6 +17,7 @@
 #include "athanor/autograd/grad_mode.h"
 #include "athanor/core/rng.h"
 #include "athanor/dist/ddp.h"
+#include "athanor/dist/device_mesh.h"
 #include "athanor/dist/process_group.h"
 #include "athanor/dist/sampler.h"
 #include "athanor/nn/mlp.h"

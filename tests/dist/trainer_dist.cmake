@@ -6,11 +6,8 @@
 # (and SGD without).
 # Tolerance: rtol 1e-4, atol 2e-5 on losses, grad norms and every weight (f32; the ranks' sum
 # order differs from one process's, nothing else).
-set(_flags ${MPIFLAGS})
-file(REMOVE_RECURSE ${DIR})
-file(MAKE_DIRECTORY ${DIR})
-configure_file(${CORPUS} ${DIR}/corpus.txt COPYONLY)  # a private copy: the shards are cached per test
-file(WRITE ${DIR}/tiny.yaml "seed: 7
+include(${CMAKE_CURRENT_LIST_DIR}/trainer_runs.cmake)
+trainer_runs_scratch("seed: 7
 model: {type: gpt, n_layer: 2, n_head: 2, n_embd: 32, block_size: 32, dropout: 0.0}
 data: {type: text, corpus: ${DIR}/corpus.txt, tokenizer: byte, cache_dir: ${DIR}/data, num_workers: 0, val_fraction: 0.1}
 optimizer: {type: adamw, lr: 1.0e-3, weight_decay: 0.1, grad_clip: 0.5}
@@ -21,26 +18,6 @@ observe: {tensorboard: false, report: false, peak_gflops: 1.0}
 set(_rtol 1e-4)
 set(_atol 2e-5)
 
-# run_config(<config.yaml> <name> <np or 1proc> <overrides…>): out_dir ${DIR}/runs, name <name>.
-function(run_config config name np)
-  set(_cmd ${CLI} train ${DIR}/${config} out_dir=${DIR}/runs name=${name} ${ARGN})
-  if(np STREQUAL "1proc")
-    set(_cmd ${_cmd} dist.backend=none)
-  else()
-    set(_cmd ${MPIEXEC} ${_flags} -np ${np} ${_cmd})
-  endif()
-  execute_process(COMMAND ${_cmd} RESULT_VARIABLE _rc OUTPUT_VARIABLE _out ERROR_VARIABLE _err TIMEOUT 120)
-  if(NOT _rc EQUAL 0)
-    message(FATAL_ERROR "run ${name} (${np}) failed (${_rc}):\n${_out}${_err}")
-  endif()
-  string(REGEX MATCH "training [^\n]*" _line "${_out}")
-  message("${name}: ${_line}")
-  file(WRITE ${DIR}/runs/${name}.out "${_out}")
-endfunction()
-# run(<name> <np or 1proc> <overrides…>): the tiny GPT config.
-function(run name np)
-  run_config(tiny.yaml ${name} ${np} ${ARGN})
-endfunction()
 
 # The text sample a run printed at its end (GPT).
 function(final_sample name var)
@@ -214,18 +191,10 @@ elseif(SCENARIO STREQUAL "kill")
   endif()
 elseif(SCENARIO STREQUAL "errors")
   # Config errors name the key and what to do (1 process; no collective is reached).
-  function(expect_error what)
-    execute_process(COMMAND ${CLI} train ${DIR}/tiny.yaml out_dir=${DIR}/runs name=bad ${ARGN}
-                    RESULT_VARIABLE _rc OUTPUT_VARIABLE _out ERROR_VARIABLE _err TIMEOUT 60)
-    if(_rc EQUAL 0 OR NOT "${_out}${_err}" MATCHES "${what}")
-      message(FATAL_ERROR "expected an error matching '${what}' for ${ARGN}, got exit ${_rc}:\n${_out}${_err}")
-    endif()
-    message("ok: ${ARGN} -> ${what}")
-  endfunction()
-  expect_error("observe.layer_norms cannot be used with dist.zero_stage 3.*sharded" dist.backend=mpi dist.zero_stage=3 observe.layer_norms=true)
-  expect_error("dist.zero_stage must be 0, 1, 2 or 3, got 5" dist.backend=mpi dist.zero_stage=5)
-  expect_error("dist.zero_stage.*applies to dist.backend=auto.mpi" dist.backend=none dist.zero_stage=1)
-  expect_error("dist.bucket_mb must be > 0" dist.backend=mpi dist.bucket_mb=0)
+  expect_error("observe.layer_norms cannot be used with dist.zero_stage 3.*sharded" 1proc dist.backend=mpi dist.zero_stage=3 observe.layer_norms=true)
+  expect_error("dist.zero_stage must be 0, 1, 2 or 3, got 5" 1proc dist.backend=mpi dist.zero_stage=5)
+  expect_error("dist.zero_stage.*applies to dist.backend=auto.mpi" 1proc dist.backend=none dist.zero_stage=1)
+  expect_error("dist.bucket_mb must be > 0" 1proc dist.backend=mpi dist.bucket_mb=0)
 else()
   message(FATAL_ERROR "unknown SCENARIO '${SCENARIO}'")
 endif()

@@ -22,7 +22,8 @@ RANK = {name: i for i, name in enumerate(LAYERS)}
 # Umbrella headers a user includes (the whole public API, or everything of the tensor
 # library): they belong to the layer of the highest file they pull in.
 UMBRELLAS = {"include/athanor/athanor.h": "train", "include/athanor/ops.h": "ops"}
-INCLUDE = re.compile(r'^\s*#\s*include\s+"([^"]+)"')
+# "file" includes, and <athanor/...> ones (a project header reached through the include path).
+INCLUDE = re.compile(r'^\s*#\s*include\s+(?:"([^"]+)"|<(athanor/[^>]+)>)')
 
 
 def layer_of_path(rel):
@@ -65,13 +66,14 @@ def scan(root):
                         m = INCLUDE.match(line)
                         if not m:
                             continue
-                        target = resolve(root, rel, m.group(1))
+                        name = m.group(1) or m.group(2)
+                        target = resolve(root, rel, name)
                         theirs = layer_of_path(target) if target else None
                         if theirs is None:
                             continue
                         edges += 1
                         if RANK[theirs] > RANK[mine]:
-                            violations.append(f"{rel}:{lineno}: layer '{mine}' includes \"{m.group(1)}\" of layer "
+                            violations.append(f"{rel}:{lineno}: layer '{mine}' includes \"{name}\" of layer "
                                               f"'{theirs}', below it (the order: {' > '.join(LAYERS)})")
     return edges, violations
 

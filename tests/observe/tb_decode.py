@@ -2,14 +2,21 @@
 """Independent check of a TensorBoard event file written by athanor.
 
 usage: tb_decode.py EVENT_FILE EXPECTED_JSON
+       tb_decode.py --histograms EVENT_FILE      (structure of every histogram only)
 
 Reads the TFRecord framing by hand, checks both masked CRC-32C values of every
 record (CRC computed here, table-driven, not by athanor), decodes each record
-with protobuf (Debian python3-protobuf) using Event/Summary/Value descriptors
-built in this script, and compares with EXPECTED_JSON:
+with protobuf (Debian python3-protobuf) using Event/Summary/Value/HistogramProto
+descriptors built in this script from TensorFlow's summary.proto field numbers,
+and compares with EXPECTED_JSON:
   {"file_version": "brain.Event:2",
-   "scalars": [{"tag": str, "step": int, "value": float|null(NaN), "wall_time": float}, ...]}
-Exit status 0 when everything matches, 1 with a message otherwise.
+   "scalars": [{"tag": str, "step": int, "value": float|null(NaN), "wall_time": float}, ...],
+   "histograms": [{"tag": str, "step": int, "wall_time": float, "values": [float, ...]}, ...]}
+("histograms" optional). A histogram is checked against its raw values, recounted
+here: min, max, num, sum, sum_squares, and each bucket's count of values in
+(bucket_limit[i-1], bucket_limit[i]] (the first bucket from min). Every histogram,
+expected or not, must be consistent: increasing limits ending at max, counts summing
+to num. Exit status 0 when everything matches, 1 with a message otherwise.
 """
 import json
 import math
@@ -50,7 +57,18 @@ def event_class():
     summary = fdp.message_type.add(name="Summary")
     value = summary.nested_type.add(name="Value")
     value.field.add(name="tag", number=1, type=F.TYPE_STRING, label=F.LABEL_OPTIONAL)
-    value.field.add(name="simple_value", number=2, type=F.TYPE_FLOAT, label=F.LABEL_OPTIONAL)
+    # summary.proto: `oneof value { float simple_value = 2; ... HistogramProto histo = 5; ... }`:
+    # a oneof member has presence, so a 0.0 simple_value is on the wire.
+    value.oneof_decl.add(name="value")
+    value.field.add(name="simple_value", number=2, type=F.TYPE_FLOAT, label=F.LABEL_OPTIONAL, oneof_index=0)
+    histo = fdp.message_type.add(name="HistogramProto")
+    for i, n in enumerate(["min", "max", "num", "sum", "sum_squares"]):
+        histo.field.add(name=n, number=i + 1, type=F.TYPE_DOUBLE, label=F.LABEL_OPTIONAL)
+    for i, n in enumerate(["bucket_limit", "bucket"]):
+        histo.field.add(name=n, number=6 + i, type=F.TYPE_DOUBLE, label=F.LABEL_REPEATED,
+                        options=descriptor_pb2.FieldOptions(packed=True))
+    value.field.add(name="histo", number=5, type=F.TYPE_MESSAGE, label=F.LABEL_OPTIONAL,
+                    type_name=".tbcheck.HistogramProto", oneof_index=0)
     summary.field.add(name="value", number=1, type=F.TYPE_MESSAGE, label=F.LABEL_REPEATED,
                       type_name=".tbcheck.Summary.Value")
     event = fdp.message_type.add(name="Event")
@@ -93,11 +111,46 @@ def f32(x):
     return struct.unpack("<f", struct.pack("<f", x))[0]
 
 
+def check_histogram_structure(h, where):
+    limits, counts = list(h.bucket_limit), list(h.bucket)
+    if not limits or len(limits) != len(counts):
+        raise ValueError(f"{where}: {len(limits)} bucket limits and {len(counts)} buckets")
+    if any(b <= a for a, b in zip(limits, limits[1:])):
+        raise ValueError(f"{where}: bucket limits are not increasing")
+    if limits[-1] != h.max or h.min > limits[0] or h.min > h.max:
+        raise ValueError(f"{where}: min {h.min} / max {h.max} do not bracket the limits {limits[0]}..{limits[-1]}")
+    if sum(counts) != h.num or any(c < 0 for c in counts):
+        raise ValueError(f"{where}: bucket counts sum to {sum(counts)}, num is {h.num}")
+
+
+def check_histogram_values(h, values, where):
+    import math as m
+    vals = [v for v in values if m.isfinite(v)]
+    want = {"min": min(vals), "max": max(vals), "num": float(len(vals)), "sum": m.fsum(vals),
+            "sum_squares": m.fsum(v * v for v in vals)}
+    for k, w in want.items():
+        got = getattr(h, k)
+        if abs(got - w) > 1e-9 * max(1.0, abs(w)):
+            raise ValueError(f"{where}: {k} is {got}, the values give {w}")
+    limits = list(h.bucket_limit)
+    recount = [0.0] * len(limits)
+    for v in vals:
+        i = 0
+        while limits[i] < v:  # bucket i holds (limits[i-1], limits[i]]
+            i += 1
+        recount[i] += 1
+    if recount != list(h.bucket):
+        raise ValueError(f"{where}: bucket counts {list(h.bucket)}, the values give {recount}")
+
+
 def check(event_path, expected_path):
     with open(event_path, "rb") as f:
         records = read_records(f.read())
-    with open(expected_path) as f:
-        expected = json.load(f)
+    if expected_path is None:
+        expected = None
+    else:
+        with open(expected_path) as f:
+            expected = json.load(f)
     Event = event_class()
     events = []
     for i, data in enumerate(records):
@@ -106,14 +159,31 @@ def check(event_path, expected_path):
         if ev.SerializeToString() != data:  # canonical encoding: nothing unknown or malformed
             raise ValueError(f"record {i}: does not re-encode to the same bytes")
         events.append(ev)
-    if not events or events[0].file_version != expected["file_version"]:
-        raise ValueError(f"first event must carry file_version {expected['file_version']!r}")
-    scalars = []
+    version = "brain.Event:2" if expected is None else expected["file_version"]
+    if not events or events[0].file_version != version:
+        raise ValueError(f"first event must carry file_version {version!r}")
+    scalars, histograms = [], []
     for ev in events[1:]:
         if len(ev.summary.value) == 0:
             raise ValueError(f"event at step {ev.step} has no summary values")
         for v in ev.summary.value:
-            scalars.append((v.tag, ev.step, v.simple_value, ev.wall_time))
+            if v.WhichOneof("value") == "histo":
+                check_histogram_structure(v.histo, f"histogram {v.tag!r} at step {ev.step}")
+                histograms.append((v.tag, ev.step, v.histo, ev.wall_time))
+            else:
+                scalars.append((v.tag, ev.step, v.simple_value, ev.wall_time))
+    if expected is None:
+        if not histograms:
+            raise ValueError("no histograms in the file")
+        print(f"ok: {len(records)} records, {len(scalars)} scalars, {len(histograms)} histograms, all CRCs valid")
+        return
+    want_h = expected.get("histograms", [])
+    if len(histograms) != len(want_h):
+        raise ValueError(f"{len(histograms)} histograms in the file, {len(want_h)} expected")
+    for (tag, step, h, wall), w in zip(histograms, want_h):
+        if tag != w["tag"] or step != w["step"] or wall != w["wall_time"]:
+            raise ValueError(f"histogram {tag!r} step {step} wall {wall}, expected {w['tag']!r} step {w['step']}")
+        check_histogram_values(h, w["values"], f"histogram {tag!r} at step {step}")
     want = expected["scalars"]
     if len(scalars) != len(want):
         raise ValueError(f"{len(scalars)} scalars in the file, {len(want)} expected")
@@ -123,7 +193,7 @@ def check(event_path, expected_path):
         same_value = (math.isnan(value) and math.isnan(wv)) or value == wv
         if tag != w["tag"] or step != w["step"] or not same_value or wall != w["wall_time"]:
             raise ValueError(f"got {got}, expected {w}")
-    print(f"ok: {len(records)} records, {len(scalars)} scalars, all CRCs valid")
+    print(f"ok: {len(records)} records, {len(scalars)} scalars, {len(histograms)} histograms, all CRCs valid")
 
 
 def main():
@@ -131,7 +201,10 @@ def main():
         print(__doc__, file=sys.stderr)
         return 2
     try:
-        check(sys.argv[1], sys.argv[2])
+        if sys.argv[1] == "--histograms":
+            check(sys.argv[2], None)
+        else:
+            check(sys.argv[1], sys.argv[2])
     except (ValueError, KeyError, OSError) as e:
         print(f"tb_decode: {e}", file=sys.stderr)
         return 1

@@ -165,4 +165,45 @@ TEST(ReportSvg, LogAxisLabelsArePowersOfTenOrRoundValues) {
 }
 
 }  // namespace
+
+TEST(Report, TrainingTimeIsWallClockAndPhasesAreSummedOverEveryStep) {
+  // Only 3 of 1500 steps are logged (0.4 s each): the summary must not be 1.2 s.
+  const std::string dir = testing::fresh_temp_dir("report_time");
+  {
+    std::ofstream m(dir + "/metrics.jsonl");
+    for (int s : {1, 750, 1500}) {
+      std::string line = step_line(s, false);
+      line.pop_back();  // the closing brace
+      m << line << ",\"elapsed_s\":" << 0.2 * s << ",\"totals\":{\"steps\":" << s << ",\"step_s\":" << 0.19 * s
+        << ",\"data_s\":" << 0.01 * s << ",\"forward_s\":" << 0.06 * s << ",\"backward_s\":" << 0.1 * s
+        << ",\"optimizer_s\":" << 0.02 * s << ",\"comm_s\":0}";
+      if (s > 1)
+        m << ",\"layers\":{\"h.0.w\":{\"grad\":0.5,\"param\":10,\"update\":0.001,\"dim\":2},"
+          << "\"h.0.b\":{\"grad\":0.1,\"param\":1,\"update\":0.002,\"dim\":1},"
+          << "\"h.1.w\":{\"grad\":0.2,\"param\":8,\"update\":0.00001,\"dim\":2}},"
+          << "\"acts\":{\"h.0:linear_relu\":{\"mean\":0.5,\"std\":1,\"absmax\":4,\"zero\":0.6,\"dead\":0.25,\"units\":64}}";
+      m << "}\n";
+    }
+  }
+  std::ofstream(dir + "/lr_find.json") << R"({"config":"c.yaml","steps":3,"min_lr":1e-6,"max_lr":1,"steepest_lr":0.001,)"
+                                       << R"("diverged_lr":0.3,"suggested_lr":0.001,"suggestion_rule":"steepest","config_lr":0.002,)"
+                                       << R"("points":[{"lr":1e-6,"loss":3,"smoothed":3},{"lr":1e-3,"loss":2,"smoothed":2.5},)"
+                                       << R"({"lr":1,"loss":9,"smoothed":6}]})";
+  const std::string html = read(write_report(dir));
+  EXPECT_NE(html.find("5m 00s wall-clock (start of training to the last step)"), std::string::npos);
+  EXPECT_NE(html.find("over all 1500 steps: step time 4m 45s, data 15.00s (5.3%), forward 1m 30s (31.6%)"), std::string::npos)
+      << html.substr(html.find("time per phase"), 300);
+  EXPECT_EQ(html.find("sum of step times"), std::string::npos);
+  // The per-layer views: heat maps over the logged steps, weight matrices only (not h.0.b).
+  EXPECT_EQ(count(html, "class=\"chart heatmap\""), 3u);
+  EXPECT_NE(html.find("<title>h.1.w @ 750: -5.0</title>"), std::string::npos);  // log10 of 1e-5
+  EXPECT_EQ(html.find("<title>h.0.b @"), std::string::npos);
+  EXPECT_NE(html.find("<td>h.0:linear_relu</td>"), std::string::npos);
+  EXPECT_NE(html.find("Learning-rate range test"), std::string::npos);
+  EXPECT_NE(html.find("Suggested lr: <b>0.001</b>"), std::string::npos);
+  // A run written before the totals: the logged steps' sum, said to be only that.
+  const std::string old = make_run("report_time_old", false, false);
+  EXPECT_NE(read(write_report(old)).find("(sum of the 40 logged steps&#39; times only)"), std::string::npos);
+}
+
 }  // namespace athanor::observe

@@ -106,7 +106,5 @@ struct ForwardActivationBytes {
 };
 ForwardActivationBytes linear_like_forward_activation_bytes(Tensor (*fn)(const Tensor&, const Tensor&, const Tensor&),
                                                             const Tensor& x0, const Tensor& w, const Tensor& b);
-// gradcheck (f64) of a linear-shaped op with and without a bias, for 2-D, 3-D and 1-D x and a strided x.
-void expect_linear_like_gradchecks(Tensor (*fn)(const Tensor&, const Tensor&, const Tensor&));
 
 }  // namespace athanor::testing

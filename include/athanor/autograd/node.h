@@ -86,6 +86,12 @@ class Node : public std::enable_shared_from_this<Node> {
   };
   void set_pending_grads(PendingGrads* p) { pending_ = p; }
 
+  // The engine's split backward (engine.h, backward_input / DeferredWeightGrads): while set,
+  // input i is treated as needing no gradient (needs_grad is false for it), so one apply
+  // computes only the input gradients and a later one only the weight gradients.
+  bool input_masked(size_t i) const { return i < masked_.size() && masked_[i]; }
+  void set_masked_inputs(std::vector<bool> masked) { masked_ = std::move(masked); }
+
  protected:
   bool released_ = false;
 
@@ -94,19 +100,31 @@ class Node : public std::enable_shared_from_this<Node> {
   uint64_t sequence_nr_;
   mutable std::vector<std::pair<size_t, RowSparseGrad>> row_sparse_out_;  // filled during apply only
   PendingGrads* pending_ = nullptr;                                         // set during apply only
+  std::vector<bool> masked_;                                                // set during a split apply only
 };
 
-// A tensor saved for backward, with the version check.
+// What a saved-tensor hook keeps in place of a saved tensor (autograd/saved_tensor_hooks.h).
+struct SavedTensorPack {
+  virtual ~SavedTensorPack() = default;
+  virtual Tensor unpack(const Node& owner) = 0;  // the tensor as it was saved
+};
+
+// A tensor saved for backward, with the version check. Under a SavedTensorHooks scope the
+// scope's pack may keep something else in its place (saved_tensor_hooks.h).
 class SavedTensor {
  public:
   SavedTensor() = default;
   SavedTensor(const Tensor& t, const char* what);  // what: "self", "other", "result", …
   Tensor unpack(const Node& owner) const;  // raises if modified in place since saved
-  bool defined() const { return data_.defined(); }
-  void reset() { data_ = Tensor(); }
+  bool defined() const { return data_.defined() || packed_ != nullptr; }
+  void reset() {
+    data_ = Tensor();
+    packed_.reset();
+  }
 
  private:
   Tensor data_;
+  std::shared_ptr<SavedTensorPack> packed_;
   uint64_t version_ = 0;
   const char* what_ = "";
   std::string name_;

@@ -25,6 +25,7 @@
 #include <vector>
 
 #include "athanor/ckpt/safetensors.h"
+#include "athanor/dist/shard_spec.h"
 
 namespace athanor::ckpt {
 
@@ -32,6 +33,9 @@ struct TensorFile {
   std::string name;  // "model.safetensors"
   NamedTensors tensors;
   std::map<std::string, std::string> metadata;
+  // Sharded checkpoints (sharded_checkpoint.h): tensors that are this rank's slice of a logical
+  // tensor (tensor parallelism), by name; the tensor holds the slice's real rows.
+  std::map<std::string, dist::ShardSpec> slices = {};
 };
 struct TextFile {
   std::string name;  // "state.json"

@@ -12,6 +12,15 @@
 // (Shard k is rank k-1's. A 1-process checkpoint holds model.safetensors and
 // optimizer.safetensors instead; load_checkpoint_tensors reads either.)
 //
+// Tensor parallelism: a tensor split across tp ranks (TensorFile::slices) is written by each
+// of them as its slice's real rows, under the logical name, in its own shard file. The index
+// then lists it not in "weight_map" but in "tp_slices":
+//   "tp_slices": {name: {"shape": [logical], "dim": d, "parts": p, "logical": n, "padded": m,
+//                        "count": tp, "files": [the shard file of slice 0, …, of slice tp-1]}}
+// ("" for a slice that holds only padding rows and so was not written). Loading merges the
+// slices into the logical tensor: a checkpoint saved at any (dp, tp, ZeRO) layout reads as
+// the 1-process one.
+//
 // save_sharded_checkpoint is a collective over `group`, in three phases, each ending in
 // an agreement: (1) rank 0 begins the checkpoint (checkpoint.h: ".tmp.step-N"); (2) every
 // rank writes its shards there and hashes them itself; (3) rank 0 receives every rank's
@@ -45,9 +54,10 @@ Manifest verify_checkpoint_across(dist::ProcessGroup& group, const std::string& 
 
 // The tensors of "<dir>/<prefix>.safetensors", or of every shard its index lists, merged
 // (files of 1 MiB or more are memory-mapped: a caller touches only the pages of the
-// tensors it reads, so a rank loading what it owns reads about 1/N of the data). The
-// index and the shards must agree: each listed shard exists, each tensor is in exactly the
-// shard the index names, no tensor is in two shards.
+// tensors it reads, so a rank loading what it owns reads about 1/N of the data; the
+// tensor-parallel slices are copied into their logical tensors). The index and the shards
+// must agree: each listed shard exists, each tensor is in exactly the shard the index names,
+// no tensor is in two shards, every slice with real rows is present and of its shape.
 SafetensorsFile load_checkpoint_tensors(const std::string& dir, const std::string& prefix);
 bool has_checkpoint_tensors(const std::string& dir, const std::string& prefix);
 

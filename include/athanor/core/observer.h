@@ -2,7 +2,7 @@
 // Observer hooks: how a lower layer tells an observer above it that an op or a backward
 // node runs, without including it (the layer order in DESIGN.md). The profiler
 // (observe) registers itself here; the op dispatch (ops) and the backward engine
-// (autograd) notify through ObservedOp / ObservedNode.
+// (autograd) notify through ObservedOp / ObservedNode, dist's pipeline through ObservedSpan.
 //
 // Cost: with no observer registered, one relaxed atomic load and a predictable branch
 // per op or node. One observer at a time (the last registration wins).
@@ -21,6 +21,9 @@ class OpObserver {
   // A backward node's apply() begins / ends on this thread.
   virtual int64_t node_begin(const std::string& node) = 0;
   virtual void node_end(const std::string& node, int64_t token) = 0;
+  // A named phase (a pipeline action, a training-step part) begins / ends on this thread.
+  virtual int64_t span_begin(const char* name) = 0;
+  virtual void span_end(const char* name, const char* category, int64_t token) = 0;
 };
 
 namespace detail {
@@ -69,6 +72,29 @@ class ObservedNode {
 
  private:
   const std::string& node_;
+  OpObserver* observer_ = nullptr;
+  int64_t token_ = 0;
+};
+
+// RAII: one named phase of layers below observe (dist's pipeline actions). `name` and
+// `category` must outlive the span (string literals).
+class ObservedSpan {
+ public:
+  explicit ObservedSpan(const char* name, const char* category = "phase") : name_(name), category_(category) {
+    if (OpObserver* o = op_observer()) [[unlikely]] {
+      observer_ = o;
+      token_ = o->span_begin(name);
+    }
+  }
+  ~ObservedSpan() {
+    if (observer_) observer_->span_end(name_, category_, token_);
+  }
+  ObservedSpan(const ObservedSpan&) = delete;
+  ObservedSpan& operator=(const ObservedSpan&) = delete;
+
+ private:
+  const char* name_;
+  const char* category_;
   OpObserver* observer_ = nullptr;
   int64_t token_ = 0;
 };

@@ -45,9 +45,10 @@ Batch collate(const std::vector<Sample>& samples, const std::vector<int64_t>& id
 
 // Fashion-MNIST from the gzipped IDX files of Debian's dataset-fashion-mnist
 // (default dir /usr/share/datasets/fashion-mnist). Images become [1, 28, 28] f32
-// scaled to [0, 1] then normalized with mean 0.2860, std 0.3530; labels i64.
+// scaled to [0, 1] then normalized with mean 0.2860, std 0.3530 (normalize = false: the
+// raw pixel values 0..255); labels i64.
 // A missing directory or file is an Error naming the path and the package to install.
-std::shared_ptr<Dataset> fashion_mnist(const std::string& dir, bool train);
+std::shared_ptr<Dataset> fashion_mnist(const std::string& dir, bool train, bool normalize = true);
 std::string default_fashion_mnist_dir();
 
 }  // namespace athanor::data

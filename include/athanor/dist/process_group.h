@@ -3,13 +3,16 @@
 //
 // Processes are started by an existing launcher (`mpirun -np N prog`); there
 // is no home-made transport. init_from_mpi() initialises MPI once per process
-// and returns the world group; DeviceMesh splits the world into dp/tp/pp groups.
+// and returns the world group; DeviceMesh (device_mesh.h) splits the world into dp/tp/pp groups.
 //
 // Invariants:
 //  - every collective on a group gets the next sequence number of that group
 //    (the same number on every rank, as long as every rank calls the same
 //    collectives in the same order, which MPI requires anyway) and an entry in
-//    the rank's ledger (op, bytes, dtype, group, call site);
+//    the group's ledger (op, bytes, dtype, group, mesh dimension, call site); when
+//    it completes, the entry gets the seconds from posting to completion and goes
+//    to the process's communication ledger (comm_ledger.h), as do point-to-point
+//    transfers;
 //  - blocking calls are the asynchronous ones followed by wait(); waiting polls
 //    MPI_Test against a deadline (the group's timeout, default 300 s, or
 //    ATHANOR_DIST_TIMEOUT_S). On timeout the rank probes the other ranks of the
@@ -71,13 +74,22 @@ std::shared_ptr<ProcessGroup> world();
 // One ledger entry per operation a rank posted.
 struct LedgerEntry {
   uint64_t seq = 0;          // per-group collective sequence number (p2p: per-group p2p number)
-  std::string op;            // "all_reduce", "broadcast", "send", …
+  std::string op;            // "all_reduce", "reduce_scatter", "all_gather", "broadcast", "send", "recv", "barrier"
   std::string group;
+  std::string dimension;     // the mesh dimension of the group ("dp", "tp", "pp"), else the group's name
+  int group_size = 1;
+  // The tensor's size: all_reduce/broadcast/send/recv: the tensor; all_gather: the gathered
+  // output; reduce_scatter: the input (group size × the output).
   std::size_t bytes = 0;
+  // What a ring implementation moves per rank (NCCL's "bus bytes"): all_reduce 2(n-1)/n·bytes,
+  // all_gather and reduce_scatter (n-1)/n·bytes, broadcast/send/recv bytes, barrier 0.
+  double wire_bytes = 0;
   DType dtype = DType::f32;
   int peer = -1;             // send/recv/broadcast root, else -1
   std::string call_site;     // "file.cpp:123 (function)"
+  std::string context;       // what the caller says the operation is for (Work::set_context), in timeout messages
   bool completed = false;
+  double seconds = 0;        // from posting to completion as this rank saw it (set on completion)
 };
 
 // Handle on an asynchronous operation. wait() blocks (with the group's timeout)
@@ -91,6 +103,9 @@ class Work {
   Work& operator=(const Work&) = delete;
   void wait();
   bool test();  // nonblocking: true once completed (and finished)
+  // What this operation is for, in the caller's words ("stage 1 receiving the activation of
+  // micro-batch 3 from stage 0"): a timeout's message names it.
+  void set_context(std::string context);
   bool completed() const;
   uint64_t seq() const;
   const std::string& op() const;
@@ -111,7 +126,13 @@ class ProcessGroup {
   int rank() const;   // within this group
   int size() const;
   const std::string& name() const;
+  // The mesh dimension this group spans ("dp", "tp", "pp"; DeviceMesh sets it), else the name.
+  const std::string& dimension() const;
+  void set_dimension(std::string dim);
   int world_rank_of(int group_rank) const;  // for messages
+  // MPI_Comm_split: the ranks that pass the same color form a new group, ordered by key
+  // (a collective over this group: every rank calls it).
+  std::shared_ptr<ProcessGroup> split(int color, int key, std::string name);
   void set_timeout(std::chrono::milliseconds t);
   std::chrono::milliseconds timeout() const;
 
@@ -153,26 +174,5 @@ class ProcessGroup {
 // then the bytes padded to the longest). For small control data: names, manifests, errors.
 std::vector<std::string> all_gather_strings(ProcessGroup& g, const std::string& mine,
                                             std::source_location loc = std::source_location::current());
-
-// world = dp * tp * pp ranks; tp varies fastest, then dp, then pp:
-//   world_rank = (pp_i * dp + dp_i) * tp + tp_i
-// Each axis' group holds the ranks that differ only in that axis' index.
-class DeviceMesh {
- public:
-  DeviceMesh(int dp, int tp = 1, int pp = 1, std::shared_ptr<ProcessGroup> world = nullptr);
-  const std::shared_ptr<ProcessGroup>& dp() const { return dp_; }
-  const std::shared_ptr<ProcessGroup>& tp() const { return tp_; }
-  const std::shared_ptr<ProcessGroup>& pp() const { return pp_; }
-  int dp_size() const { return dp_n_; }
-  int tp_size() const { return tp_n_; }
-  int pp_size() const { return pp_n_; }
-  int dp_index() const { return dp_i_; }
-  int tp_index() const { return tp_i_; }
-  int pp_index() const { return pp_i_; }
-
- private:
-  int dp_n_, tp_n_, pp_n_, dp_i_ = 0, tp_i_ = 0, pp_i_ = 0;
-  std::shared_ptr<ProcessGroup> dp_, tp_, pp_;
-};
 
 }  // namespace athanor::dist

@@ -101,12 +101,14 @@
 #include <cmath>
 #include <functional>
 #include <map>
+#include <set>
 #include <memory>
 #include <string>
 #include <vector>
 
 #include "athanor/dist/ddp.h"
 #include "athanor/dist/process_group.h"
+#include "athanor/dist/shard_spec.h"
 #include "athanor/nn/layers.h"
 #include "athanor/nn/module.h"
 #include "athanor/optim/optimizer.h"
@@ -137,6 +139,20 @@ struct DataParallelOptions {
   // addition to the model's FullyShardedBlocks. Units must not nest nor share a parameter
   // with anything outside them; each must hold a trainable parameter.
   std::vector<std::string> shard_modules = {};  // "= {}": designated initializers may omit it without a warning
+  // Tensor parallelism on another dimension of the mesh (tensor_parallel_gpt.h): the tp group
+  // and how each parameter is sharded over it (absent names are replicated). With them the
+  // gradient norm counts every shard once and every replicated parameter once (a sum over
+  // tp and, at stages >= 2, over dp), and finish_backward sums over tp the gradients of the
+  // parameters marked sum_grad_over_tp (sequence parallelism), once per step. The data-
+  // parallel group is then the mesh's dp group: every tp rank runs its own DataParallel over
+  // its shards, and they all shard the same way (the shards have equal shapes).
+  std::shared_ptr<ProcessGroup> tp_group = nullptr;
+  ShardSpecs tp_specs = {};
+  // Pipeline parallelism on another dimension (pipeline_gpt.h): the pp group. The gradient
+  // norm then sums every stage's part; norm_excluded names parameters whose gradient another
+  // stage counts (the last stage's copy of the tied embedding).
+  std::shared_ptr<ProcessGroup> pp_group = nullptr;
+  std::set<std::string> norm_excluded = {};
 };
 
 class DataParallel {
@@ -254,6 +270,10 @@ class DataParallel {
   void launch(int b);
   void drain(int b);
   void reset_step();
+  bool tensor_parallel() const { return opts_.tp_group && opts_.tp_group->size() > 1; }
+  bool pipeline_parallel() const { return opts_.pp_group && opts_.pp_group->size() > 1; }
+  bool holds_grad(const Param& p) const { return opts_.zero_stage < 2 || p.owner == group_->rank(); }
+  void sum_sequence_parallel_grads();  // over tp, the parameters marked sum_grad_over_tp
   static constexpr int kMaxInFlight = 2;  // stage 2: buckets reducing at once
   void all_gather_parameters();
   // stage 3 (zero3.cpp)

@@ -9,6 +9,7 @@
 // The lm_head is tied to wte (no separate parameter).
 #include <cstdint>
 #include <string>
+#include <functional>
 #include <vector>
 
 #include "athanor/core/rng.h"
@@ -26,6 +27,17 @@ struct GPTConfig {
 };
 
 class GPTBlock;
+
+// The token generate() picks from the last position's logits (one per vocabulary entry):
+// divided by the temperature, cut to the top_k largest (0 = all), then one Philox draw from gen.
+int32_t sample_token(std::vector<double> logits, double temperature, int64_t top_k, Generator& gen);
+
+// The generation loop every GPT layout shares: checks the request against the vocabulary,
+// puts `model` in eval mode without gradients, and appends max_new_tokens tokens, each the
+// one next_token picks after the context (the last block_size tokens), with sample_token.
+std::vector<int32_t> generate_tokens(Module& model, const std::vector<int32_t>& prompt, int64_t max_new_tokens,
+                                     double temperature, int64_t vocab_size, int64_t block_size,
+                                     const std::function<int32_t(const std::vector<int64_t>& context)>& next_token);
 
 class GPT : public Module {
  public:

@@ -95,6 +95,9 @@ class Profiler {
   // Chrome trace-event JSON ({"traceEvents": [{"name","cat","ph":"X","ts","dur","pid","tid"}, …]},
   // times in µs): opens in Perfetto / chrome://tracing. Raises athanor::Error if the file cannot be written.
   void write_chrome_trace(const std::string& path) const;
+  // The events as a Chrome-trace JSON array for one track (pid) named `track`, with absolute
+  // steady-clock timestamps: the arrays of processes on one host line up.
+  std::string trace_events(int pid, const std::string& track) const;
 
   // Used by the observer hook and ProfileSpan; prefer ProfileSpan.
   int64_t begin_op();  // returns the begin time, or -1 inside a backward node (not recorded)
@@ -133,5 +136,9 @@ class ProfileSpan {
   int64_t begin_ns_ = 0;
   std::string name_, category_;
 };
+
+// One trace of several processes (trace_events arrays, one per rank): a track each, shifted so
+// that the earliest event starts at 0.
+void write_merged_chrome_trace(const std::string& path, const std::vector<std::string>& event_arrays);
 
 }  // namespace athanor::observe

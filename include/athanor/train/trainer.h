@@ -18,7 +18,7 @@
 // (resolved), metrics.jsonl and health.jsonl (observe/metrics.h), TensorBoard events,
 // report.html and, with profile.enabled, trace.json.
 //
-// Data parallel (dist.*, trainer_dist.cpp): under mpirun/srun every rank runs a Trainer; the
+// Data parallel (dist.*, parallel_context.h): under mpirun/srun every rank runs a Trainer; the
 // model is wrapped in dist::DataParallel (zero_stage 0 = DDP, 1/2/3 = ZeRO; at 3 the sharding
 // units are GPT's blocks transformer.h.<i>, MLP's Linear layers or a Task's FullyShardedBlocks;
 // names and checkpoints stay those of 1 process; convnet is refused). Micro-batch k of a step is the same set of samples for
@@ -32,6 +32,34 @@
 // 1-process names, rank 0 writes, a barrier follows) and state.json records world size, zero
 // stage and the loader position in global samples, so a checkpoint resumes on any world size
 // and stage. Dropout draws the same stream on every rank (the RNG state is rank 0's).
+//
+// Tensor parallelism (dist.tp > 1, GPT only; dist.sequence_parallel): the ranks form a
+// DeviceMesh dp × tp (tp fastest); the model is a dist::TensorParallelGPT over the tp group
+// and DataParallel runs over the dp group, so "world" above reads "dp": the data, the
+// global batch (batch_size × accum_steps × dp) and the loss and metric sums are per dp rank,
+// and the tp ranks of a dp group see the same micro-batches. The gradient norm counts each
+// shard once and replicated parameters once; found_inf is agreed by every rank. Checkpoints
+// keep logical names and shapes: each rank writes its shard, the index maps shards to slices
+// (ckpt/sharded_checkpoint.h), and any (dp, tp, ZeRO) layout resumes any other; the final
+// model.safetensors is the logical (merged) model. Every rank samples and saves the weights
+// (collectives). The communication ledger's per-step totals by mesh dimension go into each
+// step record ("comm").
+//
+// Pipeline parallelism (dist.pp > 1, GPT only): the mesh is dp x tp x pp; each rank holds its
+// stage's chunks of a dist::PipelineGPT, and the step's micro-batch loop becomes the schedule
+// dist.pp_schedule (gpipe, 1f1b, interleaved with dist.virtual_stages, zb-h1) run by
+// dist::PipelineExecutor; the loss lives on the last stage and is handed to every rank; the
+// tied embedding's gradient is summed between the first and last stage after the dp
+// reduction; the grad norm and found_inf are agreed over every tp and pp rank; DDP or ZeRO-1
+// on dp (ZeRO-2/3 are refused with a reason). Each step records the measured bubble next to
+// the schedule's theory ("pipeline"), and a profiled step's per-rank action timeline goes to
+// pipeline_timeline.json, which the report draws. Evaluation and samples run the stages as a
+// chain; model.safetensors and checkpoints hold the logical model.
+//
+// The Trainer in parts, each a concept of its own: the parallel context (parallel_context.h:
+// the mesh, groups, logical <-> local tensors), the step pipeline (step_pipeline.h: the
+// micro-batch loop or a pipeline schedule), the checkpointer (checkpointer.h) and the run
+// files (run_files.h). train_step() (trainer_step.cpp) reads as the step above.
 #include <cstdint>
 #include <deque>
 #include <functional>
@@ -39,8 +67,10 @@
 #include <string>
 #include <vector>
 
+#include "athanor/ckpt/checkpoint.h"
 #include "athanor/data/dataloader.h"
 #include "athanor/data/tokenizer.h"
+#include "athanor/dist/shard_spec.h"
 #include "athanor/nn/gpt.h"
 #include "athanor/nn/module.h"
 #include "athanor/optim/lr_schedule.h"
@@ -50,13 +80,20 @@
 #include "athanor/observe/health.h"
 #include "athanor/observe/metrics.h"
 #include "athanor/train/config.h"
+#include "athanor/train/checkpointer.h"
+#include "athanor/train/parallel_context.h"
+#include "athanor/train/run_files.h"
+#include "athanor/train/step_pipeline.h"
 
 namespace athanor::dist {
 class DataParallel;
+class DeviceMesh;
 class ProcessGroup;
 }  // namespace athanor::dist
 
 namespace athanor::train {
+
+class StepObserver;  // train/step_observer.h: per-layer, activation and input statistics
 
 // The records of a run (include/athanor/observe/metrics.h); the old train:: names stay valid.
 using StepMetrics = observe::StepMetrics;
@@ -82,6 +119,9 @@ class Task {
   virtual bool is_language_model() const { return false; }
   // Model FLOPs (forward + backward) of training on this micro-batch; 0 = unknown (no MFU).
   virtual double train_flops(const data::Batch&) const { return 0; }
+  // Language models: tokens sampled after `prompt` (every rank of a tensor-parallel group calls it).
+  virtual std::vector<int32_t> generate(const std::vector<int32_t>& prompt, int64_t tokens, double temperature, int64_t top_k,
+                                        Generator& gen);
 };
 
 class Trainer {
@@ -152,11 +192,15 @@ class Trainer {
   double lr_factor() const { return lr_factor_; }        // cumulative rollback lr multiplier
   double peak_flops() const { return peak_flops_; }      // FLOP/s used for MFU: the hardware's peak (0 = unknown)
   double gemm_flops() const { return gemm_flops_; }      // a GEMM probe's FLOP/s, for GEMM efficiency
-  // Data parallel (trainer_dist.cpp; dist.backend mpi, or auto under mpirun/srun with > 1 process):
-  // every rank runs a Trainer; the global batch is batch_size × accum_steps × world_size.
-  int rank() const { return rank_; }
-  int world_size() const { return world_; }
+  // Parallel layout (parallel_context.h; dist.backend mpi, or auto under mpirun/srun with > 1 process):
+  // every rank runs a Trainer; the global batch is batch_size × accum_steps × dp.
+  int rank() const;
+  int world_size() const;
+  int tp_size() const;  // dist.tp (1 without tensor parallelism)
+  int pp_size() const;  // dist.pp (1 without pipeline parallelism)
+  int dp_size() const;  // world / (tp x pp)
   bool distributed() const { return dp_ != nullptr; }
+  const ParallelContext& parallel() const { return *par_; }
   int64_t global_batch() const;
   // Optional: where progress and messages go (default: stdout; ranks other than 0: nowhere).
   void set_output(std::function<void(const std::string&)> out) { out_ = std::move(out); }
@@ -169,8 +213,6 @@ class Trainer {
   void measure_peak_flops();
   void memory_report(const StepMetrics& m);
   void profile_window(int64_t step, bool at_start);  // profile.*: start/stop the profiler, print the table, write trace.json
-  // Runs the step's micro-batches: forward under autocast, (scaled) backward; fills loss/timings.
-  void forward_backward(const std::vector<data::Batch>& batches, StepMetrics& m);
   // The non-finite policy (trainer_health.cpp), after the update was skipped: diagnose, then
   // skip (false), roll back (true: the state is a checkpoint's now) or stop (throws).
   std::string nonfinite_policy() const;  // auto resolved to skip/stop
@@ -179,31 +221,43 @@ class Trainer {
                                           const StepMetrics& m);
   void emit_health(const observe::HealthEvent& e);  // health.jsonl + a line to the output + sinks
   void apply_lr_factor();                          // base lr = initial base lr × lr_factor_
-  // ---- distributed (trainer_dist.cpp)
-  void setup_process_group();    // before build_data: rank_, world_, group_ (MPI initialised once)
   void setup_data_parallel(int64_t global_batch);  // wraps the model; owns the optimizer (trainer.cpp)
   std::vector<std::string> zero3_shard_modules();  // dist.zero_stage 3: the model's sharding units
-  std::shared_ptr<data::Sampler> train_sampler(int64_t n, uint64_t seed) const;
-  double sum_across_ranks(double v) const;         // identity without data parallel
-  bool any_rank(bool v) const;
+  bool any_rank(bool v) const;  // over every rank (identity in one process)
   void barrier() const;
-  void maybe_kill_for_test() const;                // ATHANOR_TEST_KILL_RANK / ATHANOR_TEST_KILL_STEP
+  bool collective_model() const;  // sampling and saving the weights are collectives (ZeRO-3, tp, pp)
+  void write_pipeline_timeline(int64_t step);  // pipeline_timeline.json from every rank's clocks (a collective)
   Config config_;
+  std::unique_ptr<ParallelContext> par_;       // first: every other part depends on the layout
   std::unique_ptr<Task> task_;
   std::unique_ptr<data::Tokenizer> tokenizer_;
   std::shared_ptr<data::Dataset> train_set_, val_set_;
   std::unique_ptr<data::DataLoader> train_loader_;
-  std::shared_ptr<dist::ProcessGroup> group_;  // null without data parallel
   std::unique_ptr<dist::DataParallel> dp_;      // before scheduler_: destroyed after it
   std::unique_ptr<optim::Optimizer> optimizer_; // the optimizer without data parallel
   optim::Optimizer* optim_ = nullptr;           // optimizer_ or dp_'s
-  int rank_ = 0, world_ = 1, zero_stage_ = 0;
+  int zero_stage_ = 0;
+  std::unique_ptr<StepPipeline> step_pipeline_;  // the micro-batch loop or a pipeline schedule
+  std::unique_ptr<Checkpointer> checkpointer_;
+  std::unique_ptr<RunFiles> files_;
   std::unique_ptr<optim::Scheduler> scheduler_;
   std::vector<std::shared_ptr<Callback>> callbacks_;
   std::vector<std::shared_ptr<observe::MetricsSink>> sinks_;
   std::vector<observe::HealthEvent> health_;
   std::unique_ptr<GradScaler> scaler_;
   std::unique_ptr<observe::HealthMonitor> health_monitor_;  // spikes, exploding/vanishing gradients
+  // ---- what the doctor and the report read beyond the step's own metrics (trainer_observe.cpp)
+  void write_run_info();                                    // run.json
+  void observe_inputs(const std::vector<data::Batch>& batches, StepMetrics& m);  // input stats + their health check
+  void debug_rank_delay(StepMetrics& m) const;              // debug.slow_rank (TEST ONLY)
+  void finish_step_records(StepMetrics& m, bool periodic);  // totals, elapsed time, per-rank compute
+  std::unique_ptr<StepObserver> step_observer_;
+  std::vector<observe::ActivationStats>* activations_out_ = nullptr;  // set on layer-statistics steps
+  bool observe_window_ = false;  // this step's forward is observed (statistics, or the dead-unit window)
+  observe::PhaseTotals totals_;
+  double compute_total_ = 0;                 // this rank's step time outside the gradient wait, summed
+  double label_entropy_ = -1;                // of the training targets (before debug.* faults); -1 = n/a
+  int64_t label_classes_ = 0;
   DType precision_ = DType::f32;
   std::vector<double> initial_base_lrs_;
   double lr_factor_ = 1.0;
@@ -226,8 +280,7 @@ class Trainer {
   int64_t step_ = 0, max_steps_ = 0, skipped_ = 0;
   int64_t last_checkpoint_step_ = -1;
   bool stopped_by_signal_ = false;
-  bool metrics_started_ = false;  // metrics.jsonl truncated (fresh run) or filtered (resume)
-  bool health_started_ = false;   // health.jsonl likewise
+  bool health_started_ = false;   // health.jsonl truncated (fresh run) or cut back to the checkpoint (resume)
   double start_time_ = 0;
   bool tty_ = false;
   double last_redraw_ = 0;  // when a terminal's progress line was last drawn
@@ -235,8 +288,10 @@ class Trainer {
   bool write_files_ = true;  // this process writes them (run_files_ and rank 0)
 };
 
-// Builds the model and task of a config (used by train, eval and generate).
-std::unique_ptr<Task> make_task(const Config& config);
+// Builds the model and task of a config (used by train, eval and generate). With a mesh whose
+// pp size is > 1: this rank's stages of a dist::PipelineGPT (tp-split over mesh->tp()); else
+// with a tp size > 1: the GPT as a dist::TensorParallelGPT over mesh->tp().
+std::unique_ptr<Task> make_task(const Config& config, const dist::DeviceMesh* mesh = nullptr);
 // The GPT shape a config's model.* keys describe (model.type must be gpt).
 nn::GPTConfig gpt_config(const Config& config);
 

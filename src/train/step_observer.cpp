@@ -1,0 +1,330 @@
+// The trainer's measurements for the doctor and the per-layer views (step_observer.h).
+#include "train/step_observer.h"
+
+#include <algorithm>
+#include <bit>
+#include <cmath>
+#include <limits>
+#include <map>
+#include <set>
+
+#include "athanor/core/allocator.h"
+#include "athanor/core/convert.h"
+#include "athanor/dist/process_group.h"
+#include "athanor/ops.h"
+
+namespace athanor::train {
+namespace {
+
+// A contiguous view of t's values (t itself when contiguous), without recording an op.
+Tensor dense(const Tensor& t) {
+  if (t.is_contiguous()) return t;
+  Tensor c = empty(t.sizes(), TensorOptions(t.dtype()));
+  copy_into(c, t);
+  return c;
+}
+
+// fn(i, value) for each element, as double.
+template <class Fn> void for_each_value(const Tensor& t, Fn&& fn) {
+  const Tensor c = dense(t);
+  const int64_t n = c.numel();
+  dispatch(c.dtype(), [&]<class T>() {
+    const T* d = static_cast<const T*>(c.raw_data());
+    for (int64_t i = 0; i < n; ++i) fn(i, cast_value<double>(d[i]));
+  });
+}
+
+bool relu_like(const std::string& op) { return op == "relu" || op == "linear_relu"; }
+
+double median_of(std::vector<double> v) {
+  if (v.empty()) return 0;
+  std::sort(v.begin(), v.end());
+  const size_t n = v.size();
+  return n % 2 ? v[n / 2] : 0.5 * (v[n / 2 - 1] + v[n / 2]);
+}
+
+}  // namespace
+
+double l2_norm(const Tensor& t) {
+  if (!t.defined() || !is_floating(t.dtype())) return 0;
+  double s = 0;
+  const Tensor c = dense(t);
+  const int64_t n = c.numel();
+  dispatch(c.dtype(), [&]<class T>() {
+    const T* d = static_cast<const T*>(c.raw_data());
+    // Four partial sums: independent chains the compiler can keep in flight.
+    double a[4] = {0, 0, 0, 0};
+    int64_t i = 0;
+    for (; i + 4 <= n; i += 4)
+      for (int k = 0; k < 4; ++k) {
+        const double v = cast_value<double>(d[i + k]);
+        a[k] += v * v;
+      }
+    for (; i < n; ++i) {
+      const double v = cast_value<double>(d[i]);
+      a[0] += v * v;
+    }
+    s = a[0] + a[1] + a[2] + a[3];
+  });
+  return std::sqrt(s);
+}
+
+observe::Histogram histogram(const std::string& tag, const Tensor& t, int buckets) {
+  observe::Histogram h;
+  h.tag = tag;
+  double mn = std::numeric_limits<double>::infinity(), mx = -mn;
+  for_each_value(t, [&](int64_t, double v) {
+    if (!std::isfinite(v)) return;
+    mn = std::min(mn, v);
+    mx = std::max(mx, v);
+    h.num += 1;
+    h.sum += v;
+    h.sum_squares += v * v;
+  });
+  if (h.num == 0) return h;
+  h.min = mn;
+  h.max = mx;
+  const int nb = std::max(1, buckets);
+  const double width = (mx - mn) / nb;
+  h.bucket.assign(static_cast<size_t>(nb), 0.0);
+  for (int i = 0; i < nb; ++i) h.bucket_limit.push_back(i + 1 == nb ? mx : mn + width * (i + 1));
+  if (width <= 0) {  // one value: one bucket
+    h.bucket.assign(1, h.num);
+    h.bucket_limit.assign(1, mx);
+    return h;
+  }
+  for_each_value(t, [&](int64_t, double v) {
+    if (!std::isfinite(v)) return;
+    // Bucket i holds (limit[i-1], limit[i]]; the first also holds min itself.
+    int64_t i = static_cast<int64_t>(std::ceil((v - mn) / width)) - 1;
+    i = std::clamp<int64_t>(i, 0, nb - 1);
+    while (i > 0 && v <= h.bucket_limit[static_cast<size_t>(i - 1)]) --i;  // rounding at the edges
+    while (i + 1 < nb && v > h.bucket_limit[static_cast<size_t>(i)]) ++i;
+    h.bucket[static_cast<size_t>(i)] += 1;
+  });
+  return h;
+}
+
+void StepObserver::before_update(const optim::NamedTensors& named, observe::StepMetrics& m, bool keep_weights, bool histograms) {
+  MemTagScope tag(MemTag::workspace);
+  before_.clear();
+  m.layers.clear();
+  for (const auto& [n, p] : named) {
+    const Tensor g = p.grad();
+    m.layers.push_back({n, g.defined() ? l2_norm(g) : 0.0, l2_norm(p), -1.0, static_cast<int>(p.dim())});
+    if (keep_weights) {
+      Tensor c = empty(p.sizes(), TensorOptions(p.dtype()));
+      copy_into(c, p);
+      before_.push_back(c);
+    }
+    if (histograms) {
+      m.histograms.push_back(histogram("weights/" + n, p));
+      if (g.defined()) m.histograms.push_back(histogram("grads/" + n, g));
+    }
+  }
+}
+
+void StepObserver::after_update(const optim::NamedTensors& named, observe::StepMetrics& m) {
+  if (before_.size() != named.size() || m.layers.size() != named.size()) return;
+  for (size_t i = 0; i < named.size(); ++i) {
+    const Tensor& p = named[i].second;
+    const Tensor w0 = dense(before_[i]), w1 = dense(p);
+    double diff = 0;
+    const int64_t n = w0.numel();
+    dispatch(w0.dtype(), [&]<class T>() {
+      const T* a = static_cast<const T*>(w0.raw_data());
+      const T* b = static_cast<const T*>(w1.raw_data());
+      for (int64_t k = 0; k < n; ++k) {
+        const double d = cast_value<double>(b[k]) - cast_value<double>(a[k]);
+        diff += d * d;
+      }
+    });
+    const double w = m.layers[i].param_norm;
+    m.layers[i].update_ratio = w > 0 ? std::sqrt(diff) / w : -1.0;
+  }
+  before_.clear();
+}
+
+observe::ActivationStats activation_stats(const std::string& name, const std::string& op, const Tensor& y) {
+  observe::ActivationStats a;
+  a.name = name;
+  if (!y.defined() || !is_floating(y.dtype()) || y.numel() == 0) return a;
+  const int64_t n = y.numel();
+  // Units: features (last dim) or channels (dim 1 of NCHW).
+  const bool nchw = y.dim() == 4;
+  const int64_t units = y.dim() == 0 ? 1 : nchw ? y.size(1) : y.size(-1);
+  const int64_t inner = nchw ? y.size(2) * y.size(3) : 1;
+  a.units = units;
+  const bool relu = relu_like(op), sig = op == "sigmoid", th = op == "tanh";
+  std::vector<char> alive(relu ? static_cast<size_t>(units) : 0, 0);
+  double sum = 0, ss = 0, absmax = 0;
+  int64_t zeros = 0, saturated = 0, finite = 0;
+  for_each_value(y, [&](int64_t i, double v) {
+    if (!std::isfinite(v)) return;
+    ++finite;
+    sum += v;
+    ss += v * v;
+    absmax = std::max(absmax, std::fabs(v));
+    if (v == 0) ++zeros;
+    if (relu && v > 0) alive[static_cast<size_t>(nchw ? (i / inner) % units : i % units)] = 1;
+    if (sig && (v < 0.01 || v > 0.99)) ++saturated;
+    if (th && std::fabs(v) > 0.99) ++saturated;
+  });
+  const double cnt = static_cast<double>(std::max<int64_t>(1, finite));
+  a.mean = sum / cnt;
+  a.std = std::sqrt(std::max(0.0, ss / cnt - a.mean * a.mean));
+  a.absmax = absmax;
+  a.zero_frac = static_cast<double>(zeros) / static_cast<double>(n);
+  if (relu) a.dead_frac = static_cast<double>(std::count(alive.begin(), alive.end(), 0)) / static_cast<double>(units);
+  if (sig || th) a.saturated_frac = static_cast<double>(saturated) / cnt;
+  return a;
+}
+
+ForwardObserver StepObserver::observer(std::vector<observe::ActivationStats>* stats) {
+  static const std::set<std::string> kLayerOps = {"linear", "linear_relu", "gelu_linear", "conv2d", "relu",
+                                                  "gelu",   "tanh",        "sigmoid",     "silu"};
+  return [this, stats](const char* op, const std::string& module_path, const Tensor& y) {
+    const bool relu = relu_like(op);
+    if (!(relu || (stats && kLayerOps.count(op))) || !y.defined() || !is_floating(y.dtype()) || y.dim() == 0) return;
+    const std::string name = (module_path.empty() ? std::string("(root)") : module_path) + ":" + op;
+    if (stats)
+      for (const auto& a : *stats)
+        if (a.name == name) return;  // a layer called twice in one forward keeps its first output
+    if (relu) {  // the units that fired, over the window
+      const bool nchw = y.dim() == 4;
+      const int64_t units = nchw ? y.size(1) : y.size(-1), inner = nchw ? y.size(2) * y.size(3) : 1;
+      auto& alive = alive_[name];
+      if (static_cast<int64_t>(alive.size()) != units) alive.assign(static_cast<size_t>(units), 0), alive_samples_[name] = 0;
+      for_each_value(y, [&](int64_t i, double v) {
+        if (v > 0) alive[static_cast<size_t>(nchw ? (i / inner) % units : i % units)] = 1;
+      });
+      alive_samples_[name] += y.size(0) * (y.dim() == 3 ? y.size(1) : 1);
+    }
+    if (!stats) return;
+    observe::ActivationStats a = activation_stats(name, op, y);
+    if (relu) {
+      const auto& alive = alive_[name];
+      a.dead_frac = static_cast<double>(std::count(alive.begin(), alive.end(), 0)) / static_cast<double>(alive.size());
+      alive_.erase(name);  // the next window starts afresh
+      alive_samples_.erase(name);
+    }
+    stats->push_back(std::move(a));
+  };
+}
+
+ForwardObserver activation_observer(std::vector<observe::ActivationStats>& out) {
+  static const std::set<std::string> kLayerOps = {"linear", "linear_relu", "gelu_linear", "conv2d", "relu",
+                                                  "gelu",   "tanh",        "sigmoid",     "silu"};
+  return [&out](const char* op, const std::string& module_path, const Tensor& y) {
+    if (!kLayerOps.count(op)) return;
+    const std::string name = (module_path.empty() ? std::string("(root)") : module_path) + ":" + op;
+    // A layer called twice in one forward (shared weights) keeps its first output.
+    for (const auto& a : out)
+      if (a.name == name) return;
+    out.push_back(activation_stats(name, op, y));
+  };
+}
+
+observe::InputStats input_stats(const std::vector<data::Batch>& batches) {
+  observe::InputStats s;
+  double sum = 0, ss = 0;
+  int64_t count = 0;
+  std::vector<double> sample_max;
+  for (const auto& b : batches) {
+    if (!b.input.defined() || !is_floating(b.input.dtype()) || b.input.dim() == 0) return {};
+    s.present = true;
+    const int64_t rows = b.input.size(0), per = rows ? b.input.numel() / rows : 0;
+    std::vector<double> row_max(static_cast<size_t>(rows), 0.0);
+    std::vector<char> row_bad(static_cast<size_t>(rows), 0);
+    const Tensor x = dense(b.input);
+    // Per row: sums in 8 independent lanes (this runs every step, ~3 flops per input value);
+    // a NaN or Inf anywhere makes the row's sum of squares non-finite.
+    dispatch(x.dtype(), [&]<class T>() {
+      if constexpr (is_float_type_v<T>) {
+        const T* d = static_cast<const T*>(x.raw_data());
+        for (int64_t r = 0; r < rows; ++r) {
+          const T* row = d + r * per;
+          double s8[8] = {0}, q8[8] = {0}, m8[8] = {0};
+          int64_t i = 0;
+          for (; i + 8 <= per; i += 8)
+            for (int k = 0; k < 8; ++k) {
+              const double v = cast_value<double>(row[i + k]);
+              s8[k] += v;
+              q8[k] += v * v;
+              m8[k] = std::max(m8[k], std::fabs(v));
+            }
+          double rs = 0, rq = 0, rm = 0;
+          for (; i < per; ++i) {
+            const double v = cast_value<double>(row[i]);
+            rs += v, rq += v * v, rm = std::max(rm, std::fabs(v));
+          }
+          for (int k = 0; k < 8; ++k) rs += s8[k], rq += q8[k], rm = std::max(rm, m8[k]);
+          if (!std::isfinite(rq) || !std::isfinite(rs)) {
+            row_bad[static_cast<size_t>(r)] = 1;
+            continue;
+          }
+          sum += rs, ss += rq, count += per;
+          row_max[static_cast<size_t>(r)] = rm;
+        }
+      }
+    });
+    for (int64_t r = 0; r < rows; ++r) {
+      const int64_t id = static_cast<size_t>(r) < b.sample_ids.size() ? b.sample_ids[static_cast<size_t>(r)] : -1;
+      if (row_bad[static_cast<size_t>(r)]) {
+        s.nonfinite_ids.push_back(id);
+        continue;
+      }
+      sample_max.push_back(row_max[static_cast<size_t>(r)]);
+      if (s.max_id < 0 || row_max[static_cast<size_t>(r)] > s.max_absmax) {
+        s.max_absmax = row_max[static_cast<size_t>(r)];
+        s.max_id = id;
+      }
+    }
+    s.samples += rows;
+  }
+  if (!s.present) return s;
+  const double n = static_cast<double>(std::max<int64_t>(1, count));
+  s.mean = sum / n;
+  s.std = std::sqrt(std::max(0.0, ss / n - s.mean * s.mean));
+  s.absmax = s.max_absmax;
+  s.median_absmax = median_of(sample_max);
+  return s;
+}
+
+double label_entropy(const data::Dataset& set, int64_t max_samples, int64_t* classes) {
+  const int64_t n = set.size();
+  if (n <= 0) return -1;
+  const int64_t take = std::min(n, std::max<int64_t>(1, max_samples));
+  std::map<int64_t, double> counts;
+  double total = 0;
+  for (int64_t k = 0; k < take; ++k) {
+    // Evenly spread over the set (a prefix of a sorted or time-ordered set would mislead).
+    const int64_t idx = static_cast<int64_t>(static_cast<double>(k) * static_cast<double>(n) / static_cast<double>(take));
+    const data::Sample s = set.get(idx);
+    if (!s.target.defined() || is_floating(s.target.dtype())) return -1;
+    for (double v : s.target.to_vector()) {
+      if (v < 0) continue;  // ignore_index (-100) and the like
+      counts[static_cast<int64_t>(v)] += 1;
+      total += 1;
+    }
+  }
+  if (total == 0) return -1;
+  double h = 0;
+  for (const auto& [c, k] : counts) h -= k / total * std::log(k / total);
+  if (classes) *classes = static_cast<int64_t>(counts.size());
+  return h;
+}
+
+std::vector<double> gather_across_ranks(dist::ProcessGroup* group, double v) {
+  if (!group) return {v};
+  const int world = group->size();
+  Tensor in = full({1}, 0.0, {DType::i64});
+  in.data_ptr<int64_t>()[0] = std::bit_cast<int64_t>(v);
+  Tensor out = full({world}, 0.0, {DType::i64});
+  group->all_gather(out, in);
+  std::vector<double> r(static_cast<size_t>(world));
+  for (int i = 0; i < world; ++i) r[static_cast<size_t>(i)] = std::bit_cast<double>(out.data_ptr<int64_t>()[i]);
+  return r;
+}
+
+}  // namespace athanor::train
