@@ -5,6 +5,7 @@
 #include <unordered_map>
 #include <unordered_set>
 
+#include "athanor/autograd/backward_pass.h"
 #include "athanor/autograd/function.h"
 #include "athanor/autograd/grad_mode.h"
 #include "athanor/autograd/node.h"
@@ -251,6 +252,7 @@ void run_backward(const std::vector<Tensor>& roots, const std::vector<Tensor>& g
         Node* n;
         ~Unset() { n->set_pending_grads(nullptr); }
       } unset{node.get()};
+      BackwardApplyScope applying;
       in_grads = node->apply(std::move(grads));
     }
     if (any_weight) node->set_masked_inputs({});
@@ -326,6 +328,7 @@ void DeferredWeightGrads::run() {
         Node& n;
         ~Unmask() { n.set_masked_inputs({}); }
       } unmask{node};
+      BackwardApplyScope applying;
       in_grads = node.apply(std::move(item.grads));
     }
     auto row_sparse = node.take_row_sparse();

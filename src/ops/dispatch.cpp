@@ -3,6 +3,7 @@
 #include <sstream>
 
 #include "athanor/autograd/anomaly.h"
+#include "athanor/autograd/backward_pass.h"
 #include "athanor/autograd/function.h"
 #include "athanor/autograd/grad_mode.h"
 #include "athanor/core/observer.h"
@@ -131,8 +132,10 @@ std::vector<Tensor> dispatch(const OpDef& op, std::vector<Tensor> inputs, const 
 
   std::vector<Tensor> out = k.forward(call);
 
-  // 4. Anomaly mode: the first op whose output is not finite raises, naming itself.
-  if (anomaly_mode_enabled())
+  // 4. Anomaly mode: the first op whose output is not finite raises, naming itself. Ops a
+  // backward closure runs are its node's arithmetic: the engine checks the node's outputs
+  // ("backward of '<node>'") instead (autograd/backward_pass.h).
+  if (anomaly_mode_enabled() && !in_backward_apply())
     for (std::size_t i = 0; i < out.size(); ++i)
       check_finite("forward", op.name, call.recorded_inputs(), out[i], i, current_module_path());
 

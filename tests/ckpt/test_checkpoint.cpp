@@ -75,7 +75,7 @@ TEST(Checksum, IncrementalAndFileDigestsEqualTheOneShotDigest) {
 }
 
 // A checkpoint written by athanor before XXH3-128 (format 1, SHA-256 digests; made by commit
-// 1a1fb5d's `athanor train`, tests/fixtures/ckpt_format1) verifies, and its checksum still
+// f6b3413 (main before the registry)'s `athanor train`, tests/fixtures/ckpt_format1) verifies, and its checksum still
 // catches damage.
 TEST(Checkpoint, AManifestWrittenBeforeXxh3StillVerifies) {
   const fs::path src = fs::path(ATHANOR_FIXTURES_DIR) / "ckpt_format1" / "step-000004";
