@@ -81,7 +81,10 @@ TEST(GeluLinear, Bf16UnderAutocastMatchesUnfusedAndF32) {
   // And close to the f32 result within bf16's precision.
   const Result r = run_linear_like(fused, x, w, b, dy);
   EXPECT_CLOSE(f.y.to(DType::f32), r.y, 5e-2, 2e-2);
-  EXPECT_CLOSE(f.dw, r.dw, 1.0, 2e-2);
+  // dW sums 128 rows of dy * gelu(x) whose operands are rounded to bf16 (2^-9 relative each):
+  // the error is a few tenths on values of order 10 (0.16 measured). atol 0.25 still catches a
+  // row dropped from or counted twice in the sum (a change of ~1); the former 1.0 did not.
+  EXPECT_CLOSE(f.dw, r.dw, 0.25, 0);
 }
 
 TEST(GeluLinear, Bf16AutocastWritesF32ParameterGradientsFromF32Accumulators) {
