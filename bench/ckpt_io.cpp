@@ -6,6 +6,13 @@
 //   plain  open + read() of the same number of bytes into a buffer
 // Page cache is not dropped: both sides run warm. Median, min, max over N repetitions,
 // the two sides of each comparison alternating.
+// Then a whole training checkpoint, weights + AdamW state (exp_avg, exp_avg_sq: ~1.5 GB), as
+// the trainer writes it, against `cp` of the same files on the same disk:
+//   ckpt save   ckpt::save_checkpoint (tmp dir, files hashed with XXH3-128 as written, fsync,
+//               MANIFEST.json, renames, `latest`)
+//   ckpt load   ckpt::verify_checkpoint (every file hashed) + load_safetensors_into both files
+//   cp          `cp -r` of the committed step directory to a new directory, then `sync -f` (the
+//               same bytes copied and made durable; cp reads them from the warm page cache)
 //   ./build/bench/bench_ckpt_io [DIR] [REPS]     (DIR default: the current directory)
 #include <fcntl.h>
 #include <unistd.h>
@@ -20,9 +27,11 @@
 #include <string>
 #include <vector>
 
+#include "athanor/ckpt/checkpoint.h"
 #include "athanor/ckpt/safetensors.h"
 #include "athanor/core/error.h"
 #include "athanor/nn/gpt.h"
+#include "athanor/ops.h"
 
 using namespace athanor;
 namespace fs = std::filesystem;
@@ -123,5 +132,51 @@ int main(int argc, char** argv) {
               save.median / write.median, into.median / read3.median, load.median / read.median);
   fs::remove(st_path);
   fs::remove(raw_path);
+
+  // A whole training checkpoint: the weights and AdamW's two moments per parameter.
+  ckpt::NamedTensors opt_state;
+  for (const auto& [n, t] : state) {
+    opt_state.emplace_back(n + ".exp_avg", full(t.sizes(), 1e-3));
+    opt_state.emplace_back(n + ".exp_avg_sq", full(t.sizes(), 1e-6));
+  }
+  ckpt::NamedTensors weights(state.begin(), state.end());
+  const std::vector<ckpt::TensorFile> files = {{"model.safetensors", weights, {}}, {"optimizer.safetensors", opt_state, {}}};
+  const std::string ck_dir = (fs::path(dir) / "bench_ckpt_io.checkpoints").string();
+  const std::string cp_dir = (fs::path(dir) / "bench_ckpt_io.cp").string();
+  fs::remove_all(ck_dir);
+  fs::remove_all(cp_dir);
+  std::string step_dir;
+  int64_t step = 0;
+  double ck_bytes = 0;
+  const auto [ck_save, cp_save] = time_pairs(
+      reps, [&] { step_dir = ckpt::save_checkpoint(ck_dir, ++step, files, {{"state.json", "{}"}}); },
+      [&] {
+        fs::remove_all(cp_dir);
+        const std::string cmd = "cp -r '" + step_dir + "' '" + cp_dir + "' && sync -f '" + cp_dir + "'";
+        ATH_CHECK(std::system(cmd.c_str()) == 0, "bench", "'", cmd, "' failed");
+      });
+  for (const auto& e : fs::directory_iterator(step_dir)) ck_bytes += static_cast<double>(fs::file_size(e.path()));
+  const ckpt::NamedTensors opt_into = opt_state;
+  const auto [ck_load, cp_load] = time_pairs(
+      reps,
+      [&] {
+        (void)ckpt::verify_checkpoint(step_dir);
+        ckpt::load_safetensors_into((fs::path(step_dir) / "model.safetensors").string(), weights);
+        ckpt::load_safetensors_into((fs::path(step_dir) / "optimizer.safetensors").string(), opt_into);
+      },
+      [&] {
+        fs::remove_all(cp_dir);
+        const std::string cmd = "cp -r '" + step_dir + "' '" + cp_dir + "' && sync -f '" + cp_dir + "'";
+        ATH_CHECK(std::system(cmd.c_str()) == 0, "bench", "'", cmd, "' failed");
+      });
+  const double ck_mb = ck_bytes / 1e6;
+  std::printf("checkpoint: weights + AdamW state, %.1f MB in %s\n", ck_mb, step_dir.c_str());
+  print("save_checkpoint (xxh3, fsync, commit)", ck_save, ck_mb);
+  print("verify_checkpoint + load_into (both)", ck_load, ck_mb);
+  print("cp -r + sync -f", cp_save, ck_mb);
+  std::printf("ratio checkpoint save/cp %.2f (target <= 1.3), load/cp %.2f\n", ck_save.median / cp_save.median,
+              ck_load.median / cp_load.median);
+  fs::remove_all(ck_dir);
+  fs::remove_all(cp_dir);
   return 0;
 }

@@ -11,6 +11,7 @@ PACKAGES=(
   libopenblas-dev libdnnl-dev
   libyaml-cpp-dev nlohmann-json3-dev libcli11-dev zlib1g-dev
   libpcre2-dev  # the tokenizer's regular expressions (pkg-config libpcre2-8)
+  libxxhash-dev libssl-dev  # checkpoint checksums: XXH3-128, and SHA-256 for manifests written before it
   libopenmpi-dev openmpi-bin
   dataset-fashion-mnist
   clang libclang-rt-14-dev

@@ -53,7 +53,7 @@ bool print_checkpoint(const std::string& dir) {
     return false;
   }
   std::cout << "  manifest: step " << m.step << ", " << m.files.size() << " files, all verified\n";
-  for (const auto& e : m.files) std::cout << "    ok  " << e.name << "  " << e.bytes << " bytes  sha256 " << e.sha256 << "\n";
+  for (const auto& e : m.files) std::cout << "    ok  " << e.name << "  " << e.bytes << " bytes  " << e.algorithm << " " << e.checksum << "\n";
   const fs::path state = fs::path(dir) / "state.json";
   if (fs::exists(state)) {
     std::ifstream f(state);

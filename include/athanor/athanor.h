@@ -15,7 +15,7 @@
 #include "athanor/ops/linalg.h"
 #include "athanor/ops/loss.h"
 #include "athanor/ops/norm.h"
-#include "athanor/ops/op_table.h"
+#include "athanor/ops/registry.h"
 #include "athanor/ops/reduction.h"
 #include "athanor/ops/shape.h"
 #include "athanor/ops/softmax.h"

@@ -1,9 +1,9 @@
 // Activation checkpointing: forward without a tape, backward by recomputing
 // with one and running a nested (reentrant) backward through it. See
 // include/athanor/autograd/checkpoint.h for the contract.
-//
-// Layering note: autocast lives in the ops layer (it intercepts op inputs),
-// below autograd; checkpoint only reads and re-enters its thread-local state.
+// The replay runs at the precision the forward ran at (autocast on or off, its dtype):
+// that state lives in core (athanor/core/precision.h), so autograd saves and restores it
+// without reaching into the ops layer that sets it.
 #include "athanor/autograd/checkpoint.h"
 
 #include <memory>
@@ -14,7 +14,7 @@
 #include "athanor/autograd/grad_mode.h"
 #include "athanor/core/error.h"
 #include "athanor/core/rng.h"
-#include "athanor/ops/autocast.h"
+#include "athanor/core/precision.h"
 
 namespace athanor {
 namespace {
@@ -39,8 +39,7 @@ struct Replay {
   std::vector<bool> input_requires_grad;
   size_t num_real_inputs = 0;  // inputs.size() without the dummy (if any)
   GeneratorState rng;
-  bool autocast_on = false;
-  DType autocast_dt = DType::bf16;
+  Precision precision;
   std::string module_path;
 };
 
@@ -59,7 +58,7 @@ std::vector<Tensor> checkpoint_backward(const Replay& r, const Node& node, const
     Generator& gen = default_generator();
     GeneratorRestore restore(gen, gen.state());  // the outer RNG stream is unaffected by the replay
     gen.set_state(r.rng);
-    autocast ac(r.autocast_dt, r.autocast_on);
+    PrecisionScope precision(r.precision);
     std::unique_ptr<ModuleScope> path;
     if (!r.module_path.empty()) path = std::make_unique<ModuleScope>(r.module_path);  // nodes keep their module names
     EnableGradGuard grad_on;
@@ -98,8 +97,7 @@ std::vector<Tensor> checkpoint(CheckpointFn fn, const std::vector<Tensor>& input
 
   auto replay = std::make_shared<Replay>();
   replay->rng = default_generator().state();  // before fn draws anything
-  replay->autocast_on = autocast_enabled();
-  replay->autocast_dt = autocast_dtype();
+  replay->precision = current_precision();
   replay->module_path = current_module_path();
   replay->num_real_inputs = inputs.size();
 

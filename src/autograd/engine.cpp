@@ -5,11 +5,12 @@
 #include <unordered_map>
 #include <unordered_set>
 
+#include "athanor/autograd/backward_pass.h"
 #include "athanor/autograd/function.h"
 #include "athanor/autograd/grad_mode.h"
 #include "athanor/autograd/node.h"
 #include "athanor/core/error.h"
-#include "athanor/observe/profiler.h"
+#include "athanor/core/observer.h"
 #include "grad_buffer.h"
 
 namespace athanor {
@@ -98,7 +99,7 @@ bool settle_rows(Node& node, InputBuffer& buf, std::vector<Tensor>& grads) {
     if (buf.rows[slot].empty()) continue;
     auto* acc_node = dynamic_cast<AccumulateGrad*>(&node);
     if (acc_node && !grads[slot].defined() && !has_pre_hook(node, slot)) {
-      observe::BackwardNodeTimer timer(node.name());
+      ObservedNode timer(node.name());
       if (acc_node->accumulate_rows(buf.rows[slot])) {
         accumulated = true;
         continue;
@@ -245,12 +246,13 @@ void run_backward(const std::vector<Tensor>& roots, const std::vector<Tensor>& g
     if (anomaly) incoming = grads;
     std::vector<Tensor> in_grads;
     {
-      observe::BackwardNodeTimer timer(node->name());  // free when the profiler is off
+      ObservedNode timer(node->name());  // the profiler's hook (core/observer.h); free when none is registered
       node->set_pending_grads(&pending);
       struct Unset {
         Node* n;
         ~Unset() { n->set_pending_grads(nullptr); }
       } unset{node.get()};
+      BackwardApplyScope applying;
       in_grads = node->apply(std::move(grads));
     }
     if (any_weight) node->set_masked_inputs({});
@@ -320,12 +322,13 @@ void DeferredWeightGrads::run() {
     if (anomaly) incoming = item.grads;
     std::vector<Tensor> in_grads;
     {
-      observe::BackwardNodeTimer timer(node.name());
+      ObservedNode timer(node.name());
       node.set_masked_inputs(std::move(others));
       struct Unmask {
         Node& n;
         ~Unmask() { n.set_masked_inputs({}); }
       } unmask{node};
+      BackwardApplyScope applying;
       in_grads = node.apply(std::move(item.grads));
     }
     auto row_sparse = node.take_row_sparse();
@@ -350,7 +353,7 @@ void DeferredWeightGrads::run() {
     grads.resize(acc->output_meta.size());
     if (settle_rows(*acc, buf, grads)) continue;
     run_pre_hooks(*acc, grads);
-    observe::BackwardNodeTimer timer(acc->name());
+    ObservedNode timer(acc->name());
     acc->apply(std::move(grads));
   }
 }

@@ -7,7 +7,6 @@
 #include "athanor/autograd/anomaly.h"
 #include "athanor/core/convert.h"
 #include "athanor/core/error.h"
-#include "athanor/observe/profiler.h"
 
 namespace athanor {
 
@@ -152,8 +151,17 @@ ForwardObserverScope::ForwardObserverScope(ForwardObserver observer)
 }
 ForwardObserverScope::~ForwardObserverScope() { t_forward_observer = previous_; }
 
+void notify_forward_observer(const char* op, const std::vector<Tensor>& outputs) {
+  if (t_forward_observer && !outputs.empty()) observe_output(op, outputs[0]);
+}
+
+std::vector<Tensor> attach_node(const char* op, const std::vector<Tensor>& inputs, std::vector<Tensor> outputs,
+                                OpBackward backward) {
+  if (any_requires_grad(inputs)) attach(op, inputs, outputs, std::move(backward));
+  return outputs;
+}
+
 Tensor record(const char* op, const std::vector<Tensor>& inputs, Tensor output, OpBackward backward) {
-  observe::Profiler::note_op(op);  // the op ends here (profiler.h explains the timing)
   if (anomaly_mode_enabled()) check_finite("forward", op, inputs, output, 0, current_module_path());
   if (t_forward_observer) observe_output(op, output);
   if (!any_requires_grad(inputs)) return output;
@@ -164,7 +172,6 @@ Tensor record(const char* op, const std::vector<Tensor>& inputs, Tensor output, 
 
 std::vector<Tensor> record_multi(const char* op, const std::vector<Tensor>& inputs, std::vector<Tensor> outputs,
                                  OpBackward backward) {
-  observe::Profiler::note_op(op);
   if (anomaly_mode_enabled())
     for (size_t i = 0; i < outputs.size(); ++i) check_finite("forward", op, inputs, outputs[i], i, current_module_path());
   if (t_forward_observer && !outputs.empty()) observe_output(op, outputs[0]);

@@ -10,12 +10,14 @@
 #include <cstring>
 #include <filesystem>
 #include <fstream>
+#include <optional>
 #include <nlohmann/json.hpp>
 #include <set>
 #include <sstream>
 
 #include "athanor/core/error.h"
-#include "ckpt/sha256.h"
+#include "ckpt/checksum.h"
+#include "ckpt/safetensors_write.h"
 
 namespace athanor::ckpt {
 namespace fs = std::filesystem;
@@ -85,7 +87,15 @@ void write_file_durable(const std::string& path, const std::string& bytes) {
 namespace {
 ManifestEntry entry_of(const std::string& dir, const std::string& name) {
   const fs::path p = fs::path(dir) / name;
-  return ManifestEntry{name, static_cast<uint64_t>(fs::file_size(p)), sha256_file(p.string())};
+  return ManifestEntry{name, static_cast<uint64_t>(fs::file_size(p)), checksum_file(Checksum::xxh3_128, p.string()),
+                       checksum_name(Checksum::xxh3_128)};
+}
+
+// The manifest keys of the digest: xxh3_128 since format 2, sha256 before.
+std::optional<Checksum> checksum_of(const std::string& name) {
+  if (name == checksum_name(Checksum::xxh3_128)) return Checksum::xxh3_128;
+  if (name == checksum_name(Checksum::sha256)) return Checksum::sha256;
+  return std::nullopt;
 }
 }  // namespace
 
@@ -94,14 +104,15 @@ Manifest write_manifest(const std::string& dir, int64_t step, const std::vector<
   m.step = step;
   nlohmann::json j;
   j["format"] = "athanor-checkpoint";
-  j["format_version"] = 1;
+  j["format_version"] = 2;  // 2: file digests are XXH3-128 ("xxh3_128"); 1 held SHA-256 ("sha256")
   j["step"] = step;
   j["files"] = nlohmann::json::array();
   std::set<std::string> seen;
   for (const auto& e : files) {
     ATH_CHECK(seen.insert(e.name).second, "checkpoint", "two files named '", e.name, "' in checkpoint '", dir, "'",
               Hint{"each process must write files of its own (sharded checkpoints name them by rank)"});
-    j["files"].push_back({{"name", e.name}, {"bytes", e.bytes}, {"sha256", e.sha256}});
+    ATH_CHECK(checksum_of(e.algorithm).has_value(), "checkpoint", "unknown checksum '", e.algorithm, "' for '", e.name, "'");
+    j["files"].push_back({{"name", e.name}, {"bytes", e.bytes}, {e.algorithm, e.checksum}});
     m.files.push_back(e);
   }
   write_file_durable((fs::path(dir) / kManifest).string(), j.dump(2) + "\n");
@@ -127,7 +138,11 @@ Manifest read_manifest(const std::string& dir) {
     ATH_CHECK(j.value("format", "") == "athanor-checkpoint", "checkpoint", "'", p.string(), "' is not an athanor manifest");
     m.step = j.at("step").get<int64_t>();
     for (const auto& e : j.at("files")) {
-      ManifestEntry me{e.at("name").get<std::string>(), e.at("bytes").get<uint64_t>(), e.at("sha256").get<std::string>()};
+      ManifestEntry me{e.at("name").get<std::string>(), e.at("bytes").get<uint64_t>()};
+      for (Checksum c : {Checksum::xxh3_128, Checksum::sha256})
+        if (e.contains(checksum_name(c))) me.algorithm = checksum_name(c), me.checksum = e.at(checksum_name(c)).get<std::string>();
+      ATH_CHECK(!me.checksum.empty(), "checkpoint", "'", p.string(), "' gives no checksum (xxh3_128 or sha256) for '",
+                me.name, "'", Hint{"the manifest is damaged or from a newer athanor; use an earlier checkpoint"});
       ATH_CHECK(!me.name.empty() && me.name.find('/') == std::string::npos && me.name != "..", "checkpoint", "'",
                 p.string(), "' lists a bad file name '", me.name, "'");
       m.files.push_back(std::move(me));
@@ -151,9 +166,12 @@ Manifest verify_checkpoint(const std::string& dir, const std::function<bool(std:
     ATH_CHECK(size == e.bytes, "checkpoint", "'", p.string(), "' has ", size, " bytes but the manifest says ", e.bytes,
               " (truncated or overwritten)", Hint{"the checkpoint is damaged; use an earlier one"});
     if (hash_file && !hash_file(i)) continue;
-    const std::string sum = sha256_file(p.string());
-    ATH_CHECK(sum == e.sha256, "checkpoint", "'", p.string(), "' fails its SHA-256 check (", sum, " != manifest ", e.sha256,
-              "): the data is corrupt", Hint{"the checkpoint is damaged (disk error or edited file); use an earlier one"});
+    const std::optional<Checksum> algo = checksum_of(e.algorithm);
+    ATH_CHECK(algo.has_value(), "checkpoint", "'", p.string(), "' has an unknown checksum '", e.algorithm, "'");
+    const std::string sum = checksum_file(*algo, p.string());
+    ATH_CHECK(sum == e.checksum, "checkpoint", "'", p.string(), "' fails its ", e.algorithm, " check (", sum, " != manifest ",
+              e.checksum, "): the data is corrupt",
+              Hint{"the checkpoint is damaged (disk error or edited file); use an earlier one"});
   }
   return m;
 }
@@ -217,13 +235,17 @@ std::string begin_checkpoint(const std::string& checkpoints_dir, int64_t step) {
 }
 
 ManifestEntry write_tensor_file(const std::string& dir, const TensorFile& file) {
-  save_safetensors((fs::path(dir) / file.name).string(), file.tensors, file.metadata);  // tmp + fsync + rename inside
-  return entry_of(dir, file.name);
+  // Hashed from the bytes as they are written (tmp + fsync + rename inside): no second pass over the file.
+  Hasher h(Checksum::xxh3_128);
+  const uint64_t bytes = write_safetensors((fs::path(dir) / file.name).string(), file.tensors, file.metadata,
+                                           [&h](const void* p, std::size_t n) { h.update(p, n); });
+  return ManifestEntry{file.name, bytes, h.hex(), checksum_name(Checksum::xxh3_128)};
 }
 
 ManifestEntry write_text_file(const std::string& dir, const TextFile& file) {
   write_file_durable((fs::path(dir) / file.name).string(), file.bytes);
-  return entry_of(dir, file.name);
+  return ManifestEntry{file.name, file.bytes.size(), checksum_hex(Checksum::xxh3_128, file.bytes.data(), file.bytes.size()),
+                       checksum_name(Checksum::xxh3_128)};
 }
 
 std::string commit_checkpoint(const std::string& checkpoints_dir, int64_t step, const std::vector<ManifestEntry>& files) {

@@ -13,6 +13,7 @@
 #include <set>
 
 #include "athanor/core/error.h"
+#include "ckpt/safetensors_write.h"
 
 namespace athanor::ckpt {
 namespace {
@@ -69,6 +70,11 @@ const Tensor* SafetensorsFile::find(const std::string& name) const {
 }
 
 void save_safetensors(const std::string& path, const NamedTensors& tensors, const std::map<std::string, std::string>& metadata) {
+  write_safetensors(path, tensors, metadata, ByteSink());
+}
+
+uint64_t write_safetensors(const std::string& path, const NamedTensors& tensors, const std::map<std::string, std::string>& metadata,
+                           const ByteSink& sink) {
   nlohmann::json header = nlohmann::json::object();
   std::set<std::string> names;
   uint64_t offset = 0;
@@ -90,10 +96,15 @@ void save_safetensors(const std::string& path, const NamedTensors& tensors, cons
   const std::string tmp = path + ".tmp";
   const int fd = ::open(tmp.c_str(), O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0644);
   ATH_CHECK(fd >= 0, "save_safetensors", tmp, ": cannot create: ", std::strerror(errno), Hint{"check that the directory exists and is writable"});
+  // Every byte written also goes to the sink (a checksum), in the order of the file.
+  auto put = [&](const void* p, size_t n) {
+    write_all(fd, p, n, tmp);
+    if (sink) sink(p, n);
+  };
   try {
-    write_all(fd, &len, 8, tmp);
-    write_all(fd, text.data(), text.size(), tmp);
-    for (const Tensor& t : data) write_all(fd, t.raw_data(), t.nbytes(), tmp);
+    put(&len, 8);
+    put(text.data(), text.size());
+    for (const Tensor& t : data) put(t.raw_data(), t.nbytes());
     ATH_CHECK(::fsync(fd) == 0, "save_safetensors", tmp, ": fsync failed: ", std::strerror(errno));
   } catch (...) {
     ::close(fd);
@@ -102,6 +113,7 @@ void save_safetensors(const std::string& path, const NamedTensors& tensors, cons
   }
   ::close(fd);
   ATH_CHECK(::rename(tmp.c_str(), path.c_str()) == 0, "save_safetensors", "cannot rename ", tmp, " to ", path, ": ", std::strerror(errno));
+  return 8 + len + offset;
 }
 
 namespace {

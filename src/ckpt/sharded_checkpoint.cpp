@@ -92,8 +92,8 @@ std::string save_sharded_checkpoint(dist::ProcessGroup& group, const std::string
         slices[name] = {{"shape", logical}, {"dim", sp.dim},       {"parts", sp.parts}, {"logical", sp.logical},
                         {"padded", sp.padded}, {"index", sp.index}, {"count", sp.count}};
       }
-      report.push_back({{"name", e.name}, {"bytes", e.bytes}, {"sha256", e.sha256}, {"tensors", names}, {"slices", slices},
-                        {"data_bytes", bytes}});
+      report.push_back({{"name", e.name}, {"bytes", e.bytes}, {"checksum", e.checksum}, {"algorithm", e.algorithm},
+                        {"tensors", names}, {"slices", slices}, {"data_bytes", bytes}});
     }
   });
   const auto reports = dist::all_gather_strings(group, report.dump());
@@ -110,7 +110,8 @@ std::string save_sharded_checkpoint(dist::ProcessGroup& group, const std::string
                 shards.size(), Hint{"every rank must pass the same prefixes to save_sharded_checkpoint"});
       for (std::size_t i = 0; i < j.size(); ++i) {
         const auto& e = j[i];
-        entries.push_back({e.at("name").get<std::string>(), e.at("bytes").get<uint64_t>(), e.at("sha256").get<std::string>()});
+        entries.push_back({e.at("name").get<std::string>(), e.at("bytes").get<uint64_t>(), e.at("checksum").get<std::string>(),
+                           e.at("algorithm").get<std::string>()});
         const std::string& prefix = shards[i].name;
         total[prefix] += e.at("data_bytes").get<uint64_t>();
         for (const auto& t : e.at("tensors")) {

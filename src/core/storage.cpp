@@ -1,5 +1,6 @@
 #include "athanor/core/storage.h"
 
+#include "athanor/core/derived.h"
 #include "athanor/core/error.h"
 
 namespace athanor {
@@ -26,8 +27,18 @@ std::shared_ptr<Storage> Storage::wrap(void* data, std::size_t nbytes, std::func
 }
 
 Storage::~Storage() {
+  delete derived_.load(std::memory_order_acquire);
   if (owned_) Allocator::cpu().deallocate(data_, nbytes_, tag_);
   else if (release_) release_(data_);
+}
+
+DerivedCopies& Storage::derived() {
+  if (DerivedCopies* d = derived_.load(std::memory_order_acquire)) return *d;
+  auto* made = new DerivedCopies();
+  DerivedCopies* expected = nullptr;
+  if (derived_.compare_exchange_strong(expected, made, std::memory_order_acq_rel)) return *made;
+  delete made;  // another thread made it first
+  return *expected;
 }
 
 void Storage::set_tag(MemTag tag) {

@@ -11,7 +11,7 @@
 #include "athanor/autograd/engine.h"
 #include "athanor/core/allocator.h"
 #include "athanor/core/error.h"
-#include "athanor/observe/profiler.h"
+#include "athanor/core/observer.h"
 #include "athanor/ops.h"
 
 namespace athanor::dist {
@@ -118,7 +118,7 @@ PipelineStats PipelineExecutor::run(const PipelineCallbacks& cb) {
   const double t0 = now_seconds();
   int in_flight = 0;
   auto compute = [&](const Action& a, const std::function<void()>& fn) {
-    observe::ProfileSpan span(action_name(a.kind));
+    ObservedSpan span(action_name(a.kind));  // the profiler's span, through the core hook
     const double ts = now_seconds();
     fn();
     const double te = now_seconds();

@@ -12,6 +12,7 @@
 #include <unordered_map>
 
 #include "athanor/core/error.h"
+#include "athanor/core/observer.h"
 
 namespace athanor::observe {
 namespace detail {
@@ -73,6 +74,25 @@ Shared& shared() {
 }
 
 const char* kind_name(char k) { return k == 'f' ? "fwd" : k == 'b' ? "bwd" : "span"; }
+
+// The profiler as the core observer hook: the op dispatch and the backward engine notify it
+// without including it (they sit below observe in the layer order).
+class ProfilerHook final : public OpObserver {
+ public:
+  int64_t op_begin(const char*) override { return Profiler::enabled() ? Profiler::instance().begin_op() : -1; }
+  void op_end(const char* op, int64_t begin) override {
+    if (begin >= 0) Profiler::instance().end_op(op, begin);
+  }
+  int64_t node_begin(const std::string&) override { return Profiler::enabled() ? Profiler::instance().begin_node() : -1; }
+  void node_end(const std::string& node, int64_t begin) override {
+    if (begin >= 0) Profiler::instance().end_node(node, begin);
+  }
+  int64_t span_begin(const char*) override { return Profiler::enabled() ? Profiler::instance().begin_span() : -1; }
+  void span_end(const char* name, const char* category, int64_t begin) override {
+    if (begin >= 0) Profiler::instance().end_span(name, category, begin);
+  }
+};
+ProfilerHook g_hook;
 }  // namespace
 
 Profiler& Profiler::instance() {
@@ -91,6 +111,7 @@ void Profiler::start() {
     }
   }
   state(now_ns()).mark_ns = now_ns();  // the calling thread's first op is not charged the time before start()
+  set_op_observer(&g_hook);
   detail::g_profiler_on.store(true, std::memory_order_relaxed);
 }
 
@@ -126,14 +147,23 @@ void Profiler::add_event(ProfileEvent e) {
   else ++sh.dropped;
 }
 
-void Profiler::record_op(const char* name) {
+int64_t Profiler::begin_op() {
   const int64_t now = now_ns();
   ThreadState& s = state(now);
-  if (s.node_depth > 0) return;  // part of a backward node's time
-  const int64_t dur = std::max<int64_t>(0, now - s.mark_ns);
+  if (s.node_depth > 0) return -1;  // part of a backward node's time
+  s.child_ns.push_back(0);
+  s.mark_ns = now;
+  return now;
+}
+
+void Profiler::end_op(const char* name, int64_t begin_ns) {
+  const int64_t now = now_ns();
+  ThreadState& s = state(now);
+  const int64_t dur = std::max<int64_t>(0, now - begin_ns);
+  const int64_t self = std::max<int64_t>(0, dur - pop_children(s));
   s.mark_ns = now;
   charge_parent(s, dur);
-  add_event({name, "op", 'f', now - dur, dur, dur, s.tid});
+  add_event({name, "op", 'f', begin_ns, dur, self, s.tid});
 }
 
 int64_t Profiler::begin_node() {

@@ -7,8 +7,9 @@
 #include <cmath>
 
 #include "athanor/ops/attention.h"
-#include "athanor/ops/autocast.h"
 #include "backend/cpu/attention.h"
+#include "athanor/ops/shape.h"
+#include "ops/op_def.h"
 #include "ops/op_utils.h"
 
 namespace athanor {
@@ -36,13 +37,28 @@ void check_inputs(const Tensor& q, const Tensor& k, const Tensor& v) {
   ATH_CHECK(k.size(2) == v.size(2), kOp, "k and v must have the same sequence length (dim 2), got ", shapes_of(q, k, v),
             " (", k.size(2), " != ", v.size(2), ")");
 }
-}  // namespace
+using detail::Grads;
+using detail::Inputs;
 
-Tensor scaled_dot_product_attention(const Tensor& q_in, const Tensor& k_in, const Tensor& v_in, bool is_causal,
-                                    std::optional<double> scale_opt) {
-  if (const char* ac = "scaled_dot_product_attention"; autocast_needs_cast(ac, {q_in, k_in, v_in}))
-    return scaled_dot_product_attention(autocast_input(q_in, ac), autocast_input(k_in, ac), autocast_input(v_in, ac),
-                                        is_causal, scale_opt);
+struct SdpaArgs {
+  bool is_causal = false;
+  std::optional<double> scale;
+};
+struct CsaArgs {
+  int64_t n_head = 1;
+  std::optional<double> scale;
+};
+struct AttentionSaved : OpSaved {
+  SavedTensor q, k, v, out, lse;  // causal_self_attention: q holds the packed qkv
+  cpu::AttentionDims d{};
+  bool causal = false;
+  double scale = 1.0;
+  DType dtype = DType::f32;
+};
+
+std::vector<Tensor> sdpa_cpu(OpCall& c) {
+  const Tensor &q_in = c.in(0), &k_in = c.in(1), &v_in = c.in(2);
+  const auto& [is_causal, scale_opt] = c.args<SdpaArgs>();
   check_inputs(q_in, k_in, v_in);
   const cpu::AttentionDims d{q_in.size(0), q_in.size(1), q_in.size(2), k_in.size(2), q_in.size(3), v_in.size(3)};
   const double scale = scale_opt ? *scale_opt : 1.0 / std::sqrt(static_cast<double>(std::max<int64_t>(d.D, 1)));
@@ -58,29 +74,42 @@ Tensor scaled_dot_product_attention(const Tensor& q_in, const Tensor& k_in, cons
                                 lse.data_ptr<cpu::attn_acc_t<T>>(), d, is_causal, scale);
     }
   });
-  if (!any_requires_grad({q_in, k_in, v_in})) return out;
-  SavedTensor sq = save(q, "q"), sk = save(k, "k"), sv = save(v, "v"), so = save(out, "result"),
-              sl = save(lse, "logsumexp");
-  return record(kOp, {q_in, k_in, v_in}, out, [=](const Node& n, const Grads& g) {
-    const Tensor qv = sq.unpack(n), kv = sk.unpack(n), vv = sv.unpack(n), ov = so.unpack(n), lv = sl.unpack(n);
-    if (!g[0].defined()) return Grads{Tensor(), Tensor(), Tensor()};
-    const Tensor dout = detail::to_raw(g[0], dt);
-    Tensor dq = empty(qv.sizes(), TensorOptions(dt)), dk = empty(kv.sizes(), TensorOptions(dt)),
-           dv = empty(vv.sizes(), TensorOptions(dt));
-    dispatch(dt, [&]<class T>() {
-      if constexpr (is_float_type_v<T>) {
-        cpu::attention_backward<T>(qv.data_ptr<T>(), kv.data_ptr<T>(), vv.data_ptr<T>(), ov.data_ptr<T>(),
-                                   dout.data_ptr<T>(), lv.data_ptr<cpu::attn_acc_t<T>>(), dq.data_ptr<T>(),
-                                   dk.data_ptr<T>(), dv.data_ptr<T>(), d, is_causal, scale);
-      }
-    });
-    return Grads{needs_grad(n, 0) ? dq : Tensor(), needs_grad(n, 1) ? dk : Tensor(), needs_grad(n, 2) ? dv : Tensor()};
-  });
+  if (c.records()) {
+    AttentionSaved& s = c.save<AttentionSaved>();
+    s.q = save(q, "q"), s.k = save(k, "k"), s.v = save(v, "v"), s.out = save(out, "result"), s.lse = save(lse, "logsumexp");
+    s.d = d, s.causal = is_causal, s.scale = scale, s.dtype = dt;
+  }
+  return {out};
 }
 
-Tensor causal_self_attention(const Tensor& qkv_in, int64_t n_head, std::optional<double> scale_opt) {
+Grads sdpa_backward(const Node& n, const Grads& g, const OpSaved& saved) {
+  const AttentionSaved& s = saved.as<AttentionSaved>();
+  const Tensor qv = s.q.unpack(n), kv = s.k.unpack(n), vv = s.v.unpack(n), ov = s.out.unpack(n), lv = s.lse.unpack(n);
+  if (!g[0].defined()) return {Tensor(), Tensor(), Tensor()};
+  const DType dt = s.dtype;
+  const Tensor dout = detail::to_raw(g[0], dt);
+  Tensor dq = empty(qv.sizes(), TensorOptions(dt)), dk = empty(kv.sizes(), TensorOptions(dt)), dv = empty(vv.sizes(), TensorOptions(dt));
+  dispatch(dt, [&]<class T>() {
+    if constexpr (is_float_type_v<T>) {
+      cpu::attention_backward<T>(qv.data_ptr<T>(), kv.data_ptr<T>(), vv.data_ptr<T>(), ov.data_ptr<T>(), dout.data_ptr<T>(),
+                                 lv.data_ptr<cpu::attn_acc_t<T>>(), dq.data_ptr<T>(), dk.data_ptr<T>(), dv.data_ptr<T>(), s.d,
+                                 s.causal, s.scale);
+    }
+  });
+  return {needs_grad(n, 0) ? dq : Tensor(), needs_grad(n, 1) ? dk : Tensor(), needs_grad(n, 2) ? dv : Tensor()};
+}
+
+std::vector<Tensor> sdpa_reference(OpCall& c) {
+  const auto& [is_causal, scale_opt] = c.args<SdpaArgs>();
+  const Tensor q = detail::ref64(c.in(0)), k = detail::ref64(c.in(1)), v = detail::ref64(c.in(2));
+  const double scale = scale_opt ? *scale_opt : 1.0 / std::sqrt(static_cast<double>(std::max<int64_t>(q.size(3), 1)));
+  return {cpu::ref::attention(q, k, v, is_causal, scale)};
+}
+
+std::vector<Tensor> csa_cpu(OpCall& c) {
   constexpr const char* op = "causal_self_attention";
-  if (autocast_needs_cast(op, {qkv_in})) return causal_self_attention(autocast_input(qkv_in, op), n_head, scale_opt);
+  const Tensor& qkv_in = c.in(0);
+  const auto& [n_head, scale_opt] = c.args<CsaArgs>();
   detail::check_floating(qkv_in, op, "qkv");
   ATH_CHECK(qkv_in.dim() == 3, op, "expected qkv of shape [B, T, 3 d] (q, k, v side by side), got ",
             qkv_in.describe(), Hint{"pass the output of the packed projection c_attn(x), x of shape [B, T, d]"});
@@ -107,27 +136,103 @@ Tensor causal_self_attention(const Tensor& qkv_in, int64_t n_head, std::optional
       }
     });
   }
-  if (!any_requires_grad({qkv_in})) return out;
-  SavedTensor sqkv = save(qkv, "qkv"), so = save(out, "result"), sl = save(lse, "logsumexp");
-  return record(op, {qkv_in}, out, [=](const Node& n, const Grads& g) {
-    const Tensor qv = sqkv.unpack(n), ov = so.unpack(n), lv = sl.unpack(n);
-    if (!g[0].defined()) return Grads{Tensor()};
-    const Tensor dout = detail::to_raw(g[0], dt);
-    Tensor dqkv = empty(qv.sizes(), TensorOptions(dt));  // every element is written: dq, dk, dv blocks
-    if (qv.numel() > 0) {
-      const cpu::AttentionLayout layout = cpu::AttentionLayout::packed_qkv(d);
-      dispatch(dt, [&]<class T>() {
-        if constexpr (is_float_type_v<T>) {
-          const T* base = qv.data_ptr<T>();
-          T* grad = dqkv.data_ptr<T>();
-          cpu::attention_backward<T>(base, base + d_model, base + 2 * d_model, ov.data_ptr<T>(), dout.data_ptr<T>(),
-                                     lv.data_ptr<cpu::attn_acc_t<T>>(), grad, grad + d_model, grad + 2 * d_model, d,
-                                     layout, /*causal=*/true, scale);
-        }
-      });
-    }
-    return Grads{dqkv};
-  });
+  if (c.records()) {
+    AttentionSaved& s = c.save<AttentionSaved>();
+    s.q = save(qkv, "qkv"), s.out = save(out, "result"), s.lse = save(lse, "logsumexp");
+    s.d = d, s.causal = true, s.scale = scale, s.dtype = dt;
+  }
+  return {out};
+}
+
+Grads csa_backward(const Node& n, const Grads& g, const OpSaved& saved) {
+  const AttentionSaved& s = saved.as<AttentionSaved>();
+  const Tensor qv = s.q.unpack(n), ov = s.out.unpack(n), lv = s.lse.unpack(n);
+  if (!g[0].defined()) return {Tensor()};
+  const DType dt = s.dtype;
+  const int64_t d_model = s.d.H * s.d.D;
+  const Tensor dout = detail::to_raw(g[0], dt);
+  Tensor dqkv = empty(qv.sizes(), TensorOptions(dt));  // every element is written: dq, dk, dv blocks
+  if (qv.numel() > 0) {
+    const cpu::AttentionLayout layout = cpu::AttentionLayout::packed_qkv(s.d);
+    dispatch(dt, [&]<class T>() {
+      if constexpr (is_float_type_v<T>) {
+        const T* base = qv.data_ptr<T>();
+        T* grad = dqkv.data_ptr<T>();
+        cpu::attention_backward<T>(base, base + d_model, base + 2 * d_model, ov.data_ptr<T>(), dout.data_ptr<T>(),
+                                   lv.data_ptr<cpu::attn_acc_t<T>>(), grad, grad + d_model, grad + 2 * d_model, s.d, layout,
+                                   /*causal=*/true, s.scale);
+      }
+    });
+  }
+  return {dqkv};
+}
+
+// The reference on q, k, v split out of qkv per head ([B, T, 3, H, D] -> [B, H, T, D] each).
+std::vector<Tensor> csa_reference(OpCall& c) {
+  const auto& [n_head, scale_opt] = c.args<CsaArgs>();
+  const Tensor qkv = detail::ref64(c.in(0)).contiguous();
+  const int64_t B = qkv.size(0), T = qkv.size(1), d_model = qkv.size(2) / 3, hd = d_model / n_head;
+  const double scale = scale_opt ? *scale_opt : 1.0 / std::sqrt(static_cast<double>(std::max<int64_t>(hd, 1)));
+  auto part = [&](int64_t which) {  // [B, T, H, D] view of q/k/v, then [B, H, T, D] contiguous
+    const Tensor v = make_view(qkv, {B, T, n_head, hd}, {T * 3 * d_model, 3 * d_model, hd, 1}, which * d_model);
+    return permute(v, {0, 2, 1, 3}).contiguous();
+  };
+  const Tensor o = cpu::ref::attention(part(0), part(1), part(2), true, scale);  // [B, H, T, D]
+  return {permute(o, {0, 2, 1, 3}).contiguous().view({B, T, d_model})};
+}
+
+std::vector<OpCase> sdpa_cases(int scale) {
+  const int64_t s = scale;
+  auto call = [](const Inputs& t, const SdpaArgs& a) {
+    return Inputs{scaled_dot_product_attention(t[0], t[1], t[2], a.is_causal, a.scale)};
+  };
+  return {
+      make_case<SdpaArgs>("q, k, v [1, 2, 5, 4], causal",
+                          {case_randn({1, 2 * s, 5, 4}, 1), case_randn({1, 2 * s, 5, 4}, 2), case_randn({1, 2 * s, 5, 4}, 3)},
+                          {true, std::nullopt}, call),
+      make_case<SdpaArgs>("q [2, 1, 3, 4], k, v [2, 1, 6, 4] transposed (Tk != Tq), scale 0.3",
+                          {case_randn({2 * s, 1, 3, 4}, 4), case_randn({2 * s, 1, 6, 4}, 5, CaseLayout::transposed),
+                           case_randn({2 * s, 1, 6, 4}, 6, CaseLayout::transposed)},
+                          {false, 0.3}, call),
+      make_case<SdpaArgs>("q, k [1, 1, 4, 3], v [1, 1, 4, 5] strided (Dv != D)",
+                          {case_randn({s, 1, 4, 3}, 7), case_randn({s, 1, 4, 3}, 8), case_randn({s, 1, 4, 5}, 9, CaseLayout::strided)},
+                          {false, std::nullopt}, call),
+  };
+}
+std::vector<OpCase> csa_cases(int scale) {
+  const int64_t s = scale;
+  auto call = [](const Inputs& t, const CsaArgs& a) { return Inputs{causal_self_attention(t[0], a.n_head, a.scale)}; };
+  return {
+      make_case<CsaArgs>("qkv [2, 5, 12], 2 heads", {case_randn({2 * s, 5, 12}, 1)}, {2, std::nullopt}, call),
+      make_case<CsaArgs>("qkv [1, 4, 9] strided, 1 head, scale 0.5", {case_randn({s, 4, 9}, 2, CaseLayout::strided)}, {1, 0.5}, call),
+  };
+}
+}  // namespace
+
+namespace ops {
+const OpDef& scaled_dot_product_attention_op() {
+  static const OpDef d{.name = "scaled_dot_product_attention", .inputs = {"q", "k", "v"},
+                       .category = AutocastCategory::lower_precision, .kernels = detail::cpu_kernels(sdpa_cpu, sdpa_backward),
+                       .reference = sdpa_reference, .dtypes = detail::kFloatDTypes, .cases = sdpa_cases,
+                       .derivative = "FlashAttention-2 backward from the saved O and lse", .file = "src/ops/attention.cpp"};
+  return d;
+}
+const OpDef& causal_self_attention_op() {
+  static const OpDef d{.name = "causal_self_attention", .inputs = {"qkv"}, .category = AutocastCategory::lower_precision,
+                       .kernels = detail::cpu_kernels(csa_cpu, csa_backward), .reference = csa_reference,
+                       .dtypes = detail::kFloatDTypes, .cases = csa_cases,
+                       .derivative = "the flash backward writing d(qkv) [B, T, 3d] in place", .file = "src/ops/attention.cpp"};
+  return d;
+}
+}  // namespace ops
+
+Tensor scaled_dot_product_attention(const Tensor& q, const Tensor& k, const Tensor& v, bool is_causal,
+                                    std::optional<double> scale) {
+  return call_op(ops::scaled_dot_product_attention_op(), {q, k, v}, SdpaArgs{is_causal, scale});
+}
+
+Tensor causal_self_attention(const Tensor& qkv, int64_t n_head, std::optional<double> scale) {
+  return call_op(ops::causal_self_attention_op(), {qkv}, CsaArgs{n_head, scale});
 }
 
 }  // namespace athanor

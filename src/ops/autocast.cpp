@@ -1,18 +1,17 @@
-// Autocast state (thread-local), the per-region cast cache and the helpers that
-// op entry points call. See include/athanor/ops/autocast.h for the contract.
+// Autocast: the guard (over core's precision state), the per-region cast cache, offered and
+// persistent casts, and the casts the op dispatch point asks for. See
+// include/athanor/ops/autocast.h for the contract.
 #include "athanor/ops/autocast.h"
 
 #include <map>
 #include <memory>
-#include <mutex>
 #include <string>
 #include <tuple>
-#include <unordered_map>
 
 #include "athanor/autograd/function.h"
 #include "athanor/autograd/grad_mode.h"
+#include "athanor/core/derived.h"
 #include "athanor/core/error.h"
-#include "athanor/ops/op_table.h"
 #include "athanor/ops/shape.h"
 
 namespace athanor {
@@ -34,47 +33,26 @@ struct OfferedCast {
   Tensor copy;
 };
 
-struct AutocastState {
-  bool enabled = false;
-  DType dtype = DType::bf16;
-  int depth = 0;
+// The per-region state of this thread (the precision itself lives in core): emptied when the
+// outermost region exits (core calls region_exit on this thread).
+struct RegionState {
   std::map<CacheKey, CacheEntry> cache;
   OfferedCast offered;
 };
-AutocastState& state() {
-  thread_local AutocastState s;
-  return s;
+thread_local RegionState t_region;
+void region_exit() {
+  t_region.cache.clear();
+  t_region.offered = OfferedCast{};
 }
-
-AutocastCategory category_of(const char* op) {
-  static const std::unordered_map<std::string, AutocastCategory> table = [] {
-    std::unordered_map<std::string, AutocastCategory> m;
-    for (const OpInfo& info : op_table()) m.emplace(info.name, info.autocast);
-    return m;
-  }();
-  const auto it = table.find(op);
-  return it == table.end() ? AutocastCategory::passthrough : it->second;
+RegionState& region() {
+  static const bool hooked = (set_precision_region_exit_hook(&region_exit), true);  // before the first entry
+  (void)hooked;
+  return t_region;
 }
 
 bool is_lowp(DType d) { return d == DType::bf16 || d == DType::f16; }
 
-// Persistent casts: process-wide (parameters are shared by threads), under a mutex.
-// An entry does not keep its source alive (the optimizer that registered it does, and
-// forgets it when destroyed); the weak handles make a reused address miss.
-struct PersistentCast {
-  std::weak_ptr<TensorImpl> source;
-  std::weak_ptr<Storage> storage;  // the source's storage when registered (the version lives there)
-  uint64_t version;
-  Tensor copy;
-};
-struct PersistentCasts {
-  std::mutex mutex;
-  std::map<std::pair<const TensorImpl*, DType>, PersistentCast> entries;
-};
-PersistentCasts& persistent() {
-  static PersistentCasts p;
-  return p;
-}
+DerivedKind cast_kind(DType d) { return d == DType::bf16 ? DerivedKind::cast_bf16 : DerivedKind::cast_f16; }
 
 // The copy as a fresh cast would return it: a new handle on the copy's storage joined to
 // the graph by the same "cast" node as cast() records (the gradient cast back to `in`).
@@ -83,102 +61,111 @@ Tensor as_cast_of(const Tensor& source, const Tensor& copy) {
   return record("cast", {source}, copy.detach(), [in](const Node&, const Grads& g) { return Grads{cast(g[0], in)}; });
 }
 
+AutocastCategory category_of(const char* op) {
+  const OpDef* def = find_op(op);
+  ATH_CHECK(def != nullptr, "autocast", "'", op, "' is not a registered op",
+            Hint{"`athanor ops` lists the registered ops and their autocast categories"});
+  return *def->category;
+}
+
 }  // namespace
 
 void autocast_set_persistent_cast(const Tensor& source, const Tensor& copy) {
   ATH_CHECK(source.defined() && copy.defined(), "autocast_set_persistent_cast", "source and copy must be defined");
-  ATH_CHECK(source.dtype() == DType::f32 && is_lowp(copy.dtype()) && copy.sizes() == source.sizes() &&
-                copy.is_contiguous(),
-            "autocast_set_persistent_cast", "a persistent cast maps an f32 tensor to a contiguous bf16/f16 copy of its "
-            "shape; got source ", source.describe(), " and copy ", copy.describe());
-  PersistentCasts& p = persistent();
-  std::lock_guard<std::mutex> lock(p.mutex);
-  p.entries.insert_or_assign({source.impl(), copy.dtype()},
-                             PersistentCast{source.impl_ptr(), source.storage(), source.version(), copy});
+  ATH_CHECK(source.dtype() == DType::f32 && source.is_contiguous() && is_lowp(copy.dtype()) &&
+                copy.sizes() == source.sizes() && copy.is_contiguous(),
+            "autocast_set_persistent_cast", "a persistent cast maps a contiguous f32 tensor to a contiguous bf16/f16 copy "
+            "of its shape; got source ", source.describe(), " and copy ", copy.describe());
+  const uint64_t version = source.version();
+  source.storage()->derived().with(cast_kind(copy.dtype()), source, true, [&](DerivedCopy* e) {
+    e->copy = copy;
+    e->version = version;
+  });
 }
 
 void autocast_forget_persistent_cast(const Tensor& source, DType dtype) {
-  PersistentCasts& p = persistent();
-  std::lock_guard<std::mutex> lock(p.mutex);
-  p.entries.erase({source.impl(), dtype});
+  if (!source.defined() || !is_lowp(dtype)) return;
+  if (DerivedCopies* d = source.storage()->derived_if_any()) {
+    const DerivedKind kind = cast_kind(dtype);
+    d->retain_if([&](const DerivedCopy& c) {
+      return !(c.kind == kind && c.offset == source.storage_offset() && c.sizes == source.sizes() && c.dtype == source.dtype());
+    });
+  }
 }
 
 Tensor autocast_persistent_cast(const Tensor& source, DType dtype) {
-  PersistentCasts& p = persistent();
-  std::lock_guard<std::mutex> lock(p.mutex);
-  if (p.entries.empty() || !source.defined()) return Tensor();
-  const auto it = p.entries.find({source.impl(), dtype});
-  if (it == p.entries.end()) return Tensor();
-  const PersistentCast& e = it->second;
-  const bool current = e.source.lock().get() == source.impl() && e.storage.lock().get() == source.storage().get() &&
-                       e.version == source.version();
-  return current ? e.copy : Tensor();
+  if (!source.defined() || !is_lowp(dtype) || !source.is_contiguous()) return Tensor();
+  DerivedCopies* d = source.storage()->derived_if_any();
+  if (!d) return Tensor();
+  const uint64_t version = source.version();
+  return d->with(cast_kind(dtype), source, false,
+                 [&](DerivedCopy* e) { return e && e->version == version ? e->copy : Tensor(); });
 }
 
-std::size_t autocast_persistent_cast_count() {
-  PersistentCasts& p = persistent();
-  std::lock_guard<std::mutex> lock(p.mutex);
-  return p.entries.size();
+std::size_t autocast_persistent_cast_count(const Tensor& source) {
+  std::size_t n = 0;
+  if (DerivedCopies* d = source.defined() ? source.storage()->derived_if_any() : nullptr)
+    d->retain_if([&](const DerivedCopy& c) {
+      n += c.kind == DerivedKind::cast_bf16 || c.kind == DerivedKind::cast_f16;
+      return true;
+    });
+  return n;
 }
 
-autocast::autocast(DType dtype, bool enabled) {
-  ATH_CHECK(!enabled || is_lowp(dtype), "autocast", "autocast dtype must be bf16 or f16, got ", dtype_name(dtype),
-            Hint{"use autocast(DType::bf16) on CPU (AVX512_BF16) or autocast(DType::f16) with a GradScaler"});
-  AutocastState& s = state();
-  prev_enabled_ = s.enabled;
-  prev_dtype_ = s.dtype;
-  s.enabled = enabled;
-  if (enabled) s.dtype = dtype;
-  ++s.depth;
-}
+autocast::autocast(DType dtype, bool enabled)
+    : scope_([&] {
+        ATH_CHECK(!enabled || is_lowp(dtype), "autocast", "autocast dtype must be bf16 or f16, got ", dtype_name(dtype),
+                  Hint{"use autocast(DType::bf16) on CPU (AVX512_BF16) or autocast(DType::f16) with a GradScaler"});
+        return Precision{enabled, dtype};
+      }()) {}
 
-autocast::~autocast() {
-  AutocastState& s = state();
-  s.enabled = prev_enabled_;
-  s.dtype = prev_dtype_;
-  if (--s.depth == 0) {
-    s.cache.clear();
-    s.offered = OfferedCast{};
-  }
-}
+autocast::~autocast() = default;
 
 void autocast_offer_cast(const Tensor& source, const Tensor& copy) {
   ATH_CHECK(source.defined() && copy.defined() && is_floating(source.dtype()) && is_lowp(copy.dtype()) &&
                 copy.sizes() == source.sizes() && copy.is_contiguous(),
             "autocast_offer_cast", "an offered cast maps a floating tensor to a contiguous bf16/f16 copy of its shape; got "
             "source ", source.describe(), " and copy ", copy.describe());
-  AutocastState& s = state();
-  if (!s.enabled) return;
-  s.offered = OfferedCast{source.impl_ptr(), source.version(), copy.detach()};
+  if (!current_precision().autocast) return;
+  region().offered = OfferedCast{source.impl_ptr(), source.version(), copy.detach()};
 }
 
-bool autocast_enabled() { return state().enabled; }
-DType autocast_dtype() { return state().dtype; }
+bool autocast_enabled() { return current_precision().autocast; }
+DType autocast_dtype() { return current_precision().dtype; }
 
-DType autocast_target(const char* op, DType in) {
-  const AutocastState& s = state();
-  if (!s.enabled) return in;
-  switch (category_of(op)) {
-    case AutocastCategory::lower_precision: return (in == DType::f32 || is_lowp(in)) ? s.dtype : in;
+DType autocast_target(AutocastCategory c, DType in, DType low) {
+  switch (c) {
+    case AutocastCategory::lower_precision: return (in == DType::f32 || is_lowp(in)) ? low : in;
     case AutocastCategory::f32: return is_lowp(in) ? DType::f32 : in;
     default: return in;
   }
 }
 
+DType autocast_target(const char* op, DType in) {
+  const AutocastCategory c = category_of(op);
+  const Precision p = current_precision();
+  return p.autocast ? autocast_target(c, in, p.dtype) : in;
+}
+
 bool autocast_needs_cast(const char* op, std::initializer_list<Tensor> inputs) {
-  if (!state().enabled) return false;
+  const AutocastCategory c = category_of(op);
+  const Precision p = current_precision();
+  if (!p.autocast) return false;
   for (const Tensor& t : inputs)
-    if (t.defined() && is_floating(t.dtype()) && autocast_target(op, t.dtype()) != t.dtype()) return true;
+    if (t.defined() && is_floating(t.dtype()) && autocast_target(c, t.dtype(), p.dtype) != t.dtype()) return true;
   return false;
 }
 
 Tensor autocast_input(const Tensor& t, const char* op) {
   if (!t.defined() || !is_floating(t.dtype())) return t;
-  const DType to = autocast_target(op, t.dtype());
-  if (to == t.dtype()) return t;
+  return autocast_cast(t, autocast_target(op, t.dtype()));
+}
+
+Tensor autocast_cast(const Tensor& t, DType to) {
+  if (!t.defined() || !is_floating(t.dtype()) || to == t.dtype()) return t;
   // Parameters (leaves that require grad) are cast once per region.
-  const bool cacheable = is_lowp(to) && t.is_leaf() && t.requires_grad();
-  AutocastState& s = state();
+  const bool cacheable = is_lowp(to) && t.is_leaf() && t.requires_grad() && current_precision().autocast;
+  RegionState& s = region();
   if (!cacheable) {
     // The copy its producer offered (same tensor, unchanged since): taken once, joined to
     // the graph by the same "cast" node as a fresh cast.
@@ -209,6 +196,6 @@ Tensor autocast_input(const Tensor& t, const char* op) {
   return c;
 }
 
-std::size_t autocast_cache_size() { return state().cache.size(); }
+std::size_t autocast_cache_size() { return region().cache.size(); }
 
 }  // namespace athanor

@@ -14,10 +14,12 @@
 #include "athanor/autograd/grad_mode.h"
 #include "athanor/ops/norm.h"
 #include "backend/cpu/batch_norm.h"
+#include "ops/op_def.h"
 #include "ops/op_utils.h"
 
 namespace athanor {
 namespace {
+using detail::Grads;
 constexpr const char* kOp = "batch_norm";
 
 void check_channel_vector(const Tensor& t, const char* which, int64_t C, const Tensor& x, bool same_dtype) {
@@ -30,10 +32,22 @@ void check_channel_vector(const Tensor& t, const char* which, int64_t C, const T
 
 template <class T> const T* ptr_or_null(const Tensor& t) { return t.defined() ? static_cast<const T*>(t.raw_data()) : nullptr; }
 template <class T> T* mut_or_null(const Tensor& t) { return t.defined() ? static_cast<T*>(t.raw_data()) : nullptr; }
-}  // namespace
 
-Tensor batch_norm(const Tensor& x, Tensor running_mean, Tensor running_var, const Tensor& weight, const Tensor& bias,
-                  bool training, double momentum, double eps) {
+struct BatchNormArgs {
+  bool training = true;
+  double momentum = 0.1, eps = 1e-5;
+};
+struct BatchNormSaved : OpSaved {
+  SavedTensor x, w, mean, rstd;
+  Shape bias_shape;
+  bool batch_stats = true;
+};
+
+std::vector<Tensor> batch_norm_cpu(OpCall& c) {
+  const Tensor& x = c.in(0);
+  Tensor running_mean = c.in(1), running_var = c.in(2);
+  const Tensor &weight = c.in(3), &bias = c.in(4);
+  const auto [training, momentum, eps] = c.args<BatchNormArgs>();
   detail::check_floating(x, kOp, "x");
   ATH_CHECK(x.dim() >= 2, kOp, "expected input [N, C] or [N, C, *], got ", x.describe(),
             Hint{"add a batch dimension with unsqueeze(x, 0)"});
@@ -102,32 +116,102 @@ Tensor batch_norm(const Tensor& x, Tensor running_mean, Tensor running_var, cons
       }
     });
   }
-  if (!any_requires_grad({x, weight, bias})) return y;
+  if (c.records()) {
+    BatchNormSaved& s = c.save<BatchNormSaved>();
+    s.x = save(x, "input"), s.w = weight.defined() ? save(weight, "weight") : SavedTensor();
+    s.mean = save(mean, "mean"), s.rstd = save(rstd, "rstd");
+    s.bias_shape = bias.defined() ? bias.sizes() : Shape{};
+    s.batch_stats = batch_stats;
+  }
+  return {y};
+}
 
-  SavedTensor sx = save(x, "input"), sw = weight.defined() ? save(weight, "weight") : SavedTensor();
-  SavedTensor smean = save(mean, "mean"), srstd = save(rstd, "rstd");
-  const Shape bias_shape = bias.defined() ? bias.sizes() : Shape{};
-  return record(kOp, {x, weight, bias}, y, [=](const Node& n, const Grads& g) {
-    const Tensor xv = detail::contiguous_raw(sx.unpack(n));
-    const Tensor wv = sw.defined() ? detail::contiguous_raw(sw.unpack(n)) : Tensor();
-    const Tensor gy = detail::to_raw(g[0], xv.dtype());
-    const Tensor mv = smean.unpack(n), rv = srstd.unpack(n);
-    Tensor dx = needs_grad(n, 0) ? empty(xv.sizes(), TensorOptions(xv.dtype())) : Tensor();
-    Tensor dw = wv.defined() && needs_grad(n, 1) ? zeros(wv.sizes(), TensorOptions(wv.dtype())) : Tensor();
-    Tensor db = needs_grad(n, 2) ? zeros(bias_shape, TensorOptions(xv.dtype())) : Tensor();
-    if (xv.numel() > 0) {
-      dispatch(xv.dtype(), [&]<class T>() {
-        if constexpr (is_float_type_v<T>) {
-          using S = cpu::norm_stat_t<T>;
-          cpu::batch_norm_backward<T>(static_cast<const T*>(gy.raw_data()), static_cast<const T*>(xv.raw_data()),
-                                      static_cast<const S*>(mv.raw_data()), static_cast<const S*>(rv.raw_data()),
-                                      ptr_or_null<T>(wv), mut_or_null<T>(dx), mut_or_null<T>(dw), mut_or_null<T>(db), N,
-                                      C, L, batch_stats);
-        }
-      });
-    }
-    return Grads{dx, dw, db};
-  });
+Grads batch_norm_backward(const Node& n, const Grads& g, const OpSaved& saved) {
+  const BatchNormSaved& s = saved.as<BatchNormSaved>();
+  const Tensor xv = detail::contiguous_raw(s.x.unpack(n));
+  const Tensor wv = s.w.defined() ? detail::contiguous_raw(s.w.unpack(n)) : Tensor();
+  const Tensor gy = detail::to_raw(g[0], xv.dtype());
+  const Tensor mv = s.mean.unpack(n), rv = s.rstd.unpack(n);
+  const int64_t N = xv.size(0), C = xv.size(1), L = N * C == 0 ? 0 : xv.numel() / (N * C);
+  Tensor dx = needs_grad(n, 0) ? empty(xv.sizes(), TensorOptions(xv.dtype())) : Tensor();
+  Tensor dw = wv.defined() && needs_grad(n, 3) ? zeros(wv.sizes(), TensorOptions(wv.dtype())) : Tensor();
+  Tensor db = needs_grad(n, 4) ? zeros(s.bias_shape, TensorOptions(xv.dtype())) : Tensor();
+  if (xv.numel() > 0) {
+    dispatch(xv.dtype(), [&]<class T>() {
+      if constexpr (is_float_type_v<T>) {
+        using S = cpu::norm_stat_t<T>;
+        cpu::batch_norm_backward<T>(static_cast<const T*>(gy.raw_data()), static_cast<const T*>(xv.raw_data()),
+                                    static_cast<const S*>(mv.raw_data()), static_cast<const S*>(rv.raw_data()),
+                                    ptr_or_null<T>(wv), mut_or_null<T>(dx), mut_or_null<T>(dw), mut_or_null<T>(db), N, C, L,
+                                    s.batch_stats);
+      }
+    });
+  }
+  return {dx, Tensor(), Tensor(), dw, db};  // the running statistics are constants
+}
+
+// The reference in double: batch statistics (biased variance) or the running ones, then
+// (x - mean) rstd w + b per channel. The running statistics are not updated.
+std::vector<Tensor> batch_norm_reference(OpCall& c) {
+  const BatchNormArgs& a = c.args<BatchNormArgs>();
+  const Tensor x = detail::ref64(c.in(0)).contiguous();
+  const Tensor w = c.in(3).defined() ? detail::ref64(c.in(3)).contiguous() : Tensor();
+  const Tensor b = c.in(4).defined() ? detail::ref64(c.in(4)).contiguous() : Tensor();
+  const int64_t N = x.size(0), C = x.size(1), L = N * C == 0 ? 0 : x.numel() / (N * C);
+  std::vector<double> mean(static_cast<size_t>(C)), var(static_cast<size_t>(C)), rstd(static_cast<size_t>(C));
+  if (a.training || !c.in(1).defined()) {
+    cpu::ref::batch_norm_stats<double>(x.data_ptr<double>(), mean.data(), var.data(), N, C, L);
+  } else {
+    mean = c.in(1).to_vector();
+    var = c.in(2).to_vector();
+  }
+  for (int64_t k = 0; k < C; ++k) rstd[k] = 1.0 / std::sqrt(var[k] + a.eps);
+  Tensor y = empty(x.sizes(), TensorOptions(DType::f64));
+  cpu::ref::batch_norm_forward<double>(x.data_ptr<double>(), mean.data(), rstd.data(), ptr_or_null<double>(w),
+                                       ptr_or_null<double>(b), y.data_ptr<double>(), N, C, L);
+  return {y};
+}
+
+std::vector<OpCase> batch_norm_cases(int scale) {
+  const int64_t s = scale;
+  auto call = [](const detail::Inputs& t, const BatchNormArgs& a) {
+    return detail::Inputs{batch_norm(t[0], t[1], t[2], t[3], t[4], a.training, a.momentum, a.eps)};
+  };
+  auto stats = [](int64_t C, uint64_t seed) {
+    return std::pair{case_fixed(case_randn({C}, seed).value), case_fixed(case_uniform({C}, 0.5, 2, seed + 1).value)};
+  };
+  const auto [m3, v3] = stats(3, 10);
+  const auto [m2, v2] = stats(2, 20);
+  return {
+      make_case<BatchNormArgs>("training, x [4, 3], running stats, weight, bias",
+                               {case_randn({4 * s, 3}, 1), m3, v3, case_randn({3}, 2), case_randn({3}, 3)}, {true, 0.1, 1e-5}, call),
+      make_case<BatchNormArgs>("training, x [2, 3, 5] transposed, no running stats, no weight",
+                               {case_randn({2 * s, 3, 5}, 4, CaseLayout::transposed), case_none(), case_none(), case_none(),
+                                case_randn({3}, 5)},
+                               {true, 0.1, 1e-5}, call),
+      make_case<BatchNormArgs>("eval, x [3, 2, 4] strided, running stats, weight, bias",
+                               {case_randn({3 * s, 2, 4}, 6, CaseLayout::strided), m2, v2, case_randn({2}, 7), case_randn({2}, 8)},
+                               {false, 0.1, 1e-5}, call),
+  };
+}
+}  // namespace
+
+namespace ops {
+const OpDef& batch_norm_op() {
+  // The running statistics are updated in place: they reach the kernel as they are, never as
+  // an autocast copy (reads_lowp bits 1 and 2).
+  static const OpDef d{.name = "batch_norm", .inputs = {"x", "running_mean", "running_var", "weight", "bias"},
+                       .category = AutocastCategory::f32, .reads_lowp = 0b110u,
+                       .kernels = detail::cpu_kernels(batch_norm_cpu, batch_norm_backward), .reference = batch_norm_reference,
+                       .dtypes = detail::kFloatDTypes, .cases = batch_norm_cases,
+                       .derivative = "w rstd (g - mean(g) - xhat mean(g xhat)); eval: w rstd g", .file = "src/ops/batch_norm.cpp"};
+  return d;
+}
+}  // namespace ops
+
+Tensor batch_norm(const Tensor& x, Tensor running_mean, Tensor running_var, const Tensor& weight, const Tensor& bias,
+                  bool training, double momentum, double eps) {
+  return call_op(ops::batch_norm_op(), {x, running_mean, running_var, weight, bias}, BatchNormArgs{training, momentum, eps});
 }
 
 }  // namespace athanor

@@ -3,8 +3,8 @@
 #include <sstream>
 
 #include "athanor/ops/conv.h"
-#include "athanor/ops/autocast.h"
 #include "backend/cpu/conv.h"
+#include "ops/op_def.h"
 #include "ops/op_utils.h"
 
 namespace athanor {
@@ -52,14 +52,23 @@ cpu::Conv2dGeom conv_geom(const Tensor& x, const Tensor& w, const Tensor& b, Pai
             ", weight ", w.describe(), Hint{"use a smaller kernel or dilation, more padding, or a larger input"});
   return g;
 }
-}  // namespace
+using detail::Grads;
+using detail::Inputs;
 
-Tensor conv2d(const Tensor& x, const Tensor& weight, const Tensor& bias, Pair stride, Pair padding, Pair dilation,
-              int64_t groups) {
-  if (autocast_needs_cast("conv2d", {x, weight, bias}))
-    return conv2d(autocast_input(x, "conv2d"), autocast_input(weight, "conv2d"), autocast_input(bias, "conv2d"), stride,
-                  padding, dilation, groups);
-  const cpu::Conv2dGeom g = conv_geom(x, weight, bias, stride, padding, dilation, groups);
+struct ConvArgs {
+  Pair stride{1, 1}, padding{0, 0}, dilation{1, 1};
+  int64_t groups = 1;
+};
+struct ConvSaved : OpSaved {
+  SavedTensor x, w;
+  cpu::Conv2dGeom g;
+  DType dt = DType::f32, ct = DType::f32;
+};
+
+std::vector<Tensor> conv2d_cpu(OpCall& c) {
+  const Tensor &x = c.in(0), &weight = c.in(1), &bias = c.in(2);
+  const ConvArgs& a = c.args<ConvArgs>();
+  const cpu::Conv2dGeom g = conv_geom(x, weight, bias, a.stride, a.padding, a.dilation, a.groups);
   const DType dt = x.dtype(), ct = dt == DType::f64 ? DType::f64 : DType::f32;
   Tensor y = empty({g.N, g.OC, g.OH, g.OW}, TensorOptions(ct));
   {
@@ -72,26 +81,74 @@ Tensor conv2d(const Tensor& x, const Tensor& weight, const Tensor& bias, Pair st
     });
   }
   if (dt != ct) y = detail::to_raw(y, dt);
-  if (!any_requires_grad({x, weight, bias})) return y;
-  SavedTensor sx = save(x, "input"), sw = save(weight, "weight");
-  return record(kOp, {x, weight, bias}, y, [sx, sw, g, dt, ct](const Node& n, const Grads& grads) {
-    const Tensor xv = detail::to_raw(sx.unpack(n), ct), wv = detail::to_raw(sw.unpack(n), ct);
-    if (!grads[0].defined()) return Grads{Tensor(), Tensor(), Tensor()};
-    const Tensor dy = detail::to_raw(grads[0], ct);
-    Tensor dx, dw, db;
-    if (needs_grad(n, 0)) dx = empty(xv.sizes(), TensorOptions(ct));
-    if (needs_grad(n, 1)) dw = empty(wv.sizes(), TensorOptions(ct));
-    if (needs_grad(n, 2)) db = empty({g.OC}, TensorOptions(ct));
-    dispatch(ct, [&]<class T>() {
-      if constexpr (std::is_floating_point_v<T>) {
-        auto ptr = [](const Tensor& t) { return t.defined() ? t.data_ptr<T>() : nullptr; };
-        // dx = col2im(W^T dy), dw = sum_n dy col^T, db = sum dy (see backend/cpu/conv.h)
-        cpu::conv2d_backward<T>(xv.data_ptr<T>(), wv.data_ptr<T>(), dy.data_ptr<T>(), ptr(dx), ptr(dw), ptr(db), g);
-      }
-    });
-    auto back = [dt](const Tensor& t) { return t.defined() && t.dtype() != dt ? detail::to_raw(t, dt) : t; };
-    return Grads{back(dx), back(dw), back(db)};
+  if (c.records()) {
+    ConvSaved& s = c.save<ConvSaved>();
+    s.x = save(x, "input"), s.w = save(weight, "weight"), s.g = g, s.dt = dt, s.ct = ct;
+  }
+  return {y};
+}
+
+Grads conv2d_backward(const Node& n, const Grads& grads, const OpSaved& saved) {
+  const ConvSaved& s = saved.as<ConvSaved>();
+  const DType ct = s.ct, dt = s.dt;
+  const cpu::Conv2dGeom& g = s.g;
+  const Tensor xv = detail::to_raw(s.x.unpack(n), ct), wv = detail::to_raw(s.w.unpack(n), ct);
+  if (!grads[0].defined()) return {Tensor(), Tensor(), Tensor()};
+  const Tensor dy = detail::to_raw(grads[0], ct);
+  Tensor dx, dw, db;
+  if (needs_grad(n, 0)) dx = empty(xv.sizes(), TensorOptions(ct));
+  if (needs_grad(n, 1)) dw = empty(wv.sizes(), TensorOptions(ct));
+  if (needs_grad(n, 2)) db = empty({g.OC}, TensorOptions(ct));
+  dispatch(ct, [&]<class T>() {
+    if constexpr (std::is_floating_point_v<T>) {
+      auto ptr = [](const Tensor& t) { return t.defined() ? t.data_ptr<T>() : nullptr; };
+      // dx = col2im(W^T dy), dw = sum_n dy col^T, db = sum dy (see backend/cpu/conv.h)
+      cpu::conv2d_backward<T>(xv.data_ptr<T>(), wv.data_ptr<T>(), dy.data_ptr<T>(), ptr(dx), ptr(dw), ptr(db), g);
+    }
   });
+  auto back = [dt](const Tensor& t) { return t.defined() && t.dtype() != dt ? detail::to_raw(t, dt) : t; };
+  return {back(dx), back(dw), back(db)};
+}
+
+std::vector<Tensor> conv2d_reference(OpCall& c) {
+  const ConvArgs& a = c.args<ConvArgs>();
+  const Tensor x = detail::ref64(c.in(0)), w = detail::ref64(c.in(1));
+  const Tensor b = c.in(2).defined() ? detail::ref64(c.in(2)) : Tensor();
+  return {cpu::ref::conv2d(x, w, b, conv_geom(x, w, b, a.stride, a.padding, a.dilation, a.groups))};
+}
+
+std::vector<OpCase> conv2d_cases(int scale) {
+  const int64_t s = scale;
+  auto call = [](const Inputs& t, const ConvArgs& a) { return Inputs{conv2d(t[0], t[1], t[2], a.stride, a.padding, a.dilation, a.groups)}; };
+  return {
+      make_case<ConvArgs>("x [2, 3, 5, 5], w [4, 3, 3, 3], b [4]",
+                          {case_randn({2 * s, 3, 5, 5}, 1), case_randn({4, 3, 3, 3}, 2), case_randn({4}, 3)}, {}, call),
+      make_case<ConvArgs>("x [1, 4, 6, 5] transposed, w [2, 2, 2, 3], stride 2, padding 1, groups 2, no bias",
+                          {case_randn({s, 4, 6, 5}, 4, CaseLayout::transposed), case_randn({2, 2, 2, 3}, 5), case_none()},
+                          {{2, 2}, {1, 1}, {1, 1}, 2}, call),
+      make_case<ConvArgs>("x [1, 2, 7, 7] strided, w [3, 2, 2, 2] strided, dilation 2, b [3]",
+                          {case_randn({s, 2, 7, 7}, 6, CaseLayout::strided), case_randn({3, 2, 2, 2}, 7, CaseLayout::strided),
+                           case_randn({3}, 8)},
+                          {{1, 1}, {0, 0}, {2, 2}, 1}, call),
+      make_case<ConvArgs>("x [2, 3, 4, 4], w [5, 3, 1, 1] (1x1)", {case_randn({2 * s, 3, 4, 4}, 9), case_randn({5, 3, 1, 1}, 10), case_none()},
+                          {}, call),
+  };
+}
+}  // namespace
+
+namespace ops {
+const OpDef& conv2d_op() {
+  static const OpDef d{.name = "conv2d", .inputs = {"x", "weight", "bias"}, .category = AutocastCategory::lower_precision,
+                       .kernels = detail::cpu_kernels(conv2d_cpu, conv2d_backward), .reference = conv2d_reference,
+                       .dtypes = detail::kFloatDTypes, .cases = conv2d_cases,
+                       .derivative = "dx = col2im(W^T dY), dW = dY col^T, db = sum(dY)", .file = "src/ops/conv.cpp"};
+  return d;
+}
+}  // namespace ops
+
+Tensor conv2d(const Tensor& x, const Tensor& weight, const Tensor& bias, Pair stride, Pair padding, Pair dilation,
+              int64_t groups) {
+  return call_op(ops::conv2d_op(), {x, weight, bias}, ConvArgs{stride, padding, dilation, groups});
 }
 
 }  // namespace athanor

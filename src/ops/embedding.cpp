@@ -16,11 +16,27 @@
 
 #include "athanor/ops/embedding.h"
 #include "backend/cpu/index.h"
+#include "ops/op_def.h"
 #include "ops/op_utils.h"
 
 namespace athanor {
 
-Tensor embedding(const Tensor& weight, const Tensor& ids, std::optional<int64_t> padding_idx) {
+namespace {
+using detail::Grads;
+using detail::Inputs;
+
+struct EmbeddingArgs {
+  std::optional<int64_t> padding_idx;
+};
+struct EmbeddingSaved : OpSaved {
+  SavedTensor ids;
+  int64_t num = 0, dim = 0, n = 0, pad = -1;
+  DType dtype = DType::f32;
+};
+
+std::vector<Tensor> embedding_cpu(OpCall& c) {
+  const Tensor &weight = c.in(0), &ids = c.in(1);
+  const std::optional<int64_t> padding_idx = c.args<EmbeddingArgs>().padding_idx;
   const char* op = "embedding";
   detail::check_floating(weight, op, "weight");
   detail::check_defined(ids, op, "ids");
@@ -68,33 +84,87 @@ Tensor embedding(const Tensor& weight, const Tensor& ids, std::optional<int64_t>
                                          static_cast<T*>(out.raw_data()), 1, num, n, dim);
     }
   });
-  if (!any_requires_grad({weight})) return out;
-  const DType dt = weight.dtype();
-  return record(op, {weight}, out, [si = save(ic, "ids"), num, dim, n, pad, dt](const Node& node, const Grads& g) {
-    const Tensor idc = si.unpack(node);
-    // grad_weight[v, :] = sum over positions p with ids[p] == v of g[p, :]; row padding_idx stays 0.
-    const DType work = dt == DType::f64 ? DType::f64 : DType::f32;
-    const Tensor gc = detail::to_raw(g[0], work);
-    if (work == dt) {
-      // f32/f64 tables: hand the engine the rows (n of num) instead of a zero-filled [num, dim]
-      // table; it adds them straight into the gradient they meet (a tied lm_head's, or .grad).
-      node.emit_row_sparse(0, RowSparseGrad{make_view(idc, {n}, {1}, idc.storage_offset()),
-                                            make_view(gc, {n, dim}, {dim, 1}, gc.storage_offset()), pad});
-      return Grads{Tensor()};
+  if (c.records()) {
+    EmbeddingSaved& s = c.save<EmbeddingSaved>();
+    s.ids = save(ic, "ids"), s.num = num, s.dim = dim, s.n = n, s.pad = pad, s.dtype = weight.dtype();
+  }
+  return {out};
+}
+
+Grads embedding_backward(const Node& node, const Grads& g, const OpSaved& saved) {
+  const EmbeddingSaved& s = saved.as<EmbeddingSaved>();
+  const Tensor idc = s.ids.unpack(node);
+  // grad_weight[v, :] = sum over positions p with ids[p] == v of g[p, :]; row padding_idx stays 0.
+  const DType work = s.dtype == DType::f64 ? DType::f64 : DType::f32;
+  const Tensor gc = detail::to_raw(g[0], work);
+  if (work == s.dtype) {
+    // f32/f64 tables: hand the engine the rows (n of num) instead of a zero-filled [num, dim]
+    // table; it adds them straight into the gradient they meet (a tied lm_head's, or .grad).
+    node.emit_row_sparse(0, RowSparseGrad{make_view(idc, {s.n}, {1}, idc.storage_offset()),
+                                          make_view(gc, {s.n, s.dim}, {s.dim, 1}, gc.storage_offset()), s.pad});
+    return {Tensor(), Tensor()};
+  }
+  Tensor gw = empty({s.num, s.dim}, TensorOptions(work));
+  dispatch(work, [&]<class T>() {
+    if constexpr (std::is_same_v<T, float> || std::is_same_v<T, double>) {
+      if (idc.dtype() == DType::i64)
+        cpu::index_add_3d<T, int64_t>(static_cast<const T*>(gc.raw_data()), idc.data_ptr<int64_t>(),
+                                      static_cast<T*>(gw.raw_data()), 1, s.num, s.n, s.dim, s.pad);
+      else
+        cpu::index_add_3d<T, int32_t>(static_cast<const T*>(gc.raw_data()), idc.data_ptr<int32_t>(),
+                                      static_cast<T*>(gw.raw_data()), 1, s.num, s.n, s.dim, s.pad);
     }
-    Tensor gw = empty({num, dim}, TensorOptions(work));
-    dispatch(work, [&]<class T>() {
-      if constexpr (std::is_same_v<T, float> || std::is_same_v<T, double>) {
-        if (idc.dtype() == DType::i64)
-          cpu::index_add_3d<T, int64_t>(static_cast<const T*>(gc.raw_data()), idc.data_ptr<int64_t>(),
-                                        static_cast<T*>(gw.raw_data()), 1, num, n, dim, pad);
-        else
-          cpu::index_add_3d<T, int32_t>(static_cast<const T*>(gc.raw_data()), idc.data_ptr<int32_t>(),
-                                        static_cast<T*>(gw.raw_data()), 1, num, n, dim, pad);
-      }
-    });
-    return Grads{detail::to_raw(gw, dt)};  // ids are integers: not an input of the node
   });
+  return {detail::to_raw(gw, s.dtype), Tensor()};  // ids are integers: no gradient
+}
+
+std::vector<Tensor> embedding_reference(OpCall& c) {  // out[p, :] = weight[ids[p], :]
+  const Tensor& ids = c.in(1);
+  std::vector<int64_t> idx;
+  for (double e : ids.to_vector()) idx.push_back(static_cast<int64_t>(e));
+  Shape out = ids.sizes();
+  out.push_back(c.in(0).size(1));
+  const Shape ist = contiguous_strides(ids.sizes());
+  return {detail::ref_gather(c.in(0), out, [&](const Shape& oc) {
+    int64_t flat = 0;
+    for (size_t i = 0; i + 1 < oc.size(); ++i) flat += oc[i] * ist[i];
+    return Shape{idx[static_cast<size_t>(flat)], oc.back()};
+  })};
+}
+
+std::vector<OpCase> embedding_cases(int scale) {
+  const int64_t s = scale;
+  auto call = [](const Inputs& t, const EmbeddingArgs& a) { return Inputs{embedding(t[0], t[1], a.padding_idx)}; };
+  std::vector<OpCase> cases = {
+      make_case<EmbeddingArgs>("weight [6, 4], ids [2, 3] with repeats",
+                               {case_randn({6, 4 * s}, 1), case_fixed(from_vector(std::vector<int64_t>{5, 0, 5, 2, 2, 1}, {2, 3}))}, {},
+                               call),
+      make_case<EmbeddingArgs>("weight [5, 3] transposed, i32 ids [4], padding_idx 2",
+                               {case_randn({5, 3 * s}, 2, CaseLayout::transposed),
+                                case_fixed(from_vector(std::vector<int64_t>{2, 4, 2, 0}, {4}).to(DType::i32))},
+                               {2}, call),
+      make_case<EmbeddingArgs>("weight [4, 2] strided, ids [] (0-d)",
+                               {case_randn({4, 2 * s}, 3, CaseLayout::strided), case_fixed(scalar_tensor(3, TensorOptions(DType::i64)))}, {},
+                               call),
+  };
+  cases[1].no_gradcheck = "padding_idx's row gets no gradient by definition (PyTorch's), not its derivative";
+  return cases;
+}
+}  // namespace
+
+namespace ops {
+const OpDef& embedding_op() {
+  static const OpDef d{.name = "embedding", .inputs = {"weight", "ids"}, .category = AutocastCategory::passthrough,
+                       .kernels = detail::cpu_kernels(embedding_cpu, embedding_backward), .reference = embedding_reference,
+                       .dtypes = detail::kFloatDTypes, .cases = embedding_cases,
+                       .derivative = "scatter-add of g per id (f32/f64: row-sparse into the gradient it meets); padding row 0",
+                       .file = "src/ops/embedding.cpp"};
+  return d;
+}
+}  // namespace ops
+
+Tensor embedding(const Tensor& weight, const Tensor& ids, std::optional<int64_t> padding_idx) {
+  return call_op(ops::embedding_op(), {weight, ids}, EmbeddingArgs{padding_idx});
 }
 
 }  // namespace athanor

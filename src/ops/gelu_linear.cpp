@@ -27,24 +27,25 @@
 // matmul primitive; bench_gpt_ops exp.)
 // f64 (and the avx2 level) take the plain path: recompute, GEMM, gelu backward.
 // Under bf16 autocast with f32 W (and b) the op records W and b themselves and writes dW
-// and db in f32 (detail::runs_on_f32_master, op_utils.h).
+// and db in f32 (OpDef::f32_master).
 #include "athanor/ops/gelu_linear.h"
 
 #include <omp.h>
 
 #include <algorithm>
 
-#include "athanor/ops/autocast.h"
 #include "backend/cpu/activation.h"
 #include "backend/cpu/gemm.h"
 #include "backend/cpu/gemm_row_blocks.h"
 #include "backend/cpu/reduce.h"
 #include "backend/cpu/unary.h"  // vec::kGrainTranscendental
 #include "backend/cpu/workspace.h"
+#include "ops/op_def.h"
 #include "ops/op_utils.h"
 
 namespace athanor {
 namespace {
+using detail::Grads;
 constexpr const char* kOp = "gelu_linear";
 constexpr cpu::Activation kGelu = cpu::Activation::gelu_tanh;
 
@@ -177,25 +178,14 @@ Grads backward(const Node& n, const Tensor& xv, const Tensor& wv, const Tensor& 
   return Grads{dx, dw, db};
 }
 
-// gelu_linear under bf16 autocast with f32 W (and b): see op_utils.h.
-Tensor gelu_linear_f32_master(const Tensor& x, const Tensor& weight, const Tensor& bias) {
-  const detail::LowpLinearInputs l = detail::f32_master_inputs(kOp, x, weight, bias);
-  check_args(l.x, l.weight, l.bias);
-  const int64_t in = l.weight.size(1), out_f = l.weight.size(0), M = l.x.numel() / std::max<int64_t>(in, 1);
-  const Tensor xc = detail::contiguous_raw(l.x), wc = detail::contiguous_raw(l.weight);
-  const Tensor y = forward<bfloat16>(xc, wc, l.bias, M, in, out_f);
-  if (!any_requires_grad({l.x, weight, bias})) return y;
-  SavedTensor sx = save(xc, "input"), sw = save(wc, "weight (bf16 copy)");
-  return record(kOp, {l.x, weight, bias}, y, [sx, sw, in, out_f, M](const Node& n, const Grads& g) {
-    return backward<bfloat16, float>(n, sx.unpack(n), sw.unpack(n), detail::to_raw(g[0], DType::bf16), M, in, out_f);
-  });
-}
-}  // namespace
+struct GeluLinearSaved : OpSaved {
+  SavedTensor x, w;  // contiguous; under the f32-master rule the bf16 x and the bf16 copy of W
+  int64_t in = 0, out_f = 0, M = 0;
+  bool master = false;
+};
 
-Tensor gelu_linear(const Tensor& x, const Tensor& weight, const Tensor& bias) {
-  if (detail::runs_on_f32_master(kOp, x, weight, bias)) return gelu_linear_f32_master(x, weight, bias);
-  if (autocast_needs_cast(kOp, {x, weight, bias}))
-    return gelu_linear(autocast_input(x, kOp), autocast_input(weight, kOp), autocast_input(bias, kOp));
+std::vector<Tensor> gelu_linear_cpu(OpCall& c) {
+  const Tensor &x = c.in(0), &weight = c.in(1), &bias = c.in(2);
   check_args(x, weight, bias);
   const int64_t in = weight.size(1), out_f = weight.size(0), M = x.numel() / std::max<int64_t>(in, 1);
   const Tensor xc = detail::contiguous_raw(x), wc = detail::contiguous_raw(weight);
@@ -203,17 +193,57 @@ Tensor gelu_linear(const Tensor& x, const Tensor& weight, const Tensor& bias) {
   dispatch(x.dtype(), [&]<class T>() {
     if constexpr (std::is_floating_point_v<T> || is_half_v<T>) y = forward<T>(xc, wc, bias, M, in, out_f);
   });
-  if (!any_requires_grad({x, weight, bias})) return y;
-  SavedTensor sx = save(xc, "input"), sw = save(wc, "weight");
-  return record(kOp, {x, weight, bias}, y, [sx, sw, in, out_f, M](const Node& n, const Grads& g) {
-    const Tensor xv = sx.unpack(n), wv = sw.unpack(n);
-    const Tensor dy = detail::to_raw(g[0], xv.dtype());
-    Grads grads;
-    dispatch(dy.dtype(), [&]<class T>() {
-      if constexpr (std::is_floating_point_v<T> || is_half_v<T>) grads = backward<T, T>(n, xv, wv, dy, M, in, out_f);
-    });
-    return grads;
+  if (c.records()) {
+    GeluLinearSaved& s = c.save<GeluLinearSaved>();
+    // Under bf16 autocast with f32 W (and b): bf16 GEMMs on the copies, dW and db in f32 (OpDef::f32_master).
+    s.master = c.runs_on_master(1);
+    s.x = save(xc, "input"), s.w = save(wc, s.master ? "weight (bf16 copy)" : "weight");
+    s.in = in, s.out_f = out_f, s.M = M;
+  }
+  return {y};
+}
+
+Grads gelu_linear_backward(const Node& n, const Grads& g, const OpSaved& saved) {
+  const GeluLinearSaved& s = saved.as<GeluLinearSaved>();
+  const Tensor xv = s.x.unpack(n), wv = s.w.unpack(n);
+  if (s.master) return backward<bfloat16, float>(n, xv, wv, detail::to_raw(g[0], DType::bf16), s.M, s.in, s.out_f);
+  const Tensor dy = detail::to_raw(g[0], xv.dtype());
+  Grads grads;
+  dispatch(dy.dtype(), [&]<class T>() {
+    if constexpr (std::is_floating_point_v<T> || is_half_v<T>) grads = backward<T, T>(n, xv, wv, dy, s.M, s.in, s.out_f);
   });
+  return grads;
+}
+
+// gelu_tanh(x) W^T + b: the reference activation, then the reference GEMM, in double.
+std::vector<Tensor> gelu_linear_reference(OpCall& c) {
+  const Tensor h = cpu::ref::activation_forward(kGelu, detail::ref64(c.in(0)));
+  const Tensor w = detail::ref64(c.in(1)).contiguous();
+  const int64_t in = w.size(1), out_f = w.size(0), M = h.numel() / std::max<int64_t>(in, 1);
+  Shape out = h.sizes();
+  out.back() = out_f;
+  Tensor y = zeros(out, TensorOptions(DType::f64));
+  if (c.in(2).defined()) copy_into(y, detail::ref64(c.in(2)));
+  cpu::ref::gemm<double>(false, true, M, out_f, in, 1.0, h.contiguous().data_ptr<double>(), in, w.data_ptr<double>(), in, 1.0,
+                         y.data_ptr<double>(), out_f);
+  return {y};
+}
+}  // namespace
+
+namespace ops {
+const OpDef& gelu_linear_op() {
+  static const OpDef d{.name = "gelu_linear", .inputs = {"x", "weight", "bias"}, .category = AutocastCategory::lower_precision,
+                       .f32_master = 0b110u, .kernels = detail::cpu_kernels(gelu_linear_cpu, gelu_linear_backward),
+                       .reference = gelu_linear_reference, .dtypes = detail::kFloatDTypes,
+                       .cases = [](int s) { return detail::linear_like_cases(s, gelu_linear); },
+                       .derivative = "gelu(x) recomputed; dW = dy^T gelu(x), db = rowsum(dy), dx = (dy W) gelu'(x)",
+                       .file = "src/ops/gelu_linear.cpp"};
+  return d;
+}
+}  // namespace ops
+
+Tensor gelu_linear(const Tensor& x, const Tensor& weight, const Tensor& bias) {
+  return call_op(ops::gelu_linear_op(), {x, weight, bias});
 }
 
 }  // namespace athanor

@@ -12,6 +12,7 @@
 
 #include "athanor/ops/shape.h"
 #include "backend/cpu/index.h"
+#include "ops/op_def.h"
 #include "ops/op_utils.h"
 
 namespace athanor {
@@ -54,9 +55,22 @@ template <class Fn> void dispatch_index(DType dt, Fn&& fn) {
   else fn.template operator()<int32_t>();
 }
 
-}  // namespace
+using detail::Grads;
+using detail::Inputs;
 
-Tensor index_select(const Tensor& x, int64_t dim, const Tensor& index) {
+struct IndexArgs {
+  int64_t dim = 0;
+};
+struct IndexSaved : OpSaved {
+  SavedTensor index;
+  Shape in, sub;  // x's shape; gather: the part of x the index reaches
+  DType dtype = DType::f32;
+  int64_t outer = 1, xdim = 1, n = 0, inner = 1;
+};
+
+std::vector<Tensor> index_select_cpu(OpCall& c) {
+  const Tensor &x = c.in(0), &index = c.in(1);
+  const int64_t dim = c.args<IndexArgs>().dim;
   const char* op = "index_select";
   detail::check_defined(x, op, "x");
   check_index_dtype(index, op);
@@ -84,27 +98,35 @@ Tensor index_select(const Tensor& x, int64_t dim, const Tensor& index) {
                                  outer, xdim, n, inner);
     });
   });
-  if (!is_floating(x.dtype()) || !any_requires_grad({x})) return out;
-  const Shape in = x.sizes();
-  const DType dt = x.dtype();
-  return record(op, {x}, out, [si = save(ic, "index"), in, dt, outer, xdim, n, inner](const Node& node, const Grads& g) {
-    const Tensor ic = si.unpack(node);
-    // grad_x[.., v, ..] = sum over j with index[j] == v of g[.., j, ..] (duplicates accumulate).
-    const DType work = dt == DType::f64 ? DType::f64 : DType::f32;
-    const Tensor gc = detail::to_raw(g[0], work);
-    Tensor gx = empty(in, TensorOptions(work));
-    dispatch(work, [&]<class T>() {
-      if constexpr (std::is_same_v<T, float> || std::is_same_v<T, double>)
-        dispatch_index(ic.dtype(), [&]<class I>() {
-          cpu::index_add_3d<T, I>(static_cast<const T*>(gc.raw_data()), ic.data_ptr<I>(), static_cast<T*>(gx.raw_data()),
-                                  outer, xdim, n, inner);
-        });
-    });
-    return Grads{work == dt ? gx : detail::to_raw(gx, dt)};
-  });
+  if (!is_floating(x.dtype())) c.set_differentiable(false);
+  else if (c.records()) {
+    IndexSaved& s = c.save<IndexSaved>();
+    s.index = save(ic, "index"), s.in = x.sizes(), s.dtype = x.dtype();
+    s.outer = outer, s.xdim = xdim, s.n = n, s.inner = inner;
+  }
+  return {out};
 }
 
-Tensor gather(const Tensor& x, int64_t dim, const Tensor& index) {
+Grads index_select_backward(const Node& node, const Grads& g, const OpSaved& saved) {
+  const IndexSaved& s = saved.as<IndexSaved>();
+  const Tensor ic = s.index.unpack(node);
+  // grad_x[.., v, ..] = sum over j with index[j] == v of g[.., j, ..] (duplicates accumulate).
+  const DType work = s.dtype == DType::f64 ? DType::f64 : DType::f32;
+  const Tensor gc = detail::to_raw(g[0], work);
+  Tensor gx = empty(s.in, TensorOptions(work));
+  dispatch(work, [&]<class T>() {
+    if constexpr (std::is_same_v<T, float> || std::is_same_v<T, double>)
+      dispatch_index(ic.dtype(), [&]<class I>() {
+        cpu::index_add_3d<T, I>(static_cast<const T*>(gc.raw_data()), ic.data_ptr<I>(), static_cast<T*>(gx.raw_data()),
+                                s.outer, s.xdim, s.n, s.inner);
+      });
+  });
+  return {work == s.dtype ? gx : detail::to_raw(gx, s.dtype), Tensor()};
+}
+
+std::vector<Tensor> gather_cpu(OpCall& c) {
+  const Tensor &x = c.in(0), &index = c.in(1);
+  const int64_t dim = c.args<IndexArgs>().dim;
   const char* op = "gather";
   detail::check_defined(x, op, "x");
   check_index_dtype(index, op);
@@ -139,30 +161,118 @@ Tensor gather(const Tensor& x, int64_t dim, const Tensor& index) {
       });
     });
   }
-  if (!is_floating(x.dtype()) || !any_requires_grad({x})) return out;
-  const Shape in = x.sizes();
-  const DType dt = x.dtype();
-  return record(op, {x}, out, [si = save(ic, "index"), in, sub_sz, dt, outer, xdim, n, inner](const Node& node,
-                                                                                              const Grads& g) {
-    const Tensor ic = si.unpack(node);
-    // grad_x[.., index[.., j, ..], ..] += g[.., j, ..] (a scatter-add; duplicates accumulate).
-    const DType work = dt == DType::f64 ? DType::f64 : DType::f32;
-    const Tensor gc = detail::to_raw(g[0], work);
-    Tensor gsub = empty(sub_sz, TensorOptions(work));
-    if (gsub.numel() > 0) {
-      dispatch(work, [&]<class T>() {
-        if constexpr (std::is_same_v<T, float> || std::is_same_v<T, double>)
-          dispatch_index(ic.dtype(), [&]<class I>() {
-            cpu::scatter_add_3d<T, I>(static_cast<const T*>(gc.raw_data()), ic.data_ptr<I>(),
-                                      static_cast<T*>(gsub.raw_data()), outer, xdim, n, inner);
-          });
-      });
-    }
-    if (sub_sz == in) return Grads{work == dt ? gsub : detail::to_raw(gsub, dt)};
-    Tensor gx = zeros(in, TensorOptions(dt));  // the part of x the index cannot reach gets zero
-    copy_into(make_view(gx, sub_sz, gx.strides(), 0), gsub);
-    return Grads{gx};
-  });
+  if (!is_floating(x.dtype())) c.set_differentiable(false);
+  else if (c.records()) {
+    IndexSaved& s = c.save<IndexSaved>();
+    s.index = save(ic, "index"), s.in = x.sizes(), s.sub = sub_sz, s.dtype = x.dtype();
+    s.outer = outer, s.xdim = xdim, s.n = n, s.inner = inner;
+  }
+  return {out};
 }
+
+Grads gather_backward(const Node& node, const Grads& g, const OpSaved& saved) {
+  const IndexSaved& s = saved.as<IndexSaved>();
+  const Tensor ic = s.index.unpack(node);
+  // grad_x[.., index[.., j, ..], ..] += g[.., j, ..] (a scatter-add; duplicates accumulate).
+  const DType work = s.dtype == DType::f64 ? DType::f64 : DType::f32;
+  const Tensor gc = detail::to_raw(g[0], work);
+  Tensor gsub = empty(s.sub, TensorOptions(work));
+  if (gsub.numel() > 0) {
+    dispatch(work, [&]<class T>() {
+      if constexpr (std::is_same_v<T, float> || std::is_same_v<T, double>)
+        dispatch_index(ic.dtype(), [&]<class I>() {
+          cpu::scatter_add_3d<T, I>(static_cast<const T*>(gc.raw_data()), ic.data_ptr<I>(), static_cast<T*>(gsub.raw_data()),
+                                    s.outer, s.xdim, s.n, s.inner);
+        });
+    });
+  }
+  if (s.sub == s.in) return {work == s.dtype ? gsub : detail::to_raw(gsub, s.dtype), Tensor()};
+  Tensor gx = zeros(s.in, TensorOptions(s.dtype));  // the part of x the index cannot reach gets zero
+  copy_into(make_view(gx, s.sub, gx.strides(), 0), gsub);
+  return {gx, Tensor()};
+}
+
+// The references: each output element read by its index, coordinate by coordinate.
+std::vector<int64_t> index_values(const Tensor& index) {
+  std::vector<int64_t> v;
+  for (double e : index.to_vector()) v.push_back(static_cast<int64_t>(e));
+  return v;
+}
+std::vector<Tensor> index_select_reference(OpCall& c) {
+  const Tensor& x = c.in(0);
+  const int64_t d = detail::wrap_dim(c.args<IndexArgs>().dim, x.dim(), "reference");
+  const std::vector<int64_t> idx = index_values(c.in(1));
+  Shape out = x.sizes();
+  if (x.dim() > 0) out[d] = static_cast<int64_t>(idx.size());
+  return {detail::ref_gather(x, out, [&](const Shape& oc) {
+    Shape ic = oc;
+    if (!ic.empty()) ic[d] = idx[static_cast<size_t>(oc[d])];
+    return ic;
+  })};
+}
+std::vector<Tensor> gather_reference(OpCall& c) {
+  const Tensor& x = c.in(0);
+  const Tensor& index = c.in(1);
+  const int64_t d = detail::wrap_dim(c.args<IndexArgs>().dim, x.dim(), "reference");
+  const std::vector<int64_t> idx = index_values(index);
+  const Shape ist = contiguous_strides(index.sizes());
+  return {detail::ref_gather(x, index.sizes(), [&](const Shape& oc) {
+    int64_t flat = 0;
+    for (size_t i = 0; i < oc.size(); ++i) flat += oc[i] * ist[i];
+    Shape ic = oc;
+    if (!ic.empty()) ic[d] = idx[static_cast<size_t>(flat)];
+    return ic;
+  })};
+}
+
+std::vector<OpCase> index_select_cases(int scale) {
+  const int64_t s = scale;
+  auto call = [](const Inputs& t, const IndexArgs& a) { return Inputs{index_select(t[0], a.dim, t[1])}; };
+  return {
+      make_case<IndexArgs>("x [5, 3], dim 0, index [4] with a repeat", {case_randn({5, 3 * s}, 1), case_fixed(from_vector(std::vector<int64_t>{4, 0, 4, 2}, {4}))},
+                           {0}, call),
+      make_case<IndexArgs>("x [2, 6] transposed, dim 1, i32 index [3]",
+                           {case_randn({2 * s, 6}, 2, CaseLayout::transposed), case_fixed(from_vector(std::vector<int64_t>{5, 1, 3}, {3}).to(DType::i32))},
+                           {1}, call),
+      make_case<IndexArgs>("x [3, 4, 2] strided, dim -2, index [2] strided",
+                           {case_randn({3 * s, 4, 2}, 3, CaseLayout::strided),
+                            case_fixed(from_vector(std::vector<int64_t>{3, 3}, {2}), CaseLayout::strided)}, {-2}, call),
+  };
+}
+std::vector<OpCase> gather_cases(int scale) {
+  const int64_t s = scale;
+  auto call = [](const Inputs& t, const IndexArgs& a) { return Inputs{gather(t[0], a.dim, t[1])}; };
+  return {
+      make_case<IndexArgs>("x [3, 4], dim 1, index [3, 2]", {case_randn({3, 4 * s}, 1),
+                                                                   case_fixed(from_vector(std::vector<int64_t>{0, 3, 2, 2, 1, 0}, {3, 2}))},
+                           {1}, call),
+      make_case<IndexArgs>("x [4, 3] transposed, dim 0, index [2, 2] (reaches part of x)",
+                           {case_randn({4 * s, 3}, 2, CaseLayout::transposed), case_fixed(from_vector(std::vector<int64_t>{3, 0, 1, 1}, {2, 2}))},
+                           {0}, call),
+  };
+}
+}  // namespace
+
+namespace ops {
+const OpDef& index_select_op() {
+  static const OpDef d{.name = "index_select", .inputs = {"x", "index"}, .category = AutocastCategory::passthrough,
+                       .kernels = detail::cpu_kernels(index_select_cpu, index_select_backward), .reference = index_select_reference,
+                       .dtypes = detail::kFloatDTypes, .cases = index_select_cases,
+                       .derivative = "scatter-add of g at the indices", .file = "src/ops/indexing.cpp"};
+  return d;
+}
+const OpDef& gather_op() {
+  static const OpDef d{.name = "gather", .inputs = {"x", "index"}, .category = AutocastCategory::passthrough,
+                       .kernels = detail::cpu_kernels(gather_cpu, gather_backward), .reference = gather_reference,
+                       .dtypes = detail::kFloatDTypes, .cases = gather_cases,
+                       .derivative = "scatter-add of g at the indices", .file = "src/ops/indexing.cpp"};
+  return d;
+}
+}  // namespace ops
+
+Tensor index_select(const Tensor& x, int64_t dim, const Tensor& index) {
+  return call_op(ops::index_select_op(), {x, index}, IndexArgs{dim});
+}
+Tensor gather(const Tensor& x, int64_t dim, const Tensor& index) { return call_op(ops::gather_op(), {x, index}, IndexArgs{dim}); }
 
 }  // namespace athanor

@@ -28,16 +28,17 @@
 
 #include <vector>
 
-#include "athanor/ops/autocast.h"
 #include "backend/cpu/activation.h"
 #include "backend/cpu/gemm.h"
 #include "backend/cpu/gemm_row_blocks.h"
 #include "backend/cpu/small_batch_gemm.h"
 #include "backend/cpu/workspace.h"
+#include "ops/op_def.h"
 #include "ops/op_utils.h"
 
 namespace athanor {
 namespace {
+using detail::Grads;
 constexpr const char* kOp = "linear_relu";
 constexpr const char* kHint =
     "linear_relu(x, W, b) is relu(linear(x, W, b)): x's last dim is W's in_features (the previous layer's output size)";
@@ -65,39 +66,14 @@ Tensor output_like(const Tensor& x, int64_t out_f) {
   return empty(s, TensorOptions(x.dtype()));
 }
 
-Tensor linear_relu_f32_master(const Tensor& x, const Tensor& weight, const Tensor& bias) {
-  // bf16 x (a differentiable cast when x is f32) and the bf16 copies of W and b, only read:
-  // the gradient goes to W and b in f32 (op_utils.h, detail::f32_master_inputs).
-  const detail::LowpLinearInputs l = detail::f32_master_inputs(kOp, x, weight, bias);
-  const Tensor& xl = l.x;
-  const Tensor& wl = l.weight;
-  const Tensor& bl = l.bias;
-  detail::check_linear_args(xl, wl, bl, kOp, kHint);
-  const int64_t in = wl.size(1), out_f = wl.size(0), M = xl.numel() / std::max<int64_t>(in, 1);
-  const Tensor xc = detail::contiguous_raw(xl), wc = detail::contiguous_raw(wl);
-  Tensor y = output_like(xl, out_f);
-  forward_into<bfloat16>(xc, wc, bl, y, M, out_f, in);
-  if (!any_requires_grad({xl, weight, bias})) return y;
-  SavedTensor sx = save(xc, "input"), sw = save(wc, "weight (bf16 copy)"), sy = save(y, "result");
-  return record(kOp, {xl, weight, bias}, y, [sx, sw, sy, in, out_f, M](const Node& n, const Grads& grads) {
-    const Tensor yv = sy.unpack(n);
-    const Tensor dy = detail::to_raw(grads[0], DType::bf16);
-    Tensor dx, dw, db;
-    const cpu::Workspace g(static_cast<std::size_t>(M * out_f) * sizeof(bfloat16));  // dy ⊙ [y > 0]
-    bfloat16* pg = g.as<bfloat16>();
-    if (needs_grad(n, 2)) db = empty({out_f}, TensorOptions(DType::f32));
-    cpu::relu_backward_rowsum<bfloat16>(static_cast<const bfloat16*>(yv.raw_data()), static_cast<const bfloat16*>(dy.raw_data()),
-                                        pg, db.defined() ? static_cast<float*>(db.raw_data()) : nullptr, M, out_f);
-    detail::lowp_linear_backward_gemms(n, pg, sx, sw, M, in, out_f, dx, dw);  // dx = g W, dW = g^T x (f32)
-    return Grads{dx, dw, db};
-  });
-}
-}  // namespace
+struct LinearReluSaved : OpSaved {
+  SavedTensor x, w, y;  // contiguous; under the f32-master rule the bf16 x and the bf16 copy of W
+  int64_t in = 0, out_f = 0, M = 0;
+  bool master = false;
+};
 
-Tensor linear_relu(const Tensor& x, const Tensor& weight, const Tensor& bias) {
-  if (detail::runs_on_f32_master(kOp, x, weight, bias)) return linear_relu_f32_master(x, weight, bias);
-  if (autocast_needs_cast(kOp, {x, weight, bias}))
-    return linear_relu(autocast_input(x, kOp), autocast_input(weight, kOp), autocast_input(bias, kOp));
+std::vector<Tensor> linear_relu_cpu(OpCall& c) {
+  const Tensor &x = c.in(0), &weight = c.in(1), &bias = c.in(2);
   detail::check_linear_args(x, weight, bias, kOp, kHint);
   const int64_t in = weight.size(1), out_f = weight.size(0), M = x.numel() / std::max<int64_t>(in, 1);
   const Tensor xc = detail::contiguous_raw(x), wc = detail::contiguous_raw(weight);
@@ -105,17 +81,40 @@ Tensor linear_relu(const Tensor& x, const Tensor& weight, const Tensor& bias) {
   dispatch(x.dtype(), [&]<class T>() {
     if constexpr (std::is_floating_point_v<T> || is_half_v<T>) forward_into<T>(xc, wc, bias, y, M, out_f, in);
   });
-  if (!any_requires_grad({x, weight, bias})) return y;
-  SavedTensor sx = save(xc, "input"), sw = save(wc, "weight"), sy = save(y, "result");
-  return record(kOp, {x, weight, bias}, y, [sx, sw, sy, in, out_f, M](const Node& n, const Grads& grads) {
-    const Tensor yv = sy.unpack(n);
-    const Tensor dy = detail::to_raw(grads[0], yv.dtype());
+  if (c.records()) {
+    LinearReluSaved& s = c.save<LinearReluSaved>();
+    // Under bf16 autocast with f32 W (and b): the bf16 copies were read, the node records the f32
+    // parameters, and dW and db are written in f32 (OpDef::f32_master; see the file comment).
+    s.master = c.runs_on_master(1);
+    s.x = save(xc, "input"), s.w = save(wc, s.master ? "weight (bf16 copy)" : "weight"), s.y = save(y, "result");
+    s.in = in, s.out_f = out_f, s.M = M;
+  }
+  return {y};
+}
+
+Grads linear_relu_backward(const Node& n, const Grads& g, const OpSaved& saved) {
+  const LinearReluSaved& s = saved.as<LinearReluSaved>();
+  const int64_t in = s.in, out_f = s.out_f, M = s.M;
+  if (s.master) {
+    const Tensor yv = s.y.unpack(n);
+    const Tensor dy = detail::to_raw(g[0], DType::bf16);
+    Tensor dx, dw, db;
+    const cpu::Workspace gw(static_cast<std::size_t>(M * out_f) * sizeof(bfloat16));  // dy ⊙ [y > 0]
+    bfloat16* pg = gw.as<bfloat16>();
+    if (needs_grad(n, 2)) db = empty({out_f}, TensorOptions(DType::f32));
+    cpu::relu_backward_rowsum<bfloat16>(static_cast<const bfloat16*>(yv.raw_data()), static_cast<const bfloat16*>(dy.raw_data()),
+                                        pg, db.defined() ? static_cast<float*>(db.raw_data()) : nullptr, M, out_f);
+    detail::lowp_linear_backward_gemms(n, pg, s.x, s.w, M, in, out_f, dx, dw);  // dx = g W, dW = g^T x (f32)
+    return {dx, dw, db};
+  }
+    const Tensor yv = s.y.unpack(n);
+    const Tensor dy = detail::to_raw(g[0], yv.dtype());
     Tensor dx, dw, db;
     dispatch(dy.dtype(), [&]<class T>() {
       if constexpr (std::is_floating_point_v<T> || is_half_v<T>) {
         using A = cpu::rowsum_acc_t<T>;
-        const cpu::Workspace g(static_cast<std::size_t>(M * out_f) * sizeof(T));  // dy ⊙ [y > 0], dropped on return
-        T* pg = g.as<T>();
+        const cpu::Workspace gbuf(static_cast<std::size_t>(M * out_f) * sizeof(T));  // dy ⊙ [y > 0], dropped on return
+        T* pg = gbuf.as<T>();
         // The bias gradient's sums: straight into db for f32/f64, else f32 sums rounded once to T.
         std::vector<A> db_acc;
         A* pdb = nullptr;
@@ -130,8 +129,8 @@ Tensor linear_relu(const Tensor& x, const Tensor& weight, const Tensor& bias) {
         if (!db_acc.empty())
           for (int64_t j = 0; j < out_f; ++j) static_cast<T*>(db.raw_data())[j] = cast_value<T>(db_acc[j]);
         if (needs_grad(n, 0)) {  // dx = g W            [M, out] @ [out, in]
-          const Tensor wv = sw.unpack(n);
-          dx = empty(Shape(sx.unpack(n).sizes()), TensorOptions(dy.dtype()));
+          const Tensor wv = s.w.unpack(n);
+          dx = empty(Shape(s.x.unpack(n).sizes()), TensorOptions(dy.dtype()));
           if constexpr (std::is_same_v<T, float>) {
             const float* w = static_cast<const float*>(wv.raw_data());
             float* pdx = static_cast<float*>(dx.raw_data());
@@ -151,15 +150,43 @@ Tensor linear_relu(const Tensor& x, const Tensor& weight, const Tensor& bias) {
           }
         }
         if (needs_grad(n, 1)) {  // dW = g^T x          [out, M] @ [M, in]
-          const Tensor xv = sx.unpack(n);
+          const Tensor xv = s.x.unpack(n);
           dw = empty({out_f, in}, TensorOptions(dy.dtype()));
           gemm_t<T>(true, false, out_f, in, M, pg, out_f, static_cast<const T*>(xv.raw_data()), in, 0.0f,
                     static_cast<T*>(dw.raw_data()), in);
         }
       }
     });
-    return Grads{dx, dw, db};
-  });
+  return {dx, dw, db};
+}
+
+// relu(x W^T + b): the reference GEMM in double, then the reference activation.
+std::vector<Tensor> linear_relu_reference(OpCall& c) {
+  const Tensor x = detail::ref64(c.in(0)).contiguous(), w = detail::ref64(c.in(1)).contiguous();
+  const int64_t in = w.size(1), out_f = w.size(0), M = x.numel() / std::max<int64_t>(in, 1);
+  Shape out = x.sizes();
+  out.back() = out_f;
+  Tensor y = zeros(out, TensorOptions(DType::f64));
+  if (c.in(2).defined()) copy_into(y, detail::ref64(c.in(2)));
+  cpu::ref::gemm<double>(false, true, M, out_f, in, 1.0, x.data_ptr<double>(), in, w.data_ptr<double>(), in, 1.0,
+                         y.data_ptr<double>(), out_f);
+  return {cpu::ref::activation_forward(cpu::Activation::relu, y)};
+}
+}  // namespace
+
+namespace ops {
+const OpDef& linear_relu_op() {
+  static const OpDef d{.name = "linear_relu", .inputs = {"x", "weight", "bias"}, .category = AutocastCategory::lower_precision,
+                       .f32_master = 0b110u, .kernels = detail::cpu_kernels(linear_relu_cpu, linear_relu_backward),
+                       .reference = linear_relu_reference, .dtypes = detail::kFloatDTypes,
+                       .cases = [](int s) { return detail::linear_like_cases(s, linear_relu); },
+                       .derivative = "g = dy [y > 0], db = rowsum(g), dx = g W, dW = g^T x", .file = "src/ops/linear_relu.cpp"};
+  return d;
+}
+}  // namespace ops
+
+Tensor linear_relu(const Tensor& x, const Tensor& weight, const Tensor& bias) {
+  return call_op(ops::linear_relu_op(), {x, weight, bias});
 }
 
 }  // namespace athanor

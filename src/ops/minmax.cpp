@@ -10,10 +10,12 @@
 #include "athanor/ops/shape.h"
 #include "backend/cpu/index.h"
 #include "backend/cpu/minmax.h"
+#include "ops/op_def.h"
 #include "ops/op_utils.h"
 
 namespace athanor {
 namespace {
+using detail::Grads;
 
 struct Geometry {
   int64_t outer = 1, r = 1, inner = 1;
@@ -65,50 +67,98 @@ Tensor route_gradient(const Tensor& grad, const Tensor& idx, const Shape& in, DT
   return work == dt ? gx : detail::to_raw(gx, dt);
 }
 
-Tensor minmax_dim(const Tensor& x, int64_t dim, bool keepdim, bool is_max) {
-  const char* op = is_max ? "max" : "min";
-  check_input(x, op);
-  const int64_t d = detail::wrap_dim(dim, x.dim(), op);
-  const Geometry geo = geometry(x, d, keepdim);
+struct MinMaxArgs {
+  std::optional<int64_t> dim;  // none: over all elements
+  bool keepdim = false;
+};
+struct MinMaxSaved : OpSaved {
+  Tensor idx;  // internal: the user cannot modify it
+  Shape in;
+  DType dtype = DType::f32;
+  Geometry geo;
+};
+
+// The geometry of a call: around its dim, or the flattened input (out_shape {}) for all elements.
+Geometry call_geometry(const Tensor& x, const MinMaxArgs& a, const char* op) {
+  if (!a.dim) {
+    ATH_CHECK(x.numel() > 0, op, "cannot reduce an empty tensor ", x.describe(),
+              Hint{"max/min of zero elements is undefined; pass a non-empty tensor"});
+    Geometry geo;
+    geo.r = x.numel();
+    return geo;
+  }
+  const int64_t d = detail::wrap_dim(*a.dim, x.dim(), op);
+  const Geometry geo = geometry(x, d, a.keepdim);
   ATH_CHECK(geo.r > 0, op, "cannot reduce dimension ", d, " of size 0 in ", x.describe(),
             Hint{"max/min of an empty dimension is undefined; check the shape or use a non-empty dimension"});
+  return geo;
+}
+
+template <bool IsMax> std::vector<Tensor> minmax_cpu(OpCall& c) {
+  const Tensor& x = c.in(0);
+  const char* op = c.name();
+  check_input(x, op);
+  const Geometry geo = call_geometry(x, c.args<MinMaxArgs>(), op);
   Tensor values = empty(geo.out_shape, TensorOptions(x.dtype()));
   Tensor idx = empty(geo.out_shape, TensorOptions(DType::i64));
-  run_minmax(x, geo, &values, idx, is_max);
-  if (!is_floating(x.dtype())) return values;
-  const Shape in = x.sizes();
-  const DType dt = x.dtype();
-  // d/dx_k max_j x_j = 1 at the first extremal k, 0 elsewhere: scatter g there.
-  return record(op, {x}, values, [idx, in, dt, geo](const Node&, const Grads& g) {
-    return Grads{route_gradient(g[0], idx, in, dt, geo)};
-  });
+  run_minmax(x, geo, &values, idx, IsMax);
+  if (!is_floating(x.dtype())) c.set_differentiable(false);
+  else if (c.records()) {
+    MinMaxSaved& s = c.save<MinMaxSaved>();
+    s.idx = idx, s.in = x.sizes(), s.dtype = x.dtype(), s.geo = geo;
+  }
+  return {values};
 }
-
-Tensor minmax_all(const Tensor& x, bool is_max) {
-  const char* op = is_max ? "max" : "min";
-  check_input(x, op);
-  ATH_CHECK(x.numel() > 0, op, "cannot reduce an empty tensor ", x.describe(),
-            Hint{"max/min of zero elements is undefined; pass a non-empty tensor"});
-  Geometry geo;
-  geo.r = x.numel();  // out_shape stays {} (a scalar)
-  Tensor values = empty({}, TensorOptions(x.dtype()));
-  Tensor idx = empty({}, TensorOptions(DType::i64));
-  run_minmax(x, geo, &values, idx, is_max);
-  if (!is_floating(x.dtype())) return values;
-  const Shape in = x.sizes();
-  const DType dt = x.dtype();
-  // Same derivative as along a dim, over the flattened input: g lands on the first extremum.
-  return record(op, {x}, values, [idx, in, dt, geo](const Node&, const Grads& g) {
-    return Grads{route_gradient(g[0], idx, in, dt, geo)};
-  });
+// d/dx_k max_j x_j = 1 at the first extremal k, 0 elsewhere: scatter g there.
+Grads minmax_backward(const Node&, const Grads& g, const OpSaved& saved) {
+  const MinMaxSaved& s = saved.as<MinMaxSaved>();
+  return {route_gradient(g[0], s.idx, s.in, s.dtype, s.geo)};
 }
-
+template <bool IsMax> std::vector<Tensor> minmax_reference(OpCall& c) {
+  const Tensor x = detail::ref64(c.in(0));
+  const Geometry geo = call_geometry(x, c.args<MinMaxArgs>(), "reference");
+  Tensor values = empty(geo.out_shape, TensorOptions(DType::f64)), idx = empty(geo.out_shape, TensorOptions(DType::i64));
+  cpu::ref::minmax_3d<double>(x.data_ptr<double>(), values.data_ptr<double>(), idx.data_ptr<int64_t>(), geo.outer, geo.r,
+                              geo.inner, IsMax);
+  return {values};
+}
+template <bool IsMax> std::vector<OpCase> minmax_cases(int scale) {
+  const int64_t s = scale;
+  auto call = [](const detail::Inputs& t, const MinMaxArgs& a) {
+    if (!a.dim) return detail::Inputs{IsMax ? max(t[0]) : min(t[0])};
+    return detail::Inputs{IsMax ? max(t[0], *a.dim, a.keepdim) : min(t[0], *a.dim, a.keepdim)};
+  };
+  return {
+      make_case<MinMaxArgs>("x [4, 5], dim 1", {case_randn({4 * s, 5}, 1)}, {1, false}, call),
+      make_case<MinMaxArgs>("x [3, 4, 2] transposed, dim 0 keepdim", {case_randn({3 * s, 4, 2}, 2, CaseLayout::transposed)},
+                            {0, true}, call),
+      make_case<MinMaxArgs>("x [6, 3] strided, dim -1", {case_randn({6 * s, 3}, 3, CaseLayout::strided)}, {-1, false}, call),
+      make_case<MinMaxArgs>("x [3, 4], all elements", {case_randn({3 * s, 4}, 4)}, {std::nullopt, false}, call),
+  };
+}
 }  // namespace
 
-Tensor max(const Tensor& x, int64_t dim, bool keepdim) { return minmax_dim(x, dim, keepdim, true); }
-Tensor min(const Tensor& x, int64_t dim, bool keepdim) { return minmax_dim(x, dim, keepdim, false); }
-Tensor max(const Tensor& x) { return minmax_all(x, true); }
-Tensor min(const Tensor& x) { return minmax_all(x, false); }
+namespace ops {
+const OpDef& max_op() {
+  static const OpDef d{.name = "max", .inputs = {"x"}, .category = AutocastCategory::passthrough,
+                       .kernels = detail::cpu_kernels(minmax_cpu<true>, minmax_backward), .reference = minmax_reference<true>,
+                       .dtypes = detail::kFloatDTypes, .cases = minmax_cases<true>,
+                       .derivative = "g to the first maximal element", .file = "src/ops/minmax.cpp"};
+  return d;
+}
+const OpDef& min_op() {
+  static const OpDef d{.name = "min", .inputs = {"x"}, .category = AutocastCategory::passthrough,
+                       .kernels = detail::cpu_kernels(minmax_cpu<false>, minmax_backward), .reference = minmax_reference<false>,
+                       .dtypes = detail::kFloatDTypes, .cases = minmax_cases<false>,
+                       .derivative = "g to the first minimal element", .file = "src/ops/minmax.cpp"};
+  return d;
+}
+}  // namespace ops
+
+Tensor max(const Tensor& x, int64_t dim, bool keepdim) { return call_op(ops::max_op(), {x}, MinMaxArgs{dim, keepdim}); }
+Tensor min(const Tensor& x, int64_t dim, bool keepdim) { return call_op(ops::min_op(), {x}, MinMaxArgs{dim, keepdim}); }
+Tensor max(const Tensor& x) { return call_op(ops::max_op(), {x}, MinMaxArgs{}); }
+Tensor min(const Tensor& x) { return call_op(ops::min_op(), {x}, MinMaxArgs{}); }
 
 Tensor argmax(const Tensor& x, int64_t dim, bool keepdim) {
   check_input(x, "argmax");

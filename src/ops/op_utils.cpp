@@ -2,7 +2,6 @@
 
 #include <algorithm>
 
-#include "athanor/ops/autocast.h"
 #include "backend/cpu/weight_packing.h"
 #include "ops/packed_weights.h"
 
@@ -95,22 +94,6 @@ void check_linear_args(const Tensor& x, const Tensor& weight, const Tensor& bias
   }
 }
 
-bool runs_on_f32_master(const char* op, const Tensor& x, const Tensor& weight, const Tensor& bias) {
-  return autocast_enabled() && x.defined() && weight.defined() && weight.dtype() == DType::f32 &&
-         (!bias.defined() || bias.dtype() == DType::f32) && autocast_target(op, DType::f32) == DType::bf16 &&
-         is_floating(x.dtype()) && autocast_target(op, x.dtype()) == DType::bf16;
-}
-
-LowpLinearInputs f32_master_inputs(const char* op, const Tensor& x, const Tensor& weight, const Tensor& bias) {
-  LowpLinearInputs in;
-  in.x = autocast_input(x, op);
-  // The bf16 copies are read, not differentiated (the op records W and b themselves). Taken
-  // with grad mode as it is, so they share the region's cache entry with the other ops.
-  in.weight = autocast_input(weight, op);
-  in.bias = autocast_input(bias, op);
-  return in;
-}
-
 template <class T>
 void linear_gemm_w(int64_t M, int64_t out, int64_t in, const T* x, const Tensor& weight, const T* bias, T* y) {
   if constexpr (std::is_same_v<T, float> || std::is_same_v<T, bfloat16>) {
@@ -145,8 +128,8 @@ template void input_grad_gemm<float16>(int64_t, int64_t, int64_t, const float16*
 void lowp_linear_backward_gemms(const Node& n, const bfloat16* g, const SavedTensor& x, const SavedTensor& w, int64_t M,
                                 int64_t in, int64_t out_f, Tensor& dx, Tensor& dw) {
   if (needs_grad(n, 0)) {  // dx = g W     [M, out] @ [out, in], bf16 like x
-    const Tensor xv = x.unpack(n), wv = w.unpack(n);
-    dx = empty(xv.sizes(), TensorOptions(DType::bf16));
+    const Tensor wv = w.unpack(n);  // x is not unpacked: see linear's backward
+    dx = empty(n.input_meta[0].sizes, TensorOptions(DType::bf16));
     input_grad_gemm<bfloat16>(M, in, out_f, g, wv, static_cast<bfloat16*>(dx.raw_data()));
   }
   if (needs_grad(n, 1)) {  // dW = g^T x   [out, M] @ [M, in], f32 out of the f32 accumulators

@@ -59,19 +59,8 @@ template <class T> void input_grad_gemm(int64_t M, int64_t in, int64_t out, cons
 // GEMM would run on oneDNN's blocked kernels (else empty): for callers that split the
 // GEMM themselves (cpu::gemm_row_blocks).
 PackedWeight input_grad_packed(const Tensor& weight, int64_t M, int64_t in, int64_t out);
-// Mixed-precision linear-shaped ops (linear, gelu_linear): under bf16 autocast with an f32
-// weight (and f32 bias, if any) and an x that autocast makes bf16, the op runs on bf16
-// copies of W and b taken outside the graph (the optimizer's persistent copies when
-// registered, else the region's cached casts) but records the f32 W and b themselves as
-// its inputs, and writes dW and db in f32 straight from the f32 accumulators
-// (cpu::gemm_bf16_f32out, f32 column sums). That saves the bf16 dW/db buffers and the
-// cast-back pass per parameter (cast_backward), and dW/db are not rounded to bf16.
-bool runs_on_f32_master(const char* op, const Tensor& x, const Tensor& weight, const Tensor& bias);
-struct LowpLinearInputs {
-  Tensor x, weight, bias;  // x through autocast (a differentiable cast when x is f32); W, b: bf16 copies, only read
-};
-LowpLinearInputs f32_master_inputs(const char* op, const Tensor& x, const Tensor& weight, const Tensor& bias);
-// The backward GEMMs of such an op for an upstream gradient g [M, out] (bf16), when node n
+// The backward GEMMs of a linear-shaped op under the f32-master rule (OpDef::f32_master: bf16
+// autocast, f32 W and b) for an upstream gradient g [M, out] (bf16), when node n
 // asks for them: dx = g W in bf16 (input 0), dW = gᵀ x in f32 from the f32 accumulators
 // (input 1). x and W are the saved contiguous bf16 tensors.
 void lowp_linear_backward_gemms(const Node& n, const bfloat16* g, const SavedTensor& x, const SavedTensor& w, int64_t M,

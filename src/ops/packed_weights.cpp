@@ -1,49 +1,38 @@
-// The packed-weight registry (packed_weights.h): requests from the GEMM call sites,
-// refreshes from the optimizer, all under one mutex (lookups cost a map find per GEMM).
+// Packed weight copies (packed_weights.h), held by the weights' own storages: requests from
+// the GEMM call sites, refreshes from the optimizer. A lookup is a scan of the few derived
+// copies of one storage under that storage's lock.
 #include "ops/packed_weights.h"
 
+#include <atomic>
 #include <cstdlib>
 #include <cstring>
-#include <map>
-#include <memory>
-#include <mutex>
-#include <tuple>
 #include <vector>
 
+#include "athanor/core/derived.h"
 #include "backend/cpu/stealing_runs.h"
 
 namespace athanor::detail {
 namespace {
 
-constexpr uint64_t kNever = ~uint64_t{0};
-
-struct Entry {
-  std::weak_ptr<Storage> storage;
-  DType dtype = DType::f32;
-  int64_t rows = 0, cols = 0;  // W's shape
-  cpu::PackedLayout layout;
-  Tensor packed;                  // zero-filled when made (the layout's padding stays zero)
-  uint64_t packed_version = kNever;  // W's version when packed
-  uint64_t seen_version = kNever;    // W's version at the last request that missed
-  bool used = true;                  // asked for since the last refresh
-};
-
-using Key = std::tuple<const Storage*, int64_t, WeightUse>;  // storage, element offset, use
-
-struct Registry {
-  std::mutex mu;
-  std::map<Key, Entry> entries;
+struct Switch {
   // ATHANOR_PACKED_WEIGHTS=0 turns the path off for the whole process (A/B timing), whatever set_packed_weights_enabled says.
   const bool env_off = [] {
     const char* v = std::getenv("ATHANOR_PACKED_WEIGHTS");
     return v && std::strcmp(v, "0") == 0;
   }();
-  bool enabled = !env_off;
-  PackedWeightStats stats;
+  std::atomic<bool> enabled{!env_off};
 };
-Registry& registry() {
-  static Registry r;
-  return r;
+Switch& state() {
+  static Switch s;
+  return s;
+}
+
+struct Stats {
+  std::atomic<uint64_t> hits{0}, misses{0}, packs_in_ops{0}, packs_in_refresh{0};
+};
+Stats& stats() {
+  static Stats s;
+  return s;
 }
 
 bool packable(const Tensor& w) {
@@ -51,87 +40,83 @@ bool packable(const Tensor& w) {
          w.numel() > 0;
 }
 
-cpu::PackedLayout layout_for(const Tensor& w, WeightUse use) {
-  const int64_t rows = w.size(0), cols = w.size(1);
+DerivedKind kind_of(WeightUse use) {
+  return use == WeightUse::forward ? DerivedKind::packed_forward : DerivedKind::packed_input_grad;
+}
+bool is_packed(DerivedKind k) { return k == DerivedKind::packed_forward || k == DerivedKind::packed_input_grad; }
+
+cpu::PackedLayout layout_for(DType dtype, const Shape& sizes, bool forward) {
+  const int64_t rows = sizes[0], cols = sizes[1];
   // forward: B = W^T is [cols, rows]; input_grad: B = W is [rows, cols].
-  return use == WeightUse::forward ? cpu::packed_layout(w.dtype() == DType::bf16, cols, rows)
-                                   : cpu::packed_layout(w.dtype() == DType::bf16, rows, cols);
+  return forward ? cpu::packed_layout(dtype == DType::bf16, cols, rows) : cpu::packed_layout(dtype == DType::bf16, rows, cols);
 }
 
-void ensure_buffer(Entry& e) {
-  if (!e.packed.defined()) e.packed = zeros({e.layout.elements()}, TensorOptions(e.dtype).with_tag(MemTag::packed_weights));
+void ensure_buffer(DerivedCopy& e, const cpu::PackedLayout& l) {
+  if (!e.copy.defined()) e.copy = zeros({l.elements()}, TensorOptions(e.dtype).with_tag(MemTag::packed_weights));
+}
+
+void drop_packed_of(const Tensor& t) {
+  if (DerivedCopies* d = t.defined() ? t.storage()->derived_if_any() : nullptr)
+    d->retain_if([&](const DerivedCopy& c) { return !(is_packed(c.kind) && c.offset == t.storage_offset()); });
 }
 
 }  // namespace
 
 PackedWeight packed_weight(const Tensor& w, WeightUse use) {
-  Registry& r = registry();
-  if (!r.enabled || !packable(w)) return {};
+  if (!packable(w)) return {};
+  if (!state().enabled.load(std::memory_order_relaxed)) {
+    if (w.storage()->derived_if_any()) drop_packed_of(w);  // copies made while it was on: freed now
+    return {};
+  }
   const uint64_t version = w.version();
-  std::lock_guard<std::mutex> lock(r.mu);
-  const Key key{w.storage().get(), w.storage_offset(), use};
-  auto it = r.entries.find(key);
-  if (it != r.entries.end() && (it->second.storage.lock() != w.storage() || it->second.dtype != w.dtype() ||
-                                it->second.rows != w.size(0) || it->second.cols != w.size(1))) {
-    r.entries.erase(it);  // a reused address, or a view of another shape: start over
-    it = r.entries.end();
-  }
-  if (it == r.entries.end()) {
-    // Forget requests whose storage is gone (casts made per autocast region, freed weights).
-    for (auto j = r.entries.begin(); j != r.entries.end();) j = j->second.storage.expired() ? r.entries.erase(j) : std::next(j);
-    Entry e;
-    e.storage = w.storage(), e.dtype = w.dtype(), e.rows = w.size(0), e.cols = w.size(1), e.layout = layout_for(w, use);
-    it = r.entries.emplace(key, std::move(e)).first;
-  }
-  Entry& e = it->second;
-  e.used = true;
-  if (e.packed_version != version) {
-    if (e.seen_version != version) {  // first sight at this version: plain GEMM, and note the request
-      e.seen_version = version;
-      ++r.stats.misses;
-      return {};
+  const bool forward = use == WeightUse::forward;
+  return w.storage()->derived().with(kind_of(use), w, true, [&](DerivedCopy* e) -> PackedWeight {
+    e->requested = true;
+    const cpu::PackedLayout l = layout_for(e->dtype, e->sizes, forward);
+    if (e->version != version) {
+      if (e->missed != version) {  // first sight at this version: plain GEMM, and note the request
+        e->missed = version;
+        stats().misses.fetch_add(1, std::memory_order_relaxed);
+        return {};
+      }
+      ensure_buffer(*e, l);  // second sight, not refreshed meanwhile: the weight is not changing, pack it here
+      cpu::pack_weight(l, forward, w.raw_data(), e->sizes[1], e->copy.raw_data());
+      e->version = version;
+      stats().packs_in_ops.fetch_add(1, std::memory_order_relaxed);
     }
-    ensure_buffer(e);  // second sight, not refreshed meanwhile: the weight is not changing, pack it here
-    cpu::pack_weight(e.layout, use == WeightUse::forward, w.raw_data(), e.cols, e.packed.raw_data());
-    e.packed_version = version;
-    ++r.stats.packs_in_ops;
-  }
-  ++r.stats.hits;
-  return PackedWeight{e.packed.raw_data(), e.layout};
+    stats().hits.fetch_add(1, std::memory_order_relaxed);
+    return PackedWeight{e->copy.raw_data(), l};
+  });
 }
-
-namespace {
-// Appends the jobs that rewrite every requested copy of `t` and marks those copies current
-// at t's version; drops the copies nobody asked for since the last refresh. Under r.mu.
-void claim_locked(Registry& r, const Tensor& t, std::vector<PackJob>& jobs) {
-  const Storage* s = t.storage().get();
-  for (auto it = r.entries.lower_bound({s, t.storage_offset(), WeightUse::forward});
-       it != r.entries.end() && std::get<0>(it->first) == s && std::get<1>(it->first) == t.storage_offset();) {
-    Entry& e = it->second;
-    if (!e.used || e.storage.lock() != t.storage() || e.rows != t.size(0) || e.cols != t.size(1) || e.dtype != t.dtype()) {
-      it = r.entries.erase(it);  // nobody asked for it since the last refresh (or stale): drop it
-      continue;
-    }
-    e.used = false;
-    ensure_buffer(e);
-    ++r.stats.packs_in_refresh;
-    jobs.push_back({e.layout, std::get<2>(it->first) == WeightUse::forward, t.raw_data(), e.rows, e.cols, e.packed.raw_data()});
-    e.packed_version = t.version();
-    ++it;
-  }
-}
-}  // namespace
 
 void refresh_packed_weights(const std::vector<Tensor>& written) {
-  Registry& r = registry();
   thread_local std::vector<PackJob> kept;  // capacity kept: no allocation per step
   std::vector<PackJob>& jobs = kept;       // (the OpenMP workers must see this thread's list, not their own)
   jobs.clear();
-  {
-    std::lock_guard<std::mutex> lock(r.mu);
-    if (!r.enabled || r.entries.empty()) return;  // nothing ever asked (the MLP, f64 models): one lock per step
-    for (const Tensor& t : written)
-      if (packable(t)) claim_locked(r, t, jobs);
+  const bool on = state().enabled.load(std::memory_order_relaxed);
+  for (const Tensor& t : written) {
+    if (!t.defined()) continue;
+    DerivedCopies* d = t.storage()->derived_if_any();
+    if (!d) continue;  // nothing ever asked for this one (the MLP's biases, f64 models): no lock
+    if (!on || !packable(t)) {
+      drop_packed_of(t);
+      continue;
+    }
+    const uint64_t version = t.version();
+    // Every requested copy of t is rewritten and marked current at t's new version; a copy
+    // nobody asked for since the last refresh is dropped (memory comes back).
+    d->retain_if([&](DerivedCopy& e) {
+      if (!is_packed(e.kind) || e.offset != t.storage_offset()) return true;
+      if (!e.requested || e.sizes != t.sizes() || e.dtype != t.dtype()) return false;
+      e.requested = false;
+      const bool forward = e.kind == DerivedKind::packed_forward;
+      const cpu::PackedLayout l = layout_for(e.dtype, e.sizes, forward);
+      ensure_buffer(e, l);
+      stats().packs_in_refresh.fetch_add(1, std::memory_order_relaxed);
+      jobs.push_back({l, forward, t.raw_data(), e.sizes[0], e.sizes[1], e.copy.raw_data()});
+      e.version = version;
+      return true;
+    });
   }
   if (jobs.empty()) return;
   // The copies are marked current already; nothing reads them before this region ends
@@ -140,9 +125,8 @@ void refresh_packed_weights(const std::vector<Tensor>& written) {
   for (const PackJob& j : jobs) work += j.layout.elements();
   // Blocks of rows (a multiple of 16, as pack_weight_rows wants). Thread t's run is the t-th
   // share of every weight's rows, the rows the multi-tensor pass wrote on it, and a thread
-  // done early takes blocks from the back of the other's run. With fixed shares alone, one
-  // thread waited 200-400 us for the other at the end of the tiny GPT's refresh (1.4 ms per
-  // step; LD_PRELOAD region timing).
+  // done early takes blocks from the back of the other's run: with fixed shares alone one
+  // thread waited for the other at the end of the refresh (bench/RESULTS.md, session 12).
   constexpr int64_t kBlockRows = 64;
   thread_local std::vector<int64_t> kept_rows;
   std::vector<int64_t>& rows = kept_rows;
@@ -153,37 +137,26 @@ void refresh_packed_weights(const std::vector<Tensor>& written) {
 }
 
 void drop_packed_weights(const std::vector<Tensor>& tensors) {
-  Registry& r = registry();
-  std::lock_guard<std::mutex> lock(r.mu);
-  for (auto it = r.entries.begin(); it != r.entries.end();) {
-    bool drop = it->second.storage.expired();
-    for (const Tensor& t : tensors)
-      drop = drop || (t.defined() && std::get<0>(it->first) == t.storage().get() && std::get<1>(it->first) == t.storage_offset());
-    it = drop ? r.entries.erase(it) : std::next(it);
-  }
+  for (const Tensor& t : tensors) drop_packed_of(t);
 }
 
-std::size_t packed_weight_count() {
-  Registry& r = registry();
-  std::lock_guard<std::mutex> lock(r.mu);
+std::size_t packed_weight_count(const Tensor& w) {
   std::size_t n = 0;
-  for (const auto& [key, e] : r.entries) n += e.packed.defined();
+  if (DerivedCopies* d = w.defined() ? w.storage()->derived_if_any() : nullptr)
+    d->retain_if([&](const DerivedCopy& c) {
+      n += is_packed(c.kind) && c.offset == w.storage_offset() && c.copy.defined();
+      return true;
+    });
   return n;
 }
 
 PackedWeightStats packed_weight_stats() {
-  Registry& r = registry();
-  std::lock_guard<std::mutex> lock(r.mu);
-  return r.stats;
+  const Stats& s = stats();
+  return PackedWeightStats{s.hits.load(), s.misses.load(), s.packs_in_ops.load(), s.packs_in_refresh.load()};
 }
 
-void set_packed_weights_enabled(bool enabled) {
-  Registry& r = registry();
-  std::lock_guard<std::mutex> lock(r.mu);
-  r.enabled = enabled && !r.env_off;
-  if (!r.enabled) r.entries.clear();
-}
+void set_packed_weights_enabled(bool enabled) { state().enabled.store(enabled && !state().env_off, std::memory_order_relaxed); }
 
-bool packed_weights_enabled() { return registry().enabled; }
+bool packed_weights_enabled() { return state().enabled.load(std::memory_order_relaxed); }
 
 }  // namespace athanor::detail

@@ -13,10 +13,12 @@
 //  - a copy is current only while its tensor has the version it was packed at (every
 //    in-place write bumps it): anything else misses and takes the plain path. A copy
 //    no op asked for since the last refresh is dropped there (memory comes back).
-// Keys are (storage, offset, use): a bf16 persistent copy (Optimizer's low-precision
-// copies) is its own tensor with its own storage and version. Memory: one buffer per
-// (weight, use), tagged packed_weights. Switched by the trainer's optimizer.packed_weights;
-// ATHANOR_PACKED_WEIGHTS=0 turns the whole path off (A/B timing).
+// The copies belong to the weight: its storage holds them (athanor/core/derived.h, keyed by
+// use and the weight's view), they go with it, and none is global. A bf16 persistent copy
+// (the Optimizer's low-precision copies) is its own tensor with its own storage and version,
+// and holds its own packed copies. Memory: one buffer per (weight, use), tagged
+// packed_weights. Switched by the trainer's optimizer.packed_weights; ATHANOR_PACKED_WEIGHTS=0
+// turns the whole path off (A/B timing).
 #include <cstddef>
 #include <vector>
 
@@ -58,17 +60,18 @@ struct PackJob {
 // the other threads may take over once their own are done.
 void refresh_packed_weights(const std::vector<Tensor>& written);
 
-// Drops the copies (and requests) of these tensors and of every tensor already freed: the
-// Optimizer does this for its parameters and low-precision copies when it goes away.
+// Drops the copies (and requests) of these tensors: the Optimizer does this for its
+// parameters and low-precision copies when it goes away.
 void drop_packed_weights(const std::vector<Tensor>& tensors);
-std::size_t packed_weight_count();  // copies held (tests, debugging)
+std::size_t packed_weight_count(const Tensor& w);  // copies w's storage holds for w (tests, debugging)
 struct PackedWeightStats {
   uint64_t hits = 0, misses = 0;  // packed_weight() calls that returned a copy / none
   uint64_t packs_in_ops = 0;      // copies packed by packed_weight() (second sight)
   uint64_t packs_in_refresh = 0;  // copies claimed by refreshes
 };
 PackedWeightStats packed_weight_stats();  // since the process started (tests)
-// On by default; off drops every copy. ATHANOR_PACKED_WEIGHTS=0 keeps it off for good.
+// On by default. Off, no op packs or reads a copy, and a weight's copies are dropped at its
+// next refresh or lookup (or when it goes). ATHANOR_PACKED_WEIGHTS=0 keeps it off for good.
 void set_packed_weights_enabled(bool enabled);
 bool packed_weights_enabled();
 

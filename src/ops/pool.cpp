@@ -1,10 +1,12 @@
 // max_pool2d and avg_pool2d: checks, kernels (backend/cpu/pool) and backward.
 //   max: dy goes to the first maximum of each window (indices recorded in the forward);
 //   avg: dy / (kH kW) goes to every element of the window (count_include_pad = true).
+#include <algorithm>
 #include <sstream>
 
 #include "athanor/ops/conv.h"
 #include "backend/cpu/pool.h"
+#include "ops/op_def.h"
 #include "ops/op_utils.h"
 
 namespace athanor {
@@ -37,49 +39,113 @@ cpu::Pool2dGeom pool_geom(const char* op, const Tensor& x, Pair kernel, Pair str
             " with padding ", pair_str(padding), Hint{"use a smaller kernel, more padding, or a larger input"});
   return g;
 }
-}  // namespace
+using detail::Grads;
+using detail::Inputs;
 
-Tensor max_pool2d(const Tensor& x, Pair kernel, Pair stride, Pair padding) {
-  const cpu::Pool2dGeom g = pool_geom("max_pool2d", x, kernel, stride, padding);
+struct PoolArgs {
+  Pair kernel{1, 1}, stride{0, 0}, padding{0, 0};
+};
+struct PoolSaved : OpSaved {
+  SavedTensor idx;  // max: the argmax of each window
+  cpu::Pool2dGeom g;
+  DType dt = DType::f32;
+};
+
+template <bool Max> std::vector<Tensor> pool_cpu(OpCall& c) {
+  const Tensor& x = c.in(0);
+  const PoolArgs& a = c.args<PoolArgs>();
+  const cpu::Pool2dGeom g = pool_geom(c.name(), x, a.kernel, a.stride, a.padding);
   const DType dt = x.dtype();
   const Tensor xc = detail::contiguous_raw(x);
   Tensor y = empty({g.N, g.C, g.OH, g.OW}, TensorOptions(dt));
-  Tensor idx = empty({g.N, g.C, g.OH, g.OW}, TensorOptions(DType::i64));
+  Tensor idx = Max ? empty({g.N, g.C, g.OH, g.OW}, TensorOptions(DType::i64)) : Tensor();
   dispatch(dt, [&]<class T>() {
-    if constexpr (is_float_type_v<T>) cpu::max_pool2d_forward<T>(xc.data_ptr<T>(), y.data_ptr<T>(), idx.data_ptr<int64_t>(), g);
+    if constexpr (is_float_type_v<T>) {
+      if constexpr (Max) cpu::max_pool2d_forward<T>(xc.data_ptr<T>(), y.data_ptr<T>(), idx.data_ptr<int64_t>(), g);
+      else cpu::avg_pool2d_forward<T>(xc.data_ptr<T>(), y.data_ptr<T>(), g);
+    }
   });
-  if (!any_requires_grad({x})) return y;
-  SavedTensor si = save(idx, "indices");
-  return record("max_pool2d", {x}, y, [si, g, dt](const Node& n, const Grads& grads) {
-    const Tensor iv = si.unpack(n);
-    if (!grads[0].defined()) return Grads{Tensor()};
-    const Tensor dy = detail::to_raw(grads[0], dt);
-    Tensor dx = empty({g.N, g.C, g.H, g.W}, TensorOptions(dt));
-    dispatch(dt, [&]<class T>() {  // dx[argmax] += dy
-      if constexpr (is_float_type_v<T>) cpu::max_pool2d_backward<T>(dy.data_ptr<T>(), iv.data_ptr<int64_t>(), dx.data_ptr<T>(), g);
-    });
-    return Grads{dx};
-  });
+  if (c.records()) {
+    PoolSaved& s = c.save<PoolSaved>();
+    if (Max) s.idx = save(idx, "indices");
+    s.g = g, s.dt = dt;
+  }
+  return {y};
 }
 
+template <bool Max> Grads pool_backward(const Node& n, const Grads& grads, const OpSaved& saved) {
+  const PoolSaved& s = saved.as<PoolSaved>();
+  const cpu::Pool2dGeom& g = s.g;
+  const Tensor iv = Max ? s.idx.unpack(n) : Tensor();
+  if (!grads[0].defined()) return {Tensor()};
+  const Tensor dy = detail::to_raw(grads[0], s.dt);
+  Tensor dx = empty({g.N, g.C, g.H, g.W}, TensorOptions(s.dt));
+  dispatch(s.dt, [&]<class T>() {
+    if constexpr (is_float_type_v<T>) {
+      if constexpr (Max) cpu::max_pool2d_backward<T>(dy.data_ptr<T>(), iv.data_ptr<int64_t>(), dx.data_ptr<T>(), g);  // dx[argmax] += dy
+      else cpu::avg_pool2d_backward<T>(dy.data_ptr<T>(), dx.data_ptr<T>(), g);  // dx[window] += dy / (kH kW)
+    }
+  });
+  return {dx};
+}
+
+template <bool Max> std::vector<Tensor> pool_reference(OpCall& c) {
+  const PoolArgs& a = c.args<PoolArgs>();
+  const Tensor x = detail::ref64(c.in(0));
+  const cpu::Pool2dGeom g = pool_geom("reference", x, a.kernel, a.stride, a.padding);
+  return {Max ? cpu::ref::max_pool2d(x, g) : cpu::ref::avg_pool2d(x, g)};
+}
+
+// Windows that do not overlap (the default stride), overlap (stride 1) and reach into the
+// padding. max: values spaced apart, so no window has a tie and finite differences never
+// move its maximum.
+template <bool Max> std::vector<OpCase> pool_cases(int scale) {
+  const int64_t s = scale;
+  auto call = [](const Inputs& t, const PoolArgs& a) {
+    return Inputs{Max ? max_pool2d(t[0], a.kernel, a.stride, a.padding) : avg_pool2d(t[0], a.kernel, a.stride, a.padding)};
+  };
+  auto in = [](const Shape& shape, uint64_t seed, CaseLayout l) {
+    if (!Max) return case_randn(shape, seed, l);
+    // a permutation of 0.1, 0.2, ...: distinct values at least 0.1 apart
+    CaseInput r = case_randn(shape, seed, l);
+    std::vector<double> v = r.value.to_vector(), sorted = v;
+    std::sort(sorted.begin(), sorted.end());
+    for (double& e : v) e = 0.1 * static_cast<double>(std::lower_bound(sorted.begin(), sorted.end(), e) - sorted.begin() + 1);
+    r.value = from_vector(v, shape, TensorOptions(DType::f64));
+    return r;
+  };
+  return {
+      make_case<PoolArgs>("x [2, 2, 4, 6], kernel 2x2", {in({2 * s, 2, 4, 6}, 1, CaseLayout::contiguous)}, {{2, 2}, {0, 0}, {0, 0}}, call),
+      make_case<PoolArgs>("x [1, 3, 5, 5] transposed, kernel 3x2, stride 1", {in({s, 3, 5, 5}, 2, CaseLayout::transposed)},
+                          {{3, 2}, {1, 1}, {0, 0}}, call),
+      make_case<PoolArgs>("x [1, 2, 5, 4] strided, kernel 3x3, stride 2, padding 1", {in({s, 2, 5, 4}, 3, CaseLayout::strided)},
+                          {{3, 3}, {2, 2}, {1, 1}}, call),
+  };
+}
+}  // namespace
+
+namespace ops {
+const OpDef& max_pool2d_op() {
+  static const OpDef d{.name = "max_pool2d", .inputs = {"x"}, .category = AutocastCategory::passthrough,
+                       .kernels = detail::cpu_kernels(pool_cpu<true>, pool_backward<true>), .reference = pool_reference<true>,
+                       .dtypes = detail::kFloatDTypes, .cases = pool_cases<true>,
+                       .derivative = "g to the first max of each window", .file = "src/ops/pool.cpp"};
+  return d;
+}
+const OpDef& avg_pool2d_op() {
+  static const OpDef d{.name = "avg_pool2d", .inputs = {"x"}, .category = AutocastCategory::passthrough,
+                       .kernels = detail::cpu_kernels(pool_cpu<false>, pool_backward<false>), .reference = pool_reference<false>,
+                       .dtypes = detail::kFloatDTypes, .cases = pool_cases<false>,
+                       .derivative = "g / (kH kW) over each window", .file = "src/ops/pool.cpp"};
+  return d;
+}
+}  // namespace ops
+
+Tensor max_pool2d(const Tensor& x, Pair kernel, Pair stride, Pair padding) {
+  return call_op(ops::max_pool2d_op(), {x}, PoolArgs{kernel, stride, padding});
+}
 Tensor avg_pool2d(const Tensor& x, Pair kernel, Pair stride, Pair padding) {
-  const cpu::Pool2dGeom g = pool_geom("avg_pool2d", x, kernel, stride, padding);
-  const DType dt = x.dtype();
-  const Tensor xc = detail::contiguous_raw(x);
-  Tensor y = empty({g.N, g.C, g.OH, g.OW}, TensorOptions(dt));
-  dispatch(dt, [&]<class T>() {
-    if constexpr (is_float_type_v<T>) cpu::avg_pool2d_forward<T>(xc.data_ptr<T>(), y.data_ptr<T>(), g);
-  });
-  if (!any_requires_grad({x})) return y;
-  return record("avg_pool2d", {x}, y, [g, dt](const Node& n, const Grads& grads) {
-    if (!grads[0].defined()) return Grads{Tensor()};
-    const Tensor dy = detail::to_raw(grads[0], dt);
-    Tensor dx = empty({g.N, g.C, g.H, g.W}, TensorOptions(dt));
-    dispatch(dt, [&]<class T>() {  // dx[window] += dy / (kH kW)
-      if constexpr (is_float_type_v<T>) cpu::avg_pool2d_backward<T>(dy.data_ptr<T>(), dx.data_ptr<T>(), g);
-    });
-    return Grads{dx};
-  });
+  return call_op(ops::avg_pool2d_op(), {x}, PoolArgs{kernel, stride, padding});
 }
 
 }  // namespace athanor

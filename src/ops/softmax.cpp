@@ -9,12 +9,14 @@
 // written in x's dtype, the numbers those of the cast-then-f32 composition.
 #include "athanor/ops/softmax.h"
 
-#include "athanor/ops/autocast.h"
 #include "backend/cpu/softmax.h"
+#include "ops/op_def.h"
 #include "ops/op_utils.h"
 
 namespace athanor {
 namespace {
+using detail::Grads;
+using detail::Inputs;
 
 // Raw (unrecorded) view of x with dims `dim` and the last one swapped.
 Tensor swap_last(const Tensor& x, int64_t dim) {
@@ -67,46 +69,96 @@ template <class Fn> void with_lowp(const Tensor& t, Fn&& fn) {  // fn(L*) for t'
   else fn(static_cast<float16*>(t.raw_data()));
 }
 
-// Under autocast a bf16/f16 x is read directly (f32 result, dx in x's dtype): see the file comment.
-Tensor softmax_lowp_input(const char* name, const Tensor& x, int64_t dim, bool log) {
-  const Tensor src = dim_last(x, dim);
-  Tensor out = empty(src.sizes(), TensorOptions(DType::f32));
-  const int64_t cols = x.dim() == 0 ? 1 : src.size(-1);
-  if (x.numel() > 0)
-    with_lowp(src, [&](auto* xp) { cpu::softmax_forward_lowp_input(xp, out.data_ptr<float>(), x.numel() / cols, cols, log); });
-  Tensor y = undo_dim_last(out, dim);
-  if (!any_requires_grad({x})) return y;
-  SavedTensor sy = save(y, "result");
-  const DType xdt = x.dtype();
-  return record(name, {x}, y, [sy, dim, log, xdt](const Node& n, const Grads& g) {
-    const Tensor yv = sy.unpack(n);
-    const Tensor gs = dim_last(detail::to_raw(g[0], DType::f32), dim), ys = dim_last(yv, dim);
-    Tensor dx = empty(ys.sizes(), TensorOptions(xdt));
-    const int64_t cols = yv.dim() == 0 ? 1 : ys.size(-1);
-    if (yv.numel() > 0)
-      with_lowp(dx, [&](auto* dp) {
-        cpu::softmax_backward_lowp_dx(gs.data_ptr<float>(), ys.data_ptr<float>(), dp, yv.numel() / cols, cols, log);
-      });
-    return Grads{undo_dim_last(dx, dim)};
-  });
+struct SoftmaxArgs {
+  int64_t dim = -1;
+};
+struct SoftmaxSaved : OpSaved {
+  SavedTensor y;
+  int64_t dim = 0;
+  bool lowp_input = false;  // x was bf16/f16, read directly: dx goes back in that dtype
+  DType x_dtype = DType::f32;
+};
+
+template <bool Log> std::vector<Tensor> softmax_cpu(OpCall& c) {
+  const char* name = c.name();
+  const Tensor& x = c.in(0);
+  detail::check_floating(x, name, "x");
+  const int64_t dim = detail::wrap_dim(c.args<SoftmaxArgs>().dim, x.dim(), name);
+  // Under autocast a bf16/f16 x reaches the kernel as it is (OpDef::reads_lowp) and is read
+  // directly (f32 result, dx in x's dtype): see the file comment.
+  const bool lowp_input = c.autocast() && is_lowp(x.dtype());
+  Tensor y;
+  if (lowp_input) {
+    const Tensor src = dim_last(x, dim);
+    Tensor out = empty(src.sizes(), TensorOptions(DType::f32));
+    const int64_t cols = x.dim() == 0 ? 1 : src.size(-1);
+    if (x.numel() > 0)
+      with_lowp(src, [&](auto* xp) { cpu::softmax_forward_lowp_input(xp, out.data_ptr<float>(), x.numel() / cols, cols, Log); });
+    y = undo_dim_last(out, dim);
+  } else {
+    y = softmax_fwd(x, dim, Log);
+  }
+  if (c.records()) {
+    SoftmaxSaved& s = c.save<SoftmaxSaved>();
+    s.y = save(y, "result"), s.dim = dim, s.lowp_input = lowp_input, s.x_dtype = x.dtype();
+  }
+  return {y};
 }
 
-Tensor softmax_op(const char* name, const Tensor& x, int64_t dim_in, bool log) {
-  if (autocast_enabled() && x.defined() && is_lowp(x.dtype()) && autocast_target(name, x.dtype()) == DType::f32)
-    return softmax_lowp_input(name, x, detail::wrap_dim(dim_in, x.dim(), name), log);
-  if (autocast_needs_cast(name, {x})) return softmax_op(name, autocast_input(x, name), dim_in, log);
-  detail::check_floating(x, name, "x");
-  const int64_t dim = detail::wrap_dim(dim_in, x.dim(), name);
-  Tensor y = softmax_fwd(x, dim, log);
-  if (!any_requires_grad({x})) return y;
-  SavedTensor sy = save(y, "result");
-  return record(name, {x}, y, [sy, dim, log](const Node& n, const Grads& g) {
-    return Grads{softmax_bwd(g[0], sy.unpack(n), dim, log)};
-  });
+template <bool Log> Grads softmax_backward(const Node& n, const Grads& g, const OpSaved& saved) {
+  const SoftmaxSaved& s = saved.as<SoftmaxSaved>();
+  const Tensor yv = s.y.unpack(n);
+  if (!s.lowp_input) return {softmax_bwd(g[0], yv, s.dim, Log)};
+  const Tensor gs = dim_last(detail::to_raw(g[0], DType::f32), s.dim), ys = dim_last(yv, s.dim);
+  Tensor dx = empty(ys.sizes(), TensorOptions(s.x_dtype));
+  const int64_t cols = yv.dim() == 0 ? 1 : ys.size(-1);
+  if (yv.numel() > 0)
+    with_lowp(dx, [&](auto* dp) {
+      cpu::softmax_backward_lowp_dx(gs.data_ptr<float>(), ys.data_ptr<float>(), dp, yv.numel() / cols, cols, Log);
+    });
+  return {undo_dim_last(dx, s.dim)};
+}
+
+template <bool Log> std::vector<Tensor> softmax_reference(OpCall& c) {
+  const Tensor x = detail::ref64(c.in(0));
+  const int64_t dim = detail::wrap_dim(c.args<SoftmaxArgs>().dim, x.dim(), "reference");
+  const Tensor src = dim_last(x, dim);
+  Tensor out = empty(src.sizes(), TensorOptions(DType::f64));
+  const int64_t cols = x.dim() == 0 ? 1 : src.size(-1);
+  if (x.numel() > 0) cpu::ref::softmax_forward<double>(src.data_ptr<double>(), out.data_ptr<double>(), x.numel() / cols, cols, Log);
+  return {undo_dim_last(out, dim)};
+}
+
+template <bool Log> std::vector<OpCase> softmax_cases(int scale) {
+  const int64_t s = scale;
+  auto call = [](const Inputs& t, const SoftmaxArgs& a) { return Inputs{Log ? log_softmax(t[0], a.dim) : softmax(t[0], a.dim)}; };
+  return {
+      make_case<SoftmaxArgs>("x [4, 7], dim -1", {case_randn({4 * s, 7}, 1)}, {-1}, call),
+      make_case<SoftmaxArgs>("x [3, 5] transposed, dim 0", {case_randn({3 * s, 5}, 2, CaseLayout::transposed)}, {0}, call),
+      make_case<SoftmaxArgs>("x [2, 4, 3] strided, dim 1", {case_randn({2 * s, 4, 3}, 3, CaseLayout::strided)}, {1}, call),
+      make_case<SoftmaxArgs>("x [] (0-d), dim 0", {case_randn({}, 4)}, {0}, call),
+  };
 }
 }  // namespace
 
-Tensor softmax(const Tensor& x, int64_t dim) { return softmax_op("softmax", x, dim, false); }
-Tensor log_softmax(const Tensor& x, int64_t dim) { return softmax_op("log_softmax", x, dim, true); }
+namespace ops {
+const OpDef& softmax_op() {
+  static const OpDef d{.name = "softmax", .inputs = {"x"}, .category = AutocastCategory::f32, .reads_lowp = 1u,
+                       .kernels = detail::cpu_kernels(softmax_cpu<false>, softmax_backward<false>),
+                       .reference = softmax_reference<false>, .dtypes = detail::kFloatDTypes, .cases = softmax_cases<false>,
+                       .derivative = "y (g - sum(g y))", .file = "src/ops/softmax.cpp"};
+  return d;
+}
+const OpDef& log_softmax_op() {
+  static const OpDef d{.name = "log_softmax", .inputs = {"x"}, .category = AutocastCategory::f32, .reads_lowp = 1u,
+                       .kernels = detail::cpu_kernels(softmax_cpu<true>, softmax_backward<true>),
+                       .reference = softmax_reference<true>, .dtypes = detail::kFloatDTypes, .cases = softmax_cases<true>,
+                       .derivative = "g - exp(y) sum(g)", .file = "src/ops/softmax.cpp"};
+  return d;
+}
+}  // namespace ops
+
+Tensor softmax(const Tensor& x, int64_t dim) { return call_op(ops::softmax_op(), {x}, SoftmaxArgs{dim}); }
+Tensor log_softmax(const Tensor& x, int64_t dim) { return call_op(ops::log_softmax_op(), {x}, SoftmaxArgs{dim}); }
 
 }  // namespace athanor

@@ -19,7 +19,7 @@
 #include "athanor/ops.h"
 #include "athanor/train/parallel_context.h"
 #include "athanor/train/trainer.h"
-#include "ckpt/sha256.h"
+#include "ckpt/checksum.h"
 
 namespace athanor::train {
 namespace fs = std::filesystem;

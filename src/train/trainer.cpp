@@ -34,7 +34,7 @@
 #include "athanor/optim/clip.h"
 #include <optional>
 #include "athanor/data/debug_dataset.h"
-#include "ckpt/sha256.h"
+#include "ckpt/checksum.h"
 #include "ops/packed_weights.h"
 #include "train/step_observer.h"
 

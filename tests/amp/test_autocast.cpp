@@ -208,6 +208,7 @@ TEST(AutocastPersistentCopies, TrainingIsBitIdenticalToCastingEveryStep) {
   std::vector<double> ids_v, tgt_v;
   for (int i = 0; i < 2 * 8; ++i) ids_v.push_back((i * 7 + 3) % 48), tgt_v.push_back((i * 5 + 1) % 48);
   const Tensor ids = from_vector(ids_v, {2, 8}, DType::i64), targets = from_vector(tgt_v, {2, 8}, DType::i64);
+  std::vector<Tensor> params;  // every model's parameters, kept past their optimizers
   for (const DType dt : {DType::bf16, DType::f16})
     for (const std::string opt : {"sgd", "adamw", "rmsprop"}) {
       SCOPED_TRACE(opt + " " + dtype_name(dt));
@@ -218,6 +219,7 @@ TEST(AutocastPersistentCopies, TrainingIsBitIdenticalToCastingEveryStep) {
         if (opt == "rmsprop") return optim::make_rmsprop(groups);
         return optim::make_adamw(groups);
       };
+      for (const auto& [name, p] : got->named_parameters()) params.push_back(p);
       auto o_ref = make(*ref), o_got = make(*got);
       o_got->enable_low_precision_copies(dt);
       const Tensor wte = got->named_parameters().front().second;
@@ -254,7 +256,9 @@ TEST(AutocastPersistentCopies, TrainingIsBitIdenticalToCastingEveryStep) {
         }
       }
     }
-  EXPECT_EQ(autocast_persistent_cast_count(), 0u);  // every optimizer forgot its copies when destroyed
+  // Every optimizer forgot its copies when destroyed (the parameters, still alive, hold none).
+  ASSERT_FALSE(params.empty());
+  for (const Tensor& p : params) EXPECT_EQ(autocast_persistent_cast_count(p), 0u);
 }
 
 TEST(AutocastPersistentCopies, AnyOtherInPlaceChangeMissesTheCopy) {

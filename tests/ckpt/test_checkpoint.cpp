@@ -1,4 +1,6 @@
-// Checkpoints: SHA-256 against the NIST vectors; the manifest catches a flipped
+// Checkpoints: the checksums (XXH3-128, and OpenSSL's SHA-256 that manifests before it
+// hold) against published vectors; a manifest written before XXH3-128 still verifies, and
+// its damage is still caught; the manifest catches a flipped
 // data byte, a truncated file, a damaged header and a missing file (naming the
 // file); find_latest_valid falls back past damaged checkpoints (naming them);
 // retention keeps the last K plus every M-th; a leftover temp dir is never a candidate.
@@ -7,7 +9,7 @@
 
 #include "athanor/ckpt/checkpoint.h"
 #include "athanor/core/error.h"
-#include "ckpt/sha256.h"
+#include "ckpt/checksum.h"
 #include "test_util.h"
 
 namespace athanor {
@@ -35,21 +37,62 @@ void flip_byte(const fs::path& p, std::streamoff at) {
 }
 }  // namespace
 
-TEST(Sha256, NistVectors) {
+TEST(Checksum, Sha256NistVectors) {
   EXPECT_EQ(ckpt::sha256_hex(""), "e3b0c44298fc1c149afbf4c8996fb92427ae41e4649b934ca495991b7852b855");
   EXPECT_EQ(ckpt::sha256_hex("abc"), "ba7816bf8f01cfea414140de5dae2223b00361a396177a9cb410ff61f20015ad");
   EXPECT_EQ(ckpt::sha256_hex("abcdbcdecdefdefgefghfghighijhijkijkljklmklmnlmnomnopnopq"),
             "248d6a61d20638b8e5c026930c3e6039a33ce45964ff2167f6ecedd419db06c1");
   EXPECT_EQ(ckpt::sha256_hex(std::string(1000000, 'a')), "cdc76e5c9914fb9281a1c7e284d73e67f1809a48a497200e046d39ccc7112cd0");
-  // Incremental updates in odd pieces equal one update.
-  ckpt::Sha256 h;
-  const std::string m(1000000, 'a');
-  for (size_t i = 0; i < m.size();) {
-    const size_t n = std::min<size_t>(1 + i % 97, m.size() - i);
-    h.update(m.data() + i, n);
-    i += n;
+}
+
+// XXH3-128 as `xxhsum -H2` prints it (xxHash 0.8.1's command-line tool, Debian's xxhash).
+TEST(Checksum, Xxh3Vectors) {
+  auto xxh = [](const std::string& s) { return ckpt::checksum_hex(ckpt::Checksum::xxh3_128, s.data(), s.size()); };
+  EXPECT_EQ(xxh(""), "99aa06d3014798d86001c324468d497f");
+  EXPECT_EQ(xxh("abc"), "06b05ab6733a618578af5f94892f3950");
+  EXPECT_EQ(xxh(std::string(1000000, 'a')), "a545df8e384a9579b1fd6fae5285c4eb");
+}
+
+// Streaming in odd pieces equals one update, for both algorithms; and a file hashes as its bytes.
+TEST(Checksum, IncrementalAndFileDigestsEqualTheOneShotDigest) {
+  const std::string m(1000003, 'a');
+  const std::string path = tmp_dir("checksum") + "/data.bin";
+  std::ofstream(path, std::ios::binary) << m;
+  for (ckpt::Checksum c : {ckpt::Checksum::xxh3_128, ckpt::Checksum::sha256}) {
+    SCOPED_TRACE(ckpt::checksum_name(c));
+    ckpt::Hasher h(c);
+    for (size_t i = 0; i < m.size();) {
+      const size_t n = std::min<size_t>(1 + i % 97, m.size() - i);
+      h.update(m.data() + i, n);
+      i += n;
+    }
+    const std::string one = ckpt::checksum_hex(c, m.data(), m.size());
+    EXPECT_EQ(h.hex(), one);
+    EXPECT_EQ(ckpt::checksum_file(c, path), one);
   }
-  EXPECT_EQ(h.hex_digest(), "cdc76e5c9914fb9281a1c7e284d73e67f1809a48a497200e046d39ccc7112cd0");
+  EXPECT_NE(error_message([] { ckpt::checksum_file(ckpt::Checksum::xxh3_128, "/no/such/file"); }).find("/no/such/file"),
+            std::string::npos);
+}
+
+// A checkpoint written by athanor before XXH3-128 (format 1, SHA-256 digests; made by commit
+// f6b3413 (main before the registry)'s `athanor train`, tests/fixtures/ckpt_format1) verifies, and its checksum still
+// catches damage.
+TEST(Checkpoint, AManifestWrittenBeforeXxh3StillVerifies) {
+  const fs::path src = fs::path(ATHANOR_FIXTURES_DIR) / "ckpt_format1" / "step-000004";
+  ASSERT_TRUE(fs::exists(src / "MANIFEST.json")) << src;
+  std::ifstream mf(src / "MANIFEST.json");
+  const std::string manifest((std::istreambuf_iterator<char>(mf)), std::istreambuf_iterator<char>());
+  ASSERT_NE(manifest.find("\"sha256\""), std::string::npos) << "the fixture is not a SHA-256 manifest";
+  const auto m = ckpt::verify_checkpoint(src.string());
+  EXPECT_EQ(m.step, 4);
+  ASSERT_FALSE(m.files.empty());
+  for (const auto& e : m.files) EXPECT_EQ(e.algorithm, "sha256") << e.name;
+  const fs::path copy = fs::path(tmp_dir("format1")) / "step-000004";
+  fs::copy(src, copy, fs::copy_options::recursive);
+  flip_byte(copy / "model.safetensors", static_cast<std::streamoff>(fs::file_size(copy / "model.safetensors")) - 1);
+  const std::string msg = error_message([&] { ckpt::verify_checkpoint(copy.string()); });
+  EXPECT_NE(msg.find("model.safetensors"), std::string::npos) << msg;
+  EXPECT_NE(msg.find("sha256 check"), std::string::npos) << msg;
 }
 
 TEST(Checkpoint, SaveWritesCompleteDirectoryAndLatest) {
@@ -61,7 +104,10 @@ TEST(Checkpoint, SaveWritesCompleteDirectoryAndLatest) {
   const auto m = ckpt::verify_checkpoint(p);
   EXPECT_EQ(m.step, 5);
   ASSERT_EQ(m.files.size(), 2u);
-  EXPECT_EQ(m.files[0].sha256, ckpt::sha256_file((fs::path(p) / "model.safetensors").string()));
+  // The digest taken while writing is the file's.
+  EXPECT_EQ(m.files[0].algorithm, "xxh3_128");
+  EXPECT_EQ(m.files[0].checksum, ckpt::checksum_file(ckpt::Checksum::xxh3_128, (fs::path(p) / "model.safetensors").string()));
+  EXPECT_EQ(m.files[1].checksum, ckpt::checksum_file(ckpt::Checksum::xxh3_128, (fs::path(p) / "state.json").string()));
   for (const auto& e : fs::directory_iterator(dir)) EXPECT_EQ(e.path().filename().string().find(".tmp"), std::string::npos);
 }
 
@@ -76,7 +122,7 @@ TEST(Checkpoint, ManifestDetectsDamageAndNamesTheFile) {
   flip_byte(p / "model.safetensors", static_cast<std::streamoff>(fs::file_size(p / "model.safetensors")) - 1);
   std::string msg = error_message([&] { ckpt::verify_checkpoint(p.string()); });
   EXPECT_NE(msg.find("model.safetensors"), std::string::npos) << msg;
-  EXPECT_NE(msg.find("SHA-256"), std::string::npos) << msg;
+  EXPECT_NE(msg.find("xxh3_128 check"), std::string::npos) << msg;
   // A damaged header (inside the JSON).
   p = fresh();
   flip_byte(p / "model.safetensors", 12);

@@ -244,7 +244,7 @@ std::string cli_binary() {
 
 TEST(HfGpt2, CliExportOfARunDirectoryImports) {
   const std::string bin = cli_binary();
-  if (!fs::exists(bin)) GTEST_SKIP() << "the athanor CLI is not built at " << bin << " (set ATHANOR_BIN)";
+  ATHANOR_SKIP_IF_MISSING(!fs::exists(bin), "the athanor CLI is not built at " << bin << " (set ATHANOR_BIN)");
   const std::string run = testing::fresh_temp_dir("hf_gpt2_cli_run");
   std::ofstream(run + "/config.yaml") << "name: tiny\nmodel:\n  type: gpt\n  n_layer: 2\n  n_head: 2\n  n_embd: 16\n"
                                          "  block_size: 8\n  vocab_size: 29\n  dropout: 0.0\n";

@@ -118,7 +118,7 @@ TEST(Safetensors, TruncatedAndBitFlippedFilesOnDisk) {
   EXPECT_NE(error_message([&] { ckpt::load_safetensors(path); }).find(path), std::string::npos);
   std::string flipped = bytes;
   flipped[8] ^= 0x55;  // the header's opening brace: no longer JSON (a flip inside a name can stay valid;
-                       // the checkpoint manifest's SHA-256 catches those)
+                       // the checkpoint manifest's checksum catches those)
   std::ofstream(path, std::ios::binary | std::ios::trunc) << flipped;
   EXPECT_NE(error_message([&] { ckpt::load_safetensors(path); }).find(path), std::string::npos);
   EXPECT_NE(error_message([&] { ckpt::load_safetensors("/nonexistent/x.safetensors"); }).find("/nonexistent/x.safetensors"), std::string::npos);

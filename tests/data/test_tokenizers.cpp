@@ -49,7 +49,7 @@ const Tokenizer& gpt2() {
   return *tok;
 }
 #define SKIP_WITHOUT_GPT2() \
-  if (!have_gpt2()) GTEST_SKIP() << "GPT-2 vocabulary not found in " << gpt2_dir() << " (run bash scripts/fetch_data.sh)"
+  ATHANOR_SKIP_IF_MISSING(!have_gpt2(), "GPT-2 vocabulary not found in " << gpt2_dir() << " (run bash scripts/fetch_data.sh)")
 }  // namespace
 
 TEST(Gpt2Tokenizer, MatchesTheReferenceEncoder) {

@@ -1,7 +1,9 @@
 // Activations (tanh, sigmoid, relu, gelu exact and tanh-approximate, silu):
-// gradcheck in f64 (several shapes, non-contiguous), derivative conventions at
+// derivative conventions at
 // special points, forward values vs independent std:: formulas and known
 // constants, the ops' f32 results vs the reference kernels, low precision, errors.
+// The f64 gradchecks over the op's registered shapes (broadcast, transposed, strided) are the
+// op harness's (tests/ops/test_op_harness.cpp); this file keeps what the harness does not do.
 #include <cmath>
 
 #include "backend/cpu/activation.h"
@@ -59,23 +61,6 @@ Tensor map(const std::function<double(double)>& f, const Tensor& x) {
   return from_vector(v, x.sizes(), TensorOptions(DType::f64));
 }
 }  // namespace
-
-TEST(Activation, GradcheckShapes) {
-  for (const ActCase& c : cases())
-    for (const Shape& s : std::vector<Shape>{{}, {9}, {3, 5}, {2, 3, 4}}) {
-      SCOPED_TRACE(std::string(c.name) + " " + shape_str(s));
-      EXPECT_TRUE(gradcheck([&](const std::vector<Tensor>& in) { return c.fn(in[0]); }, {inputs(s, 1)}));
-    }
-}
-
-TEST(Activation, GradcheckNonContiguous) {
-  for (const ActCase& c : cases()) {
-    SCOPED_TRACE(c.name);
-    Tensor x = make_noncontiguous(inputs({5, 4}, 2));
-    ASSERT_FALSE(x.is_contiguous());
-    EXPECT_TRUE(gradcheck([&](const std::vector<Tensor>& in) { return c.fn(in[0]); }, {x}));
-  }
-}
 
 // Forward and gradient against the independent closed forms, in f64, over a wide range.
 TEST(Activation, MatchesClosedFormsInDouble) {

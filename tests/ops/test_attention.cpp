@@ -1,7 +1,9 @@
-// scaled_dot_product_attention: gradcheck in f64 (causal and not, Tq != Tk, T not a multiple
-// of the 64-row tile, D = 8/16, Dv != D, a non-contiguous q from a transpose), the op against
+// scaled_dot_product_attention: gradcheck in f64 (Tq != Tk with the causal mask, T not a multiple
+// of the 64-row tile, a non-contiguous q from a transpose), the op against
 // the naive reference, causal semantics, dtypes, the memory bound (no T x T score tensor) and
 // error messages.
+// The f64 gradchecks over the op's registered shapes (broadcast, transposed, strided) are the
+// op harness's (tests/ops/test_op_harness.cpp); this file keeps what the harness does not do.
 #include <cmath>
 
 #include "backend/cpu/attention.h"
@@ -20,21 +22,11 @@ namespace {
 }
 }  // namespace
 
-TEST(Attention, GradcheckSmall) {
-  EXPECT_TRUE(check_sdpa({2, 2, 5, 8}, {2, 2, 5, 8}, {2, 2, 5, 8}, false, 1));
-  EXPECT_TRUE(check_sdpa({2, 2, 5, 8}, {2, 2, 5, 8}, {2, 2, 5, 8}, true, 2));
-  EXPECT_TRUE(check_sdpa({1, 2, 6, 16}, {1, 2, 6, 16}, {1, 2, 6, 16}, true, 3, 0.3));
-}
-
 TEST(Attention, GradcheckTqDiffersFromTk) {
   EXPECT_TRUE(check_sdpa({1, 2, 4, 8}, {1, 2, 9, 8}, {1, 2, 9, 8}, false, 4));
   EXPECT_TRUE(check_sdpa({1, 2, 9, 8}, {1, 2, 4, 8}, {1, 2, 4, 8}, false, 5));
   EXPECT_TRUE(check_sdpa({1, 2, 4, 8}, {1, 2, 9, 8}, {1, 2, 9, 8}, true, 6));  // top-left aligned mask
   EXPECT_TRUE(check_sdpa({1, 2, 9, 8}, {1, 2, 4, 8}, {1, 2, 4, 8}, true, 7));
-}
-
-TEST(Attention, GradcheckValueDimDiffers) {
-  EXPECT_TRUE(check_sdpa({1, 2, 5, 8}, {1, 2, 7, 8}, {1, 2, 7, 3}, false, 8));
 }
 
 TEST(Attention, GradcheckAcrossTiles) {

@@ -1,6 +1,6 @@
 // gelu_linear(x, W, b) = linear(gelu_tanh(x), W, b) with gelu recomputed in backward:
 // checked against a naive double loop (forward), the unfused composition (forward and
-// gradients, f64/f32, and bf16 under autocast), finite differences in f64, and the
+// gradients, f64/f32, and bf16 under autocast) (its f64 gradcheck is the op harness's), and the
 // allocator: the graph keeps one [..., in] activation less than the unfused ops.
 #include <cmath>
 
@@ -65,8 +65,6 @@ TEST(GeluLinear, ForwardAndGradientsMatchUnfusedComposition) {
   }
 }
 
-TEST(GeluLinear, GradcheckInF64) { expect_linear_like_gradchecks(gelu_linear); }
-
 TEST(GeluLinear, Bf16UnderAutocastMatchesUnfusedAndF32) {
   Generator g(11);
   const Tensor x = mul(randn({8, 16, 128}, {}, g), 1.5), w = mul(randn({64, 128}, {}, g), 0.1), b = randn({64}, {}, g);
@@ -83,7 +81,10 @@ TEST(GeluLinear, Bf16UnderAutocastMatchesUnfusedAndF32) {
   // And close to the f32 result within bf16's precision.
   const Result r = run_linear_like(fused, x, w, b, dy);
   EXPECT_CLOSE(f.y.to(DType::f32), r.y, 5e-2, 2e-2);
-  EXPECT_CLOSE(f.dw, r.dw, 1.0, 2e-2);
+  // dW sums 128 rows of dy * gelu(x) whose operands are rounded to bf16 (2^-9 relative each):
+  // the error is a few tenths on values of order 10 (0.16 measured). atol 0.25 still catches a
+  // row dropped from or counted twice in the sum (a change of ~1); the former 1.0 did not.
+  EXPECT_CLOSE(f.dw, r.dw, 0.25, 0);
 }
 
 TEST(GeluLinear, Bf16AutocastWritesF32ParameterGradientsFromF32Accumulators) {
@@ -244,12 +245,6 @@ TEST(GeluLinear, ErrorsNameOpAndShapes) {
   EXPECT_NE(error_message([] { gelu_linear(zeros({2, 4}), zeros({3, 4}), zeros({4})); }).find("bias"), std::string::npos);
   EXPECT_NE(error_message([] { gelu_linear(zeros({2, 4}), zeros({3, 4}, TensorOptions(DType::f64))); }).find("gelu_linear"),
             std::string::npos);
-}
-
-TEST(GeluLinear, IsInTheOpTableAsLowerPrecision) {
-  const OpInfo* op = find_op("gelu_linear");
-  ASSERT_NE(op, nullptr);
-  EXPECT_EQ(op->autocast, AutocastCategory::lower_precision);
 }
 
 }  // namespace athanor

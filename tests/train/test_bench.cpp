@@ -174,8 +174,8 @@ TEST(Bench, GptFlopsMatchAHandCountOfTheShapes) {
 }
 
 TEST(Bench, MlpFlopsMatchAHandCount) {
-  if (!fs::exists(data::default_fashion_mnist_dir() + "/train-images-idx3-ubyte.gz"))
-    GTEST_SKIP() << "dataset-fashion-mnist is not installed";
+  ATHANOR_SKIP_IF_MISSING(!fs::exists(data::default_fashion_mnist_dir() + "/train-images-idx3-ubyte.gz"),
+                          "dataset-fashion-mnist is not installed");
   const std::string dir = testing::fresh_temp_dir("bench_flops_mlp");
   train::Trainer t(train::Config::parse("model: {type: mlp, sizes: [784, 32, 10]}\n"
                                         "data: {type: fashion_mnist, num_workers: 0}\n"

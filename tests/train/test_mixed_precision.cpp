@@ -123,7 +123,7 @@ TEST(MixedPrecision, Bf16AndF16TrainATinyGpt) {
 }
 
 TEST(MixedPrecision, Bf16AndF16TrainAnMlp) {
-  if (!have_fashion()) GTEST_SKIP() << "dataset-fashion-mnist is not installed";
+  ATHANOR_SKIP_IF_MISSING(!have_fashion(), "dataset-fashion-mnist is not installed");
   const std::string dir = tmp_dir("mlp");
   for (const std::string prec : {"bf16", "f16"}) {
     train::Trainer t(mlp_config(dir, {"name=" + prec, "trainer.precision=" + prec}));

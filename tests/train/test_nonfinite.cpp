@@ -278,7 +278,7 @@ class NanSampleTask : public train::Task {
 };
 
 TEST(NonFinite, NanInASampleNamesTheFirstOpAndTheSampleId) {
-  if (!have_fashion()) GTEST_SKIP() << "dataset-fashion-mnist is not installed";
+  ATHANOR_SKIP_IF_MISSING(!have_fashion(), "dataset-fashion-mnist is not installed");
   const std::string dir = tmp_dir("nan_sample");
   auto task = std::make_unique<NanSampleTask>();
   NanSampleTask* raw = task.get();

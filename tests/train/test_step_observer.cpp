@@ -102,7 +102,7 @@ TEST(StepObserver, LabelEntropyOfAKnownDistribution) {
 }
 
 TEST(StepObserver, UpdateRatioOfAPlainSgdStepIsLrTimesGradOverWeight) {
-  if (!have_fashion()) GTEST_SKIP() << "dataset-fashion-mnist is not installed";
+  ATHANOR_SKIP_IF_MISSING(!have_fashion(), "dataset-fashion-mnist is not installed");
   const std::string dir = fresh_temp_dir("step_observer_sgd");
   const double lr = 0.05;
   Trainer t(Config::parse("model: {type: mlp, sizes: [784, 16, 10]}\n"

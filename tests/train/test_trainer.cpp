@@ -43,7 +43,7 @@ std::vector<double> flat_params(train::Trainer& t) {
 }  // namespace
 
 TEST(Trainer, AccumulationEqualsOneLargeBatch) {
-  if (!have_fashion()) GTEST_SKIP() << "dataset-fashion-mnist is not installed";
+  ATHANOR_SKIP_IF_MISSING(!have_fashion(), "dataset-fashion-mnist is not installed");
   const std::string out = tmp_dir("accum");
   train::Trainer big(mlp_config(out, {"name=big", "trainer.batch_size=32", "trainer.accum_steps=1"}));
   train::Trainer small(mlp_config(out, {"name=small", "trainer.batch_size=8", "trainer.accum_steps=4"}));
@@ -95,7 +95,7 @@ TEST(Trainer, TokenWeightedAccumulationForLanguageModels) {
 }
 
 TEST(Trainer, WritesResolvedConfigAndMetrics) {
-  if (!have_fashion()) GTEST_SKIP() << "dataset-fashion-mnist is not installed";
+  ATHANOR_SKIP_IF_MISSING(!have_fashion(), "dataset-fashion-mnist is not installed");
   const std::string out = tmp_dir("files");
   train::Trainer t(mlp_config(out, {"name=files"}));
   std::string log;
@@ -120,7 +120,7 @@ TEST(Trainer, WritesResolvedConfigAndMetrics) {
 // profile.enabled: the window's table has the step's phases, and the optimizer span is
 // broken into its parts (gradient norm, update, zero_grad), each once per profiled step.
 TEST(Trainer, ProfileWindowBreaksTheOptimizerIntoItsParts) {
-  if (!have_fashion()) GTEST_SKIP() << "dataset-fashion-mnist is not installed";
+  ATHANOR_SKIP_IF_MISSING(!have_fashion(), "dataset-fashion-mnist is not installed");
   const std::string out = tmp_dir("profile");
   train::Trainer t(mlp_config(out, {"name=profile", "trainer.max_steps=4", "profile.enabled=true", "profile.start_step=2",
                                     "profile.num_steps=3"}));
@@ -148,7 +148,7 @@ TEST(Trainer, ProfileWindowBreaksTheOptimizerIntoItsParts) {
 }
 
 TEST(Trainer, NonFiniteGradientSkipsTheUpdate) {
-  if (!have_fashion()) GTEST_SKIP() << "dataset-fashion-mnist is not installed";
+  ATHANOR_SKIP_IF_MISSING(!have_fashion(), "dataset-fashion-mnist is not installed");
   const std::string out = tmp_dir("skip");
   // Policy skip (the default without the f16 scaler is stop: tests/train/test_nonfinite.cpp).
   train::Trainer t(mlp_config(out, {"name=skip", "health.nonfinite_policy=skip"}));

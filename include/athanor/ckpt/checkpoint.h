@@ -45,7 +45,8 @@ struct TextFile {
 struct ManifestEntry {
   std::string name;
   uint64_t bytes = 0;
-  std::string sha256;  // lowercase hex
+  std::string checksum;                // lowercase hex digest of the file
+  std::string algorithm = "xxh3_128";  // "xxh3_128"; "sha256" in manifests written before it
 };
 struct Manifest {
   int64_t step = -1;
@@ -65,7 +66,7 @@ std::string save_checkpoint(const std::string& checkpoints_dir, int64_t step, co
 // directory begin returned, one process commits with every file's entry.
 //   begin_checkpoint   sweeps ".tmp.*" leftovers, creates "<dir>/.tmp.step-N"; returns it
 //   write_*_file       writes one file durably into that directory; returns its entry
-//                      (name, bytes, SHA-256, computed by the writer)
+//                      (name, bytes, XXH3-128 digest, computed by the writer)
 //   commit_checkpoint  MANIFEST.json from the entries, then the renames of the protocol above
 std::string begin_checkpoint(const std::string& checkpoints_dir, int64_t step);
 std::string tmp_checkpoint_dir(const std::string& checkpoints_dir, int64_t step);  // what begin_checkpoint returns

@@ -13,6 +13,8 @@
 
 namespace athanor {
 
+class DerivedCopies;  // athanor/core/derived.h
+
 class Storage {
  public:
   // Owned memory from the tagged allocator.
@@ -35,6 +37,10 @@ class Storage {
   uint64_t version() const { return version_.load(std::memory_order_relaxed); }
   void bump_version() { version_.fetch_add(1, std::memory_order_relaxed); }
 
+  // Copies derived from this storage's values (athanor/core/derived.h): made on first use.
+  DerivedCopies& derived();
+  DerivedCopies* derived_if_any() const { return derived_.load(std::memory_order_acquire); }
+
  private:
   Storage() = default;
   void* data_ = nullptr;
@@ -44,6 +50,7 @@ class Storage {
   bool owned_ = true;
   std::function<void(void*)> release_;
   std::atomic<uint64_t> version_{0};
+  std::atomic<DerivedCopies*> derived_{nullptr};  // owned
 };
 
 }  // namespace athanor

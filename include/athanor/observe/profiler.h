@@ -9,18 +9,12 @@
 //   std::cout << observe::Profiler::instance().table();
 //   observe::Profiler::instance().write_chrome_trace(run_dir + "/trace.json");   // open in Perfetto
 //
-// What is timed, and how:
-//  - forward ops: autograd's record()/record_multi() (the end of every op) calls
-//    note_op(). An op's time is the time since the previous profiler event on
-//    the same thread (an op end, a backward node end, a span begin or end).
-//    Eager ops run one after another, so inside a span these gaps partition the
-//    span's time exactly, without a second hook at the start of every op.
-//    Limits: glue code between two ops (Python-like bookkeeping in a module's
-//    forward, allocating an input) is charged to the next op; an op nested in
-//    another op (e.g. `linear` built from `matmul` + `add`) shows as the inner
-//    ops plus a short outer remainder; the first op after start() on a thread, or
-//    after a long pause outside any span, is charged that pause — wrap work in
-//    spans (the Trainer does) for clean numbers.
+// What is timed, and how (the profiler registers itself as the core observer hook,
+// athanor/core/observer.h, on its first start()):
+//  - forward ops: the op dispatch point (athanor/ops/registry.h) opens a span around every
+//    op call, autocast's casts included; an op's self time is its duration minus the ops
+//    nested in it (linear's casts, a composite's parts). Glue code between two ops (a
+//    module's bookkeeping, allocating an input) is the enclosing span's self time.
 //  - backward nodes: the engine times node->apply() with explicit begin/end
 //    clock reads, named "<op>_backward" ("linear_backward"); ops that a
 //    backward closure calls are part of the node's time, not listed separately.
@@ -29,9 +23,9 @@
 // Self times of all events on a thread sum to the thread's profiled time, which
 // is what the table's "%" column divides by.
 //
-// Cost: when off, every hook is one relaxed atomic load and a predictable branch
-// (no clock read). When on, an op costs one steady_clock read, a span or node
-// two, plus a mutex and a hash-map update each. Measured on a GPT step
+// Cost: when off, every hook is an atomic load, a virtual call and a predictable branch
+// (no clock read). When on, an op, a span or a node costs two steady_clock reads, plus a
+// mutex and a hash-map update. Measured on a GPT step
 // (tests/observe/test_profiler.cpp, ProfilerOverhead prints it): see
 // PROFILER_OVERHEAD_NOTE below.
 //
@@ -85,10 +79,6 @@ class Profiler {
   static bool enabled() { return detail::g_profiler_on.load(std::memory_order_relaxed); }
   void reset();  // forgets everything recorded (keeps the on/off state)
 
-  // Hooks (each checks enabled() first, so callers need not).
-  static void note_op(const char* name) {
-    if (enabled()) [[unlikely]] instance().record_op(name);
-  }
   static int64_t now_ns();  // steady clock, since the profiler's origin
 
   // Aggregates, sorted by total time (largest first).
@@ -109,8 +99,9 @@ class Profiler {
   // steady-clock timestamps: the arrays of processes on one host line up.
   std::string trace_events(int pid, const std::string& track) const;
 
-  // Used by the hooks below and by the engine; prefer ProfileSpan / BackwardNodeTimer.
-  void record_op(const char* name);
+  // Used by the observer hook and ProfileSpan; prefer ProfileSpan.
+  int64_t begin_op();  // returns the begin time, or -1 inside a backward node (not recorded)
+  void end_op(const char* name, int64_t begin_ns);
   int64_t begin_node();  // returns the begin time
   void end_node(const std::string& node_name, int64_t begin_ns);
   int64_t begin_span();  // returns the begin time
@@ -144,28 +135,6 @@ class ProfileSpan {
   bool active_ = false;
   int64_t begin_ns_ = 0;
   std::string name_, category_;
-};
-
-// RAII timer the autograd engine puts around one backward node's apply().
-// While one is open on a thread, ops called by the backward closure are not
-// recorded on their own (their time is the node's).
-class BackwardNodeTimer {
- public:
-  explicit BackwardNodeTimer(const std::string& node_name) {
-    if (Profiler::enabled()) [[unlikely]] {
-      name_ = &node_name;
-      begin_ns_ = Profiler::instance().begin_node();
-    }
-  }
-  ~BackwardNodeTimer() {
-    if (name_) Profiler::instance().end_node(*name_, begin_ns_);
-  }
-  BackwardNodeTimer(const BackwardNodeTimer&) = delete;
-  BackwardNodeTimer& operator=(const BackwardNodeTimer&) = delete;
-
- private:
-  const std::string* name_ = nullptr;  // null when the profiler was off at construction
-  int64_t begin_ns_ = 0;
 };
 
 // One trace of several processes (trace_events arrays, one per rank): a track each, shifted so

@@ -7,8 +7,8 @@
 //     loss = model(batch); }               // GEMM-bound ops run in bf16, the rest as the op table says
 //   loss.backward();                       // outside the region, as in PyTorch
 //
-// Inside a region each op runs at the precision of its op-table category
-// (athanor/ops/op_table.h): `lower_precision` ops (matmul, linear, conv2d,
+// Inside a region each op runs at the precision of its registered category
+// (athanor/ops/registry.h; the op dispatch point applies it): `lower_precision` ops (matmul, linear, conv2d,
 // scaled_dot_product_attention) cast f32/bf16/f16 inputs to the autocast dtype;
 // `f32` ops (softmax, log_softmax, layer_norm, rms_norm, cross_entropy, sum,
 // mean, …) run in f32: layer_norm, rms_norm, softmax, log_softmax, cross_entropy,
@@ -18,7 +18,8 @@
 // inputs are never touched.
 //
 // Invariants:
-//  - state is thread-local; guards nest (an inner guard may switch dtype or
+//  - state is thread-local (it lives in core, athanor/core/precision.h, so that
+//    recompute can restore it); guards nest (an inner guard may switch dtype or
 //    disable autocast) and restore the outer state on exit;
 //  - the casts are differentiable (`cast`), so gradients reach f32 parameters
 //    in f32;
@@ -26,18 +27,20 @@
 //    the cast is cached under (TensorImpl*, version, dtype, grad mode) and
 //    reused by every later op; an in-place update bumps the version and misses
 //    the cache. The cache is cleared when the outermost guard exits;
-//  - persistent casts (process-wide, made by the optimizer in its update pass):
-//    a registered low-precision copy of a parameter is used instead of a fresh
-//    cast while the parameter is the same tensor with the same storage and the
-//    same version as when the copy was registered; any other in-place change
-//    bumps the version and the lookup falls back to casting. The copy joins the
+//  - persistent casts (made by the optimizer in its update pass): a low-precision
+//    copy of a parameter, held by the parameter's storage (athanor/core/derived.h),
+//    is used instead of a fresh cast while the parameter's version is the one the
+//    copy was written at; any other in-place change bumps the version and the
+//    lookup falls back to casting. The copy joins the
 //    graph through the same "cast" node as a fresh cast (backward: the gradient
 //    cast back to the parameter's dtype), so gradients still reach the f32
 //    parameter in f32.
 #include <cstddef>
 #include <initializer_list>
 
+#include "athanor/core/precision.h"
 #include "athanor/core/tensor.h"
+#include "athanor/ops/registry.h"
 
 namespace athanor {
 
@@ -49,21 +52,25 @@ class autocast {
   autocast& operator=(const autocast&) = delete;
 
  private:
-  bool prev_enabled_;
-  DType prev_dtype_;
+  PrecisionScope scope_;
 };
 
 bool autocast_enabled();
 DType autocast_dtype();  // the innermost region's dtype (bf16 outside any region)
 
-// The dtype `op` runs at for an input of dtype `in` under the current state
-// (`in` itself when autocast is off or the op keeps it).
+// The dtype registered op `op` runs at for an input of dtype `in` under the current state
+// (`in` itself when autocast is off or the op keeps it). An op name the registry does not
+// know is an Error.
 DType autocast_target(const char* op, DType in);
-// True when autocast is on and some defined input of `op` would be cast: op
-// entry points test this and, if so, call themselves again on autocast_input()s.
+// The dtype an op of category `c` runs an input of dtype `in` at, autocast being on at `low`.
+DType autocast_target(AutocastCategory c, DType in, DType low);
+// True when autocast is on and some defined input of `op` would be cast.
 bool autocast_needs_cast(const char* op, std::initializer_list<Tensor> inputs);
 // `t` cast to the dtype `op` runs at (undefined and non-floating tensors pass through).
 Tensor autocast_input(const Tensor& t, const char* op);
+// `t` cast to `to` as autocast casts (a parameter once per region, through its persistent
+// copy when current; an offered copy when one is waiting): what the dispatch point uses.
+Tensor autocast_cast(const Tensor& t, DType to);
 
 std::size_t autocast_cache_size();  // cached weight casts in this thread's region (tests, debugging)
 
@@ -76,14 +83,15 @@ std::size_t autocast_cache_size();  // cached weight casts in this thread's regi
 // freed (it is held weakly) and when the outermost region exits. No-op outside autocast.
 void autocast_offer_cast(const Tensor& source, const Tensor& copy);
 
-// Registers `copy` (bf16 or f16, contiguous, source's shape) as the persistent cast
-// of `source` (an f32 leaf) at source's current version: the caller guarantees that
-// copy == cast(source, copy.dtype()) now. Replaces an earlier registration.
+// Makes `copy` (bf16 or f16, contiguous, source's shape) the persistent cast of `source`
+// (a contiguous f32 tensor) at source's current version, held by source's storage: the
+// caller guarantees that copy == cast(source, copy.dtype()) now. Replaces an earlier one.
 void autocast_set_persistent_cast(const Tensor& source, const Tensor& copy);
 // Drops the persistent cast of `source` to `dtype`, if any.
 void autocast_forget_persistent_cast(const Tensor& source, DType dtype);
-// The registered copy of `source` in `dtype` if it is still current, else undefined.
+// The copy of `source` in `dtype` if it is still current, else undefined.
 Tensor autocast_persistent_cast(const Tensor& source, DType dtype);
-std::size_t autocast_persistent_cast_count();  // registered copies (tests, debugging)
+// The persistent casts `source`'s storage holds, current or not (tests, debugging).
+std::size_t autocast_persistent_cast_count(const Tensor& source);
 
 }  // namespace athanor
