@@ -79,6 +79,20 @@ TEST(GpuKernels, Softmax) {
   }
 }
 
+TEST(GpuKernels, SoftmaxBackward) {
+  ATH_REQUIRE_GPU();
+  for (const auto [rows, cols] : kShapes) {
+    const std::size_t n = rows * cols;
+    auto x = random_vector(n, 30, -5, 5), dy = random_vector(n, 31);
+    std::vector<float> y(n), dx(n);
+    cpu::ref::softmax_forward<float>(x.data(), y.data(), rows, cols, false);
+    cpu::ref::softmax_backward<float>(dy.data(), y.data(), dx.data(), rows, cols, false);
+    DeviceBuffer<float> dY(y), dDY(dy), dDX(n);
+    cuda::softmax_backward(dDY.ptr, dY.ptr, dDX.ptr, rows, cols, stream());
+    EXPECT_TRUE(all_close(dDX.host(), dx, 1e-7, 1e-4)) << rows << "x" << cols;
+  }
+}
+
 TEST(GpuKernels, CrossEntropyIgnoreIndexLabelSmoothingInPlaceGradient) {
   ATH_REQUIRE_GPU();
   const int64_t N = 37, C = 50257 / 7;  // a vocabulary-sized row, not a multiple of the block
@@ -225,4 +239,20 @@ TEST(GpuKernels, GlobalSquaredNormIsDeterministic) {
     const double again = out.host()[0];
     EXPECT_EQ(std::memcmp(&again, &first, sizeof(double)), 0) << "run " << rep << " differs in its bits";
   }
+}
+
+TEST(GpuKernels, SumIsDeterministic) {
+  ATH_REQUIRE_GPU();
+  const int64_t n = 1000003;
+  auto h = random_vector(n, 600, -1, 1);
+  double want = 0;
+  for (float v : h) want += v;
+  DeviceBuffer<float> x(h);
+  DeviceBuffer<double> scratch(cuda::sum_squares_scratch(n)), out(1);
+  cuda::sum(x.ptr, n, scratch.ptr, out.ptr, stream());
+  const double first = out.host()[0];
+  EXPECT_NEAR(first, want, 1e-9 * n);
+  cuda::sum(x.ptr, n, scratch.ptr, out.ptr, stream());
+  const double again = out.host()[0];
+  EXPECT_EQ(std::memcmp(&again, &first, sizeof(double)), 0);
 }

@@ -14,7 +14,7 @@ namespace athanor::cuda {
 namespace {
 constexpr std::size_t kWorkspace = std::size_t{32} << 20;
 
-using PlanKey = std::tuple<int, bool, bool, int64_t, int64_t, int64_t, int, int64_t, bool, bool>;
+using PlanKey = std::tuple<int, bool, bool, int64_t, int64_t, int64_t, int, int64_t, int64_t, int64_t, int64_t, bool, bool>;
 
 struct Context {
   cublasLtHandle_t handle = nullptr;
@@ -111,7 +111,7 @@ void gemm(const GemmArgs& g, int device, cudaStream_t stream) {
   layout(&d.c, t, g.n, g.m, g.n, g.batch, g.stride_c);
 
   const PlanKey key{static_cast<int>(g.dtype), g.trans_a, g.trans_b, g.m, g.n, g.k, static_cast<int>(g.epilogue),
-                    g.batch, g.allow_tf32, g.beta != 0.0f};
+                    g.batch, g.stride_a, g.stride_b, g.stride_c, g.allow_tf32, g.beta != 0.0f};
   cublasLtMatmulAlgo_t algo;
   {
     std::lock_guard<std::mutex> l(ctx.mu);

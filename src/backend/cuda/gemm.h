@@ -10,6 +10,8 @@
 //  - one cuBLASLt handle and one 32 MiB workspace per device (the workspace from the
 //    caching allocator, tag workspace); the heuristic's algorithm is cached per
 //    (shape, dtype, layout, epilogue), so a training step asks the heuristic once per shape;
+//  - the workspace is shared by every GEMM on the device: they must be issued on one stream
+//    (the compute stream), as the trainer does;
 //  - bad shapes and dtypes are athanor::Errors before any launch.
 #include <cuda_runtime_api.h>
 

@@ -151,6 +151,15 @@ __global__ void softmax_kernel(const float* x, float* y, int64_t cols) {
   for (int64_t c = threadIdx.x; c < cols; c += blockDim.x) y[blockIdx.x * cols + c] = expf(xr[c] - m) * inv;
 }
 
+__global__ void softmax_bwd_kernel(const float* dy, const float* y, float* dx, int64_t cols) {
+  __shared__ float sh[32];
+  const int64_t off = blockIdx.x * cols;
+  float s = 0;
+  for (int64_t c = threadIdx.x; c < cols; c += blockDim.x) s += dy[off + c] * y[off + c];
+  s = block_sum(s, sh);
+  for (int64_t c = threadIdx.x; c < cols; c += blockDim.x) dx[off + c] = y[off + c] * (dy[off + c] - s);
+}
+
 // loss = logsum - (1 - eps)(x[t] - max) - eps mean_c(x[c] - max)
 __global__ void ce_fwd_kernel(const float* logits, const int64_t* target, float* stats, float* loss, int64_t C,
                               int64_t ignore_index, float smoothing) {
@@ -297,7 +306,7 @@ __global__ void sgd_kernel(TensorTable t, SgdArgs k, bool scale) {
   }
 }
 
-__global__ void sum_squares_kernel(TensorTable t, double* partial) {
+__global__ void sum_squares_kernel(TensorTable t, double* partial, bool square) {
   __shared__ double sh[32];
   const int ti = find_tensor(t, blockIdx.x);
   const int64_t base = (blockIdx.x - t.first_block[ti]) * static_cast<int64_t>(kChunk);
@@ -305,7 +314,7 @@ __global__ void sum_squares_kernel(TensorTable t, double* partial) {
   double s = 0;
   for (int64_t i = base + threadIdx.x; i < end; i += blockDim.x) {
     const double x = t.g[ti][i];
-    s = fma(x, x, s);
+    s = square ? fma(x, x, s) : s + x;
   }
   s = block_sum(s, sh);
   if (threadIdx.x == 0) partial[blockIdx.x] = s;
@@ -386,6 +395,12 @@ void softmax_forward(const float* x, float* y, int64_t rows, int64_t cols, cudaS
   ATH_CUDA_LAUNCHED("softmax_kernel");
 }
 
+void softmax_backward(const float* dy, const float* y, float* dx, int64_t rows, int64_t cols, cudaStream_t stream) {
+  if (rows == 0) return;
+  softmax_bwd_kernel<<<grid_rows(rows), kRowThreads, 0, stream>>>(dy, y, dx, cols);
+  ATH_CUDA_LAUNCHED("softmax_bwd_kernel");
+}
+
 void cross_entropy_forward(const float* logits, const int64_t* target, float* stats, float* loss, int64_t N, int64_t C,
                            int64_t ignore_index, double label_smoothing, cudaStream_t stream) {
   if (N == 0) return;
@@ -454,8 +469,20 @@ void sum_squares_multi_tensor(const float* const* x, const int64_t* n, int n_ten
   for_tensor_groups(
       n_tensors, n, [&](TensorTable& t, int j, int i) { t.g[j] = x[i]; },
       [&](const TensorTable& t, int64_t blocks, int) {
-        sum_squares_kernel<<<static_cast<unsigned>(blocks), 256, 0, stream>>>(t, scratch);
+        sum_squares_kernel<<<static_cast<unsigned>(blocks), 256, 0, stream>>>(t, scratch, true);
         ATH_CUDA_LAUNCHED("sum_squares_kernel");
+        sum_partials_kernel<<<1, 1024, 0, stream>>>(scratch, blocks, out, true);
+        ATH_CUDA_LAUNCHED("sum_partials_kernel");
+      });
+}
+
+void sum(const float* x, int64_t n, double* scratch, double* out, cudaStream_t stream) {
+  ATH_CUDA(cudaMemsetAsync(out, 0, sizeof(double), stream));
+  for_tensor_groups(
+      1, &n, [&](TensorTable& t, int j, int) { t.g[j] = x; },
+      [&](const TensorTable& t, int64_t blocks, int) {
+        sum_squares_kernel<<<static_cast<unsigned>(blocks), 256, 0, stream>>>(t, scratch, false);
+        ATH_CUDA_LAUNCHED("sum_kernel");
         sum_partials_kernel<<<1, 1024, 0, stream>>>(scratch, blocks, out, true);
         ATH_CUDA_LAUNCHED("sum_partials_kernel");
       });

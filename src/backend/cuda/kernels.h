@@ -28,8 +28,10 @@ void rms_norm_forward(const float* x, const float* w, float* y, float* rstd, int
 void rms_norm_backward(const float* dy, const float* x, const float* w, const float* rstd, float* dx, float* dw,
                        int64_t rows, int64_t cols, cudaStream_t stream);
 
-// Softmax over the rows of [rows, cols] (f32).
+// Softmax over the rows of [rows, cols] (f32), and its backward from the output:
+// dx = y (dy - Σ_c dy y).
 void softmax_forward(const float* x, float* y, int64_t rows, int64_t cols, cudaStream_t stream);
+void softmax_backward(const float* dy, const float* y, float* dx, int64_t rows, int64_t cols, cudaStream_t stream);
 
 // Cross-entropy fused with log-softmax (cpu/cross_entropy.h's formulas): stats[2n] = max,
 // stats[2n+1] = log sum exp(x - max); loss[n] (f32) per row, 0 where target is ignore_index.
@@ -68,5 +70,7 @@ void sgd_multi_tensor(float* const* w, const float* const* g, float* const* b, c
 int64_t sum_squares_scratch(int64_t total_elements);
 void sum_squares_multi_tensor(const float* const* x, const int64_t* n, int n_tensors, double* scratch, double* out,
                               cudaStream_t stream);
+// Σ x in f64 over one buffer, in the same fixed order (scratch: sum_squares_scratch(n) doubles).
+void sum(const float* x, int64_t n, double* scratch, double* out, cudaStream_t stream);
 
 }  // namespace athanor::cuda
