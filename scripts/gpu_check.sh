@@ -213,10 +213,13 @@ try:
                                     capture_output=True, text=True, timeout=20).stdout.strip()
 except Exception as e:
     summary["gpu"] = "nvidia-smi: %s" % e
+# On the GPU machine a skipped gpu test means the GPU was not seen: that is a failure.
+summary["ok"] = (tests_status == "passed" and not summary["tests"].get("skipped")
+                 and "failed" not in train_status and "failed" not in bench_status)
 json.dump(summary, open(out, "w"), indent=2)
 print(json.dumps(summary, indent=2))
+sys.exit(0 if summary["ok"] else 1)
 EOF
-  [[ $tests_status == passed ]]
 }
 
 case "${1:-}" in
