@@ -45,12 +45,18 @@ TEST(GpuRuntime, DeviceInfoAndStreams) {
 
 TEST(GpuRuntime, CudaErrorsBecomeAthanorErrors) {
   ATH_REQUIRE_GPU();
+  // A non-sticky error (the context stays usable): a device index past the last one.
+  const int bad = cuda::device_count() + 10;
   try {
-    ATH_CUDA(cudaMemcpy(reinterpret_cast<void*>(16), reinterpret_cast<void*>(32), 1u << 30, cudaMemcpyHostToHost));
-    FAIL() << "a bad cudaMemcpy passed";
+    ATH_CUDA(cudaSetDevice(bad));
+    FAIL() << "cudaSetDevice(" << bad << ") passed";
   } catch (const Error& e) {
-    EXPECT_NE(std::string(e.what()).find("cudaMemcpy"), std::string::npos) << e.what();
+    const std::string m = e.what();
+    EXPECT_NE(m.find("cudaSetDevice(bad) failed: cudaErrorInvalidDevice"), std::string::npos) << m;
+    EXPECT_NE(e.hint().find("CUDA_VISIBLE_DEVICES"), std::string::npos) << e.hint();
   }
+  EXPECT_EQ(cudaGetLastError(), cudaSuccess) << "the error was cleared";
+  ATH_CUDA(cudaSetDevice(0));
 }
 
 TEST(GpuAllocator, AccountingAgreesWithCudaMemGetInfo) {

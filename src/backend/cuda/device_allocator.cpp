@@ -41,7 +41,7 @@ RawMemory cuda_raw(int device) {
 DeviceAllocator::DeviceAllocator(int device) : device_(device), pool_(cuda_raw(device)) {}
 
 DeviceAllocator& DeviceAllocator::get(int device) {
-  require_device(device, "cuda allocator");
+  check_device(device, "cuda allocator");
   static std::array<DeviceAllocator*, 64> all{};
   static std::mutex mu;
   std::lock_guard<std::mutex> l(mu);

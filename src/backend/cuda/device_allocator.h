@@ -13,7 +13,7 @@ namespace athanor::cuda {
 
 class DeviceAllocator {
  public:
-  static DeviceAllocator& get(int device);  // require_device() first: errors before any work
+  static DeviceAllocator& get(int device);  // check_device() first: errors before any work
   void* allocate(std::size_t nbytes, MemTag tag, cudaStream_t stream = nullptr);  // nullptr: the compute stream
   // Frees in stream order: the block is reused only by later work on the stream it was
   // allocated for, which runs after every kernel already queued there.

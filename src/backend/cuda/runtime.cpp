@@ -87,18 +87,22 @@ const Probe& probe() {
 int device_count() { return probe().count; }
 std::string no_device_reason() { return probe().count > 0 ? "" : "no CUDA device: " + probe().reason; }
 
-void require_device(int index, const char* op) {
+void check_device(int index, const char* op) {
   const int n = device_count();
   ATH_CHECK(n > 0, op, "cuda:", index, " was asked for, but this machine has no usable CUDA device (",
             probe().reason, ")", Hint{"run on cpu (trainer.device: cpu), or check nvidia-smi and the driver"});
   ATH_CHECK(index >= 0 && index < n, op, "cuda:", index, " was asked for, but this machine has ", n,
             " CUDA device", n == 1 ? "" : "s", " (cuda:0", n > 1 ? " .. cuda:" + std::to_string(n - 1) : std::string(),
             ")", Hint{"use a device index below the device count, or check CUDA_VISIBLE_DEVICES"});
+}
+
+void require_device(int index, const char* op) {
+  check_device(index, op);
   ATH_CUDA(cudaSetDevice(index));
 }
 
 DeviceInfo device_info(int index) {
-  require_device(index, "cuda device_info");
+  check_device(index, "cuda device_info");
   cudaDeviceProp p{};
   ATH_CUDA(cudaGetDeviceProperties(&p, index));
   DeviceInfo d;
@@ -137,7 +141,7 @@ struct Streams {
   cudaStream_t compute = nullptr, copy = nullptr;
 };
 Streams& streams(int index) {
-  require_device(index, "cuda stream");
+  check_device(index, "cuda stream");
   static std::array<Streams, kMaxDevices> all;
   ATH_CHECK(index < kMaxDevices, "cuda stream", "cuda:", index, " is past the ", kMaxDevices, " devices supported",
             Hint{"restrict CUDA_VISIBLE_DEVICES to the GPUs this process uses"});

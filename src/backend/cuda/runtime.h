@@ -23,7 +23,9 @@ namespace athanor::cuda {
 
 int device_count();
 std::string no_device_reason();  // "" when a device is present
-// Throws (op `op`) unless cuda:index exists; then makes it the current device.
+// Throws (op `op`) unless cuda:index exists; leaves the current device as it is.
+void check_device(int index, const char* op = "cuda");
+// check_device, then makes cuda:index the current device.
 void require_device(int index, const char* op = "cuda");
 
 struct DeviceInfo {
