@@ -76,7 +76,7 @@ if [[ -n "$LABELS" ]]; then
       fuzz) TARGETS+=(athanor_fuzz_safetensors) ;;
       cli|train|observe|slow) TARGETS+=("athanor_tests_$l" athanor_cli) ;;
       long) TARGETS+=(athanor_tests_slow athanor_cli) ;;
-      core|backend|autograd|ops|amp|nn|optim|data|ckpt) TARGETS+=("athanor_tests_$l") ;;
+      core|backend|autograd|ops|amp|nn|optim|data|ckpt|gpu) TARGETS+=("athanor_tests_$l") ;;
       *) echo "test.sh: unknown label '$l'" >&2; exit 2 ;;
     esac
     [[ "$l" == backend ]] && TARGETS+=(athanor_cli)  # backend.isa_scan reads the binary

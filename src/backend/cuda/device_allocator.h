@@ -1,0 +1,38 @@
+#pragma once
+// The caching device allocator: one BlockPool (block_pool.h) per device over cudaMalloc /
+// cudaFree (never managed memory), on the device's compute stream unless told otherwise.
+// Tags, peaks, the out-of-memory breakdown and empty_cache are the pool's; this file adds
+// the device's own numbers (cudaMemGetInfo) to the error and to mem_report().
+#include <cstddef>
+#include <string>
+
+#include "backend/cuda/block_pool.h"
+#include "backend/cuda/runtime.h"
+
+namespace athanor::cuda {
+
+class DeviceAllocator {
+ public:
+  static DeviceAllocator& get(int device);  // check_device() first: errors before any work
+  void* allocate(std::size_t nbytes, MemTag tag, cudaStream_t stream = nullptr);  // nullptr: the compute stream
+  // Frees in stream order: the block is reused only by later work on the stream it was
+  // allocated for, which runs after every kernel already queued there.
+  void deallocate(void* ptr);
+  void retag(void* ptr, MemTag to) { pool_.retag(ptr, to); }
+  MemoryStats stats() const { return pool_.stats(); }
+  void reset_peak() { pool_.reset_peak(); }
+  std::size_t largest_cached_block() const { return pool_.largest_cached_block(); }
+  std::size_t cached_bytes() const { return pool_.cached_bytes(); }
+  void set_limit(std::size_t bytes) { pool_.set_limit(bytes); }
+  // Waits for the device, then gives every wholly free segment back to cudaFree.
+  void empty_cache();
+  MemInfo mem_info() const { return cuda::mem_info(device_); }
+  int device() const { return device_; }
+
+ private:
+  explicit DeviceAllocator(int device);
+  int device_;
+  BlockPool pool_;
+};
+
+}  // namespace athanor::cuda

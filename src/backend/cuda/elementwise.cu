@@ -1,0 +1,138 @@
+// The kernels of elementwise.h.
+#include <cuda_bf16.h>
+#include <cuda_fp16.h>
+#include <cuda_runtime.h>
+
+#include "athanor/core/error.h"
+#include "backend/cuda/elementwise.h"
+#include "backend/cuda/runtime.h"
+
+namespace athanor::cuda {
+
+namespace {
+constexpr int kThreads = 256;
+unsigned blocks_for(int64_t n) { return static_cast<unsigned>((n + kThreads - 1) / kThreads); }
+
+template <class T> __device__ float to_f32(T v);
+template <> __device__ float to_f32<float>(float v) { return v; }
+template <> __device__ float to_f32<__nv_bfloat16>(__nv_bfloat16 v) { return __bfloat162float(v); }
+template <> __device__ float to_f32<__half>(__half v) { return __half2float(v); }
+template <class T> __device__ T from_f32(float v);
+template <> __device__ float from_f32<float>(float v) { return v; }
+template <> __device__ __nv_bfloat16 from_f32<__nv_bfloat16>(float v) { return __float2bfloat16_rn(v); }
+template <> __device__ __half from_f32<__half>(float v) { return __float2half_rn(v); }
+
+template <class From, class To>
+__global__ void cast_kernel(const From* x, To* y, int64_t n) {
+  const int64_t i = blockIdx.x * static_cast<int64_t>(blockDim.x) + threadIdx.x;
+  if (i < n) y[i] = from_f32<To>(to_f32<From>(x[i]));
+}
+
+template <class From>
+void cast_from(const From* x, void* y, DType to, int64_t n, cudaStream_t stream) {
+  switch (to) {
+    case DType::f32: cast_kernel<<<blocks_for(n), kThreads, 0, stream>>>(x, static_cast<float*>(y), n); break;
+    case DType::bf16: cast_kernel<<<blocks_for(n), kThreads, 0, stream>>>(x, static_cast<__nv_bfloat16*>(y), n); break;
+    case DType::f16: cast_kernel<<<blocks_for(n), kThreads, 0, stream>>>(x, static_cast<__half*>(y), n); break;
+    default: break;
+  }
+  ATH_CUDA_LAUNCHED("cast_kernel");
+}
+
+enum class Binary { add, mul };
+template <Binary op>
+__global__ void binary_kernel(const float* a, const float* b, float* y, int64_t n) {
+  const int64_t i = blockIdx.x * static_cast<int64_t>(blockDim.x) + threadIdx.x;
+  if (i < n) y[i] = op == Binary::add ? __fadd_rn(a[i], b[i]) : __fmul_rn(a[i], b[i]);
+}
+__global__ void scale_kernel(const float* x, float alpha, float* y, int64_t n) {
+  const int64_t i = blockIdx.x * static_cast<int64_t>(blockDim.x) + threadIdx.x;
+  if (i < n) y[i] = __fmul_rn(alpha, x[i]);
+}
+
+constexpr float kSqrt2OverPi = 0.7978845608028654f;
+__global__ void gelu_fwd_kernel(const float* x, float* y, int64_t n) {
+  const int64_t i = blockIdx.x * static_cast<int64_t>(blockDim.x) + threadIdx.x;
+  if (i >= n) return;
+  const float v = x[i];
+  y[i] = 0.5f * v * (1.0f + tanhf(kSqrt2OverPi * (v + 0.044715f * v * v * v)));
+}
+// d/dx = 0.5 (1 + t) + 0.5 x (1 - t^2) sqrt(2/pi) (1 + 3 * 0.044715 x^2),  t = tanh(u)
+__global__ void gelu_bwd_kernel(const float* dy, const float* x, float* dx, int64_t n) {
+  const int64_t i = blockIdx.x * static_cast<int64_t>(blockDim.x) + threadIdx.x;
+  if (i >= n) return;
+  const float v = x[i];
+  const float t = tanhf(kSqrt2OverPi * (v + 0.044715f * v * v * v));
+  const float d = 0.5f * (1.0f + t) + 0.5f * v * (1.0f - t * t) * kSqrt2OverPi * (1.0f + 3.0f * 0.044715f * v * v);
+  dx[i] = dy[i] * d;
+}
+
+__global__ void embedding_fwd_kernel(const float* w, const int64_t* idx, float* out, int64_t dim) {
+  const int64_t n = blockIdx.x;
+  const float* src = w + idx[n] * dim;
+  for (int64_t c = threadIdx.x; c < dim; c += blockDim.x) out[n * dim + c] = src[c];
+}
+// One thread per column: the tokens in order, so every dW element is a sum in token order.
+__global__ void embedding_bwd_kernel(const float* dy, const int64_t* idx, float* dw, int64_t N, int64_t dim,
+                                     int64_t padding_idx) {
+  const int64_t c = blockIdx.x * static_cast<int64_t>(blockDim.x) + threadIdx.x;
+  if (c >= dim) return;
+  for (int64_t n = 0; n < N; ++n) {
+    const int64_t row = idx[n];
+    if (row == padding_idx) continue;
+    dw[row * dim + c] += dy[n * dim + c];
+  }
+}
+}  // namespace
+
+void cast(const void* x, DType from, void* y, DType to, int64_t n, cudaStream_t stream) {
+  auto ok = [](DType d) { return d == DType::f32 || d == DType::bf16 || d == DType::f16; };
+  ATH_CHECK(ok(from) && ok(to), "cuda cast", "cast from ", dtype_name(from), " to ", dtype_name(to),
+            " has no CUDA kernel", Hint{"the CUDA casts cover f32, bf16 and f16"});
+  if (n == 0) return;
+  switch (from) {
+    case DType::f32: cast_from(static_cast<const float*>(x), y, to, n, stream); break;
+    case DType::bf16: cast_from(static_cast<const __nv_bfloat16*>(x), y, to, n, stream); break;
+    case DType::f16: cast_from(static_cast<const __half*>(x), y, to, n, stream); break;
+    default: break;
+  }
+}
+
+void add(const float* a, const float* b, float* y, int64_t n, cudaStream_t stream) {
+  if (n == 0) return;
+  binary_kernel<Binary::add><<<blocks_for(n), kThreads, 0, stream>>>(a, b, y, n);
+  ATH_CUDA_LAUNCHED("add");
+}
+void mul(const float* a, const float* b, float* y, int64_t n, cudaStream_t stream) {
+  if (n == 0) return;
+  binary_kernel<Binary::mul><<<blocks_for(n), kThreads, 0, stream>>>(a, b, y, n);
+  ATH_CUDA_LAUNCHED("mul");
+}
+void scale(const float* x, float alpha, float* y, int64_t n, cudaStream_t stream) {
+  if (n == 0) return;
+  scale_kernel<<<blocks_for(n), kThreads, 0, stream>>>(x, alpha, y, n);
+  ATH_CUDA_LAUNCHED("scale");
+}
+void gelu_tanh_forward(const float* x, float* y, int64_t n, cudaStream_t stream) {
+  if (n == 0) return;
+  gelu_fwd_kernel<<<blocks_for(n), kThreads, 0, stream>>>(x, y, n);
+  ATH_CUDA_LAUNCHED("gelu_fwd_kernel");
+}
+void gelu_tanh_backward(const float* dy, const float* x, float* dx, int64_t n, cudaStream_t stream) {
+  if (n == 0) return;
+  gelu_bwd_kernel<<<blocks_for(n), kThreads, 0, stream>>>(dy, x, dx, n);
+  ATH_CUDA_LAUNCHED("gelu_bwd_kernel");
+}
+void embedding_forward(const float* weight, const int64_t* idx, float* out, int64_t N, int64_t dim, cudaStream_t stream) {
+  if (N == 0) return;
+  embedding_fwd_kernel<<<static_cast<unsigned>(N), kThreads, 0, stream>>>(weight, idx, out, dim);
+  ATH_CUDA_LAUNCHED("embedding_fwd_kernel");
+}
+void embedding_backward(const float* dy, const int64_t* idx, float* dweight, int64_t N, int64_t dim,
+                        int64_t padding_idx, cudaStream_t stream) {
+  if (N == 0) return;
+  embedding_bwd_kernel<<<blocks_for(dim), kThreads, 0, stream>>>(dy, idx, dweight, N, dim, padding_idx);
+  ATH_CUDA_LAUNCHED("embedding_bwd_kernel");
+}
+
+}  // namespace athanor::cuda

@@ -1,0 +1,35 @@
+#pragma once
+// Elementwise CUDA kernels, casts and the embedding lookup: plain functions on contiguous
+// device buffers, launched on `stream`.
+//
+// Invariants:
+//  - casts f32 -> bf16/f16 round to nearest even with denormals kept, exactly as the CPU's
+//    cast() (core/half.h); widening is exact;
+//  - the embedding backward is deterministic without float atomics: each thread owns one
+//    column of dW and adds the tokens' rows in token order, so dW is the same bits every
+//    run (and the CPU's order of additions, row by row).
+#include <cuda_runtime_api.h>
+
+#include <cstdint>
+
+#include "athanor/core/dtype.h"
+
+namespace athanor::cuda {
+
+// y = x converted; from/to in {f32, bf16, f16} (same dtype: a copy).
+void cast(const void* x, DType from, void* y, DType to, int64_t n, cudaStream_t stream);
+void add(const float* a, const float* b, float* y, int64_t n, cudaStream_t stream);   // y = a + b
+void mul(const float* a, const float* b, float* y, int64_t n, cudaStream_t stream);   // y = a * b
+void scale(const float* x, float alpha, float* y, int64_t n, cudaStream_t stream);    // y = alpha x
+// GELU, tanh approximation (GPT-2's): y = 0.5 x (1 + tanh(sqrt(2/pi) (x + 0.044715 x^3))).
+void gelu_tanh_forward(const float* x, float* y, int64_t n, cudaStream_t stream);
+void gelu_tanh_backward(const float* dy, const float* x, float* dx, int64_t n, cudaStream_t stream);
+
+// out[n, :] = weight[idx[n], :] for n < N, rows of `dim` floats. Indices are validated by
+// the caller (the op), as on the CPU.
+void embedding_forward(const float* weight, const int64_t* idx, float* out, int64_t N, int64_t dim, cudaStream_t stream);
+// dweight[idx[n], :] += dy[n, :] in n order; rows n with idx[n] == padding_idx are skipped.
+void embedding_backward(const float* dy, const int64_t* idx, float* dweight, int64_t N, int64_t dim,
+                        int64_t padding_idx, cudaStream_t stream);
+
+}  // namespace athanor::cuda

@@ -1,0 +1,144 @@
+#include "backend/cuda/gemm.h"
+
+#include <array>
+#include <map>
+#include <mutex>
+#include <tuple>
+
+#include "athanor/core/error.h"
+#include "backend/cuda/device_allocator.h"
+#include "backend/cuda/runtime.h"
+
+namespace athanor::cuda {
+
+namespace {
+constexpr std::size_t kWorkspace = std::size_t{32} << 20;
+
+using PlanKey = std::tuple<int, bool, bool, int64_t, int64_t, int64_t, int, int64_t, int64_t, int64_t, int64_t, bool, bool>;
+
+struct Context {
+  cublasLtHandle_t handle = nullptr;
+  void* workspace = nullptr;
+  std::mutex mu;
+  std::map<PlanKey, cublasLtMatmulAlgo_t> plans;
+};
+
+Context& context(int device) {
+  static std::array<Context*, 64> all{};
+  static std::mutex mu;
+  std::lock_guard<std::mutex> l(mu);
+  Context*& c = all.at(static_cast<std::size_t>(device));
+  if (!c) {
+    DeviceGuard g(device);
+    auto* nc = new Context;  // never destroyed: the handle outlives static destructors
+    ATH_CUBLAS(cublasLtCreate(&nc->handle));
+    nc->workspace = DeviceAllocator::get(device).allocate(kWorkspace, MemTag::workspace);
+    c = nc;
+  }
+  return *c;
+}
+
+cudaDataType_t cuda_type(DType d) {
+  switch (d) {
+    case DType::f32: return CUDA_R_32F;
+    case DType::bf16: return CUDA_R_16BF;
+    case DType::f16: return CUDA_R_16F;
+    default: return CUDA_R_32F;
+  }
+}
+
+// RAII for the descriptors of one call.
+struct Descs {
+  cublasLtMatmulDesc_t op = nullptr;
+  cublasLtMatrixLayout_t a = nullptr, b = nullptr, c = nullptr;
+  cublasLtMatmulPreference_t pref = nullptr;
+  ~Descs() {
+    if (pref) cublasLtMatmulPreferenceDestroy(pref);
+    if (c) cublasLtMatrixLayoutDestroy(c);
+    if (b) cublasLtMatrixLayoutDestroy(b);
+    if (a) cublasLtMatrixLayoutDestroy(a);
+    if (op) cublasLtMatmulDescDestroy(op);
+  }
+};
+
+void layout(cublasLtMatrixLayout_t* l, cudaDataType_t t, int64_t rows, int64_t cols, int64_t ld, int64_t batch,
+            int64_t stride) {
+  ATH_CUBLAS(cublasLtMatrixLayoutCreate(l, t, static_cast<uint64_t>(rows), static_cast<uint64_t>(cols), ld));
+  if (batch > 1) {
+    const int32_t bc = static_cast<int32_t>(batch);
+    ATH_CUBLAS(cublasLtMatrixLayoutSetAttribute(*l, CUBLASLT_MATRIX_LAYOUT_BATCH_COUNT, &bc, sizeof bc));
+    ATH_CUBLAS(cublasLtMatrixLayoutSetAttribute(*l, CUBLASLT_MATRIX_LAYOUT_STRIDED_BATCH_OFFSET, &stride, sizeof stride));
+  }
+}
+}  // namespace
+
+void gemm(const GemmArgs& g, int device, cudaStream_t stream) {
+  ATH_CHECK(g.dtype == DType::f32 || g.dtype == DType::bf16 || g.dtype == DType::f16, "cuda gemm",
+            "dtype ", dtype_name(g.dtype), " is not supported", Hint{"use f32, bf16 or f16 (f64 matmuls run on the CPU)"});
+  ATH_CHECK(g.m >= 0 && g.n >= 0 && g.k >= 0 && g.batch >= 1, "cuda gemm", "bad sizes m=", g.m, " n=", g.n, " k=", g.k,
+            " batch=", g.batch, Hint{"sizes must be non-negative and batch at least 1"});
+  const bool has_bias = g.epilogue == GemmEpilogue::bias || g.epilogue == GemmEpilogue::bias_gelu;
+  ATH_CHECK(!has_bias || g.bias, "cuda gemm", "a bias epilogue needs a bias pointer",
+            Hint{"pass the bias, or use GemmEpilogue::none / gelu"});
+  if (g.m == 0 || g.n == 0) return;
+  Context& ctx = context(device);
+  DeviceGuard dg(device);
+  // Row-major C = op(A) op(B) is column-major C^T = op(B)^T op(A)^T: cuBLASLt sees B first.
+  const cudaDataType_t t = cuda_type(g.dtype);
+  const cublasComputeType_t compute = g.dtype == DType::f32
+                                          ? (g.allow_tf32 ? CUBLAS_COMPUTE_32F_FAST_TF32 : CUBLAS_COMPUTE_32F)
+                                          : CUBLAS_COMPUTE_32F;
+  Descs d;
+  ATH_CUBLAS(cublasLtMatmulDescCreate(&d.op, compute, CUDA_R_32F));
+  const cublasOperation_t opb = g.trans_b ? CUBLAS_OP_T : CUBLAS_OP_N, opa = g.trans_a ? CUBLAS_OP_T : CUBLAS_OP_N;
+  ATH_CUBLAS(cublasLtMatmulDescSetAttribute(d.op, CUBLASLT_MATMUL_DESC_TRANSA, &opb, sizeof opb));
+  ATH_CUBLAS(cublasLtMatmulDescSetAttribute(d.op, CUBLASLT_MATMUL_DESC_TRANSB, &opa, sizeof opa));
+  cublasLtEpilogue_t epi = CUBLASLT_EPILOGUE_DEFAULT;
+  switch (g.epilogue) {
+    case GemmEpilogue::none: break;
+    case GemmEpilogue::bias: epi = CUBLASLT_EPILOGUE_BIAS; break;
+    case GemmEpilogue::gelu: epi = CUBLASLT_EPILOGUE_GELU; break;
+    case GemmEpilogue::bias_gelu: epi = CUBLASLT_EPILOGUE_GELU_BIAS; break;
+  }
+  ATH_CUBLAS(cublasLtMatmulDescSetAttribute(d.op, CUBLASLT_MATMUL_DESC_EPILOGUE, &epi, sizeof epi));
+  if (has_bias) {
+    ATH_CUBLAS(cublasLtMatmulDescSetAttribute(d.op, CUBLASLT_MATMUL_DESC_BIAS_POINTER, &g.bias, sizeof g.bias));
+    ATH_CUBLAS(cublasLtMatmulDescSetAttribute(d.op, CUBLASLT_MATMUL_DESC_BIAS_DATA_TYPE, &t, sizeof t));
+  }
+  // Column-major views: B^T is [n, k] stored as B's row-major [k, n] (or [n, k] when trans_b).
+  layout(&d.a, t, g.trans_b ? g.k : g.n, g.trans_b ? g.n : g.k, g.trans_b ? g.k : g.n, g.batch, g.stride_b);
+  layout(&d.b, t, g.trans_a ? g.m : g.k, g.trans_a ? g.k : g.m, g.trans_a ? g.m : g.k, g.batch, g.stride_a);
+  layout(&d.c, t, g.n, g.m, g.n, g.batch, g.stride_c);
+
+  const PlanKey key{static_cast<int>(g.dtype), g.trans_a, g.trans_b, g.m, g.n, g.k, static_cast<int>(g.epilogue),
+                    g.batch, g.stride_a, g.stride_b, g.stride_c, g.allow_tf32, g.beta != 0.0f};
+  cublasLtMatmulAlgo_t algo;
+  {
+    std::lock_guard<std::mutex> l(ctx.mu);
+    auto it = ctx.plans.find(key);
+    if (it != ctx.plans.end()) {
+      algo = it->second;
+    } else {
+      ATH_CUBLAS(cublasLtMatmulPreferenceCreate(&d.pref));
+      ATH_CUBLAS(cublasLtMatmulPreferenceSetAttribute(d.pref, CUBLASLT_MATMUL_PREF_MAX_WORKSPACE_BYTES, &kWorkspace,
+                                                      sizeof kWorkspace));
+      cublasLtMatmulHeuristicResult_t h{};
+      int found = 0;
+      ATH_CUBLAS(cublasLtMatmulAlgoGetHeuristic(ctx.handle, d.op, d.a, d.b, d.c, d.c, d.pref, 1, &h, &found));
+      ATH_CHECK(found > 0, "cuda gemm", "cuBLASLt found no algorithm for m=", g.m, " n=", g.n, " k=", g.k, " ",
+                dtype_name(g.dtype), Hint{"pad the inner dimensions to multiples of 8 (16 bytes) for bf16/f16"});
+      algo = h.algo;
+      ctx.plans.emplace(key, algo);
+    }
+  }
+  ATH_CUBLAS(cublasLtMatmul(ctx.handle, d.op, &g.alpha, g.b, d.a, g.a, d.b, &g.beta, g.c, d.c, g.c, d.c, &algo,
+                            ctx.workspace, kWorkspace, stream));
+}
+
+std::size_t gemm_cached_plans(int device) {
+  Context& ctx = context(device);
+  std::lock_guard<std::mutex> l(ctx.mu);
+  return ctx.plans.size();
+}
+
+}  // namespace athanor::cuda

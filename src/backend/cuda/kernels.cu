@@ -1,0 +1,491 @@
+// The fused CUDA kernels of kernels.h. One translation unit on purpose: every .cu is
+// compiled three times (sm_80, sm_90a, sm_90 PTX), and CI's budget is counted in them.
+#include <cuda_runtime.h>
+
+#include <algorithm>
+#include <cmath>
+
+#include "athanor/core/error.h"
+#include "backend/cuda/kernels.h"
+#include "backend/cuda/runtime.h"
+
+namespace athanor::cuda {
+
+namespace {
+
+constexpr int kRowThreads = 256;
+
+// A block-wide sum in a fixed order: a butterfly in each warp, then warp 0 over the
+// warps' partials. The same bits every run (no atomics).
+template <class T>
+__device__ T block_sum(T v, T* shared) {
+  for (int o = 16; o > 0; o >>= 1) v += __shfl_xor_sync(0xffffffffu, v, o);
+  const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
+  __syncthreads();  // `shared` may still be read from a previous call
+  if (lane == 0) shared[warp] = v;
+  __syncthreads();
+  const int nwarps = blockDim.x / 32;
+  v = lane < nwarps ? shared[lane] : T(0);
+  for (int o = 16; o > 0; o >>= 1) v += __shfl_xor_sync(0xffffffffu, v, o);
+  return v;  // every thread holds the sum
+}
+__device__ float block_max(float v, float* shared) {
+  for (int o = 16; o > 0; o >>= 1) v = fmaxf(v, __shfl_xor_sync(0xffffffffu, v, o));
+  const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
+  __syncthreads();
+  if (lane == 0) shared[warp] = v;
+  __syncthreads();
+  const int nwarps = blockDim.x / 32;
+  v = lane < nwarps ? shared[lane] : -INFINITY;
+  for (int o = 16; o > 0; o >>= 1) v = fmaxf(v, __shfl_xor_sync(0xffffffffu, v, o));
+  return v;
+}
+
+unsigned grid_rows(int64_t rows) { return static_cast<unsigned>(rows); }
+
+// ---- LayerNorm / RMSNorm ----------------------------------------------------------------
+
+__global__ void layer_norm_fwd_kernel(const float* x, const float* w, const float* b, float* y, float* mean,
+                                      float* rstd, int64_t cols, float eps) {
+  __shared__ float sh[32];
+  const int64_t row = blockIdx.x;
+  const float* xr = x + row * cols;
+  float s = 0;
+  for (int64_t c = threadIdx.x; c < cols; c += blockDim.x) s += xr[c];
+  const float mu = block_sum(s, sh) / cols;
+  float ss = 0;  // two passes: (x - mean)^2 loses nothing to a large common offset
+  for (int64_t c = threadIdx.x; c < cols; c += blockDim.x) {
+    const float d = xr[c] - mu;
+    ss += d * d;
+  }
+  const float r = rsqrtf(block_sum(ss, sh) / cols + eps);
+  float* yr = y + row * cols;
+  for (int64_t c = threadIdx.x; c < cols; c += blockDim.x) {
+    const float v = (xr[c] - mu) * r;
+    yr[c] = v * (w ? w[c] : 1.0f) + (b ? b[c] : 0.0f);
+  }
+  if (threadIdx.x == 0) {
+    mean[row] = mu;
+    rstd[row] = r;
+  }
+}
+
+// dnorm = dy w;  dx = rstd (dnorm - mean(dnorm) - xhat mean(dnorm xhat))
+__global__ void layer_norm_bwd_dx_kernel(const float* dy, const float* x, const float* w, const float* mean,
+                                         const float* rstd, float* dx, int64_t cols) {
+  __shared__ float sh[32];
+  const int64_t row = blockIdx.x;
+  const float* xr = x + row * cols;
+  const float* dyr = dy + row * cols;
+  const float mu = mean[row], r = rstd[row];
+  float a = 0, bsum = 0;
+  for (int64_t c = threadIdx.x; c < cols; c += blockDim.x) {
+    const float dn = dyr[c] * (w ? w[c] : 1.0f), xh = (xr[c] - mu) * r;
+    a += dn;
+    bsum += dn * xh;
+  }
+  const float mdn = block_sum(a, sh) / cols;
+  const float mdnx = block_sum(bsum, sh) / cols;
+  float* dxr = dx + row * cols;
+  for (int64_t c = threadIdx.x; c < cols; c += blockDim.x) {
+    const float dn = dyr[c] * (w ? w[c] : 1.0f), xh = (xr[c] - mu) * r;
+    dxr[c] = r * (dn - mdn - xh * mdnx);
+  }
+}
+
+// dw[c] = Σ_rows dy xhat, db[c] = Σ_rows dy: one thread per column, rows in order
+// (coalesced across the warp's columns, deterministic). mean == nullptr: RMSNorm's xhat.
+__global__ void norm_bwd_dw_kernel(const float* dy, const float* x, const float* mean, const float* rstd, float* dw,
+                                   float* db, int64_t rows, int64_t cols) {
+  const int64_t c = blockIdx.x * static_cast<int64_t>(blockDim.x) + threadIdx.x;
+  if (c >= cols) return;
+  float sw = 0, sb = 0;
+  for (int64_t r = 0; r < rows; ++r) {
+    const float g = dy[r * cols + c];
+    const float xh = (x[r * cols + c] - (mean ? mean[r] : 0.0f)) * rstd[r];
+    sw += g * xh;
+    sb += g;
+  }
+  if (dw) dw[c] = sw;
+  if (db) db[c] = sb;
+}
+
+__global__ void rms_norm_fwd_kernel(const float* x, const float* w, float* y, float* rstd, int64_t cols, float eps) {
+  __shared__ float sh[32];
+  const int64_t row = blockIdx.x;
+  const float* xr = x + row * cols;
+  float ss = 0;
+  for (int64_t c = threadIdx.x; c < cols; c += blockDim.x) ss += xr[c] * xr[c];
+  const float r = rsqrtf(block_sum(ss, sh) / cols + eps);
+  for (int64_t c = threadIdx.x; c < cols; c += blockDim.x) y[row * cols + c] = xr[c] * r * (w ? w[c] : 1.0f);
+  if (threadIdx.x == 0) rstd[row] = r;
+}
+
+// dn = dy w;  dx = rstd (dn - xhat mean(dn xhat)),  xhat = x rstd
+__global__ void rms_norm_bwd_dx_kernel(const float* dy, const float* x, const float* w, const float* rstd, float* dx,
+                                       int64_t cols) {
+  __shared__ float sh[32];
+  const int64_t row = blockIdx.x;
+  const float r = rstd[row];
+  float a = 0;
+  for (int64_t c = threadIdx.x; c < cols; c += blockDim.x)
+    a += dy[row * cols + c] * (w ? w[c] : 1.0f) * x[row * cols + c] * r;
+  const float m = block_sum(a, sh) / cols;
+  for (int64_t c = threadIdx.x; c < cols; c += blockDim.x) {
+    const float dn = dy[row * cols + c] * (w ? w[c] : 1.0f), xh = x[row * cols + c] * r;
+    dx[row * cols + c] = r * (dn - xh * m);
+  }
+}
+
+// ---- softmax and cross-entropy ----------------------------------------------------------
+
+__global__ void softmax_kernel(const float* x, float* y, int64_t cols) {
+  __shared__ float sh[32];
+  const float* xr = x + blockIdx.x * cols;
+  float m = -INFINITY;
+  for (int64_t c = threadIdx.x; c < cols; c += blockDim.x) m = fmaxf(m, xr[c]);
+  m = block_max(m, sh);
+  float s = 0;
+  for (int64_t c = threadIdx.x; c < cols; c += blockDim.x) s += expf(xr[c] - m);
+  const float inv = 1.0f / block_sum(s, sh);
+  for (int64_t c = threadIdx.x; c < cols; c += blockDim.x) y[blockIdx.x * cols + c] = expf(xr[c] - m) * inv;
+}
+
+__global__ void softmax_bwd_kernel(const float* dy, const float* y, float* dx, int64_t cols) {
+  __shared__ float sh[32];
+  const int64_t off = blockIdx.x * cols;
+  float s = 0;
+  for (int64_t c = threadIdx.x; c < cols; c += blockDim.x) s += dy[off + c] * y[off + c];
+  s = block_sum(s, sh);
+  for (int64_t c = threadIdx.x; c < cols; c += blockDim.x) dx[off + c] = y[off + c] * (dy[off + c] - s);
+}
+
+// loss = logsum - (1 - eps)(x[t] - max) - eps mean_c(x[c] - max)
+__global__ void ce_fwd_kernel(const float* logits, const int64_t* target, float* stats, float* loss, int64_t C,
+                              int64_t ignore_index, float smoothing) {
+  __shared__ float sh[32];
+  const int64_t n = blockIdx.x;
+  const int64_t t = target[n];
+  if (t == ignore_index) {
+    if (threadIdx.x == 0) stats[2 * n] = stats[2 * n + 1] = loss[n] = 0;
+    return;
+  }
+  const float* xr = logits + n * C;
+  float m = -INFINITY;
+  for (int64_t c = threadIdx.x; c < C; c += blockDim.x) m = fmaxf(m, xr[c]);
+  m = block_max(m, sh);
+  float s = 0, sx = 0;
+  for (int64_t c = threadIdx.x; c < C; c += blockDim.x) {
+    s += expf(xr[c] - m);
+    sx += xr[c] - m;
+  }
+  const float logsum = logf(block_sum(s, sh));
+  const float mean_shifted = block_sum(sx, sh) / C;
+  if (threadIdx.x == 0) {
+    stats[2 * n] = m;
+    stats[2 * n + 1] = logsum;
+    loss[n] = logsum - (1.0f - smoothing) * (xr[t] - m) - smoothing * mean_shifted;
+  }
+}
+
+__global__ void ce_bwd_kernel(const float* logits, const int64_t* target, const float* stats, float scale,
+                              float* dlogits, int64_t C, int64_t ignore_index, float smoothing) {
+  const int64_t n = blockIdx.x;
+  const int64_t t = target[n];
+  const float m = stats[2 * n], logsum = stats[2 * n + 1];
+  const float* xr = logits + n * C;
+  float* dr = dlogits + n * C;
+  const float uniform = smoothing / C;
+  for (int64_t c = threadIdx.x; c < C; c += blockDim.x) {
+    if (t == ignore_index) {
+      dr[c] = 0;
+      continue;
+    }
+    const float p = expf((xr[c] - m) - logsum);  // read before the in-place write below
+    dr[c] = scale * (p - (c == t ? 1.0f - smoothing : 0.0f) - uniform);
+  }
+}
+
+// ---- dropout ----------------------------------------------------------------------------
+
+// athanor::philox4x32 (core/rng.cpp), word for word.
+__device__ uint4 philox4x32_device(uint64_t seed, uint64_t counter) {
+  constexpr uint32_t M0 = 0xD2511F53u, M1 = 0xCD9E8D57u, W0 = 0x9E3779B9u, W1 = 0xBB67AE85u;
+  uint32_t c0 = static_cast<uint32_t>(counter), c1 = static_cast<uint32_t>(counter >> 32), c2 = 0, c3 = 0;
+  uint32_t k0 = static_cast<uint32_t>(seed), k1 = static_cast<uint32_t>(seed >> 32);
+#pragma unroll
+  for (int r = 0; r < 10; ++r) {
+    const uint32_t hi0 = __umulhi(M0, c0), lo0 = M0 * c0;
+    const uint32_t hi1 = __umulhi(M1, c2), lo1 = M1 * c2;
+    c0 = hi1 ^ c1 ^ k0;
+    c1 = lo1;
+    c2 = hi0 ^ c3 ^ k1;
+    c3 = lo0;
+    k0 += W0;
+    k1 += W1;
+  }
+  return make_uint4(c0, c1, c2, c3);
+}
+
+__global__ void dropout_kernel(const float* x, float* y, int64_t n, uint64_t seed, uint64_t offset, uint32_t threshold,
+                               float scale) {
+  const int64_t blk = blockIdx.x * static_cast<int64_t>(blockDim.x) + threadIdx.x;  // one Philox block: 4 elements
+  if (blk * 4 >= n) return;
+  const uint4 r = philox4x32_device(seed, offset + static_cast<uint64_t>(blk));
+  const uint32_t words[4] = {r.x, r.y, r.z, r.w};
+#pragma unroll
+  for (int k = 0; k < 4; ++k) {
+    const int64_t i = blk * 4 + k;
+    if (i < n) y[i] = (words[k] >> 8) >= threshold ? __fmul_rn(x[i], scale) : 0.0f;
+  }
+}
+
+// ---- multi-tensor optimizers and the squared norm --------------------------------------
+
+constexpr int kMaxTensors = 24;  // per launch: the pointer table travels in the kernel's parameters
+constexpr int kChunk = 4096;     // elements per block
+struct TensorTable {
+  float* a[kMaxTensors];
+  const float* g[kMaxTensors];
+  float* s1[kMaxTensors];
+  float* s2[kMaxTensors];
+  int64_t n[kMaxTensors];
+  int64_t first_block[kMaxTensors + 1];
+  int count;
+};
+
+__device__ int find_tensor(const TensorTable& t, int64_t block) {
+  int i = 0;
+  while (i + 1 < t.count && t.first_block[i + 1] <= block) ++i;
+  return i;
+}
+
+// f32(f64(g) * grad_scale), as the CPU's scalar_grad.
+__device__ float scaled_grad(float g, double grad_scale, bool scale) {
+  return scale ? static_cast<float>(static_cast<double>(g) * grad_scale) : g;
+}
+
+// cpu/optimizer_update.cpp's scalar loop; products and sums rounded one by one (__f*_rn),
+// fmaf where the CPU fuses, so the bits are the CPU's.
+__global__ void adam_kernel(TensorTable t, AdamArgs k, bool scale) {
+  const int ti = find_tensor(t, blockIdx.x);
+  const int64_t base = (blockIdx.x - t.first_block[ti]) * static_cast<int64_t>(kChunk);
+  const int64_t end = min(base + kChunk, t.n[ti]);
+  float *w = t.a[ti], *m = t.s1[ti], *v = t.s2[ti];
+  const float* g = t.g[ti];
+  const float omb1 = __fsub_rn(1.0f, k.beta1), omb2 = __fsub_rn(1.0f, k.beta2);
+  for (int64_t i = base + threadIdx.x; i < end; i += blockDim.x) {
+    const float gi = scaled_grad(g[i], k.grad_scale, scale);
+    const float d = k.l2 ? fmaf(w[i], k.wd, gi) : gi;
+    const float mi = fmaf(m[i], k.beta1, __fmul_rn(omb1, d));
+    const float d2 = __fmul_rn(__fmul_rn(omb2, d), d);
+    const float vi = fmaf(v[i], k.beta2, d2);
+    const float den = fmaf(__fsqrt_rn(vi), k.inv_sqrt_bc2, k.eps);
+    const float decayed = __fmul_rn(w[i], k.decay), delta = __fdiv_rn(__fmul_rn(k.step_size, mi), den);
+    m[i] = mi;
+    v[i] = vi;
+    w[i] = __fsub_rn(decayed, delta);
+  }
+}
+
+// d = g + wd w; b = first ? d : momentum b + (1 - dampening) d; d = nesterov ? d + momentum b : b; w -= lr d
+__global__ void sgd_kernel(TensorTable t, SgdArgs k, bool scale) {
+  const int ti = find_tensor(t, blockIdx.x);
+  const int64_t base = (blockIdx.x - t.first_block[ti]) * static_cast<int64_t>(kChunk);
+  const int64_t end = min(base + kChunk, t.n[ti]);
+  float *w = t.a[ti], *b = t.s1[ti];
+  const float* g = t.g[ti];
+  for (int64_t i = base + threadIdx.x; i < end; i += blockDim.x) {
+    float d = fmaf(w[i], k.wd, scaled_grad(g[i], k.grad_scale, scale));
+    if (b) {
+      const float bi = k.first ? d : fmaf(b[i], k.momentum, __fmul_rn(k.one_minus_dampening, d));
+      b[i] = bi;
+      d = k.nesterov ? fmaf(bi, k.momentum, d) : bi;
+    }
+    w[i] = fmaf(-d, k.lr, w[i]);
+  }
+}
+
+__global__ void sum_squares_kernel(TensorTable t, double* partial, bool square) {
+  __shared__ double sh[32];
+  const int ti = find_tensor(t, blockIdx.x);
+  const int64_t base = (blockIdx.x - t.first_block[ti]) * static_cast<int64_t>(kChunk);
+  const int64_t end = min(base + kChunk, t.n[ti]);
+  double s = 0;
+  for (int64_t i = base + threadIdx.x; i < end; i += blockDim.x) {
+    const double x = t.g[ti][i];
+    s = square ? fma(x, x, s) : s + x;
+  }
+  s = block_sum(s, sh);
+  if (threadIdx.x == 0) partial[blockIdx.x] = s;
+}
+
+// One block adds the partials: each thread a strided slice in order, then the fixed tree.
+__global__ void sum_partials_kernel(const double* partial, int64_t n, double* out, bool accumulate) {
+  __shared__ double sh[32];
+  double s = 0;
+  for (int64_t i = threadIdx.x; i < n; i += blockDim.x) s += partial[i];
+  s = block_sum(s, sh);
+  if (threadIdx.x == 0) *out = accumulate ? *out + s : s;
+}
+
+template <class Fill, class Launch>
+void for_tensor_groups(int n_tensors, const int64_t* n, Fill fill, Launch launch) {
+  for (int start = 0; start < n_tensors; start += kMaxTensors) {
+    TensorTable t{};
+    t.count = std::min(kMaxTensors, n_tensors - start);
+    int64_t blocks = 0;
+    for (int j = 0; j < t.count; ++j) {
+      fill(t, j, start + j);
+      t.n[j] = n[start + j];
+      t.first_block[j] = blocks;
+      blocks += (t.n[j] + kChunk - 1) / kChunk;
+    }
+    t.first_block[t.count] = blocks;
+    if (blocks > 0) launch(t, blocks, start);
+  }
+}
+
+}  // namespace
+
+void layer_norm_forward(const float* x, const float* w, const float* b, float* y, float* mean, float* rstd,
+                        int64_t rows, int64_t cols, double eps, cudaStream_t stream) {
+  if (rows == 0) return;
+  layer_norm_fwd_kernel<<<grid_rows(rows), kRowThreads, 0, stream>>>(x, w, b, y, mean, rstd, cols, static_cast<float>(eps));
+  ATH_CUDA_LAUNCHED("layer_norm_fwd_kernel");
+}
+
+void layer_norm_backward(const float* dy, const float* x, const float* w, const float* mean, const float* rstd,
+                         float* dx, float* dw, float* db, int64_t rows, int64_t cols, cudaStream_t stream) {
+  if (rows == 0) return;
+  if (dx) {
+    layer_norm_bwd_dx_kernel<<<grid_rows(rows), kRowThreads, 0, stream>>>(dy, x, w, mean, rstd, dx, cols);
+    ATH_CUDA_LAUNCHED("layer_norm_bwd_dx_kernel");
+  }
+  if (dw || db) {
+    norm_bwd_dw_kernel<<<static_cast<unsigned>((cols + 255) / 256), 256, 0, stream>>>(dy, x, mean, rstd, dw, db, rows, cols);
+    ATH_CUDA_LAUNCHED("norm_bwd_dw_kernel");
+  }
+}
+
+void rms_norm_forward(const float* x, const float* w, float* y, float* rstd, int64_t rows, int64_t cols, double eps,
+                      cudaStream_t stream) {
+  if (rows == 0) return;
+  rms_norm_fwd_kernel<<<grid_rows(rows), kRowThreads, 0, stream>>>(x, w, y, rstd, cols, static_cast<float>(eps));
+  ATH_CUDA_LAUNCHED("rms_norm_fwd_kernel");
+}
+
+void rms_norm_backward(const float* dy, const float* x, const float* w, const float* rstd, float* dx, float* dw,
+                       int64_t rows, int64_t cols, cudaStream_t stream) {
+  if (rows == 0) return;
+  if (dx) {
+    rms_norm_bwd_dx_kernel<<<grid_rows(rows), kRowThreads, 0, stream>>>(dy, x, w, rstd, dx, cols);
+    ATH_CUDA_LAUNCHED("rms_norm_bwd_dx_kernel");
+  }
+  if (dw) {
+    norm_bwd_dw_kernel<<<static_cast<unsigned>((cols + 255) / 256), 256, 0, stream>>>(dy, x, nullptr, rstd, dw, nullptr,
+                                                                                       rows, cols);
+    ATH_CUDA_LAUNCHED("norm_bwd_dw_kernel");
+  }
+}
+
+void softmax_forward(const float* x, float* y, int64_t rows, int64_t cols, cudaStream_t stream) {
+  if (rows == 0) return;
+  softmax_kernel<<<grid_rows(rows), kRowThreads, 0, stream>>>(x, y, cols);
+  ATH_CUDA_LAUNCHED("softmax_kernel");
+}
+
+void softmax_backward(const float* dy, const float* y, float* dx, int64_t rows, int64_t cols, cudaStream_t stream) {
+  if (rows == 0) return;
+  softmax_bwd_kernel<<<grid_rows(rows), kRowThreads, 0, stream>>>(dy, y, dx, cols);
+  ATH_CUDA_LAUNCHED("softmax_bwd_kernel");
+}
+
+void cross_entropy_forward(const float* logits, const int64_t* target, float* stats, float* loss, int64_t N, int64_t C,
+                           int64_t ignore_index, double label_smoothing, cudaStream_t stream) {
+  if (N == 0) return;
+  ce_fwd_kernel<<<grid_rows(N), kRowThreads, 0, stream>>>(logits, target, stats, loss, C, ignore_index,
+                                                            static_cast<float>(label_smoothing));
+  ATH_CUDA_LAUNCHED("ce_fwd_kernel");
+}
+
+void cross_entropy_backward(const float* logits, const int64_t* target, const float* stats, double grad_scale,
+                            float* dlogits, int64_t N, int64_t C, int64_t ignore_index, double label_smoothing,
+                            cudaStream_t stream) {
+  if (N == 0) return;
+  ce_bwd_kernel<<<grid_rows(N), kRowThreads, 0, stream>>>(logits, target, stats, static_cast<float>(grad_scale), dlogits,
+                                                            C, ignore_index, static_cast<float>(label_smoothing));
+  ATH_CUDA_LAUNCHED("ce_bwd_kernel");
+}
+
+void dropout_apply(const float* x, float* y, int64_t n, uint64_t seed, uint64_t offset, uint32_t threshold,
+                   double scale, cudaStream_t stream) {
+  if (n == 0) return;
+  const int64_t blocks = (n + 3) / 4;
+  dropout_kernel<<<static_cast<unsigned>((blocks + 255) / 256), 256, 0, stream>>>(x, y, n, seed, offset, threshold,
+                                                                                 static_cast<float>(scale));
+  ATH_CUDA_LAUNCHED("dropout_kernel");
+}
+
+void adam_multi_tensor(float* const* w, const float* const* g, float* const* m, float* const* v, const int64_t* n,
+                       int n_tensors, const AdamArgs& a, cudaStream_t stream) {
+  for_tensor_groups(
+      n_tensors, n,
+      [&](TensorTable& t, int j, int i) {
+        t.a[j] = w[i];
+        t.g[j] = g[i];
+        t.s1[j] = m[i];
+        t.s2[j] = v[i];
+      },
+      [&](const TensorTable& t, int64_t blocks, int) {
+        adam_kernel<<<static_cast<unsigned>(blocks), 256, 0, stream>>>(t, a, a.grad_scale != 1.0);
+        ATH_CUDA_LAUNCHED("adam_kernel");
+      });
+}
+
+void sgd_multi_tensor(float* const* w, const float* const* g, float* const* b, const int64_t* n, int n_tensors,
+                      const SgdArgs& a, cudaStream_t stream) {
+  for_tensor_groups(
+      n_tensors, n,
+      [&](TensorTable& t, int j, int i) {
+        t.a[j] = w[i];
+        t.g[j] = g[i];
+        t.s1[j] = b ? b[i] : nullptr;
+      },
+      [&](const TensorTable& t, int64_t blocks, int) {
+        sgd_kernel<<<static_cast<unsigned>(blocks), 256, 0, stream>>>(t, a, a.grad_scale != 1.0);
+        ATH_CUDA_LAUNCHED("sgd_kernel");
+      });
+}
+
+int64_t sum_squares_scratch(int64_t total_elements) {
+  // Blocks per tensor round up, so a bound: every tensor may add one partial block.
+  return (total_elements + kChunk - 1) / kChunk + kMaxTensors;
+}
+
+void sum_squares_multi_tensor(const float* const* x, const int64_t* n, int n_tensors, double* scratch, double* out,
+                              cudaStream_t stream) {
+  ATH_CUDA(cudaMemsetAsync(out, 0, sizeof(double), stream));
+  for_tensor_groups(
+      n_tensors, n, [&](TensorTable& t, int j, int i) { t.g[j] = x[i]; },
+      [&](const TensorTable& t, int64_t blocks, int) {
+        sum_squares_kernel<<<static_cast<unsigned>(blocks), 256, 0, stream>>>(t, scratch, true);
+        ATH_CUDA_LAUNCHED("sum_squares_kernel");
+        sum_partials_kernel<<<1, 1024, 0, stream>>>(scratch, blocks, out, true);
+        ATH_CUDA_LAUNCHED("sum_partials_kernel");
+      });
+}
+
+void sum(const float* x, int64_t n, double* scratch, double* out, cudaStream_t stream) {
+  ATH_CUDA(cudaMemsetAsync(out, 0, sizeof(double), stream));
+  for_tensor_groups(
+      1, &n, [&](TensorTable& t, int j, int) { t.g[j] = x; },
+      [&](const TensorTable& t, int64_t blocks, int) {
+        sum_squares_kernel<<<static_cast<unsigned>(blocks), 256, 0, stream>>>(t, scratch, false);
+        ATH_CUDA_LAUNCHED("sum_kernel");
+        sum_partials_kernel<<<1, 1024, 0, stream>>>(scratch, blocks, out, true);
+        ATH_CUDA_LAUNCHED("sum_partials_kernel");
+      });
+}
+
+}  // namespace athanor::cuda

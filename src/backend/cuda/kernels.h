@@ -1,0 +1,76 @@
+#pragma once
+// The CUDA kernels of the backend: plain functions on device pointers, sizes and a stream,
+// the twins of src/backend/cpu's kernels (same arguments, same formulas), launched
+// asynchronously on `stream`. Nothing here synchronises.
+//
+// Invariants:
+//  - statistics and accumulations are in f32 (f64 for the squared norm), as on the CPU;
+//  - every reduction has a fixed order (one block per row, a tree in shared memory of a
+//    fixed shape; column sums over rows in a fixed two-pass order), so results are
+//    bit-identical run to run, and no float atomics are used;
+//  - dropout draws element i's keep bit from philox4x32(seed, offset + i / 4)[i % 4],
+//    the CPU's stream (cpu/dropout.h), so CPU and GPU masks are identical.
+#include <cuda_runtime_api.h>
+
+#include <cstdint>
+
+namespace athanor::cuda {
+
+// LayerNorm over rows of [rows, cols] (f32): y = (x - mean) rstd w + b; w, b may be null.
+void layer_norm_forward(const float* x, const float* w, const float* b, float* y, float* mean, float* rstd,
+                        int64_t rows, int64_t cols, double eps, cudaStream_t stream);
+// dx, dw, db may each be null; dw/db are column sums over the rows in row order (no scratch).
+void layer_norm_backward(const float* dy, const float* x, const float* w, const float* mean, const float* rstd,
+                         float* dx, float* dw, float* db, int64_t rows, int64_t cols, cudaStream_t stream);
+// RMSNorm: y = x rstd w, rstd = 1 / sqrt(mean(x^2) + eps).
+void rms_norm_forward(const float* x, const float* w, float* y, float* rstd, int64_t rows, int64_t cols, double eps,
+                      cudaStream_t stream);
+void rms_norm_backward(const float* dy, const float* x, const float* w, const float* rstd, float* dx, float* dw,
+                       int64_t rows, int64_t cols, cudaStream_t stream);
+
+// Softmax over the rows of [rows, cols] (f32), and its backward from the output:
+// dx = y (dy - Σ_c dy y).
+void softmax_forward(const float* x, float* y, int64_t rows, int64_t cols, cudaStream_t stream);
+void softmax_backward(const float* dy, const float* y, float* dx, int64_t rows, int64_t cols, cudaStream_t stream);
+
+// Cross-entropy fused with log-softmax (cpu/cross_entropy.h's formulas): stats[2n] = max,
+// stats[2n+1] = log sum exp(x - max); loss[n] (f32) per row, 0 where target is ignore_index.
+void cross_entropy_forward(const float* logits, const int64_t* target, float* stats, float* loss, int64_t N, int64_t C,
+                           int64_t ignore_index, double label_smoothing, cudaStream_t stream);
+// dlogits = grad_scale * (softmax - (1 - eps)[c == t] - eps / C); dlogits may be logits
+// (the gradient written in place over the logits, which are then gone).
+void cross_entropy_backward(const float* logits, const int64_t* target, const float* stats, double grad_scale,
+                            float* dlogits, int64_t N, int64_t C, int64_t ignore_index, double label_smoothing,
+                            cudaStream_t stream);
+
+// Inverted dropout on a contiguous buffer (x may be y).
+void dropout_apply(const float* x, float* y, int64_t n, uint64_t seed, uint64_t offset, uint32_t threshold,
+                   double scale, cudaStream_t stream);
+
+// Adam/AdamW over several tensors in one launch (cpu/optimizer_update.h's arithmetic,
+// rounding fixed with explicit fmaf / __fmul_rn so it is bit-identical to the CPU).
+struct AdamArgs {
+  float beta1, beta2, eps, wd, step_size, inv_sqrt_bc2, decay;
+  bool l2;
+  double grad_scale = 1.0;
+};
+void adam_multi_tensor(float* const* w, const float* const* g, float* const* m, float* const* v, const int64_t* n,
+                       int n_tensors, const AdamArgs& a, cudaStream_t stream);
+struct SgdArgs {
+  float lr, wd, momentum, one_minus_dampening;
+  bool nesterov, first;
+  double grad_scale = 1.0;
+};
+void sgd_multi_tensor(float* const* w, const float* const* g, float* const* b, const int64_t* n, int n_tensors,
+                      const SgdArgs& a, cudaStream_t stream);
+
+// Σ x² over several tensors in f64, in a fixed order (blocks of fixed size, then one block
+// sums the partials in index order): `out` is one double on the device. `scratch` holds
+// sum_squares_scratch(total) doubles.
+int64_t sum_squares_scratch(int64_t total_elements);
+void sum_squares_multi_tensor(const float* const* x, const int64_t* n, int n_tensors, double* scratch, double* out,
+                              cudaStream_t stream);
+// Σ x in f64 over one buffer, in the same fixed order (scratch: sum_squares_scratch(n) doubles).
+void sum(const float* x, int64_t n, double* scratch, double* out, cudaStream_t stream);
+
+}  // namespace athanor::cuda
