@@ -7,6 +7,8 @@
 #include <unistd.h>
 
 #include <algorithm>
+#include <chrono>
+#include <cstdio>
 #include <cstdlib>
 #include <filesystem>
 #include <fstream>
@@ -15,7 +17,11 @@
 #include <memory>
 #include <nlohmann/json.hpp>
 
+#include "athanor/autograd/grad_mode.h"
 #include "athanor/core/error.h"
+#include "athanor/core/rng.h"
+#include "athanor/dist/process_group.h"
+#include "athanor/ops/linalg.h"
 #include "athanor/plan/search.h"
 #include "athanor/train/config.h"
 #include "command_registry.h"
@@ -183,7 +189,10 @@ plan::Cluster calibrate(const PlanArgs& a, const plan::TrainSpec& spec, plan::Cl
   return cluster;
 }
 
+bool mpirun_comm_probe(int ranks, double* alpha_s, double* compute_s);  // below
+
 int run_plan(const PlanArgs& a) {
+  plan::set_comm_probe(&mpirun_comm_probe);
   const train::Config cfg = train::Config::load(a.config, a.overrides);
   plan::TrainSpec spec = spec_from_config(cfg);
   const plan::Cluster cluster = plan::load_cluster(a.cluster, a.nodes);
@@ -220,6 +229,63 @@ int run_plan(const PlanArgs& a) {
   }
   return 0;
 }
+
+// `athanor plan-probe` under mpirun: α of this node's ranks as training sees it. Each rank
+// alternates ~1 ms of GEMMs with a 1-element all-reduce (a step's compute between its
+// collectives); α = (time per iteration − the same compute alone) / 2(n−1), the ring's hops
+// (time_model.h). With more ranks than cores this includes waiting for descheduled peers.
+int run_comm_probe() {
+  auto world = dist::init_from_mpi();
+  NoGradGuard ng;
+  const int n = world->size();
+  Generator gen(7);
+  Tensor a = randn({64, 64}, {}, gen), b = randn({64, 64}, {}, gen), one = full({1}, 1.0);
+  auto compute = [&] {
+    for (int i = 0; i < 16; ++i) (void)matmul(a, b).raw_data();
+  };
+  auto per_iter = [&](bool reduce, int iters) {
+    world->barrier();
+    const auto t0 = std::chrono::steady_clock::now();
+    for (int i = 0; i < iters; ++i) {
+      compute();
+      if (reduce) world->all_reduce(one);
+    }
+    return std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count() / iters;
+  };
+  per_iter(true, 20);  // warm-up
+  double alpha = n > 1 ? 1e30 : 0;
+  for (int r = 0; r < 3 && n > 1; ++r) {  // the best of three: the machine is shared
+    const double alone = per_iter(false, 100), mixed = per_iter(true, 100);
+    alpha = std::min(alpha, std::max(0.0, mixed - alone) / (2.0 * (n - 1)));
+  }
+  double alone = 1e30;
+  for (int r = 0; r < 3; ++r) alone = std::min(alone, per_iter(false, 100));
+  Tensor t = from_vector(std::vector<double>{alpha, alone}, {2}, TensorOptions(DType::f64));
+  world->all_reduce(t, dist::ReduceOp::max);  // the slowest rank's: a collective waits for it
+  if (world->rank() == 0) std::printf("alpha_s %.9g compute_s %.9g\n", t.data_ptr<double>()[0], t.data_ptr<double>()[1]);
+  dist::finalize();
+  return 0;
+}
+
+// The planner's CommProbe: runs `athanor plan-probe` under mpirun with `ranks` processes.
+bool mpirun_comm_probe(int ranks, double* alpha_s, double* compute_s) {
+  std::error_code ec;
+  const std::string self = std::filesystem::read_symlink("/proc/self/exe", ec).string();
+  if (ec || std::system("command -v mpirun > /dev/null 2>&1") != 0) return false;
+  const std::string cmd = "OMP_NUM_THREADS=1 mpirun --oversubscribe --allow-run-as-root --mca btl_vader_single_copy_mechanism none "
+                          "-x OMP_NUM_THREADS -np " + std::to_string(ranks) + " '" + self + "' plan-probe 2>/dev/null";
+  std::FILE* p = popen(cmd.c_str(), "r");
+  if (!p) return false;
+  bool got = false;
+  char line[256];
+  while (std::fgets(line, sizeof line, p))
+    if (!got && std::sscanf(line, "alpha_s %lf compute_s %lf", alpha_s, compute_s) == 2) got = true;
+  return pclose(p) == 0 && got;
+}
+
+const bool registered_probe = register_command(
+    {"plan-probe", "Measure the collective latency of this node's ranks (run under mpirun; athanor plan --cluster cpu runs it once)",
+     [](CLI::App&) { return [] { return run_comm_probe(); }; }});
 
 const bool registered = register_command(
     {"plan", "Plan the parallel layout (dp x tp x pp, ZeRO, micro-batch, recompute) of a GPT config on a cluster",
