@@ -195,7 +195,13 @@ int run_plan(const PlanArgs& a) {
   plan::set_comm_probe(&mpirun_comm_probe);
   const train::Config cfg = train::Config::load(a.config, a.overrides);
   plan::TrainSpec spec = spec_from_config(cfg);
-  const plan::Cluster cluster = plan::load_cluster(a.cluster, a.nodes);
+  plan::Cluster cluster = plan::load_cluster(a.cluster, a.nodes);
+  if (cluster.shared_compute && spec.precision != plan::Precision::f32) {
+    // This CPU: the low-precision efficiency at the model's own GEMM shape (a micro-batch's tokens
+    // by the MLP's h × 4h), relative to the f32 efficiency the cluster holds.
+    const double speedup = plan::lowp_gemm_speedup(spec.micro_batch * spec.model.seq, spec.model.n_embd, 4 * spec.model.n_embd);
+    cluster.efficiency_lowp = std::min(1.0, cluster.efficiency * speedup * cluster.peak(plan::Precision::f32) / cluster.peak(spec.precision));
+  }
   spec.packed_weights = spec.packed_weights && cluster.shared_compute;  // GEMM-layout copies are the CPU kernels'
   if (a.evaluate) {
     const int world = a.world > 0 ? a.world : cluster.devices();

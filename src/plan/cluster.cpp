@@ -205,6 +205,35 @@ double gemm_probe(DType dt) {
 
 }  // namespace
 
+double lowp_gemm_speedup(int64_t m, int64_t k, int64_t n) {
+  NoGradGuard ng;
+  const int threads = omp_get_max_threads();
+  omp_set_num_threads(1);
+  Generator gen(7);
+  const Tensor a = randn({m, k}, {}, gen), w = randn({k, n}, {}, gen);
+  // As training runs it: f32 inputs, cast to bf16 per op under autocast (the weights are f32 masters).
+  auto rate = [&](bool lowp) {
+    auto once = [&] { (void)(lowp ? matmul(a.to(DType::bf16), w.to(DType::bf16)) : matmul(a, w)).raw_data(); };
+    once();  // warm-up
+    double best = 1e30;
+    for (int r = 0; r < 3; ++r) {
+      int reps = 0;
+      const auto t0 = std::chrono::steady_clock::now();
+      double s = 0;
+      while (s < 0.02) {
+        once();
+        ++reps;
+        s = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+      }
+      best = std::min(best, s / reps);
+    }
+    return best;
+  };
+  const double f32 = rate(false), bf16 = rate(true);
+  omp_set_num_threads(threads);
+  return f32 / bf16;
+}
+
 std::vector<std::string> preset_names() { return {"h100-sxm-80gb", "a100-80gb", "cpu"}; }
 
 std::string default_cpu_cache_path() {

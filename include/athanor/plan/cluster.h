@@ -73,6 +73,11 @@ std::string default_cpu_cache_path();
 using CommProbe = bool (*)(int ranks, double* alpha_s, double* compute_s);
 void set_comm_probe(CommProbe probe);  // $XDG_CACHE_HOME or ~/.cache /athanor/cpu-cluster.yaml
 
+// How much faster one thread runs an (m × k)·(k × n) GEMM in bf16 than in f32, with the casts
+// from f32 autocast does per op: the model's own shapes, which a 256³ probe does not represent
+// (small GEMMs, or a CPU without fast bf16, gain far less than the peak ratio).
+double lowp_gemm_speedup(int64_t m, int64_t k, int64_t n);
+
 std::string to_yaml(const Cluster& c);  // a cluster file load_cluster reads back
 
 size_t levenshtein(const std::string& a, const std::string& b);
