@@ -237,7 +237,7 @@ int run_plan(const PlanArgs& a) {
 }
 
 // `athanor plan-probe` under mpirun: α of this node's ranks as training sees it. Each rank
-// alternates ~1 ms of GEMMs with a 1-element all-reduce (a step's compute between its
+// alternates ~0.3 ms of GEMMs with a 1-element all-reduce (a step's compute between its
 // collectives); α = (time per iteration − the same compute alone) / 2(n−1), the ring's hops
 // (time_model.h). With more ranks than cores this includes waiting for descheduled peers.
 int run_comm_probe() {
@@ -259,13 +259,18 @@ int run_comm_probe() {
     return std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count() / iters;
   };
   per_iter(true, 20);  // warm-up
-  double alpha = n > 1 ? 1e30 : 0;
-  for (int r = 0; r < 3 && n > 1; ++r) {  // the best of three: the machine is shared
-    const double alone = per_iter(false, 100), mixed = per_iter(true, 100);
-    alpha = std::min(alpha, std::max(0.0, mixed - alone) / (2.0 * (n - 1)));
+  // Five interleaved pairs (the load of a shared machine drifts alike over both), medians.
+  std::vector<double> alone_s, mixed_s;
+  for (int r = 0; r < 5; ++r) {
+    alone_s.push_back(per_iter(false, 100));
+    if (n > 1) mixed_s.push_back(per_iter(true, 100));
   }
-  double alone = 1e30;
-  for (int r = 0; r < 3; ++r) alone = std::min(alone, per_iter(false, 100));
+  auto median = [](std::vector<double> v) {
+    std::sort(v.begin(), v.end());
+    return v[v.size() / 2];
+  };
+  const double alone = median(alone_s);
+  const double alpha = n > 1 ? std::max(0.0, median(mixed_s) - alone) / (2.0 * (n - 1)) : 0.0;
   Tensor t = from_vector(std::vector<double>{alpha, alone}, {2}, TensorOptions(DType::f64));
   world->all_reduce(t, dist::ReduceOp::max);  // the slowest rank's: a collective waits for it
   if (world->rank() == 0) std::printf("alpha_s %.9g compute_s %.9g\n", t.data_ptr<double>()[0], t.data_ptr<double>()[1]);
