@@ -102,6 +102,9 @@ for r in sorted(mem["ranks"], key=lambda r: r["rank"]):
 EOF
 done
 cat "$WORK/table.md"
+# The CPU cluster the predictions used (its probe's α and rank slowdown), for the record.
+echo; echo "cpu cluster (measured by athanor plan):"
+grep -E "efficiency|latency|slowdown|cores|comm_probe" "$WORK/cache/athanor/cpu-cluster.yaml" | tr '\n' ';'; echo
 python3 - "$WORK/table.md" "$ASSERT" <<'EOF'
 import re, sys
 rows = [l for l in open(sys.argv[1]) if l.startswith("| ") and not l.startswith("| config")]

@@ -7,6 +7,8 @@
 #include <unistd.h>
 
 #include <algorithm>
+#include <chrono>
+#include <cstdio>
 #include <cstdlib>
 #include <filesystem>
 #include <fstream>
@@ -15,7 +17,11 @@
 #include <memory>
 #include <nlohmann/json.hpp>
 
+#include "athanor/autograd/grad_mode.h"
 #include "athanor/core/error.h"
+#include "athanor/core/rng.h"
+#include "athanor/dist/process_group.h"
+#include "athanor/ops/linalg.h"
 #include "athanor/plan/search.h"
 #include "athanor/train/config.h"
 #include "command_registry.h"
@@ -183,10 +189,19 @@ plan::Cluster calibrate(const PlanArgs& a, const plan::TrainSpec& spec, plan::Cl
   return cluster;
 }
 
+bool mpirun_comm_probe(int ranks, double* alpha_s, double* compute_s);  // below
+
 int run_plan(const PlanArgs& a) {
+  plan::set_comm_probe(&mpirun_comm_probe);
   const train::Config cfg = train::Config::load(a.config, a.overrides);
   plan::TrainSpec spec = spec_from_config(cfg);
-  const plan::Cluster cluster = plan::load_cluster(a.cluster, a.nodes);
+  plan::Cluster cluster = plan::load_cluster(a.cluster, a.nodes);
+  if (cluster.shared_compute && spec.precision != plan::Precision::f32) {
+    // This CPU: the low-precision efficiency at the model's own GEMM shape (a micro-batch's tokens
+    // by the MLP's h × 4h), relative to the f32 efficiency the cluster holds.
+    const double speedup = plan::lowp_gemm_speedup(spec.micro_batch * spec.model.seq, spec.model.n_embd, 4 * spec.model.n_embd);
+    cluster.efficiency_lowp = std::min(1.0, cluster.efficiency * speedup * cluster.peak(plan::Precision::f32) / cluster.peak(spec.precision));
+  }
   spec.packed_weights = spec.packed_weights && cluster.shared_compute;  // GEMM-layout copies are the CPU kernels'
   if (a.evaluate) {
     const int world = a.world > 0 ? a.world : cluster.devices();
@@ -220,6 +235,68 @@ int run_plan(const PlanArgs& a) {
   }
   return 0;
 }
+
+// `athanor plan-probe` under mpirun: α of this node's ranks as training sees it. Each rank
+// alternates ~0.3 ms of GEMMs with a 1-element all-reduce (a step's compute between its
+// collectives); α = (time per iteration − the same compute alone) / 2(n−1), the ring's hops
+// (time_model.h). With more ranks than cores this includes waiting for descheduled peers.
+int run_comm_probe() {
+  auto world = dist::init_from_mpi();
+  NoGradGuard ng;
+  const int n = world->size();
+  Generator gen(7);
+  Tensor a = randn({64, 64}, {}, gen), b = randn({64, 64}, {}, gen), one = full({1}, 1.0);
+  auto compute = [&] {
+    for (int i = 0; i < 16; ++i) (void)matmul(a, b).raw_data();
+  };
+  auto per_iter = [&](bool reduce, int iters) {
+    world->barrier();
+    const auto t0 = std::chrono::steady_clock::now();
+    for (int i = 0; i < iters; ++i) {
+      compute();
+      if (reduce) world->all_reduce(one);
+    }
+    return std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count() / iters;
+  };
+  per_iter(true, 20);  // warm-up
+  // Five interleaved pairs (the load of a shared machine drifts alike over both), medians.
+  std::vector<double> alone_s, mixed_s;
+  for (int r = 0; r < 5; ++r) {
+    alone_s.push_back(per_iter(false, 100));
+    if (n > 1) mixed_s.push_back(per_iter(true, 100));
+  }
+  auto median = [](std::vector<double> v) {
+    std::sort(v.begin(), v.end());
+    return v[v.size() / 2];
+  };
+  const double alone = median(alone_s);
+  const double alpha = n > 1 ? std::max(0.0, median(mixed_s) - alone) / (2.0 * (n - 1)) : 0.0;
+  Tensor t = from_vector(std::vector<double>{alpha, alone}, {2}, TensorOptions(DType::f64));
+  world->all_reduce(t, dist::ReduceOp::max);  // the slowest rank's: a collective waits for it
+  if (world->rank() == 0) std::printf("alpha_s %.9g compute_s %.9g\n", t.data_ptr<double>()[0], t.data_ptr<double>()[1]);
+  dist::finalize();
+  return 0;
+}
+
+// The planner's CommProbe: runs `athanor plan-probe` under mpirun with `ranks` processes.
+bool mpirun_comm_probe(int ranks, double* alpha_s, double* compute_s) {
+  std::error_code ec;
+  const std::string self = std::filesystem::read_symlink("/proc/self/exe", ec).string();
+  if (ec || std::system("command -v mpirun > /dev/null 2>&1") != 0) return false;
+  const std::string cmd = "OMP_NUM_THREADS=1 mpirun --oversubscribe --allow-run-as-root --mca btl_vader_single_copy_mechanism none "
+                          "-x OMP_NUM_THREADS -np " + std::to_string(ranks) + " '" + self + "' plan-probe 2>/dev/null";
+  std::FILE* p = popen(cmd.c_str(), "r");
+  if (!p) return false;
+  bool got = false;
+  char line[256];
+  while (std::fgets(line, sizeof line, p))
+    if (!got && std::sscanf(line, "alpha_s %lf compute_s %lf", alpha_s, compute_s) == 2) got = true;
+  return pclose(p) == 0 && got;
+}
+
+const bool registered_probe = register_command(
+    {"plan-probe", "Measure the collective latency of this node's ranks (run under mpirun; athanor plan --cluster cpu runs it once)",
+     [](CLI::App&) { return [] { return run_comm_probe(); }; }});
 
 const bool registered = register_command(
     {"plan", "Plan the parallel layout (dp x tp x pp, ZeRO, micro-batch, recompute) of a GPT config on a cluster",

@@ -92,7 +92,8 @@ double number(const YAML::Node& n, const std::string& key, const std::string& so
 Cluster from_yaml(const YAML::Node& y, const std::string& source) {
   static const std::vector<std::string> keys = {"name", "devices_per_node", "nodes", "memory_gib", "peak_tflops",
                                                 "efficiency", "efficiency_lowp", "intra_node", "inter_node", "shared_compute", "cores",
-                                                "memory_calibration"};
+                                                "memory_calibration", "oversubscribed_latency_us", "comm_probe",
+                                                "slowdown_at_cores", "slowdown_at_2cores"};
   ATH_CHECK(y.IsMap(), "plan", source, ": a cluster file is a YAML mapping", Hint{"see include/athanor/plan/cluster.h"});
   for (const auto& kv : y) {
     const std::string k = kv.first.as<std::string>();
@@ -131,6 +132,11 @@ Cluster from_yaml(const YAML::Node& y, const std::string& source) {
   c.inter = link("inter_node", c.intra);
   if (y["shared_compute"]) c.shared_compute = y["shared_compute"].as<bool>();
   if (y["cores"]) c.cores = static_cast<int>(number(y["cores"], "cores", source));
+  if (y["oversubscribed_latency_us"])
+    c.latency_oversubscribed_s = number(y["oversubscribed_latency_us"], "oversubscribed_latency_us", source) * 1e-6;
+  if (y["comm_probe"]) c.comm_probe = y["comm_probe"].as<std::string>();
+  if (y["slowdown_at_cores"]) c.slowdown_at_cores = number(y["slowdown_at_cores"], "slowdown_at_cores", source);
+  if (y["slowdown_at_2cores"]) c.slowdown_at_2cores = number(y["slowdown_at_2cores"], "slowdown_at_2cores", source);
   if (y["memory_calibration"]) c.memory_calibration = number(y["memory_calibration"], "memory_calibration", source);
   ATH_CHECK(c.devices_per_node >= 1 && c.nodes >= 1 && c.memory_bytes > 0 && c.peak_f32 > 0 && c.efficiency > 0 &&
                 c.efficiency <= 1 && c.intra.bytes_per_s > 0 && c.inter.bytes_per_s > 0,
@@ -150,6 +156,9 @@ std::string to_yaml(const Cluster& c) {
     << ", latency_us: " << c.intra.latency_s * 1e6 << "}\ninter_node: {gbps: " << c.inter.bytes_per_s / 1e9
     << ", latency_us: " << c.inter.latency_s * 1e6 << "}\nshared_compute: " << (c.shared_compute ? "true" : "false")
     << "\ncores: " << c.cores << "\nmemory_calibration: " << c.memory_calibration << "\n";
+  if (c.latency_oversubscribed_s >= 0) o << "oversubscribed_latency_us: " << c.latency_oversubscribed_s * 1e6 << "\n";
+  if (!c.comm_probe.empty()) o << "comm_probe: " << c.comm_probe << "\n";
+  if (c.slowdown_at_cores >= 0) o << "slowdown_at_cores: " << c.slowdown_at_cores << "\nslowdown_at_2cores: " << c.slowdown_at_2cores << "\n";
   return o.str();
 }
 
@@ -196,6 +205,35 @@ double gemm_probe(DType dt) {
 
 }  // namespace
 
+double lowp_gemm_speedup(int64_t m, int64_t k, int64_t n) {
+  NoGradGuard ng;
+  const int threads = omp_get_max_threads();
+  omp_set_num_threads(1);
+  Generator gen(7);
+  const Tensor a = randn({m, k}, {}, gen), w = randn({k, n}, {}, gen);
+  // As training runs it: f32 inputs, cast to bf16 per op under autocast (the weights are f32 masters).
+  auto rate = [&](bool lowp) {
+    auto once = [&] { (void)(lowp ? matmul(a.to(DType::bf16), w.to(DType::bf16)) : matmul(a, w)).raw_data(); };
+    once();  // warm-up
+    double best = 1e30;
+    for (int r = 0; r < 3; ++r) {
+      int reps = 0;
+      const auto t0 = std::chrono::steady_clock::now();
+      double s = 0;
+      while (s < 0.02) {
+        once();
+        ++reps;
+        s = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+      }
+      best = std::min(best, s / reps);
+    }
+    return best;
+  };
+  const double f32 = rate(false), bf16 = rate(true);
+  omp_set_num_threads(threads);
+  return f32 / bf16;
+}
+
 std::vector<std::string> preset_names() { return {"h100-sxm-80gb", "a100-80gb", "cpu"}; }
 
 std::string default_cpu_cache_path() {
@@ -205,9 +243,48 @@ std::string default_cpu_cache_path() {
   return (base / "athanor" / "cpu-cluster.yaml").string();
 }
 
+namespace {
+CommProbe g_comm_probe = nullptr;
+
+// α at `cores` ranks (each rank has a core) and at 2 × `cores` (oversubscribed), from the
+// registered mpirun probe; false when there is none or it failed (the nominal 5 µs stays).
+bool probe_latencies(Cluster& c) {
+  if (!g_comm_probe) return false;
+  const int n = std::max(2, c.cores);
+  double a1 = 0, t1 = 0, fit = 0, t_fit = 0, over = 0, t_over = 0;
+  if (!g_comm_probe(1, &a1, &t1) || !g_comm_probe(n, &fit, &t_fit) || !g_comm_probe(2 * n, &over, &t_over) || t1 <= 0) return false;
+  c.intra.latency_s = fit;
+  c.inter.latency_s = fit;
+  c.latency_oversubscribed_s = std::max(fit, over);
+  c.slowdown_at_cores = std::max(1.0, t_fit / t1);
+  c.slowdown_at_2cores = std::max(c.slowdown_at_cores, t_over / t1);
+  c.comm_probe = "mpirun";
+  return true;
+}
+
+void write_cache(const Cluster& c, const std::string& cache_path) {
+  std::error_code ec;
+  fs::create_directories(fs::path(cache_path).parent_path(), ec);
+  std::ofstream(cache_path) << "# this CPU, measured by athanor plan (delete to measure again)\n" << to_yaml(c);
+}
+}  // namespace
+
+void set_comm_probe(CommProbe probe) { g_comm_probe = probe; }
+
+double Cluster::rank_slowdown(int r) const {
+  const double n = std::max(1, cores);
+  if (slowdown_at_cores < 0 || slowdown_at_2cores < 0) return std::max<double>(r, n) / n;  // the cores shared evenly
+  if (r <= 1) return 1;
+  if (r <= n) return 1 + (slowdown_at_cores - 1) * (r - 1) / std::max(1.0, n - 1);
+  if (r <= 2 * n) return slowdown_at_cores + (slowdown_at_2cores - slowdown_at_cores) * (r - n) / n;
+  return slowdown_at_2cores * r / (2 * n);
+}
+
 Cluster cpu_cluster(const std::string& cache_path) {
   if (!cache_path.empty() && fs::exists(cache_path)) {
     Cluster c = from_yaml(YAML::LoadFile(cache_path), cache_path);
+    // A cache from before the latency probe: measure the latencies now, keep the rest.
+    if (c.comm_probe.empty() && probe_latencies(c)) write_cache(c, cache_path);
     c.source = "this CPU, measured once (cached in " + cache_path + ")";
     return c;
   }
@@ -232,11 +309,8 @@ Cluster cpu_cluster(const std::string& cache_path) {
   const double bw = memcpy_bytes_per_s();
   c.intra = {bw, 5e-6};  // Open MPI's shared-memory transport: a copy in, a copy out per message
   c.inter = c.intra;
-  if (!cache_path.empty()) {
-    std::error_code ec;
-    fs::create_directories(fs::path(cache_path).parent_path(), ec);
-    std::ofstream(cache_path) << "# this CPU, measured by athanor plan (delete to measure again)\n" << to_yaml(c);
-  }
+  probe_latencies(c);  // α measured under mpirun when the CLI registered its probe
+  if (!cache_path.empty()) write_cache(c, cache_path);
   c.source = "this CPU, measured now" + (cache_path.empty() ? std::string() : " (cached in " + cache_path + ")");
   return c;
 }

@@ -186,5 +186,52 @@ TEST(Plan, ClusterFileErrorsNameTheKey) {
   std::filesystem::remove_all(dir);
 }
 
+// The CPU preset's measured latencies and rank slowdown survive its cache, and a cache from
+// before them (no comm_probe) still loads, with the even-sharing fallback.
+TEST(Plan, MeasuredCommunicationRoundTripsThroughTheCache) {
+  const auto dir = std::filesystem::temp_directory_path() / "athanor_plan_test_comm";
+  std::filesystem::create_directories(dir);
+  const auto p = (dir / "cpu.yaml").string();
+  std::ofstream(p) << "devices_per_node: 8\nmemory_gib: 2\npeak_tflops: {f32: 0.1}\nshared_compute: true\ncores: 2\n";
+  const Cluster old = load_cluster(p);
+  EXPECT_TRUE(old.comm_probe.empty());
+  EXPECT_DOUBLE_EQ(old.rank_slowdown(1), 1.0);
+  EXPECT_DOUBLE_EQ(old.rank_slowdown(2), 1.0);
+  EXPECT_DOUBLE_EQ(old.rank_slowdown(4), 2.0);  // 4 ranks on 2 cores
+  Cluster c = old;
+  c.intra.latency_s = c.inter.latency_s = 300e-6;
+  c.latency_oversubscribed_s = 900e-6;
+  c.slowdown_at_cores = 1.5;
+  c.slowdown_at_2cores = 3.5;
+  c.comm_probe = "mpirun";
+  std::ofstream(p) << to_yaml(c);
+  const Cluster back = load_cluster(p);
+  EXPECT_EQ(back.comm_probe, "mpirun");
+  EXPECT_NEAR(back.intra.latency_s, 300e-6, 1e-12);
+  EXPECT_NEAR(back.latency_oversubscribed_s, 900e-6, 1e-12);
+  EXPECT_DOUBLE_EQ(back.rank_slowdown(1), 1.0);
+  EXPECT_DOUBLE_EQ(back.rank_slowdown(2), 1.5);
+  EXPECT_DOUBLE_EQ(back.rank_slowdown(3), 2.5);
+  EXPECT_DOUBLE_EQ(back.rank_slowdown(4), 3.5);
+  EXPECT_DOUBLE_EQ(back.rank_slowdown(8), 7.0);
+
+  // The measured terms enter the step time: tp 2 pays 4 all-reduces per layer of 2 hops of α
+  // plus the trainer's per-step collectives; 4 oversubscribed ranks pay the oversubscribed α.
+  TrainSpec s;
+  s.model = {"tiny", 4, 4, 64, 64, 256, true, 0.0};
+  s.precision = Precision::f32;
+  s.optimizer = "adamw";
+  Layout tp2;
+  tp2.tp = 2;
+  const StepTime t_old = step_time(s, tp2, old), t_new = step_time(s, tp2, back);
+  EXPECT_NEAR(t_new.tp_comm - t_old.tp_comm, 4 * 4 * 2 * (300e-6 - old.intra.latency_s), 1e-9);
+  EXPECT_NEAR(t_new.sync, (2 + 2) * 300e-6, 1e-12);  // the world's found-inf vote and tp's norm, 2 hops each
+  Layout dp4;
+  dp4.dp = 4;
+  EXPECT_NEAR(step_time(s, dp4, back).sync, (6 + 2 * 3) * 900e-6, 1e-12);  // world all-reduce + 2 dp all-gathers
+  EXPECT_NEAR(step_time(s, dp4, back).compute, 3.5 * step_time(s, Layout{}, back).compute, 1e-12);
+  std::filesystem::remove_all(dir);
+}
+
 }  // namespace
 }  // namespace athanor::plan

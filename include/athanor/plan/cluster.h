@@ -40,6 +40,17 @@ struct Cluster {
   bool shared_compute = false;
   // Measured peak over predicted peak, from `athanor plan --calibrate` (1 = the model as is).
   double memory_calibration = 1.0;
+  // α between ranks when a node's ranks outnumber its cores (< 0: as the link's): a collective
+  // then waits for descheduled peers. `comm_probe` says how the latencies were measured
+  // ("mpirun": the CPU probe below; empty: nominal).
+  double latency_oversubscribed_s = -1;
+  std::string comm_probe;
+  // shared_compute: how much slower one rank computes when `cores` (resp. 2 × `cores`) ranks
+  // compute at once than when it runs alone (measured by the same probe; < 0: not measured,
+  // then the ranks are taken to share the cores evenly). The cores a node's ranks get are not
+  // always all of them: other work on the node takes its share.
+  double slowdown_at_cores = -1, slowdown_at_2cores = -1;
+  double rank_slowdown(int ranks_on_node) const;
   int cores = 1;  // shared_compute: the node's cores; a rank runs one thread (OMP_NUM_THREADS=1 under mpirun)
   int devices() const { return devices_per_node * nodes; }
   double peak(Precision p) const;  // per device
@@ -53,7 +64,19 @@ Cluster load_cluster(const std::string& name_or_file, int nodes = 0);
 // This CPU as a cluster: the clock-based peak (backend/cpu/cpu_peak.h), a memcpy bandwidth
 // for the shared-memory "links", measured once and cached in cache_path (empty: not cached).
 Cluster cpu_cluster(const std::string& cache_path);
-std::string default_cpu_cache_path();  // $XDG_CACHE_HOME or ~/.cache /athanor/cpu-cluster.yaml
+std::string default_cpu_cache_path();
+// Measures α among `ranks` processes of this node under mpirun (the apps layer registers it:
+// it launches the CLI itself); returns false when it cannot (no mpirun). The CPU cluster runs it
+// once, at `cores` and at 2 × `cores` ranks, and caches the result; a cache written before the
+// probe existed (no comm_probe key) is probed again.
+// `alpha_s`: α; `compute_s`: the probe's compute per iteration, the slowest rank's.
+using CommProbe = bool (*)(int ranks, double* alpha_s, double* compute_s);
+void set_comm_probe(CommProbe probe);  // $XDG_CACHE_HOME or ~/.cache /athanor/cpu-cluster.yaml
+
+// How much faster one thread runs an (m × k)·(k × n) GEMM in bf16 than in f32, with the casts
+// from f32 autocast does per op: the model's own shapes, which a 256³ probe does not represent
+// (small GEMMs, or a CPU without fast bf16, gain far less than the peak ratio).
+double lowp_gemm_speedup(int64_t m, int64_t k, int64_t n);
 
 std::string to_yaml(const Cluster& c);  // a cluster file load_cluster reads back
 

@@ -17,6 +17,11 @@
 //  - pipeline: a send and a receive of one micro-batch's boundary activation per micro-batch
 //    and direction, on the critical path; the bubble is (pp−1)/m of the compute for GPipe and
 //    1F1B, (pp−1)/(v·m) interleaved, a third of 1F1B's for ZB-H1;
+//  - DDP reduces in buckets of dist.bucket_mb, each an all-reduce with its own latencies; the
+//    trainer adds a few latency-bound collectives per step (found-inf vote, loss and targets
+//    over dp, gradient norm over tp, loss broadcast over pp);
+//  - α is the link's, or on a node whose ranks outnumber its cores the oversubscribed α (the
+//    CPU preset measures both under mpirun: plan-probe);
 //  - a group is on the intra-node link when all its ranks share a node (ranks: tp fastest, then
 //    dp, then pp), else on the inter-node link.
 #include <string>
@@ -27,7 +32,7 @@
 namespace athanor::plan {
 
 struct StepTime {
-  double compute = 0, bubble = 0, dp_comm = 0, tp_comm = 0, pp_comm = 0;
+  double compute = 0, bubble = 0, dp_comm = 0, tp_comm = 0, pp_comm = 0, sync = 0;
   double total = 0;
   double tokens_per_s = 0, mfu = 0;
   double model_flops = 0;  // per step, whole model, without recompute (MFU's numerator)
