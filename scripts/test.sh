@@ -6,7 +6,8 @@
 #                                     kernel tests again at each lower ISA level this CPU runs
 #   bash scripts/test.sh --fast       ... without the slow tests (label "slow")
 #   bash scripts/test.sh --long       ... and the runs too long for CI (label "long": the doctor's
-#                                     whole catalogue, gpt-char trained at lr-find's lr; ~25 min)
+#                                     whole catalogue, gpt-char trained at lr-find's lr, the planner against
+#                                     24 real runs; ~27 min)
 #   bash scripts/test.sh --sanitize   ASan + UBSan + LSan build in build-asan/, allocator cache off
 #                                     (implies --fast)
 #   --labels a,b,c                    only the tests with these labels (and only their executables
@@ -36,7 +37,7 @@ while [[ $# -gt 0 ]]; do
     --sanitize) SANITIZE=1; SLOW=0 ;;
     --labels) shift; LABELS=${1:-} ;;
     --labels=*) LABELS=${1#--labels=} ;;
-    -h|--help) sed -n '2,23p' "${BASH_SOURCE[0]}" | sed 's/^# \{0,1\}//'; exit 0 ;;
+    -h|--help) sed -n '2,24p' "${BASH_SOURCE[0]}" | sed 's/^# \{0,1\}//'; exit 0 ;;
     *) echo "test.sh: unknown option '$1' (expected --fast, --long, --sanitize or --labels a,b)" >&2; exit 2 ;;
   esac
   shift
