@@ -1,5 +1,6 @@
 #include "athanor/core/error.h"
 
+#include <algorithm>
 #include <cstring>
 
 namespace athanor {
@@ -34,6 +35,18 @@ Error::Error(std::string op, std::string what, std::string hint, std::string mod
 ModuleScope::ModuleScope(const std::string& name) { module_stack.push_back(name); rebuild_path(); }
 ModuleScope::~ModuleScope() { module_stack.pop_back(); rebuild_path(); }
 const std::string& current_module_path() { return module_path_cache; }
+
+size_t edit_distance(const std::string& a, const std::string& b) {
+  std::vector<size_t> prev(b.size() + 1), cur(b.size() + 1);
+  for (size_t j = 0; j <= b.size(); ++j) prev[j] = j;
+  for (size_t i = 1; i <= a.size(); ++i) {
+    cur[0] = i;
+    for (size_t j = 1; j <= b.size(); ++j)
+      cur[j] = std::min({prev[j] + 1, cur[j - 1] + 1, prev[j - 1] + (a[i - 1] == b[j - 1] ? 0 : 1)});
+    std::swap(prev, cur);
+  }
+  return prev[b.size()];
+}
 
 namespace detail {
 void throw_error(const std::string& op, const char* file, int line, std::pair<std::string, std::string> msg) {

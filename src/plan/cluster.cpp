@@ -32,18 +32,6 @@ double Cluster::peak(Precision p) const {
   return peak_f32;
 }
 
-size_t levenshtein(const std::string& a, const std::string& b) {
-  std::vector<size_t> prev(b.size() + 1), cur(b.size() + 1);
-  for (size_t j = 0; j <= b.size(); ++j) prev[j] = j;
-  for (size_t i = 1; i <= a.size(); ++i) {
-    cur[0] = i;
-    for (size_t j = 1; j <= b.size(); ++j)
-      cur[j] = std::min({prev[j] + 1, cur[j - 1] + 1, prev[j - 1] + (a[i - 1] == b[j - 1] ? 0 : 1)});
-    std::swap(prev, cur);
-  }
-  return prev[b.size()];
-}
-
 namespace {
 
 constexpr double GiB = 1024.0 * 1024.0 * 1024.0;
@@ -100,7 +88,7 @@ Cluster from_yaml(const YAML::Node& y, const std::string& source) {
     if (std::find(keys.begin(), keys.end(), k) == keys.end()) {
       std::string near = keys[0];
       for (const auto& c : keys)
-        if (levenshtein(k, c) < levenshtein(k, near)) near = c;
+        if (edit_distance(k, c) < edit_distance(k, near)) near = c;
       ATH_FAIL("plan", source, ": unknown key '", k, "'", Hint{"did you mean '" + near + "'?"});
     }
   }
@@ -335,7 +323,7 @@ Cluster load_cluster(const std::string& name_or_file, int nodes) {
   } else {
     std::string near;
     for (const auto& p : preset_names())
-      if (near.empty() || levenshtein(name_or_file, p) < levenshtein(name_or_file, near)) near = p;
+      if (near.empty() || edit_distance(name_or_file, p) < edit_distance(name_or_file, near)) near = p;
     ATH_FAIL("plan", "unknown cluster preset '", name_or_file, "' (and no such file)",
              Hint{"did you mean '" + near + "'? presets: h100-sxm-80gb, a100-80gb, cpu; or give a cluster YAML file"});
   }

@@ -61,6 +61,17 @@ double gemm_probe_flops(DType dt) {
   return flops;
 }
 
+// This rank and its place in the mesh, the head of each rank's record in the per-rank files.
+nlohmann::json rank_coordinates(const ParallelContext& par) {
+  const auto* mesh = par.mesh();
+  nlohmann::json j;
+  j["rank"] = par.rank();
+  j["dp"] = mesh ? mesh->dp_index() : 0;
+  j["tp"] = mesh ? mesh->tp_index() : 0;
+  j["pp"] = mesh ? mesh->pp_index() : 0;
+  return j;
+}
+
 }  // namespace
 
 void Trainer::measure_peak_flops() {
@@ -304,12 +315,7 @@ void Trainer::profile_window(int64_t step, bool at_start) {
 }
 
 void Trainer::write_pipeline_timeline(int64_t step) {
-  const auto* mesh = par_->mesh();
-  nlohmann::json mine;
-  mine["rank"] = par_->rank();
-  mine["dp"] = mesh ? mesh->dp_index() : 0;
-  mine["tp"] = mesh ? mesh->tp_index() : 0;
-  mine["pp"] = mesh ? mesh->pp_index() : 0;
+  nlohmann::json mine = rank_coordinates(*par_);
   nlohmann::json events = nlohmann::json::array();
   for (const auto& e : step_pipeline_->timeline())
     events.push_back({dist::action_name(e.kind), e.mb, e.chunk, e.start, e.end});
@@ -337,12 +343,7 @@ void Trainer::write_rank_memory(const MemoryStats& step_stats, bool last) {
   if (!last) return;
   // What `athanor plan --evaluate` is checked against: each rank's allocator high-water mark
   // (requested bytes), the largest over the steps (the allocator's peak is reset per step).
-  const auto* mesh = par_->mesh();
-  nlohmann::json mine;
-  mine["rank"] = par_->rank();
-  mine["dp"] = mesh ? mesh->dp_index() : 0;
-  mine["tp"] = mesh ? mesh->tp_index() : 0;
-  mine["pp"] = mesh ? mesh->pp_index() : 0;
+  nlohmann::json mine = rank_coordinates(*par_);
   mine["peak_total"] = run_peak_.peak_total;
   mine["last_step_peak_total"] = step_stats.peak_total;
   for (int t = 0; t < kNumMemTags; ++t) mine["peak"][mem_tag_name(static_cast<MemTag>(t))] = run_peak_.peak[t];

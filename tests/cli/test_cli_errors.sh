@@ -6,28 +6,7 @@ set -u
 ATHANOR=$1
 WORK=$(mktemp -d)
 trap 'rm -rf "$WORK"' EXIT
-failures=0
-
-# expect_error NAME EXPECTED_STATUS NEEDLES COMMAND...
-#   NEEDLES: substrings the output must contain, separated by '|'.
-expect_error() {
-  local name=$1 want=$2 needles=$3
-  shift 3
-  local out status
-  out=$("$@" 2>&1)
-  status=$?
-  if [[ $status -ne $want ]]; then
-    echo "FAIL $name: exit status $status, expected $want"; echo "$out" | sed 's/^/    /'; failures=$((failures + 1)); return
-  fi
-  local needle
-  IFS='|' read -ra list <<< "$needles"
-  for needle in "${list[@]}"; do
-    if [[ "$out" != *"$needle"* ]]; then
-      echo "FAIL $name: output lacks '$needle'"; echo "$out" | sed 's/^/    /'; failures=$((failures + 1)); return
-    fi
-  done
-  echo "ok   $name"
-}
+source "$(dirname "${BASH_SOURCE[0]}")/expect_error.sh"
 
 printf 'trainer:\n  max_stpes: 3\n' > "$WORK/unknown_key.yaml"
 expect_error unknown-key 1 "unknown_key.yaml: unknown key 'trainer.max_stpes'|hint: did you mean 'trainer.max_steps'?" \

@@ -7,27 +7,7 @@ ATHANOR=$1
 WORK=$(mktemp -d)
 trap 'rm -rf "$WORK"' EXIT
 export XDG_CACHE_HOME=$WORK/cache
-failures=0
-
-# expect NAME EXPECTED_STATUS NEEDLES COMMAND...   (NEEDLES: substrings, separated by '|')
-expect() {
-  local name=$1 want=$2 needles=$3
-  shift 3
-  local out status
-  out=$("$@" 2>&1)
-  status=$?
-  if [[ $status -ne $want ]]; then
-    echo "FAIL $name: exit status $status, expected $want"; echo "$out" | sed 's/^/    /'; failures=$((failures + 1)); return
-  fi
-  local needle
-  IFS='|' read -ra list <<< "$needles"
-  for needle in "${list[@]}"; do
-    if [[ "$out" != *"$needle"* ]]; then
-      echo "FAIL $name: output lacks '$needle'"; echo "$out" | sed 's/^/    /'; failures=$((failures + 1)); return
-    fi
-  done
-  echo "ok   $name"
-}
+source "$(dirname "${BASH_SOURCE[0]}")/../cli/expect_error.sh"
 
 for _ in 1 2 3 4 5 6 7 8 9 10; do echo "The quick brown fox jumps over the lazy dog, again and again and again."; done > "$WORK/corpus.txt"
 cat > "$WORK/tiny.yaml" <<EOF
@@ -45,25 +25,25 @@ optimizer: {packed_weights: false}
 EOF
 printf 'name: two\ndevices_per_node: 2\nmemory_gib: 1\npeak_tflops: {f32: 0.1}\nshared_compute: true\ncores: 2\n' > "$WORK/two.yaml"
 
-expect unknown-preset 1 "unknown cluster preset 'h100-sxm'|hint: did you mean 'h100-sxm-80gb'?" \
+expect_error unknown-preset 1 "unknown cluster preset 'h100-sxm'|hint: did you mean 'h100-sxm-80gb'?" \
   "$ATHANOR" plan "$WORK/tiny.yaml" --cluster h100-sxm
-expect heads-do-not-divide 1 "n_head 2 does not divide by tp 4|hint:" \
+expect_error heads-do-not-divide 1 "n_head 2 does not divide by tp 4|hint:" \
   "$ATHANOR" plan "$WORK/tiny.yaml" --cluster cpu --evaluate --world 4 dist.tp=4
-expect layers-do-not-divide 1 "n_layer 2 does not divide by pp 4|hint:" \
+expect_error layers-do-not-divide 1 "n_layer 2 does not divide by pp 4|hint:" \
   "$ATHANOR" plan "$WORK/tiny.yaml" --cluster cpu --evaluate --world 4 dist.pp=4
-expect width-does-not-divide 1 "model.n_embd (32) does not divide by model.n_head (3)|hint:" \
+expect_error width-does-not-divide 1 "model.n_embd (32) does not divide by model.n_head (3)|hint:" \
   "$ATHANOR" plan "$WORK/tiny.yaml" --cluster cpu model.n_head=3
-expect too-big-for-the-cluster 1 "fits on 8 a100-80gb devices|hint: the smallest a100-80gb cluster that holds it has 8 nodes|--nodes 8" \
+expect_error too-big-for-the-cluster 1 "fits on 8 a100-80gb devices|hint: the smallest a100-80gb cluster that holds it has 8 nodes|--nodes 8" \
   "$ATHANOR" plan "$WORK/gpt3.yaml" --cluster a100-80gb --nodes 1
-expect gpt3-plan 0 "decision tree:|1. the model on one device|rejected:|best: dp" \
+expect_error gpt3-plan 0 "decision tree:|1. the model on one device|rejected:|best: dp" \
   "$ATHANOR" plan "$WORK/gpt3.yaml" --cluster a100-80gb --nodes 128 --global-batch 1536
-expect bad-cluster-key 1 "unknown key 'memory_gb'|did you mean 'memory_gib'?" \
+expect_error bad-cluster-key 1 "unknown key 'memory_gb'|did you mean 'memory_gib'?" \
   bash -c "printf 'devices_per_node: 2\nmemory_gb: 1\npeak_tflops: {f32: 1}\n' > '$WORK/bad.yaml'; '$ATHANOR' plan '$WORK/tiny.yaml' --cluster '$WORK/bad.yaml'"
 
 # --write: the best layout as a config that `athanor train` runs as it is (2 processes).
-expect write 0 "best: dp 2 tp 1 pp 1|wrote $WORK/best.yaml (mpirun -np 2" \
+expect_error write 0 "best: dp 2 tp 1 pp 1|wrote $WORK/best.yaml (mpirun -np 2" \
   "$ATHANOR" plan "$WORK/tiny.yaml" --cluster "$WORK/two.yaml" --write "$WORK/best.yaml"
-expect train-the-written 0 "step 2" \
+expect_error train-the-written 0 "step 2" \
   env OMP_NUM_THREADS=1 mpirun --oversubscribe --allow-run-as-root --mca btl_vader_single_copy_mechanism none -np 2 \
   "$ATHANOR" train "$WORK/best.yaml" out_dir="$WORK/runs"
 

@@ -44,6 +44,9 @@ class ModuleScope {
 };
 const std::string& current_module_path();
 
+// Levenshtein distance between two names, for the "did you mean" of an error's hint.
+size_t edit_distance(const std::string& a, const std::string& b);
+
 namespace detail {
 struct MessageBuilder {
   std::ostringstream text;

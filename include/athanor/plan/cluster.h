@@ -80,6 +80,4 @@ double lowp_gemm_speedup(int64_t m, int64_t k, int64_t n);
 
 std::string to_yaml(const Cluster& c);  // a cluster file load_cluster reads back
 
-size_t levenshtein(const std::string& a, const std::string& b);
-
 }  // namespace athanor::plan

@@ -52,7 +52,4 @@ class Config {
   std::string source_;
 };
 
-// Levenshtein distance, for "did you mean".
-size_t edit_distance(const std::string& a, const std::string& b);
-
 }  // namespace athanor::train
