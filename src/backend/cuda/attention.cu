@@ -449,7 +449,7 @@ Args<T> make_args(const AttentionDims& d, const AttentionLayout& L, bool causal,
   Args<T> a{};
   a.sq = L.q, a.sk = L.k, a.sv = L.v, a.so = L.o;
   a.H = static_cast<int>(d.H);
-  a.group = static_cast<int>(d.H / d.kv_heads());
+  a.group = static_cast<int>(d.group());
   a.Tq = static_cast<int>(d.Tq), a.Tk = static_cast<int>(d.Tk);
   a.scale = static_cast<float>(scale);
   a.scale_log2 = static_cast<float>(scale * 1.4426950408889634);

@@ -37,10 +37,12 @@
 
 namespace athanor::cuda {
 
+// The CPU's AttentionDims (cpu/attention.h, with grouped-query attention's Hkv), field for field.
 struct AttentionDims {
   int64_t B = 1, H = 1, Tq = 0, Tk = 0, D = 0, Dv = 0;
   int64_t Hkv = 0;  // kv heads; 0 means H
   int64_t kv_heads() const { return Hkv > 0 ? Hkv : H; }
+  int64_t group() const { return H / kv_heads(); }  // query heads per kv head
 };
 // Element strides of one operand whose rows are contiguous: element (b, h, t, c) is at
 // b * this->b + h * this->h + t * this->t + c (h counts kv heads for k and v).
