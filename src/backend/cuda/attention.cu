@@ -202,38 +202,44 @@ __global__ void __launch_bounds__(32 * W) attn_fwd_kernel(Args<T> a) {
     __syncthreads();
     warp_mm<true, false, Bc, D>(Qs + r0 * LD, LD, Ks, LD, Ss + r0 * LDS, LDS);  // S = Q K^T
     __syncwarp();
-    // Online softmax of the warp's 16 rows, one row at a time across the lanes (in log2 units).
-    for (int r = 0; r < 16; ++r) {
-      const int row = r0 + r, qi = i0 + row;
-      float x[Bc / 32];
+    // Online softmax of the warp's 16 rows (in log2 units): lanes 2r and 2r+1 share row r, each
+    // on half of its columns (visited from a per-row rotation, so the lanes of a warp hit
+    // different banks); one shuffle joins the halves' max and sum.
+    {
+      constexpr int kHalfBc = Bc / 2, kHalfD = D / 2;
+      const int rr = lane / 2, half = lane % 2, row = r0 + rr, qi = i0 + row;
+      float* srow = Ss + row * LDS + half * kHalfBc;
+      T* prow = Ps + row * LDP + half * kHalfBc;
+      const int kbase = j0 + half * kHalfBc;
       float mx = -INFINITY;
-#pragma unroll
-      for (int j = 0; j < Bc / 32; ++j) {
-        const int c = lane + 32 * j, kj = j0 + c;
+      for (int t = 0; t < kHalfBc; ++t) {
+        const int j = (t + rr) % kHalfBc, kj = kbase + j;
         const bool vis = kj < a.Tk && (!a.causal || kj <= qi);
-        x[j] = vis ? Ss[row * LDS + c] * a.scale_log2 : -INFINITY;
-        mx = fmaxf(mx, x[j]);
+        const float x = vis ? srow[j] * a.scale_log2 : -INFINITY;
+        srow[j] = x;
+        mx = fmaxf(mx, x);
       }
-      const float mold = Ms[row], mnew = fmaxf(mold, warp_max(mx));
+      mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, 1));
+      const float mold = Ms[row], mnew = fmaxf(mold, mx);
       float corr = 1.0f, sum = 0.0f;
       if (mnew != -INFINITY) {  // else every key so far is masked: nothing to add yet
         corr = exp2f(mold - mnew);  // 0 when mold is -inf
-#pragma unroll
-        for (int j = 0; j < Bc / 32; ++j) {
-          x[j] = exp2f(x[j] - mnew);  // masked: exp2(-inf) = 0
-          sum += x[j];
+        for (int t = 0; t < kHalfBc; ++t) {
+          const int j = (t + rr) % kHalfBc;
+          const float p = exp2f(srow[j] - mnew);  // masked: exp2(-inf) = 0
+          sum += p;
+          prow[j] = from_f<T>(p);
         }
       } else {
-#pragma unroll
-        for (int j = 0; j < Bc / 32; ++j) x[j] = 0.0f;
+        for (int j = 0; j < kHalfBc; ++j) prow[j] = from_f<T>(0.0f);
       }
-      sum = warp_sum(sum);
-#pragma unroll
-      for (int j = 0; j < Bc / 32; ++j) Ps[row * LDP + lane + 32 * j] = from_f<T>(x[j]);
-      if (corr != 1.0f)
-        for (int c = lane; c < D; c += 32) Os[row * LDO + c] *= corr;
-      __syncwarp();  // every lane has read Ms[row] before lane 0 writes it
-      if (lane == 0) {
+      sum += __shfl_xor_sync(0xffffffffu, sum, 1);
+      if (corr != 1.0f) {
+        float* orow = Os + row * LDO + half * kHalfD;
+        for (int t = 0; t < kHalfD; ++t) orow[(t + rr) % kHalfD] *= corr;
+      }
+      __syncwarp();  // both lanes of the row have read Ms[row]
+      if (half == 0) {
         Ms[row] = mnew;
         Ls[row] = Ls[row] * corr + sum;
       }
