@@ -173,13 +173,13 @@ cmd_run() {
   local tests_s=$(($(date +%s) - t0))
 
   # 1b. The attention micro-benchmark: forward+backward TFLOP/s at GPT-2-124M's shape (one JSON
-  # line; its own budget caps the timing loops at ~10 s).
+  # line; its own budget caps the timing loops at ~8 s).
   local attn_status
   set +e
-  timeout 30 ./bin/bench_cuda_attention --max-seconds 10 >"$out/attention_bench.json" 2>>"$log"
+  timeout 20 ./bin/bench_cuda_attention --max-seconds 8 >"$out/attention_bench.json" 2>>"$log"
   rc=$?
   set -e
-  attn_status=$([[ $rc -eq 0 ]] && echo passed || ([[ $rc -eq 124 ]] && echo "timed out after 30 s" || echo "failed (exit $rc)"))
+  attn_status=$([[ $rc -eq 0 ]] && echo passed || ([[ $rc -eq 124 ]] && echo "timed out after 20 s" || echo "failed (exit $rc)"))
   cat "$out/attention_bench.json" >>"$log" 2>/dev/null || true
 
   # 2. + 3. Training and the benchmark need trainer.device=cuda in the CLI (the registry's
