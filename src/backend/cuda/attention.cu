@@ -90,9 +90,13 @@ __device__ __forceinline__ void warp_mm(const T* A, int lda, const T* B, int ldb
   } else {
     using namespace nvcuda;
     using BLayout = std::conditional_t<kBT, wmma::col_major, wmma::row_major>;
-    wmma::fragment<wmma::matrix_a, 16, 16, 16, T, wmma::row_major> a;
+    // The warp's A (16 x K, at most 16 x 128: 8 fragments, 32 registers) is loaded once and
+    // reused for every 16 columns of C.
+    wmma::fragment<wmma::matrix_a, 16, 16, 16, T, wmma::row_major> a[K / 16];
     wmma::fragment<wmma::matrix_b, 16, 16, 16, T, BLayout> b;
     wmma::fragment<wmma::accumulator, 16, 16, 16, float> c;
+#pragma unroll
+    for (int kk = 0; kk < K / 16; ++kk) wmma::load_matrix_sync(a[kk], A + kk * 16, lda);
 #pragma unroll 1
     for (int n0 = 0; n0 < N; n0 += 16) {
       if constexpr (kAcc)
@@ -100,10 +104,9 @@ __device__ __forceinline__ void warp_mm(const T* A, int lda, const T* B, int ldb
       else
         wmma::fill_fragment(c, 0.0f);
 #pragma unroll
-      for (int k0 = 0; k0 < K; k0 += 16) {
-        wmma::load_matrix_sync(a, A + k0, lda);
-        wmma::load_matrix_sync(b, kBT ? B + n0 * ldb + k0 : B + k0 * ldb + n0, ldb);
-        wmma::mma_sync(c, a, b, c);
+      for (int kk = 0; kk < K / 16; ++kk) {
+        wmma::load_matrix_sync(b, kBT ? B + n0 * ldb + kk * 16 : B + kk * 16 * ldb + n0, ldb);
+        wmma::mma_sync(c, a[kk], b, c);
       }
       wmma::store_matrix_sync(C + n0, c, ldc, wmma::mem_row_major);
     }
