@@ -10,9 +10,10 @@
 // Invariants:
 //  - the Tq x Tk score matrix is never materialised: a block holds one score tile of its rows
 //    in shared memory at a time; causal key tiles entirely above the diagonal are skipped;
-//  - forward: one block per (b, h, 64-row query tile), four warps, each owning 16 query rows
-//    end to end (their scores, softmax statistics and output accumulator), so the softmax needs
-//    no block-wide synchronisation; K and V tiles pass through shared memory;
+//  - forward: one block per (b, h, query tile of 64 rows; 32 for f32), four warps (two), each
+//    owning 16 query rows end to end (their scores, softmax statistics and output accumulator,
+//    two lanes per row in the softmax), so the softmax needs no block-wide synchronisation;
+//    K and V tiles pass through shared memory;
 //  - backward, deterministic with no atomics at all: a dK/dV pass with one block per
 //    (b, kv head, key tile), each warp owning 16 key rows and adding the contributions of every
 //    query tile of every query head of its group in a fixed order; then a separate dQ pass
