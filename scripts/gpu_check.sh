@@ -10,7 +10,8 @@
 #                                        that the packed binaries start with only the packed
 #                                        libraries and /usr/local/cuda (LD_DEBUG shows every load)
 #   bash scripts/gpu_check.sh run        on the GPU machine (from the repository root, gpu_pack/
-#                                        carried): unpack, run the gpu tests, the 200-step
+#                                        carried): unpack, run the gpu tests, the CUDA attention
+#                                        micro-benchmark (GPT-2-124M's shape, bf16), the 200-step
 #                                        gpt-char run on cuda and `athanor bench` on gpt2-124m,
 #                                        each under a time limit; writes $OUT/gpu_check.json
 #                                        (the summary) and $OUT/gpu_check.log
@@ -27,7 +28,7 @@ ROOT=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
 PACK_DIR=$ROOT/gpu_pack
 ARCHIVE=$PACK_DIR/athanor-gpu.tar.xz
 MAX_ARCHIVE_BYTES=$((48 * 1024 * 1024))  # well under the 64 MiB one device run carries
-BINARIES=(tests/athanor_tests_gpu apps/athanor/athanor)
+BINARIES=(tests/athanor_tests_gpu apps/athanor/athanor bench/bench_cuda_attention)
 
 # Libraries never packed: the C runtime the machine has, and the CUDA libraries that must be
 # the machine's own (its driver's libcuda above all).
@@ -45,7 +46,7 @@ cmd_pack() {
   # ATHANOR_NATIVE=OFF: the GPU machine's processor is not this one.
   athanor_configure "$build" -DATHANOR_CUDA=ON -DATHANOR_NATIVE=OFF -DATHANOR_SANITIZE=OFF -DATHANOR_BUILD_TESTS=ON \
     -DCMAKE_CUDA_COMPILER=/usr/local/cuda/bin/nvcc >/dev/null
-  cmake --build "$build" -j"${ATHANOR_JOBS:-2}" --target athanor_tests_gpu athanor_cli
+  cmake --build "$build" -j"${ATHANOR_JOBS:-2}" --target athanor_tests_gpu athanor_cli bench_cuda_attention
 
   local stage
   stage=$(mktemp -d)
@@ -171,6 +172,16 @@ cmd_run() {
   tests_status=$([[ $rc -eq 0 ]] && echo passed || ([[ $rc -eq 124 ]] && echo "timed out after 150 s" || echo "failed (exit $rc)"))
   local tests_s=$(($(date +%s) - t0))
 
+  # 1b. The attention micro-benchmark: forward+backward TFLOP/s at GPT-2-124M's shape (one JSON
+  # line; its own budget caps the timing loops at ~8 s).
+  local attn_status
+  set +e
+  timeout 20 ./bin/bench_cuda_attention --max-seconds 8 >"$out/attention_bench.json" 2>>"$log"
+  rc=$?
+  set -e
+  attn_status=$([[ $rc -eq 0 ]] && echo passed || ([[ $rc -eq 124 ]] && echo "timed out after 20 s" || echo "failed (exit $rc)"))
+  cat "$out/attention_bench.json" >>"$log" 2>/dev/null || true
+
   # 2. + 3. Training and the benchmark need trainer.device=cuda in the CLI (the registry's
   # CUDA slot); until then they are reported as skipped, with the CLI's own answer.
   local train_status bench_status probe
@@ -195,11 +206,16 @@ cmd_run() {
     set -e
   fi
 
-  python3 - "$out/gpu_tests.json" "$json" "$tests_status" "$tests_s" "$train_status" "$bench_status" <<'EOF'
+  python3 - "$out/gpu_tests.json" "$json" "$tests_status" "$tests_s" "$train_status" "$bench_status" \
+    "$out/attention_bench.json" "$attn_status" <<'EOF'
 import json, subprocess, sys
-tests_json, out, tests_status, tests_s, train_status, bench_status = sys.argv[1:]
+tests_json, out, tests_status, tests_s, train_status, bench_status, attn_json, attn_status = sys.argv[1:]
 summary = {"tests": {"status": tests_status, "seconds": int(tests_s)}, "train_gpt_char_200": train_status,
-           "bench_gpt2_124m": bench_status}
+           "bench_gpt2_124m": bench_status, "attention_bench": {"status": attn_status}}
+try:
+    summary["attention_bench"].update(json.load(open(attn_json)))
+except Exception as e:
+    summary["attention_bench"]["report"] = "no JSON from bench_cuda_attention: %s" % e
 try:
     r = json.load(open(tests_json))
     cases = [c for s in r.get("testsuites", []) for c in s.get("testsuite", [])]
@@ -215,6 +231,7 @@ except Exception as e:
     summary["gpu"] = "nvidia-smi: %s" % e
 # On the GPU machine a skipped gpu test means the GPU was not seen: that is a failure.
 summary["ok"] = (tests_status == "passed" and not summary["tests"].get("skipped")
+                 and attn_status == "passed"
                  and "failed" not in train_status and "failed" not in bench_status)
 json.dump(summary, open(out, "w"), indent=2)
 print(json.dumps(summary, indent=2))

@@ -1,0 +1,163 @@
+// CUDA flash attention (src/backend/cuda/attention.h): forward, backward and both, timed with
+// CUDA events on the compute stream, at GPT-2-124M's shape by default (B 16, H 12, T 1024,
+// D 64, causal, bf16, packed qkv). Prints one JSON line (ms per call and TFLOP/s).
+//
+// FLOPs by the usual convention (FlashAttention's papers): forward 4 B H Tq Tk D, halved when
+// causal; backward 2.5x the forward (5 products against 2), not counting the products this
+// kernel recomputes for its deterministic dQ pass. So the figures compare with others'.
+//
+//   bench_cuda_attention [--B 16] [--H 12] [--Hkv H] [--T 1024] [--D 64] [--dtype bf16|f16|f32]
+//                        [--noncausal] [--contiguous] [--iters 20] [--max-seconds 10]
+#include <cuda_runtime_api.h>
+
+#include <algorithm>
+#include <chrono>
+#include <cmath>
+#include <cstdio>
+#include <cstdlib>
+#include <cstring>
+#include <string>
+#include <vector>
+
+#include "athanor/core/dtype.h"
+#include "athanor/core/error.h"
+#include "backend/cuda/attention.h"
+#include "backend/cuda/runtime.h"
+
+using namespace athanor;
+
+namespace {
+
+struct Options {
+  int64_t B = 16, H = 12, Hkv = 0, T = 1024, D = 64;
+  DType dtype = DType::bf16;
+  bool causal = true, packed = true;
+  int iters = 20;
+  double max_seconds = 10;
+};
+
+Options parse(int argc, char** argv) {
+  Options o;
+  for (int i = 1; i < argc; ++i) {
+    const std::string a = argv[i];
+    auto next = [&]() -> std::string {
+      ATH_CHECK(i + 1 < argc, "bench_cuda_attention", a, " needs a value", Hint{"see the usage at the top of bench/cuda_attention.cpp"});
+      return argv[++i];
+    };
+    if (a == "--B") o.B = std::stoll(next());
+    else if (a == "--H") o.H = std::stoll(next());
+    else if (a == "--Hkv") o.Hkv = std::stoll(next());
+    else if (a == "--T") o.T = std::stoll(next());
+    else if (a == "--D") o.D = std::stoll(next());
+    else if (a == "--dtype") o.dtype = dtype_from_name(next());
+    else if (a == "--noncausal") o.causal = false;
+    else if (a == "--contiguous") o.packed = false;
+    else if (a == "--iters") o.iters = std::stoi(next());
+    else if (a == "--max-seconds") o.max_seconds = std::stod(next());
+    else ATH_FAIL("bench_cuda_attention", "unknown argument ", a, Hint{"see the usage at the top of bench/cuda_attention.cpp"});
+  }
+  return o;
+}
+
+void* device_alloc(std::size_t bytes) {
+  void* p = nullptr;
+  ATH_CUDA(cudaMalloc(&p, bytes));
+  return p;
+}
+
+// Random bits as small values of the dtype: uniform in [-1, 1) rounded (host, then copied).
+void fill(void* dev, int64_t n, DType dt, unsigned seed) {
+  std::vector<uint16_t> h16;
+  std::vector<float> h32(n);
+  uint32_t s = seed * 2654435761u + 1;
+  for (auto& x : h32) {
+    s = s * 1664525u + 1013904223u;
+    x = static_cast<float>(s >> 8) / 8388608.0f - 1.0f;
+  }
+  if (dt == DType::f32) {
+    ATH_CUDA(cudaMemcpy(dev, h32.data(), n * 4, cudaMemcpyHostToDevice));
+    return;
+  }
+  h16.resize(n);
+  for (int64_t i = 0; i < n; ++i) h16[i] = dt == DType::bf16 ? float_to_bf16_bits(h32[i]) : float_to_f16_bits(h32[i]);
+  ATH_CUDA(cudaMemcpy(dev, h16.data(), n * 2, cudaMemcpyHostToDevice));
+}
+
+}  // namespace
+
+int main(int argc, char** argv) try {
+  const Options o = parse(argc, argv);
+  const int64_t Hkv = o.Hkv > 0 ? o.Hkv : o.H;
+  const cuda::AttentionDims d{o.B, o.H, o.T, o.T, o.D, o.D, Hkv};
+  const cuda::AttentionLayout L = o.packed ? cuda::AttentionLayout::packed_qkv(d) : cuda::AttentionLayout::contiguous(d);
+  cuda::attention_check(d, L, o.dtype, "bench_cuda_attention");
+  cuda::require_device(0, "bench_cuda_attention");
+  const cudaStream_t st = cuda::compute_stream(0);
+  const std::size_t es = dtype_size(o.dtype);
+  const int64_t n_in = o.B * o.T * (o.H + 2 * Hkv) * o.D, n_out = o.B * o.T * o.H * o.D;
+  void *in = device_alloc(n_in * es), *gin = device_alloc(n_in * es), *out = device_alloc(n_out * es),
+       *dout = device_alloc(n_out * es), *ws = device_alloc(cuda::attention_backward_workspace(d));
+  auto* lse = static_cast<float*>(device_alloc(o.B * o.H * o.T * 4));
+  fill(in, n_in, o.dtype, 1);
+  fill(dout, n_out, o.dtype, 2);
+  // Operand base pointers: packed, k and v are column offsets of the one qkv buffer.
+  auto* base = static_cast<char*>(in);
+  auto* gbase = static_cast<char*>(gin);
+  const int64_t koff = o.packed ? o.H * o.D : o.B * o.H * o.T * o.D;
+  const int64_t voff = o.packed ? (o.H + Hkv) * o.D : koff + o.B * Hkv * o.T * o.D;
+  const double scale = 1.0 / std::sqrt(static_cast<double>(o.D));
+  auto fwd = [&] {
+    cuda::attention_forward(base, base + koff * es, base + voff * es, out, lse, d, L, o.causal, scale, o.dtype, st);
+  };
+  auto bwd = [&] {
+    cuda::attention_backward(base, base + koff * es, base + voff * es, out, dout, lse, gbase, gbase + koff * es,
+                             gbase + voff * es, d, L, o.causal, scale, o.dtype, ws, st);
+  };
+
+  cudaEvent_t e0, e1;
+  ATH_CUDA(cudaEventCreate(&e0));
+  ATH_CUDA(cudaEventCreate(&e1));
+  const auto wall0 = std::chrono::steady_clock::now();
+  // ms per call of `fn`: a warm-up, then `iters` calls between two events (fewer when the
+  // time budget runs out), the median of 3 such batches.
+  auto time_ms = [&](auto&& fn) {
+    fn();
+    ATH_CUDA(cudaStreamSynchronize(st));
+    std::vector<float> batches;
+    for (int rep = 0; rep < 3; ++rep) {
+      const double spent = std::chrono::duration<double>(std::chrono::steady_clock::now() - wall0).count();
+      if (rep > 0 && spent > o.max_seconds) break;
+      ATH_CUDA(cudaEventRecord(e0, st));
+      for (int i = 0; i < o.iters; ++i) fn();
+      ATH_CUDA(cudaEventRecord(e1, st));
+      ATH_CUDA(cudaEventSynchronize(e1));
+      float ms = 0;
+      ATH_CUDA(cudaEventElapsedTime(&ms, e0, e1));
+      batches.push_back(ms / o.iters);
+    }
+    std::sort(batches.begin(), batches.end());
+    return static_cast<double>(batches[batches.size() / 2]);
+  };
+  const double f_ms = time_ms(fwd);
+  const double b_ms = time_ms(bwd);
+  const double fb_ms = time_ms([&] {
+    fwd();
+    bwd();
+  });
+  const double fwd_flop = 4.0 * o.B * o.H * o.T * o.T * o.D * (o.causal ? 0.5 : 1.0);
+  auto tflops = [](double flop, double ms) { return flop / (ms * 1e-3) / 1e12; };
+  const cuda::DeviceInfo info = cuda::device_info(0);
+  std::printf(
+      "{\"bench\": \"cuda_attention\", \"gpu\": \"%s\", \"B\": %lld, \"H\": %lld, \"Hkv\": %lld, \"T\": %lld, \"D\": %lld, "
+      "\"dtype\": \"%s\", \"causal\": %s, \"layout\": \"%s\", \"fwd_ms\": %.4f, \"bwd_ms\": %.4f, "
+      "\"fwd_bwd_ms\": %.4f, \"fwd_tflops\": %.2f, \"bwd_tflops\": %.2f, \"fwd_bwd_tflops\": %.2f}\n",
+      info.name.c_str(), static_cast<long long>(o.B), static_cast<long long>(o.H), static_cast<long long>(Hkv),
+      static_cast<long long>(o.T), static_cast<long long>(o.D), dtype_name(o.dtype), o.causal ? "true" : "false",
+      o.packed ? "packed_qkv" : "contiguous", f_ms, b_ms, fb_ms, tflops(fwd_flop, f_ms), tflops(2.5 * fwd_flop, b_ms),
+      tflops(3.5 * fwd_flop, fb_ms));
+  for (void* p : {in, gin, out, dout, ws, static_cast<void*>(lse)}) ATH_CUDA(cudaFree(p));
+  return 0;
+} catch (const std::exception& e) {
+  std::fprintf(stderr, "bench_cuda_attention: %s\n", e.what());
+  return 1;
+}
