@@ -2,7 +2,7 @@
 # Sets up, builds and runs the test suite.
 #
 #   bash scripts/test.sh              Release build in build/, every test (the slow ones train to
-#                                     an accuracy bar, one at a time: ~10 more minutes), then the
+#                                     an accuracy bar, one at a time: ~6 more minutes), then the
 #                                     kernel tests again at each lower ISA level this CPU runs
 #   bash scripts/test.sh --fast       ... without the slow tests (label "slow")
 #   bash scripts/test.sh --long       ... and the runs too long for CI (label "long": the doctor's
