@@ -2,7 +2,7 @@
 # Sets up, builds and runs the test suite.
 #
 #   bash scripts/test.sh              Release build in build/, every test (the slow ones train to
-#                                     an accuracy bar, one at a time: ~10 more minutes), then the
+#                                     an accuracy bar, one at a time: ~6 more minutes), then the
 #                                     kernel tests again at each lower ISA level this CPU runs
 #   bash scripts/test.sh --fast       ... without the slow tests (label "slow")
 #   bash scripts/test.sh --long       ... and the runs too long for CI (label "long": the doctor's
@@ -19,6 +19,9 @@
 # match (ONEDNN_MAX_CPU_ISA), so one machine runs the paths the others take: avx512 is an
 # Intel Xeon without AVX512_BF16 or AMX, avx2 a Zen 3 or Haswell; on a CPU with AMX, the
 # avx512_bf16 level with oneDNN kept off AMX is an AMD Zen 5.
+#
+# Every phase (setup, configure, build, each ctest pass) prints its wall and CPU seconds and the
+# load average as it ends ("[phase] ..."), and all of them again as a table at the end.
 #
 # ATHANOR_BUILD_DIR overrides the build directory, ATHANOR_CMAKE_ARGS adds CMake
 # options. Exits non-zero if any step or any test fails.
@@ -37,13 +40,15 @@ while [[ $# -gt 0 ]]; do
     --sanitize) SANITIZE=1; SLOW=0 ;;
     --labels) shift; LABELS=${1:-} ;;
     --labels=*) LABELS=${1#--labels=} ;;
-    -h|--help) sed -n '2,24p' "${BASH_SOURCE[0]}" | sed 's/^# \{0,1\}//'; exit 0 ;;
+    -h|--help) sed -n '2,27p' "${BASH_SOURCE[0]}" | sed 's/^# \{0,1\}//'; exit 0 ;;
     *) echo "test.sh: unknown option '$1' (expected --fast, --long, --sanitize or --labels a,b)" >&2; exit 2 ;;
   esac
   shift
 done
 
-bash "$ATHANOR_ROOT/scripts/setup.sh"
+MODE=$([[ $SANITIZE -eq 1 ]] && echo sanitized || echo release)
+trap 'athanor_phase_summary "test.sh, $MODE"' EXIT
+athanor_phase "$MODE: setup" bash "$ATHANOR_ROOT/scripts/setup.sh"
 
 if [[ $SANITIZE -eq 1 ]]; then
   BUILD_DIR=${ATHANOR_BUILD_DIR:-$ATHANOR_ROOT/build-asan}
@@ -59,10 +64,10 @@ if [[ $SANITIZE -eq 1 ]]; then
   export ASAN_OPTIONS=${ASAN_OPTIONS:-detect_leaks=1}
   export LSAN_OPTIONS=${LSAN_OPTIONS:-suppressions=$ATHANOR_ROOT/scripts/lsan_suppressions.txt:print_suppressions=0}
   export UBSAN_OPTIONS=${UBSAN_OPTIONS:-print_stacktrace=1:halt_on_error=1}
-  athanor_configure "$BUILD_DIR" -DATHANOR_BUILD_TESTS=ON -DATHANOR_SANITIZE=ON
+  athanor_phase "$MODE: configure" athanor_configure "$BUILD_DIR" -DATHANOR_BUILD_TESTS=ON -DATHANOR_SANITIZE=ON
 else
   BUILD_DIR=${ATHANOR_BUILD_DIR:-$ATHANOR_ROOT/build}
-  athanor_configure "$BUILD_DIR" -DATHANOR_BUILD_TESTS=ON -DATHANOR_SANITIZE=OFF
+  athanor_phase "$MODE: configure" athanor_configure "$BUILD_DIR" -DATHANOR_BUILD_TESTS=ON -DATHANOR_SANITIZE=OFF
 fi
 
 # The executables the requested labels need (all of them without --labels).
@@ -94,9 +99,9 @@ if [[ ${#TARGETS[@]} -gt 0 ]]; then
   for t in $(printf '%s\n' "${TARGETS[@]}" | sort -u); do
     if printf '%s\n' "${known[@]}" | grep -qx "$t"; then build_targets+=("$t"); fi
   done
-  cmake --build "$BUILD_DIR" -j"$(nproc)" --target "${build_targets[@]}"
+  athanor_phase "$MODE: build (${#build_targets[@]} targets)" cmake --build "$BUILD_DIR" -j"$(nproc)" --target "${build_targets[@]}"
 else
-  cmake --build "$BUILD_DIR" -j"$(nproc)"
+  athanor_phase "$MODE: build (all)" cmake --build "$BUILD_DIR" -j"$(nproc)"
 fi
 
 CTEST_ARGS=(--output-on-failure -j2 --test-dir "$BUILD_DIR")
@@ -110,7 +115,7 @@ fi
 if [[ -n "$LABEL_REGEX" ]]; then
   CTEST_ARGS+=(-L "$LABEL_REGEX")
 fi
-ctest "${CTEST_ARGS[@]}"
+athanor_phase "$MODE: ctest ${LABEL_REGEX:-$([[ $SLOW -eq 1 ]] && echo 'all (slow incl.)' || echo 'fast')}" ctest "${CTEST_ARGS[@]}"
 
 # The lower levels (see the top of this file). Not under the sanitizers: one level suffices
 # to find memory errors, and the sanitized build is the slow one.
@@ -133,8 +138,9 @@ if [[ $SANITIZE -eq 0 ]]; then
   for pass in "${passes[@]}"; do
     read -r level cap cpu <<<"$pass"
     echo "test.sh: the ${ISA_LABELS} tests at ISA level $level with oneDNN capped at $cap, as on ${cpu//_/ }"
+    # (backend.isa_scan is a scan of the binary: the same at every level)
     ATHANOR_ISA=$level ONEDNN_MAX_CPU_ISA=$cap \
-      ctest --output-on-failure -j2 --test-dir "$BUILD_DIR" -LE '^(slow|long)$' -L "$ISA_LABELS" \
-      -E '^backend\.isa_scan$'  # a scan of the binary: the same at every level
+      athanor_phase "$MODE: ctest at ISA level $level" \
+      ctest --output-on-failure -j2 --test-dir "$BUILD_DIR" -LE '^(slow|long)$' -L "$ISA_LABELS" -E '^backend\.isa_scan$'
   done
 fi

@@ -92,6 +92,9 @@ const std::vector<ConfigKey>& config_schema() {
        "compute precision: f32, bf16 autocast, or f16 autocast with dynamic loss scaling (parameters, gradients and optimizer state stay f32)",
        "", {"f32", "bf16", "f16"}},
       {"trainer.time_limit_s", 0.0, "stop training after this many seconds (0 = no limit)"},
+      {"trainer.stop_at_val_loss", 0.0,
+       "stop training at the first periodic evaluation (trainer.eval_every) whose validation loss is at or below this "
+       "(0 = off); the log and run.json's \"end\" say which of max_steps, time_limit_s, stop_at_val_loss or a signal ended the run"},
 
       {"scaler.init_scale", 65536.0, "initial loss scale", "trainer.precision=f16"},
       {"scaler.growth_factor", 2.0, "scale multiplier after growth_interval finite steps", "trainer.precision=f16"},

