@@ -92,6 +92,7 @@ const std::vector<ConfigKey>& config_schema() {
        "compute precision: f32, bf16 autocast, or f16 autocast with dynamic loss scaling (parameters, gradients and optimizer state stay f32)",
        "", {"f32", "bf16", "f16"}},
       {"trainer.time_limit_s", 0.0, "stop training after this many seconds (0 = no limit)"},
+      {"trainer.device", std::string("cpu"), "where parameters, batches and optimizer state live: cpu, cuda (the first GPU) or cuda:N"},
 
       {"scaler.init_scale", 65536.0, "initial loss scale", "trainer.precision=f16"},
       {"scaler.growth_factor", 2.0, "scale multiplier after growth_interval finite steps", "trainer.precision=f16"},
