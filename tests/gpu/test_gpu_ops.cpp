@@ -15,6 +15,7 @@
 #include "athanor/autograd/engine.h"
 #include "athanor/core/error.h"
 #include "athanor/ops/op_harness.h"
+#include "athanor/ops/dropout.h"
 #include "athanor/ops/registry.h"
 #include "gpu_test.h"
 
@@ -128,4 +129,24 @@ TEST(GpuOps, EveryCudaKernelMatchesTheCpuForwardAndBackward) {
   for (const std::string& name : with_cuda) EXPECT_GT(f32_runs[name], 0) << name << " ran no f32 case on cuda";
   std::printf("[ gpu ops  ] %zu ops with a CUDA kernel, %d case x dtype runs against the CPU (forward and backward)\n",
               with_cuda.size(), runs);
+}
+
+TEST(GpuOps, DropoutDrawsTheCpusMaskFromTheSameSeed) {
+  ATH_REQUIRE_GPU();
+  // 100 003 elements (not a multiple of 4: the last Philox word is partly used), p 0.1, two
+  // calls in a row (the generator's offset advances identically on both devices).
+  const Tensor x = ones({100003});
+  Generator gc(1234), gg(1234);
+  for (int call = 0; call < 2; ++call) {
+    const std::vector<double> yc = dropout(x, 0.1, true, gc).to_vector();
+    const std::vector<double> yg = dropout(x.cuda(), 0.1, true, gg).cpu().to_vector();
+    ASSERT_EQ(yc.size(), yg.size());
+    std::size_t dropped = 0, differ = 0;
+    for (std::size_t i = 0; i < yc.size(); ++i) {
+      dropped += yc[i] == 0.0;
+      differ += (yc[i] == 0.0) != (yg[i] == 0.0) || yc[i] != yg[i];
+    }
+    EXPECT_EQ(differ, 0u) << "call " << call;
+    EXPECT_NEAR(static_cast<double>(dropped) / yc.size(), 0.1, 0.01) << "call " << call;
+  }
 }

@@ -13,9 +13,11 @@
 using namespace athanor;
 
 namespace {
-// The ops with CUDA kernels today: views and copies (device-generic), elementwise, GEMMs.
+// The ops with CUDA kernels today: views and copies (device-generic), elementwise, GEMMs,
+// layer_norm, softmax, dropout.
 const std::set<std::string> kCudaOps = {"view", "permute", "unsqueeze", "slice", "split", "clone", "cast",
-                                        "add",  "sub",     "mul",       "neg",   "gelu",  "linear", "matmul"};
+                                        "add",  "sub",     "mul",       "neg",   "gelu",  "linear", "matmul",
+                                        "layer_norm", "softmax", "dropout"};
 }  // namespace
 
 TEST(CudaSlot, FilledExactlyForTheOpsWithCudaKernels) {

@@ -25,6 +25,8 @@ struct CudaOpEntry {
 // Each area's entries (src/ops/cuda/<area>.cpp).
 void cuda_elementwise_ops(std::vector<CudaOpEntry>& out);
 void cuda_linalg_ops(std::vector<CudaOpEntry>& out);
+void cuda_norm_ops(std::vector<CudaOpEntry>& out);
+void cuda_dropout_ops(std::vector<CudaOpEntry>& out);
 
 // Every entry, in area order.
 std::vector<CudaOpEntry> cuda_op_entries();

@@ -13,6 +13,8 @@ std::vector<CudaOpEntry> cuda_op_entries() {
     out.push_back(CudaOpEntry{.op = op, .kernels = {}, .device_generic = true});
   cuda_elementwise_ops(out);
   cuda_linalg_ops(out);
+  cuda_norm_ops(out);
+  cuda_dropout_ops(out);
   return out;
 }
 
