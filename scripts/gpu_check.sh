@@ -192,7 +192,7 @@ cmd_run() {
     # the GPU): the loss at every logged step within 1e-3 relative.
     local parity=(examples/gpt-char.yaml trainer.max_steps=200 trainer.log_every=10 trainer.eval_every=0
                   trainer.sample_every=0 model.dropout=0.1 trainer.time_limit_s=0)
-    timeout 120 ./bin/athanor train "${parity[@]}" trainer.device=cpu out_dir=/tmp/athanor-parity-cpu \
+    timeout 100 ./bin/athanor train "${parity[@]}" trainer.device=cpu out_dir=/tmp/athanor-parity-cpu \
       >"$out/parity_cpu.log" 2>&1 &
     local cpu_pid=$!
     timeout 90 ./bin/athanor train "${parity[@]}" trainer.device=cuda out_dir=/tmp/athanor-gpu-train >>"$log" 2>&1
