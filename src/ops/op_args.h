@@ -3,6 +3,7 @@
 // CUDA twin in src/ops/cuda/): OpCall::args<A>() matches the type exactly, so both files
 // must name the same struct. Not public API.
 #include <cstdint>
+#include <optional>
 
 #include "athanor/core/rng.h"
 #include "athanor/core/tensor.h"
@@ -17,6 +18,9 @@ struct LayerNormArgs {
   double eps = 1e-5;
 };
 
+struct EmbeddingArgs {
+  std::optional<int64_t> padding_idx;
+};
 struct DropoutArgs {
   double p = 0.5;
   Generator* gen = nullptr;

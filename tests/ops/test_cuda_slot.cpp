@@ -14,10 +14,10 @@ using namespace athanor;
 
 namespace {
 // The ops with CUDA kernels today: views and copies (device-generic), elementwise, GEMMs,
-// layer_norm, softmax, dropout.
+// layer_norm, softmax, dropout, embedding.
 const std::set<std::string> kCudaOps = {"view", "permute", "unsqueeze", "slice", "split", "clone", "cast",
                                         "add",  "sub",     "mul",       "neg",   "gelu",  "linear", "matmul",
-                                        "layer_norm", "softmax", "dropout"};
+                                        "layer_norm", "softmax", "dropout", "embedding"};
 }  // namespace
 
 TEST(CudaSlot, FilledExactlyForTheOpsWithCudaKernels) {

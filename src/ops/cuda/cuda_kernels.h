@@ -27,6 +27,7 @@ void cuda_elementwise_ops(std::vector<CudaOpEntry>& out);
 void cuda_linalg_ops(std::vector<CudaOpEntry>& out);
 void cuda_norm_ops(std::vector<CudaOpEntry>& out);
 void cuda_dropout_ops(std::vector<CudaOpEntry>& out);
+void cuda_embedding_ops(std::vector<CudaOpEntry>& out);
 
 // Every entry, in area order.
 std::vector<CudaOpEntry> cuda_op_entries();

@@ -15,6 +15,7 @@ std::vector<CudaOpEntry> cuda_op_entries() {
   cuda_linalg_ops(out);
   cuda_norm_ops(out);
   cuda_dropout_ops(out);
+  cuda_embedding_ops(out);
   return out;
 }
 
