@@ -6,8 +6,9 @@
 //   dx = g W            [M, out] x [out, in]
 //   dW = g^T x          [out, M] x [M, in]
 //   db = 1^T g          the column sums as a [1, M] x [M, out] GEMM (a fixed order, no atomics)
-// matmul: 2-D x 2-D, or batched 3-D x 3-D with equal batch sizes (one strided-batched GEMM);
-//   dA = g B^T, dB = A^T g. Other ranks and broadcast batches: "not yet supported on cuda".
+// matmul: [..., m, k] x [k, n] (leading dims folded into the rows), or [B, m, k] x [B, k, n]
+//   (one strided-batched GEMM); dA = g B^T, dB = A^T g. 1-D operands and broadcast batches:
+//   "not yet supported on cuda".
 #include "athanor/autograd/function.h"
 #include "athanor/ops/linalg.h"
 #include "backend/cuda/gemm.h"
@@ -122,21 +123,29 @@ Grads linear_backward_cuda(const Node& n, const Grads& g, const OpSaved& saved) 
 
 struct MatmulSaved : OpSaved {
   SavedTensor a, b;
+  Shape a_shape, b_shape;
+  int64_t batch = 1, m = 0, k = 0, n = 0;
 };
 
+// a [..., m, k] x b [k, n] folds a's leading dims into the rows (one GEMM of M = Π a's
+// dims but the last); a [B, m, k] x b [B, k, n] is one strided-batched GEMM.
 std::vector<Tensor> matmul_cuda(OpCall& c) {
   const Tensor &a = c.in(0), &b = c.in(1);
   const DType dt = a.dtype();
   check_operand("matmul", a, "a", dt);
   check_operand("matmul", b, "b", dt);
-  const bool two = a.dim() == 2 && b.dim() == 2;
+  const bool folded = a.dim() >= 2 && b.dim() == 2;
   const bool batched = a.dim() == 3 && b.dim() == 3 && a.size(0) == b.size(0);
-  if (!two && !batched)
+  if (!folded && !batched)
     cuda_unsupported("matmul", "a " + a.describe() + " x b " + b.describe() +
-                                   " (the CUDA kernel takes 2-D x 2-D, or 3-D x 3-D with equal batch sizes)");
+                                   " (the CUDA kernel takes [..., m, k] x [k, n], or [B, m, k] x [B, k, n])");
   ATH_CHECK(a.size(-1) == b.size(-2), "matmul", "inner dimensions differ: a ", a.describe(), ", b ", b.describe());
-  const int64_t batch = two ? 1 : a.size(0), m = a.size(-2), k = a.size(-1), n = b.size(-1);
-  Tensor y = device_empty(two ? Shape{m, n} : Shape{batch, m, n}, dt, a.device());
+  const int64_t k = a.size(-1), n = b.size(-1);
+  const int64_t batch = folded ? 1 : a.size(0);
+  const int64_t m = folded ? shape_numel(Shape(a.sizes().begin(), a.sizes().end() - 1)) : a.size(1);
+  Shape ys = a.sizes();
+  ys.back() = n;
+  Tensor y = device_empty(ys, dt, a.device());
   const Tensor ac = cuda_contiguous(a), bc = cuda_contiguous(b);
   if (y.numel() > 0) {
     if (k == 0) y.zero_();
@@ -146,34 +155,32 @@ std::vector<Tensor> matmul_cuda(OpCall& c) {
     MatmulSaved& s = c.save<MatmulSaved>();
     if (c.requires_grad(1)) s.a = save(ac, "a");
     if (c.requires_grad(0)) s.b = save(bc, "b");
+    s.a_shape = a.sizes(), s.b_shape = b.sizes();
+    s.batch = batch, s.m = m, s.k = k, s.n = n;
   }
   return {y};
 }
 
+// dA [m, k] = g [m, n] B^T;  dB [k, n] = A^T [k, m] g [m, n] (folded: summed over a's leading
+// dims by the GEMM itself).
 Grads matmul_backward_cuda(const Node& nd, const Grads& g, const OpSaved& saved) {
   const MatmulSaved& s = saved.as<MatmulSaved>();
   const Tensor gy = cuda_contiguous(g[0]);
   const DType dt = gy.dtype();
   const int dev = gy.device().index;
-  const bool two = gy.dim() == 2;
-  const int64_t batch = two ? 1 : gy.size(0), m = gy.size(-2), n = gy.size(-1);
   Grads r(2);
-  if (needs_grad(nd, 0)) {  // dA [m, k] = g [m, n] B^T
-    const Tensor b = s.b.unpack(nd);
-    const int64_t k = b.size(-2);
-    r[0] = device_empty(two ? Shape{m, k} : Shape{batch, m, k}, dt, gy.device());
+  if (needs_grad(nd, 0)) {
+    r[0] = device_empty(s.a_shape, dt, gy.device());
     if (r[0].numel() > 0) {
-      if (n == 0) r[0].zero_();
-      else run_gemm(dev, dt, false, true, m, k, n, gy, b, r[0], Tensor(), batch);
+      if (s.n == 0) r[0].zero_();
+      else run_gemm(dev, dt, false, true, s.m, s.k, s.n, gy, s.b.unpack(nd), r[0], Tensor(), s.batch);
     }
   }
-  if (needs_grad(nd, 1)) {  // dB [k, n] = A^T [k, m] g [m, n]
-    const Tensor a = s.a.unpack(nd);
-    const int64_t k = a.size(-1);
-    r[1] = device_empty(two ? Shape{k, n} : Shape{batch, k, n}, dt, gy.device());
+  if (needs_grad(nd, 1)) {
+    r[1] = device_empty(s.b_shape, dt, gy.device());
     if (r[1].numel() > 0) {
-      if (m == 0) r[1].zero_();
-      else run_gemm(dev, dt, true, false, k, n, m, a, gy, r[1], Tensor(), batch);
+      if (s.m == 0) r[1].zero_();
+      else run_gemm(dev, dt, true, false, s.k, s.n, s.m, s.a.unpack(nd), gy, r[1], Tensor(), s.batch);
     }
   }
   return r;
