@@ -12,7 +12,8 @@
 #   bash scripts/gpu_check.sh run        on the GPU machine (from the repository root, gpu_pack/
 #                                        carried): unpack, run the gpu tests, the CUDA attention
 #                                        micro-benchmark (GPT-2-124M's shape, bf16), the 200-step
-#                                        gpt-char run on cuda and `athanor bench` on gpt2-124m,
+#                                        gpt-char run on cuda beside the same run on cpu (the
+#                                        loss parity check) and `athanor bench` on gpt2-124m,
 #                                        each under a time limit; writes $OUT/gpu_check.json
 #                                        (the summary) and $OUT/gpu_check.log
 #
@@ -184,7 +185,7 @@ cmd_run() {
 
   # 2. + 3. Training and the benchmark need trainer.device=cuda in the CLI (the registry's
   # CUDA slot); until then they are reported as skipped, with the CLI's own answer.
-  local train_status bench_status probe
+  local train_status bench_status parity_status probe
   set +e
   probe=$(timeout 30 ./bin/athanor train examples/gpt-char.yaml trainer.device=cuda trainer.max_steps=0 \
           out_dir=/tmp/athanor-gpu-probe 2>&1 | tail -3)
@@ -193,13 +194,42 @@ cmd_run() {
   if [[ $probe_rc -ne 0 ]]; then
     train_status="skipped: the CLI does not run trainer.device=cuda yet ($(echo "$probe" | head -1 | tr '"' "'"))"
     bench_status="skipped: as the training run"
+    parity_status="skipped: as the training run"
   else
     t0=$(date +%s)
     set +e
-    timeout 90 ./bin/athanor train examples/gpt-char.yaml trainer.device=cuda trainer.max_steps=200 \
-      out_dir=/tmp/athanor-gpu-train >>"$log" 2>&1
+    # CPU/GPU parity (issue 30): the same 200 steps, f32 (TF32 off), same seed, dropout 0.1
+    # (identical Philox masks), the CPU run beside the GPU one (it uses the cores, the GPU run
+    # the GPU): the loss at every logged step within 1e-3 relative.
+    local parity=(examples/gpt-char.yaml trainer.max_steps=200 trainer.log_every=10 trainer.eval_every=0
+                  trainer.sample_every=0 model.dropout=0.1 trainer.time_limit_s=0)
+    timeout 100 ./bin/athanor train "${parity[@]}" trainer.device=cpu out_dir=/tmp/athanor-parity-cpu \
+      >"$out/parity_cpu.log" 2>&1 &
+    local cpu_pid=$!
+    timeout 90 ./bin/athanor train "${parity[@]}" trainer.device=cuda out_dir=/tmp/athanor-gpu-train >>"$log" 2>&1
     rc=$?
     train_status=$([[ $rc -eq 0 ]] && echo "passed ($(($(date +%s) - t0)) s)" || echo "failed (exit $rc)")
+    wait "$cpu_pid"
+    local cpu_rc=$?
+    if [[ $rc -ne 0 || $cpu_rc -ne 0 ]]; then
+      parity_status="failed: a run did not finish (cuda exit $rc, cpu exit $cpu_rc)"
+    else
+      parity_status=$(python3 - /tmp/athanor-parity-cpu /tmp/athanor-gpu-train <<'PY'
+import glob, json, sys
+def losses(d):
+    f = sorted(glob.glob(d + "/**/metrics.jsonl", recursive=True))
+    return {r["step"]: r["loss"] for r in map(json.loads, open(f[-1])) if "loss" in r} if f else {}
+c, g = losses(sys.argv[1]), losses(sys.argv[2])
+steps = sorted(set(c) & set(g))
+if not steps or len(steps) != len(c) or len(steps) != len(g):
+    print("failed: logged steps differ (cpu %d, cuda %d, common %d)" % (len(c), len(g), len(steps))); sys.exit()
+worst = max(steps, key=lambda s: abs(g[s] - c[s]) / abs(c[s]))
+rel = abs(g[worst] - c[worst]) / abs(c[worst])
+print("%s: %d logged steps, worst relative difference %.2e at step %d (cpu %.6f, cuda %.6f), bound 1e-3"
+      % ("passed" if rel <= 1e-3 else "failed", len(steps), rel, worst, c[worst], g[worst]))
+PY
+)
+    fi
     timeout 90 ./bin/athanor bench examples/gpt2-124m.yaml trainer.device=cuda --json >"$out/bench.json" 2>>"$log"
     rc=$?
     bench_status=$([[ $rc -eq 0 ]] && echo passed || echo "failed (exit $rc)")
@@ -207,11 +237,12 @@ cmd_run() {
   fi
 
   python3 - "$out/gpu_tests.json" "$json" "$tests_status" "$tests_s" "$train_status" "$bench_status" \
-    "$out/attention_bench.json" "$attn_status" <<'EOF'
+    "$out/attention_bench.json" "$attn_status" "$parity_status" <<'EOF'
 import json, subprocess, sys
-tests_json, out, tests_status, tests_s, train_status, bench_status, attn_json, attn_status = sys.argv[1:]
+tests_json, out, tests_status, tests_s, train_status, bench_status, attn_json, attn_status, parity_status = sys.argv[1:]
 summary = {"tests": {"status": tests_status, "seconds": int(tests_s)}, "train_gpt_char_200": train_status,
-           "bench_gpt2_124m": bench_status, "attention_bench": {"status": attn_status}}
+           "parity_cpu_cuda_f32": parity_status, "bench_gpt2_124m": bench_status,
+           "attention_bench": {"status": attn_status}}
 try:
     summary["attention_bench"].update(json.load(open(attn_json)))
 except Exception as e:
@@ -232,7 +263,7 @@ except Exception as e:
 # On the GPU machine a skipped gpu test means the GPU was not seen: that is a failure.
 summary["ok"] = (tests_status == "passed" and not summary["tests"].get("skipped")
                  and attn_status == "passed"
-                 and "failed" not in train_status and "failed" not in bench_status)
+                 and "failed" not in train_status and "failed" not in bench_status and "failed" not in parity_status)
 json.dump(summary, open(out, "w"), indent=2)
 print(json.dumps(summary, indent=2))
 sys.exit(0 if summary["ok"] else 1)

@@ -1,5 +1,5 @@
 // The athanor command line.
-//   athanor --version                         version and build facts (GEMM backend, CPU and ISA levels, threads, CUDA)
+//   athanor --version                         version and build facts (GEMM backend, CPU and ISA levels, threads, GPUs)
 //   athanor ops [--bench NAME]                the op registry (ops_command.cpp); --bench times one op
 //   athanor train CONFIG [key.path=value…]    train from a YAML config (overrides on the command line)
 //   athanor eval RUN_DIR                      evaluate a finished run's weights on its validation data
@@ -22,6 +22,9 @@
 #include "backend/cpu/gemm.h"
 #include "backend/cpu/isa.h"
 #include "backend/cpu/thread_env.h"
+#ifdef ATHANOR_HAS_CUDA
+#include "backend/cuda/runtime.h"
+#endif
 #include "command_registry.h"
 #include "train_commands.h"
 
@@ -33,12 +36,22 @@ namespace {
 
 constexpr int kUsageError = 2;
 
-void print_version() {
+// The CUDA line: each GPU with its driver, CUDA runtime and cuBLASLt versions, or why there is none.
+std::string cuda_facts() {
 #ifdef ATHANOR_HAS_CUDA
-  const char* cuda = "toolchain enabled (no GPU kernels yet)";
+  namespace cuda = athanor::cuda;
+  const int n = cuda::device_count();
+  if (n == 0) return "built with CUDA; " + cuda::no_device_reason();
+  std::string s = "built with CUDA; " + std::to_string(n) + " device" + (n == 1 ? "" : "s");
+  for (int i = 0; i < n; ++i) s += "\n           " + cuda::describe(cuda::device_info(i));
+  return s;
 #else
-  const char* cuda = "off";
+  return "off (a CPU-only build: reconfigure with nvcc for CUDA)";
 #endif
+}
+
+void print_version() {
+  const std::string cuda = cuda_facts();
   std::cout << "athanor " << ATHANOR_VERSION << "\n"
             << "  gemm:    " << athanor::cpu::gemm_backend_name() << "\n"
             << "  cpu:     " << athanor::cpu::isa_summary() << "\n"

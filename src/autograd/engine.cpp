@@ -161,7 +161,7 @@ void run_backward(const std::vector<Tensor>& roots, const std::vector<Tensor>& g
     if (!g.defined()) {
       ATH_CHECK(r.numel() == 1, "backward", "grad can be implicitly created only for scalar outputs, but the output is ",
                 r.describe(), Hint{"reduce the output to a scalar (e.g. loss = sum(y)) or pass a gradient of its shape: y.backward(grad)"});
-      g = ones(r.sizes(), TensorOptions(r.dtype()));
+      g = ones(r.sizes(), TensorOptions(r.dtype()).with_device(r.device()));  // the seed on the root's device
     }
     Edge e = gradient_edge(r);
     deposit(buffers, e.node.get(), e.input_nr, g, nullptr);

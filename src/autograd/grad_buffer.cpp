@@ -1,6 +1,7 @@
 #include "grad_buffer.h"
 
 #include "athanor/core/convert.h"
+#include "athanor/core/device_hooks.h"
 #include "athanor/core/error.h"
 #include "athanor/core/storage.h"
 #include "backend/cpu/index.h"
@@ -11,8 +12,14 @@ void add_into(Tensor& acc, const Tensor& g) {
   ATH_ASSERT(acc.is_contiguous());
   Tensor src = g;
   if (g.dtype() != acc.dtype() || !g.is_contiguous() || g.sizes() != acc.sizes()) {
-    src = empty(acc.sizes(), TensorOptions(acc.dtype()).with_tag(MemTag::workspace));
+    src = empty(acc.sizes(), TensorOptions(acc.dtype()).with_tag(MemTag::workspace).with_device(acc.device()));
     copy_into(src, g);
+  }
+  if (const Device d = acc.device(); !d.is_cpu()) {  // on the device: its kernel, in stream order
+    require_device_hooks(d, "gradient accumulation")
+        .add_into(acc.device_data(), src.device_data(), acc.dtype(), acc.numel(), d.index, "gradient accumulation");
+    acc.bump_version();
+    return;
   }
   dispatch(acc.dtype(), [&]<class T>() {
     T* a = static_cast<T*>(acc.raw_data());
@@ -32,7 +39,7 @@ void add_into(Tensor& acc, const Tensor& g) {
 }
 
 Tensor add_new(const Tensor& a, const Tensor& b) {
-  Tensor out = empty(a.sizes(), TensorOptions(a.dtype()));
+  Tensor out = empty(a.sizes(), TensorOptions(a.dtype()).with_device(a.device()));
   copy_into(out, a);
   add_into(out, b);
   return out;

@@ -1,15 +1,17 @@
 #include "athanor/core/storage.h"
 
 #include "athanor/core/derived.h"
+#include "athanor/core/device_hooks.h"
 #include "athanor/core/error.h"
 
 namespace athanor {
 
 std::shared_ptr<Storage> Storage::allocate(std::size_t nbytes, MemTag tag, Device device) {
-  ATH_CHECK(device.is_cpu(), "allocate", "device ", device.str(), " has no allocator in this build",
-            Hint{"build with -DATHANOR_CUDA=ON on a machine with a GPU, or keep tensors on the CPU"});
   std::shared_ptr<Storage> s(new Storage());
-  s->data_ = Allocator::cpu().allocate(nbytes, tag);
+  // A device's memory comes from its caching allocator, reached through the hooks its
+  // backend installed (core/device_hooks.h): the check that the device exists comes first.
+  s->data_ = device.is_cpu() ? Allocator::cpu().allocate(nbytes, tag)
+                             : require_device_hooks(device, "allocate").allocate(device.index, nbytes, tag);
   s->nbytes_ = nbytes;
   s->device_ = device;
   s->tag_ = tag;
@@ -28,7 +30,10 @@ std::shared_ptr<Storage> Storage::wrap(void* data, std::size_t nbytes, std::func
 
 Storage::~Storage() {
   delete derived_.load(std::memory_order_acquire);
-  if (owned_) Allocator::cpu().deallocate(data_, nbytes_, tag_);
+  if (owned_) {
+    if (device_.is_cpu()) Allocator::cpu().deallocate(data_, nbytes_, tag_);
+    else device_hooks(device_.type)->deallocate(device_.index, data_);  // owned: allocate() found the hooks
+  }
   else if (release_) release_(data_);
 }
 
@@ -42,7 +47,10 @@ DerivedCopies& Storage::derived() {
 }
 
 void Storage::set_tag(MemTag tag) {
-  if (owned_) Allocator::cpu().retag(nbytes_, tag_, tag);
+  if (owned_) {
+    if (device_.is_cpu()) Allocator::cpu().retag(nbytes_, tag_, tag);
+    else device_hooks(device_.type)->retag(device_.index, data_, tag);
+  }
   tag_ = tag;
 }
 

@@ -5,6 +5,7 @@
 #include <sstream>
 
 #include "athanor/core/convert.h"
+#include "athanor/core/device_hooks.h"
 #include "athanor/core/error.h"
 
 namespace athanor {
@@ -45,6 +46,12 @@ void check_item(const Tensor& t) {
   ATH_CHECK(t.defined(), "item", "called on an undefined tensor");
   ATH_CHECK(t.numel() == 1, "item", "needs a tensor with exactly one element, got ", t.describe(),
             Hint{"reduce it first (sum(), mean()) or index one element"});
+}
+Tensor host_copy(const Tensor& t) {
+  if (t.device().is_cpu()) return t;
+  Tensor h = empty(t.sizes(), TensorOptions(t.dtype()));
+  copy_into(h, t);
+  return h;
 }
 }  // namespace detail
 
@@ -91,8 +98,16 @@ std::string Tensor::describe() const {
 
 void* Tensor::raw_data() const {
   const auto& t = checked(impl_);
-  ATH_CHECK(t.storage->device().is_cpu(), "data", "tensor ", describe(), " lives on ", t.storage->device().str(),
-            Hint{"copy it to the CPU first"});
+  // Host code (a CPU kernel, data_ptr) must never get a device pointer: it would read
+  // garbage or fault far from the cause.
+  ATH_CHECK(t.storage->device().is_cpu(), "data_ptr", "host code asked for the data of tensor ", describe(),
+            ", which lives on ", t.storage->device().str(), " (a CPU kernel or a host read of a device tensor)",
+            Hint{"copy it to the host first with .cpu(), or run the op on inputs that are all on one device"});
+  return device_data();
+}
+
+void* Tensor::device_data() const {
+  const auto& t = checked(impl_);
   return static_cast<char*>(t.storage->data()) + t.offset * static_cast<int64_t>(dtype_size(t.dtype));
 }
 
@@ -126,6 +141,55 @@ void for_each_row(const Shape& sizes, const Shape& dst_st, const Shape& src_st, 
     }
   }
 }
+StridedRegion region(const Tensor& t) { return {t.device_data(), t.dtype(), t.sizes(), t.strides()}; }
+StridedRegion region(const Tensor& t, const Shape& strides) { return {t.device_data(), t.dtype(), t.sizes(), strides}; }
+
+// copy_into where either side is on a device; `sst` is src's strides broadcast to dst's shape.
+// Host <-> device moves contiguous bytes of one dtype; broadcasting and conversion happen on
+// the host side for an upload and on the device (copy_strided) otherwise.
+void copy_across_devices(const Tensor& dst, const Tensor& src, const Shape& sst) {
+  const Device dd = dst.device(), sd = src.device();
+  if (!dd.is_cpu() && dd == sd) {  // within one device
+    require_device_hooks(dd, "copy_").copy_strided(region(dst), region(src, sst), dd.index, "copy_");
+    return;
+  }
+  if (!dd.is_cpu() && sd.is_cpu()) {  // upload: convert and broadcast on the host, then the bytes
+    DeviceHooks& h = require_device_hooks(dd, "copy_");
+    Tensor staged = empty(dst.sizes(), TensorOptions(dst.dtype()));
+    copy_into(staged, src);
+    if (dst.is_contiguous()) {
+      h.copy_to_device(dst.device_data(), dd.index, staged.device_data(), staged.nbytes());
+    } else {
+      Tensor tmp = empty(dst.sizes(), TensorOptions(dst.dtype()).with_device(dd).with_tag(MemTag::workspace));
+      h.copy_to_device(tmp.device_data(), dd.index, staged.device_data(), staged.nbytes());
+      h.copy_strided(region(dst), region(tmp), dd.index, "copy_");
+    }
+    return;
+  }
+  // From a device: src's elements made contiguous there (same dtype), then moved.
+  DeviceHooks& h = require_device_hooks(sd, "copy_");
+  Tensor packed = src;
+  if (!src.is_contiguous()) {
+    packed = empty(src.sizes(), TensorOptions(src.dtype()).with_device(sd).with_tag(MemTag::workspace));
+    h.copy_strided(region(packed), region(src), sd.index, "copy_");
+  }
+  if (dd.is_cpu()) {  // download, then broadcast and convert on the host
+    Tensor host = empty(src.sizes(), TensorOptions(src.dtype()));
+    h.copy_to_host(host.device_data(), packed.device_data(), sd.index, packed.nbytes());
+    copy_into(dst, host);
+    return;
+  }
+  // Device to another device: the bytes, then broadcast and convert on the destination.
+  DeviceHooks& hd = require_device_hooks(dd, "copy_");
+  Tensor moved = empty(src.sizes(), TensorOptions(src.dtype()).with_device(dd).with_tag(MemTag::workspace));
+  hd.copy_between(moved.device_data(), dd.index, packed.device_data(), sd.index, packed.nbytes());
+  Shape mst(dst.dim(), 0);
+  for (int64_t i = 0; i < moved.dim(); ++i) {
+    const int64_t di = dst.dim() - moved.dim() + i;
+    mst[di] = moved.size(i) == 1 ? 0 : moved.stride(i);
+  }
+  hd.copy_strided(region(dst), region(moved, mst), dd.index, "copy_");
+}
 }  // namespace
 
 void copy_into(const Tensor& dst, const Tensor& src) {
@@ -141,6 +205,10 @@ void copy_into(const Tensor& dst, const Tensor& src) {
     sst[di] = src.sizes()[i] == 1 ? 0 : src.strides()[i];
   }
   if (dst.numel() == 0) return;
+  if (!dst.device().is_cpu() || !src.device().is_cpu()) {
+    copy_across_devices(dst, src, sst);
+    return;
+  }
   const bool flat = dst.is_contiguous() && src.is_contiguous() && src.sizes() == dst.sizes();
   if (flat && src.dtype() == dst.dtype()) {
     if (dst.raw_data() != src.raw_data()) std::memmove(dst.raw_data(), src.raw_data(), dst.nbytes());
@@ -170,6 +238,11 @@ Tensor& Tensor::copy_(const Tensor& src) {
 }
 
 Tensor& Tensor::fill_(double value) {
+  if (!device().is_cpu()) {
+    require_device_hooks(device(), "fill_").fill(region(*this), value, device().index);
+    bump_version();
+    return *this;
+  }
   dispatch(dtype(), [&]<class T>() {
     const T v = cast_value<T>(value);
     T* d = static_cast<T*>(raw_data());
@@ -226,6 +299,11 @@ Tensor scalar_tensor(double value, const TensorOptions& opts) { return full({}, 
 
 Tensor arange(int64_t start, int64_t end, const TensorOptions& opts) {
   ATH_CHECK(end >= start, "arange", "end (", end, ") < start (", start, ")");
+  if (!opts.device.is_cpu()) {  // made on the host, then uploaded
+    Tensor d = empty({end - start}, opts);
+    copy_into(d, arange(start, end, TensorOptions(opts.dtype)));
+    return d;
+  }
   Tensor t = empty({end - start}, opts);
   dispatch(t.dtype(), [&]<class T>() {
     T* d = t.data_ptr<T>();
@@ -234,11 +312,16 @@ Tensor arange(int64_t start, int64_t end, const TensorOptions& opts) {
   return t;
 }
 
+// On t's device, as in PyTorch.
 Tensor empty_like(const Tensor& t, std::optional<DType> dtype) {
-  return empty(t.sizes(), TensorOptions(dtype.value_or(t.dtype())));
+  return empty(t.sizes(), TensorOptions(dtype.value_or(t.dtype())).with_device(t.device()));
 }
-Tensor zeros_like(const Tensor& t, std::optional<DType> dtype) { return zeros(t.sizes(), TensorOptions(dtype.value_or(t.dtype()))); }
-Tensor ones_like(const Tensor& t, std::optional<DType> dtype) { return ones(t.sizes(), TensorOptions(dtype.value_or(t.dtype()))); }
+Tensor zeros_like(const Tensor& t, std::optional<DType> dtype) {
+  return zeros(t.sizes(), TensorOptions(dtype.value_or(t.dtype())).with_device(t.device()));
+}
+Tensor ones_like(const Tensor& t, std::optional<DType> dtype) {
+  return ones(t.sizes(), TensorOptions(dtype.value_or(t.dtype())).with_device(t.device()));
+}
 
 namespace {
 template <class V> Tensor from_values(const std::vector<V>& values, const Shape& shape, const TensorOptions& opts) {
@@ -246,6 +329,12 @@ template <class V> Tensor from_values(const std::vector<V>& values, const Shape&
             " values for shape ", shape_str(shape), " (", shape_numel(shape), " elements)");
   TensorOptions o = opts;
   o.requires_grad = false;
+  if (!opts.device.is_cpu()) {  // made on the host, then uploaded
+    Tensor d = empty(shape, o);
+    copy_into(d, from_values(values, shape, TensorOptions(opts.dtype)));
+    if (opts.requires_grad) d.requires_grad_(true);
+    return d;
+  }
   Tensor t = empty(shape, o);
   dispatch(t.dtype(), [&]<class T>() {
     T* d = static_cast<T*>(t.raw_data());

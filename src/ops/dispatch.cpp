@@ -96,6 +96,7 @@ std::vector<Tensor> dispatch(const OpDef& op, std::vector<Tensor> inputs, const 
 
   // 1. The device.
   call.device_ = common_device(op, call.in_);
+  if (!call.device_.is_cpu()) (void)op_registry();  // building it fills the CUDA slots (registry.h)
   const OpKernels& k = op.kernels[device_slot(call.device_.type)];
   ATH_CHECK(k.forward != nullptr, op.name, "has no ", device_type_name(call.device_.type), " kernel (input ",
             input_name(op, 0), " is on ", call.device_.str(), ")",

@@ -13,6 +13,7 @@
 
 #include "athanor/ops/dropout.h"
 #include "backend/cpu/dropout.h"
+#include "ops/op_args.h"
 #include "ops/op_def.h"
 #include "ops/op_utils.h"
 
@@ -32,10 +33,7 @@ Tensor dropout_apply(const Tensor& x, GeneratorState st, uint32_t threshold, dou
 using detail::Grads;
 using detail::Inputs;
 
-struct DropoutArgs {
-  double p = 0.5;
-  Generator* gen = nullptr;
-};
+using detail::DropoutArgs;  // shared with the CUDA kernel (ops/op_args.h)
 struct DropoutSaved : OpSaved {
   GeneratorState st;
   uint32_t threshold = 0;

@@ -16,6 +16,7 @@
 
 #include "athanor/ops/embedding.h"
 #include "backend/cpu/index.h"
+#include "ops/op_args.h"
 #include "ops/op_def.h"
 #include "ops/op_utils.h"
 
@@ -25,9 +26,7 @@ namespace {
 using detail::Grads;
 using detail::Inputs;
 
-struct EmbeddingArgs {
-  std::optional<int64_t> padding_idx;
-};
+using detail::EmbeddingArgs;  // shared with the CUDA kernel (ops/op_args.h)
 struct EmbeddingSaved : OpSaved {
   SavedTensor ids;
   int64_t num = 0, dim = 0, n = 0, pad = -1;

@@ -22,6 +22,7 @@
 
 #include "athanor/ops/autocast.h"
 #include "backend/cpu/norm.h"
+#include "ops/op_args.h"
 #include "ops/op_def.h"
 #include "ops/op_utils.h"
 
@@ -61,10 +62,7 @@ InputGrad input_grad(const Node& n, const Shape& sizes, DType dtype) {
   return {empty(sizes, TensorOptions(dtype)), false};
 }
 
-struct LayerNormArgs {
-  Shape normalized_shape;
-  double eps = 1e-5;
-};
+using detail::LayerNormArgs;  // shared with the CUDA kernel (ops/op_args.h)
 // What the backward reads, by path: plain (x, mean, rstd in x's precision), lowp_input (a
 // bf16/f16 x read directly, f32 statistics) or keep_xhat (xhat in the autocast dtype).
 enum class LayerNormPath : uint8_t { plain, lowp_input, keep_xhat };

@@ -158,14 +158,14 @@ template void transpose_2d<float16>(const float16*, int64_t, int64_t, float16*);
 
 Tensor contiguous_raw(const Tensor& x) {
   if (x.is_contiguous()) return x;
-  Tensor c = empty(x.sizes(), TensorOptions(x.dtype()));
+  Tensor c = empty(x.sizes(), TensorOptions(x.dtype()).with_device(x.device()));
   copy_into(c, x);
   return c;
 }
 
 Tensor to_raw(const Tensor& x, DType dtype) {
   if (x.dtype() == dtype) return contiguous_raw(x);
-  Tensor c = empty(x.sizes(), TensorOptions(dtype));
+  Tensor c = empty(x.sizes(), TensorOptions(dtype).with_device(x.device()));
   copy_into(c, x);
   return c;
 }

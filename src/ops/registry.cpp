@@ -5,11 +5,24 @@
 #include "athanor/ops/registry.h"
 #include "ops/op_def.h"
 #include "ops/op_utils.h"
+#ifdef ATHANOR_HAS_CUDA
+#include "ops/cuda/cuda_kernels.h"
+#endif
 
 namespace athanor {
 
+namespace {
+// The CUDA slots, filled from src/ops/cuda's table (a CUDA build; a CPU-only build has none).
+std::vector<const OpDef*> with_cuda_kernels(std::vector<const OpDef*> ops) {
+#ifdef ATHANOR_HAS_CUDA
+  detail::install_cuda_kernels(ops);
+#endif
+  return ops;
+}
+}  // namespace
+
 const std::vector<const OpDef*>& op_registry() {
-  static const std::vector<const OpDef*> ops = {
+  static const std::vector<const OpDef*> ops = with_cuda_kernels({
       // elementwise arithmetic (binary.cpp)
       &ops::add_op(),
       &ops::sub_op(),
@@ -74,7 +87,7 @@ const std::vector<const OpDef*>& op_registry() {
       &ops::conv2d_op(),
       &ops::max_pool2d_op(),
       &ops::avg_pool2d_op(),
-  };
+  });
   return ops;
 }
 

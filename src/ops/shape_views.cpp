@@ -187,8 +187,8 @@ std::vector<Tensor> unsqueeze_cpu(OpCall& c) {
 // ---- clone: a contiguous copy
 std::vector<Tensor> clone_cpu(OpCall& c) {
   detail::check_defined(c.in(0), "clone", "x");
-  Tensor out = empty(c.in(0).sizes(), TensorOptions(c.in(0).dtype()));
-  copy_into(out, c.in(0));
+  Tensor out = empty(c.in(0).sizes(), TensorOptions(c.in(0).dtype()).with_device(c.in(0).device()));
+  copy_into(out, c.in(0));  // any device: core's copy (a strided copy kernel on CUDA)
   return {out};
 }
 Grads identity_backward(const Node&, const Grads& g, const OpSaved&) { return {g[0]}; }
@@ -201,8 +201,9 @@ std::vector<Tensor> cast_cpu(OpCall& c) {
   const Tensor& x = c.in(0);
   const DType dtype = c.args<CastArgs>().to;
   detail::check_defined(x, "cast", "x");
-  Tensor out = empty(x.sizes(), TensorOptions(dtype));
-  if (!x.is_contiguous() || !cpu::convert(x.dtype(), dtype, x.raw_data(), out.raw_data(), x.numel())) copy_into(out, x);
+  Tensor out = empty(x.sizes(), TensorOptions(dtype).with_device(x.device()));
+  if (!x.device().is_cpu() || !x.is_contiguous() || !cpu::convert(x.dtype(), dtype, x.raw_data(), out.raw_data(), x.numel()))
+    copy_into(out, x);  // on a device: core's copy converts there
   if (!is_floating(dtype)) c.set_differentiable(false);
   else if (c.records()) c.save<CastSaved>().in = x.dtype();
   return {out};

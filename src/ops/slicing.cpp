@@ -32,7 +32,10 @@ Tensor range_view(const Tensor& base, int64_t d, const Range& r) {
 // Gradient of a set of range views of an input of shape `in`: zeros, with each
 // defined g[i] copied into its region.
 Tensor ranges_backward(const Shape& in, DType dt, int64_t d, const std::vector<Range>& ranges, const Grads& g) {
-  Tensor gx = zeros(in, TensorOptions(dt));
+  Device dev = Device::cpu();  // the gradient's device (any defined piece's)
+  for (const Tensor& t : g)
+    if (t.defined()) dev = t.device();
+  Tensor gx = zeros(in, TensorOptions(dt).with_device(dev));
   for (size_t i = 0; i < ranges.size() && i < g.size(); ++i)
     if (g[i].defined() && ranges[i].length > 0) copy_into(range_view(gx, d, ranges[i]), g[i]);
   return gx;

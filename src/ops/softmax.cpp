@@ -10,6 +10,7 @@
 #include "athanor/ops/softmax.h"
 
 #include "backend/cpu/softmax.h"
+#include "ops/op_args.h"
 #include "ops/op_def.h"
 #include "ops/op_utils.h"
 
@@ -69,9 +70,7 @@ template <class Fn> void with_lowp(const Tensor& t, Fn&& fn) {  // fn(L*) for t'
   else fn(static_cast<float16*>(t.raw_data()));
 }
 
-struct SoftmaxArgs {
-  int64_t dim = -1;
-};
+using detail::SoftmaxArgs;  // shared with the CUDA kernel (ops/op_args.h)
 struct SoftmaxSaved : OpSaved {
   SavedTensor y;
   int64_t dim = 0;

@@ -1,4 +1,6 @@
 // Tensor's differentiable convenience methods, forwarding to the functional ops.
+#include "athanor/autograd/function.h"
+#include "athanor/core/device_hooks.h"
 #include "athanor/core/tensor.h"
 #include "athanor/ops/reduction.h"
 #include "athanor/ops/shape.h"
@@ -6,6 +8,16 @@
 namespace athanor {
 
 Tensor Tensor::to(DType dt) const { return cast(*this, dt); }
+// A device move is not a registry op (it has no kernel of one device: it is the edge
+// between two), so it records its node itself; its backward moves the gradient back.
+Tensor Tensor::to(Device device) const {
+  if (device == this->device()) return *this;
+  if (!device.is_cpu()) require_device_hooks(device, "to");  // no GPU, cuda:7: before any work
+  Tensor out = empty(sizes(), TensorOptions(dtype()).with_device(device).with_tag(storage()->tag()));
+  copy_into(out, *this);
+  const Device from = this->device();
+  return record("to", {*this}, out, [from](const Node&, const Grads& g) { return Grads{g[0].to(from)}; });
+}
 Tensor Tensor::contiguous() const { return athanor::contiguous(*this); }
 Tensor Tensor::clone() const { return athanor::clone(*this); }
 Tensor Tensor::reshape(const Shape& shape) const { return athanor::reshape(*this, shape); }

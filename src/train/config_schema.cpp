@@ -95,6 +95,7 @@ const std::vector<ConfigKey>& config_schema() {
       {"trainer.stop_at_val_loss", 0.0,
        "stop training at the first periodic evaluation (trainer.eval_every) whose validation loss is at or below this "
        "(0 = off); the log and run.json's \"end\" say which of max_steps, time_limit_s, stop_at_val_loss or a signal ended the run"},
+      {"trainer.device", std::string("cpu"), "where parameters, batches and optimizer state live: cpu, cuda (the first GPU) or cuda:N"},
 
       {"scaler.init_scale", 65536.0, "initial loss scale", "trainer.precision=f16"},
       {"scaler.growth_factor", 2.0, "scale multiplier after growth_interval finite steps", "trainer.precision=f16"},

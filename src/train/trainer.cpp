@@ -31,6 +31,7 @@
 #include "athanor/observe/report.h"
 #include "athanor/observe/tensorboard.h"
 #include "athanor/ops/autocast.h"
+#include "train/trainer_device.h"
 #include "athanor/optim/clip.h"
 #include <optional>
 #include "athanor/data/debug_dataset.h"
@@ -119,6 +120,7 @@ Trainer::Trainer(Config config, bool write_run_files)
   out_ = [](const std::string& s) { std::cout << s << std::flush; };
   tty_ = isatty(STDOUT_FILENO);
   check_batch(config_);
+  check_trainer_device(config_);  // no GPU, cuda:7, not yet on cuda: before any work
   par_ = std::make_unique<ParallelContext>(config_);  // first: the sampler and the run files depend on the rank
   build_data();  // first: the text pipeline fixes the vocabulary size
   task_ = make_task(config_, par_->mesh());
@@ -130,6 +132,7 @@ Trainer::Trainer(Config config, std::unique_ptr<Task> task, bool write_run_files
   out_ = [](const std::string& s) { std::cout << s << std::flush; };
   tty_ = isatty(STDOUT_FILENO);
   check_batch(config_);
+  check_trainer_device(config_);  // no GPU, cuda:7, not yet on cuda: before any work
   ParallelContext::check_config(config_);
   const int64_t tp = config_.get_int("dist.tp"), pp = config_.get_int("dist.pp");
   ATH_CHECK(tp == 1 && pp == 1, "trainer", "dist.tp ", tp, ", dist.pp ", pp,

@@ -20,6 +20,28 @@ expect_error missing-config 1 "cannot open config file '$WORK/nope.yaml'|hint:" 
 printf 'seed: 1\n' > "$WORK/ok.yaml"
 expect_error bad-override 1 "unknown key 'optimizer.weight_decy'|did you mean 'optimizer.weight_decay'" "$ATHANOR" train "$WORK/ok.yaml" "optimizer.weight_decy=0.1"
 
+# trainer.device: cuda on a machine (or a build) without a GPU, and a malformed device, are
+# errors before any work: no run directory is made.
+expect_error device-cuda-no-gpu 1 "trainer.device|cuda:0 was asked for, but this|hint:" \
+  "$ATHANOR" train "$WORK/ok.yaml" trainer.device=cuda "out_dir=$WORK/runs_dev"
+expect_error device-cuda7 1 "cuda:7 was asked for, but this" "$ATHANOR" train "$WORK/ok.yaml" trainer.device=cuda:7 "out_dir=$WORK/runs_dev"
+expect_error device-malformed 1 "key 'trainer.device' is 'gpu', which is not a device|cuda:N" \
+  "$ATHANOR" train "$WORK/ok.yaml" trainer.device=gpu "out_dir=$WORK/runs_dev"
+if [[ -e "$WORK/runs_dev" ]]; then echo "FAIL device errors: a run directory was made before the error"; failures=$((failures + 1)); fi
+# athanor ops: the cuda column ("yes"/"-", the 6th) follows the registry's CUDA slot: linear
+# has a CUDA kernel in a CUDA build, exp has none in any build.
+ops_table=$("$ATHANOR" ops 2>&1)
+cuda_build=$("$ATHANOR" --version 2>&1 | grep -c "cuda: *built with CUDA")
+want_linear=$([[ $cuda_build -eq 1 ]] && echo yes || echo -)
+got_linear=$(awk '$1 == "linear" {print $6}' <<<"$ops_table")
+got_exp=$(awk '$1 == "exp" {print $6}' <<<"$ops_table")
+if [[ "$(awk 'NR == 1 {print $6}' <<<"$ops_table")" != cuda || "$got_linear" != "$want_linear" || "$got_exp" != "-" ]]; then
+  echo "FAIL ops-cuda-column: linear '$got_linear' (want '$want_linear'), exp '$got_exp' (want '-')"; echo "$ops_table" | head -5
+  failures=$((failures + 1))
+else
+  echo "ok   ops-cuda-column"
+fi
+
 printf 'model: {type: mlp}\ndata: {type: fashion_mnist, dir: %s/fmnist}\nout_dir: %s/runs\n' "$WORK" "$WORK" > "$WORK/no_dataset.yaml"
 expect_error missing-dataset 1 "$WORK/fmnist|dataset-fashion-mnist" "$ATHANOR" train "$WORK/no_dataset.yaml"
 

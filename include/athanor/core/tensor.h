@@ -91,8 +91,11 @@ class Tensor {
   std::string describe() const;  // "[2, 3] f32"
   std::string to_string(int64_t max_elements = 64) const;
 
-  // ---- data access (CPU)
-  void* raw_data() const;  // pointer to element 0 (storage + offset)
+  // ---- data access (CPU; item, to_vector and printing copy a device tensor to the host)
+  void* raw_data() const;  // pointer to element 0 (storage + offset); an Error for a device tensor
+  // Pointer to element 0 in the memory of the tensor's device, whatever it is: for that
+  // device's kernels only (a CUDA tensor's is a device pointer).
+  void* device_data() const;
   template <class T> T* data_ptr() const;  // checks dtype
   template <class T> T item() const;       // one-element tensor, converted to T
   double item() const { return item<double>(); }
@@ -125,6 +128,12 @@ class Tensor {
 
   // ---- differentiable methods (implemented in src/ops/tensor_methods.cpp)
   Tensor to(DType dt) const;
+  // A copy on `device` (this tensor itself when it is there already); differentiable: the
+  // gradient flows back to this tensor's device. Errors before any work when the device
+  // does not exist (no GPU, cuda:7 on a one-GPU machine, a build without CUDA).
+  Tensor to(Device device) const;
+  Tensor cuda(int index = 0) const { return to(Device::cuda(index)); }
+  Tensor cpu() const { return to(Device::cpu()); }
   Tensor contiguous() const;
   Tensor clone() const;
   Tensor reshape(const Shape& shape) const;
@@ -165,7 +174,8 @@ std::ostream& operator<<(std::ostream& os, const Tensor& t);
 // ---- template definitions
 namespace detail {
 [[noreturn]] void throw_dtype_mismatch(const Tensor& t, DType want);
-void check_item(const Tensor& t);  // exactly one element, on the CPU
+void check_item(const Tensor& t);  // exactly one element
+Tensor host_copy(const Tensor& t);  // t itself on the CPU; else a contiguous host copy (raw)
 }
 template <class T> T* Tensor::data_ptr() const {
   if (dtype() != dtype_of<T>) detail::throw_dtype_mismatch(*this, dtype_of<T>);
@@ -173,6 +183,7 @@ template <class T> T* Tensor::data_ptr() const {
 }
 template <class T> T Tensor::item() const {
   detail::check_item(*this);
+  if (!device().is_cpu()) return detail::host_copy(*this).item<T>();  // waits for the device, as PyTorch's
   T out{};
   dispatch(dtype(), [&]<class S>() { out = static_cast<T>(static_cast<double>(*static_cast<const S*>(raw_data()))); });
   return out;

@@ -2,8 +2,8 @@
 // The op registry: every differentiable op is one OpDef, the live C++ form of PyTorch's
 // derivatives.yaml. An entry holds
 //  - the op's name and the names of its inputs;
-//  - a forward kernel per device (CPU today; the CUDA slot is empty) and, beside it, the
-//    backward for that device;
+//  - a forward kernel per device and, beside it, the backward for that device (the CUDA
+//    slot is filled from src/ops/cuda/ when the registry is built in a CUDA build);
 //  - the naive reference kernel the fast one is tested against;
 //  - the autocast category (an enum, read by the dispatch point, never looked up by name);
 //  - the inputs the op harness feeds it (athanor/ops/op_harness.h): several shapes, with
@@ -87,7 +87,9 @@ struct OpDef {
   // copy but the node records the f32 tensor, and the backward writes its gradient in f32
   // from the f32 accumulators (linear-shaped ops: no bf16 dW, no cast-back pass).
   uint32_t f32_master = 0;
-  std::array<OpKernels, kDeviceTypes> kernels;  // indexed by device_slot()
+  // Indexed by device_slot(). The CUDA slot is filled once, when op_registry() is first
+  // built (src/ops/cuda/cuda_kernels.h): mutable so that the op files stay free of CUDA.
+  mutable std::array<OpKernels, kDeviceTypes> kernels;
   ForwardFn reference = nullptr;                // naive CPU kernel (cpu::ref::), any dtype the op takes
   std::vector<DType> dtypes;                    // the floating dtypes the op computes in
   CasesFn cases = nullptr;                      // the harness's inputs (op_harness.h)

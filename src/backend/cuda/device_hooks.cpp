@@ -1,0 +1,201 @@
+// The CUDA backend's device hooks (core/device_hooks.h): CUDA tensors' memory from the
+// caching device allocator, host <-> device copies through pinned staging buffers on the
+// copy stream, strided copies and fills on the compute stream. Installed at start-up by a
+// static registrar; the link keeps this object because CMake passes
+// -Wl,--undefined=athanor_cuda_device_hooks_anchor (a static library drops unreferenced
+// objects, and with them their registrars).
+//
+// Stream order: every CUDA tensor's block belongs to the compute stream (the allocator's
+// reuse is in its order). An upload on the copy stream first waits for the compute
+// stream (the block may have been freed by work still queued there), and the compute
+// stream then waits for the upload, so kernels queued after to(cuda) read the new bytes.
+// A download waits for the compute stream's queued work, and returns when the bytes are
+// on the host.
+#include <algorithm>
+#include <cstring>
+#include <mutex>
+
+#include "athanor/core/convert.h"
+#include "athanor/core/device_hooks.h"
+#include "athanor/core/error.h"
+#include "backend/cuda/copy.h"
+#include "backend/cuda/device_allocator.h"
+#include "backend/cuda/runtime.h"
+
+extern "C" {
+int athanor_cuda_device_hooks_anchor = 0;
+}
+
+namespace athanor::cuda {
+
+namespace {
+
+constexpr std::size_t kStagingBytes = std::size_t{4} << 20;  // per buffer; two per device
+
+// Two pinned buffers per device, each with the event of the last copy that used it.
+struct Staging {
+  std::mutex mu;
+  bool ready = false;
+  void* buf[2] = {nullptr, nullptr};
+  cudaEvent_t used[2] = {nullptr, nullptr};
+  cudaEvent_t compute_mark = nullptr, copy_done = nullptr;
+  void init(int index) {
+    if (ready) return;
+    DeviceGuard g(index);
+    for (int k = 0; k < 2; ++k) {
+      ATH_CUDA(cudaMallocHost(&buf[k], kStagingBytes));
+      ATH_CUDA(cudaEventCreateWithFlags(&used[k], cudaEventDisableTiming));
+    }
+    ATH_CUDA(cudaEventCreateWithFlags(&compute_mark, cudaEventDisableTiming));
+    ATH_CUDA(cudaEventCreateWithFlags(&copy_done, cudaEventDisableTiming));
+    ready = true;
+  }
+};
+Staging& staging(int index) {
+  static Staging all[64];  // never destroyed before the streams: both live as long as the process
+  ATH_CHECK(index < 64, "cuda copy", "cuda:", index, " is past the 64 devices supported");
+  return all[index];
+}
+
+StridedLayout layout_of(const StridedRegion& dst, const std::vector<int64_t>& src_strides, const char* op) {
+  ATH_CHECK(static_cast<int>(dst.sizes.size()) <= kMaxCopyDims, op, "a ", dst.sizes.size(),
+            "-D strided copy on cuda (at most ", kMaxCopyDims, " dims)", Hint{"reshape to fewer dims first"});
+  StridedLayout l;
+  l.ndim = static_cast<int>(dst.sizes.size());
+  for (int i = 0; i < l.ndim; ++i) {
+    l.sizes[i] = dst.sizes[i];
+    l.dst_strides[i] = dst.strides[i];
+    l.src_strides[i] = src_strides.empty() ? 0 : src_strides[i];
+  }
+  return l;
+}
+int64_t count(const std::vector<int64_t>& sizes) {
+  int64_t n = 1;
+  for (int64_t s : sizes) n *= s;
+  return n;
+}
+
+class CudaHooks final : public DeviceHooks {
+ public:
+  void check_device(int index, const char* op) override { cuda::check_device(index, op); }
+  void* allocate(int index, std::size_t nbytes, MemTag tag) override {
+    return DeviceAllocator::get(index).allocate(nbytes, tag);
+  }
+  void deallocate(int index, void* ptr) override { DeviceAllocator::get(index).deallocate(ptr); }
+  void retag(int index, void* ptr, MemTag to) override { DeviceAllocator::get(index).retag(ptr, to); }
+
+  void copy_to_device(void* dst, int index, const void* src, std::size_t nbytes) override {
+    if (nbytes == 0) return;
+    DeviceGuard g(index);
+    Staging& s = staging(index);
+    std::lock_guard<std::mutex> lock(s.mu);
+    s.init(index);
+    const cudaStream_t cs = compute_stream(index), xs = copy_stream(index);
+    ATH_CUDA(cudaEventRecord(s.compute_mark, cs));
+    ATH_CUDA(cudaStreamWaitEvent(xs, s.compute_mark, 0));
+    const char* from = static_cast<const char*>(src);
+    char* to = static_cast<char*>(dst);
+    for (std::size_t off = 0, i = 0; off < nbytes; off += kStagingBytes, ++i) {
+      const int k = static_cast<int>(i % 2);
+      const std::size_t len = std::min(kStagingBytes, nbytes - off);
+      ATH_CUDA(cudaEventSynchronize(s.used[k]));  // the previous copy out of this buffer is done
+      std::memcpy(s.buf[k], from + off, len);
+      ATH_CUDA(cudaMemcpyAsync(to + off, s.buf[k], len, cudaMemcpyHostToDevice, xs));
+      ATH_CUDA(cudaEventRecord(s.used[k], xs));
+    }
+    ATH_CUDA(cudaEventRecord(s.copy_done, xs));
+    ATH_CUDA(cudaStreamWaitEvent(cs, s.copy_done, 0));
+  }
+
+  void copy_to_host(void* dst, const void* src, int index, std::size_t nbytes) override {
+    if (nbytes == 0) return;
+    DeviceGuard g(index);
+    Staging& s = staging(index);
+    std::lock_guard<std::mutex> lock(s.mu);
+    s.init(index);
+    const cudaStream_t cs = compute_stream(index), xs = copy_stream(index);
+    ATH_CUDA(cudaEventRecord(s.compute_mark, cs));
+    ATH_CUDA(cudaStreamWaitEvent(xs, s.compute_mark, 0));
+    const char* from = static_cast<const char*>(src);
+    char* to = static_cast<char*>(dst);
+    const std::size_t chunks = (nbytes + kStagingBytes - 1) / kStagingBytes;
+    auto issue = [&](std::size_t i) {
+      const int k = static_cast<int>(i % 2);
+      const std::size_t off = i * kStagingBytes, len = std::min(kStagingBytes, nbytes - off);
+      ATH_CUDA(cudaMemcpyAsync(s.buf[k], from + off, len, cudaMemcpyDeviceToHost, xs));
+      ATH_CUDA(cudaEventRecord(s.used[k], xs));
+    };
+    issue(0);
+    for (std::size_t i = 0; i < chunks; ++i) {  // chunk i+1 is in flight while chunk i is copied out
+      if (i + 1 < chunks) issue(i + 1);
+      const int k = static_cast<int>(i % 2);
+      const std::size_t off = i * kStagingBytes, len = std::min(kStagingBytes, nbytes - off);
+      ATH_CUDA(cudaEventSynchronize(s.used[k]));
+      std::memcpy(to + off, s.buf[k], len);
+    }
+  }
+
+  void copy_between(void* dst, int dst_index, const void* src, int src_index, std::size_t nbytes) override {
+    if (nbytes == 0) return;
+    const cudaStream_t ds = compute_stream(dst_index);
+    if (dst_index == src_index) {
+      DeviceGuard g(dst_index);
+      ATH_CUDA(cudaMemcpyAsync(dst, src, nbytes, cudaMemcpyDeviceToDevice, ds));
+      return;
+    }
+    // The source's queued writes first: the destination's stream waits for the source's.
+    cudaEvent_t ev = nullptr;
+    {
+      DeviceGuard g(src_index);
+      ATH_CUDA(cudaEventCreateWithFlags(&ev, cudaEventDisableTiming));
+      ATH_CUDA(cudaEventRecord(ev, compute_stream(src_index)));
+    }
+    DeviceGuard g(dst_index);
+    ATH_CUDA(cudaStreamWaitEvent(ds, ev, 0));
+    ATH_CUDA(cudaMemcpyPeerAsync(dst, dst_index, src, src_index, nbytes, ds));
+    ATH_CUDA(cudaEventDestroy(ev));  // released once the wait is done
+  }
+
+  void copy_strided(const StridedRegion& dst, const StridedRegion& src, int index, const char* op) override {
+    ATH_CHECK(can_copy(src.dtype, dst.dtype), op, "converting ", dtype_name(src.dtype), " to ", dtype_name(dst.dtype),
+              " is not yet supported on cuda (only between f32, bf16 and f16, or within one dtype)",
+              Hint{"convert on the CPU (.cpu().to(dtype)) and move the result"});
+    const int64_t n = count(dst.sizes);
+    if (n == 0) return;
+    DeviceGuard g(index);
+    cuda::copy_strided(dst.data, dst.dtype, src.data, src.dtype, layout_of(dst, src.strides, op), n, compute_stream(index));
+  }
+
+  void fill(const StridedRegion& dst, double value, int index) override {
+    const int64_t n = count(dst.sizes);
+    if (n == 0) return;
+    uint64_t pattern = 0;
+    dispatch(dst.dtype, [&]<class T>() {
+      const T v = cast_value<T>(value);
+      std::memcpy(&pattern, &v, sizeof(T));
+    });
+    DeviceGuard g(index);
+    fill_pattern(dst.data, static_cast<int>(dtype_size(dst.dtype)), pattern, layout_of(dst, {}, "fill_"), n,
+                 compute_stream(index));
+  }
+
+  void add_into(void* acc, const void* g, DType dtype, int64_t n, int index, const char* op) override {
+    ATH_CHECK(dtype == DType::f32 || dtype == DType::f64 || dtype == DType::bf16 || dtype == DType::f16, op,
+              "adding ", dtype_name(dtype), " tensors is not yet supported on cuda",
+              Hint{"accumulate floating-point gradients only"});
+    DeviceGuard guard(index);
+    add_inplace(acc, g, dtype, n, compute_stream(index));
+  }
+};
+
+struct Registrar {
+  Registrar() {
+    static CudaHooks hooks;
+    set_device_hooks(DeviceType::cuda, &hooks);
+  }
+};
+const Registrar registrar;
+
+}  // namespace
+
+}  // namespace athanor::cuda

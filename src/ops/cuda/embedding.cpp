@@ -1,0 +1,87 @@
+// CUDA kernel of embedding (an f32 table, i64 ids; src/backend/cuda/elementwise.h).
+// Forward: the ids are validated on the host first (a copy of the ids, not of the table: an
+// out-of-range id is an Error naming it and its position, as on the CPU, never an illegal
+// address later), then out[p, :] = weight[ids[p], :].
+// Backward beside it: grad_weight[v, :] = Σ_{p : ids[p] = v} g[p, :] (0 for padding_idx),
+// deterministic without float atomics (each thread owns a column and adds the rows in p
+// order), as a dense [num, dim] gradient (the CPU's row-sparse emission has no CUDA twin yet).
+#include <string>
+
+#include "athanor/autograd/function.h"
+#include "athanor/ops/embedding.h"
+#include "backend/cuda/elementwise.h"
+#include "backend/cuda/runtime.h"
+#include "ops/cuda/cuda_kernels.h"
+#include "ops/op_args.h"
+#include "ops/op_def.h"
+
+namespace athanor::detail {
+namespace {
+
+struct EmbeddingCudaSaved : OpSaved {
+  SavedTensor ids;
+  int64_t num = 0, dim = 0, pad = -1;
+};
+
+std::vector<Tensor> embedding_cuda(OpCall& c) {
+  const Tensor &weight = c.in(0), &ids = c.in(1);
+  const char* op = "embedding";
+  ATH_CHECK(ids.defined(), op, "ids is undefined");
+  if (weight.dtype() != DType::f32) cuda_unsupported(op, "weight is " + weight.describe() + " (the CUDA kernel takes f32)");
+  if (ids.dtype() != DType::i64) cuda_unsupported(op, "ids are " + ids.describe() + " (the CUDA kernel takes i64)");
+  ATH_CHECK(weight.dim() == 2, op, "weight must be 2-D [num_embeddings, dim], got ", weight.describe(),
+            Hint{"reshape the table to [num_embeddings, embedding_dim]"});
+  const int64_t num = weight.size(0), dim = weight.size(1);
+  int64_t pad = -1;
+  if (const auto p = c.args<EmbeddingArgs>().padding_idx) {
+    ATH_CHECK(*p >= -num && *p < num, op, "padding_idx ", *p, " is out of range for a table of ", num, " embeddings (weight ",
+              weight.describe(), ")", Hint{"padding_idx must be in [-num_embeddings, num_embeddings)"});
+    pad = *p < 0 ? *p + num : *p;
+  }
+  const Tensor ic = cuda_contiguous(ids);
+  const std::vector<double> host_ids = ic.to_vector();  // the validation reads the ids on the host
+  for (std::size_t i = 0; i < host_ids.size(); ++i)
+    if (host_ids[i] < 0 || host_ids[i] >= static_cast<double>(num)) {
+      Shape pos(ids.dim());
+      for (int64_t d = ids.dim() - 1, f = static_cast<int64_t>(i); d >= 0; --d) pos[d] = f % ids.sizes()[d], f /= ids.sizes()[d];
+      ATH_FAIL(op, "id ", static_cast<int64_t>(host_ids[i]), " at position ", shape_str(pos), " of ids ", ids.describe(),
+               " is out of range for an embedding table of ", num, " rows (weight ", weight.describe(), ")",
+               Hint{"ids must be in [0, " + std::to_string(num) +
+                    "); check that the tokenizer's vocabulary size matches num_embeddings"});
+    }
+  Shape out_shape = ids.sizes();
+  out_shape.push_back(dim);
+  Tensor out = empty(out_shape, TensorOptions(DType::f32).with_device(weight.device()));
+  const Tensor wc = cuda_contiguous(weight);
+  const int dev = cuda_index(c);
+  cuda::DeviceGuard g(dev);
+  if (out.numel() > 0)
+    cuda::embedding_forward(static_cast<const float*>(wc.device_data()), static_cast<const int64_t*>(ic.device_data()),
+                            static_cast<float*>(out.device_data()), ic.numel(), dim, cuda::compute_stream(dev));
+  if (c.records()) {
+    EmbeddingCudaSaved& s = c.save<EmbeddingCudaSaved>();
+    s.ids = save(ic, "ids"), s.num = num, s.dim = dim, s.pad = pad;
+  }
+  return {out};
+}
+
+Grads embedding_backward_cuda(const Node& n, const Grads& g, const OpSaved& saved) {
+  const EmbeddingCudaSaved& s = saved.as<EmbeddingCudaSaved>();
+  if (g[0].dtype() != DType::f32) cuda_unsupported("embedding backward", "grad is " + g[0].describe() + " (f32 only)");
+  const Tensor ids = s.ids.unpack(n), gy = cuda_contiguous(g[0]);
+  Tensor dw = zeros({s.num, s.dim}, TensorOptions(DType::f32).with_device(gy.device()));
+  const int dev = gy.device().index;
+  cuda::DeviceGuard guard(dev);
+  if (ids.numel() > 0 && s.dim > 0)
+    cuda::embedding_backward(static_cast<const float*>(gy.device_data()), static_cast<const int64_t*>(ids.device_data()),
+                             static_cast<float*>(dw.device_data()), ids.numel(), s.dim, s.pad, cuda::compute_stream(dev));
+  return {dw, Tensor()};
+}
+
+}  // namespace
+
+void cuda_embedding_ops(std::vector<CudaOpEntry>& out) {
+  out.push_back({"embedding", {embedding_cuda, embedding_backward_cuda}});
+}
+
+}  // namespace athanor::detail

@@ -1,0 +1,16 @@
+#pragma once
+// trainer.device (cpu | cuda | cuda:N): parsed and checked before any work.
+#include "athanor/core/device.h"
+#include "athanor/train/config.h"
+
+namespace athanor {
+
+// The device trainer.device names; an Error for a malformed value ("gpu", "cuda:x").
+Device parse_trainer_device(const std::string& value);
+// Errors before any work: a CUDA device that this build or this machine lacks (no GPU,
+// cuda:7 on a one-GPU machine), and "not yet supported on cuda: <what>" for the parts of
+// training that do not run on CUDA yet (the model's ops without a CUDA kernel, the
+// optimizer step, the data pipeline's uploads), so a run never starts and crashes later.
+void check_trainer_device(const train::Config& config);
+
+}  // namespace athanor
