@@ -57,6 +57,16 @@ TEST(Swiglu, AutocastRunsInBf16WithF32WeightGradients) {
   EXPECT_EQ(x.grad().dtype(), DType::f32);
   EXPECT_EQ(unfused.dtype(), DType::bf16);
   EXPECT_CLOSE(y, unfused, 1e-2, 1e-2);
+  // dW from the f32 accumulators (f32 master), as linear's under autocast in the composition.
+  Tensor x2 = x.detach().requires_grad_(true), wg2 = wg.detach().requires_grad_(true), wu2 = wu.detach().requires_grad_(true);
+  {
+    autocast ac(DType::bf16);
+    const Tensor y2 = composed(x2, wg2, wu2);
+    backward({y2}, {ones_like(y2)});
+  }
+  EXPECT_CLOSE(wg.grad(), wg2.grad(), 0.1, 2e-2);
+  EXPECT_CLOSE(wu.grad(), wu2.grad(), 0.1, 2e-2);
+  EXPECT_CLOSE(x.grad(), x2.grad(), 0.1, 2e-2);
 }
 
 TEST(Swiglu, Errors) {
