@@ -72,9 +72,20 @@ template <class T> void swiglu_backward(const T* dy, const T* g, const T* u, T* 
   });
 }
 
-#define ATHANOR_INSTANTIATE_SWIGLU(T)                               \
-  template void swiglu_forward<T>(const T*, const T*, T*, int64_t); \
-  template void swiglu_backward<T>(const T*, const T*, const T*, T*, T*, int64_t);
+namespace {
+struct Sum {
+#if ATHANOR_CPU_AVX512
+  __m512 vec(__m512 a, __m512 b) const { return _mm512_add_ps(a, b); }
+#endif
+  template <class C> C scalar(C a, C b) const { return a + b; }
+};
+}  // namespace
+template <class T> void swiglu_sum_into(T* a, const T* b, int64_t n) { vec::map2(a, b, a, n, vec::kGrainCheap, Sum{}); }
+
+#define ATHANOR_INSTANTIATE_SWIGLU(T)                                                \
+  template void swiglu_forward<T>(const T*, const T*, T*, int64_t);                  \
+  template void swiglu_backward<T>(const T*, const T*, const T*, T*, T*, int64_t); \
+  template void swiglu_sum_into<T>(T*, const T*, int64_t);
 ATHANOR_INSTANTIATE_SWIGLU(float)
 ATHANOR_INSTANTIATE_SWIGLU(double)
 ATHANOR_INSTANTIATE_SWIGLU(bfloat16)
@@ -84,11 +95,13 @@ ATHANOR_ISA_END
 #if ATHANOR_ISA_PRIMARY
 namespace athanor::cpu {
 ATHANOR_ISA_DECLARE(template <class T> void swiglu_forward(const T* g, const T* u, T* y, int64_t n);
-                    template <class T> void swiglu_backward(const T* dy, const T* g, const T* u, T* dg, T* du, int64_t n);)
+                    template <class T> void swiglu_backward(const T* dy, const T* g, const T* u, T* dg, T* du, int64_t n);
+                    template <class T> void swiglu_sum_into(T* a, const T* b, int64_t n);)
 template <class T> void swiglu_forward(const T* g, const T* u, T* y, int64_t n) { ATHANOR_ISA_CALL(swiglu_forward<T>, g, u, y, n); }
 template <class T> void swiglu_backward(const T* dy, const T* g, const T* u, T* dg, T* du, int64_t n) {
   ATHANOR_ISA_CALL(swiglu_backward<T>, dy, g, u, dg, du, n);
 }
+template <class T> void swiglu_sum_into(T* a, const T* b, int64_t n) { ATHANOR_ISA_CALL(swiglu_sum_into<T>, a, b, n); }
 ATHANOR_INSTANTIATE_SWIGLU(float)
 ATHANOR_INSTANTIATE_SWIGLU(double)
 ATHANOR_INSTANTIATE_SWIGLU(bfloat16)
