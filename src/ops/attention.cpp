@@ -2,8 +2,14 @@
 // of one packed [B, T, 3 d] tensor): checks, the flash-attention kernel (backend/cpu/attention),
 // and the backward, which recomputes the softmax per tile from the saved log-sum-exp.
 //
-// Saved for backward: contiguous q, k, v (resp. qkv), the output O and lse [B, H, Tq] (f32, or
-// f64 for f64 inputs). Nothing of size Tq x Tk is kept between forward and backward.
+// scaled_dot_product_attention takes PyTorch's enable_gqa (grouped-query attention: k and v with
+// Hkv heads, Hkv dividing H, read per group, never repeated), reads operands that are transposed
+// views of contiguous tensors in place, and writes O in q's memory order.
+//
+// Saved for backward: q, k, v as the kernels read them (the inputs themselves, or contiguous
+// copies of other layouts; resp. qkv), the output O and lse [B, H, Tq] (f32, or f64 for f64
+// inputs). Nothing of size Tq x Tk is kept between forward and backward. The gradients dq, dk, dv
+// come back in the strides of q, k, v.
 #include <algorithm>
 #include <cmath>
 #include <vector>
