@@ -4,7 +4,9 @@
 //
 // Saved for backward: contiguous q, k, v (resp. qkv), the output O and lse [B, H, Tq] (f32, or
 // f64 for f64 inputs). Nothing of size Tq x Tk is kept between forward and backward.
+#include <algorithm>
 #include <cmath>
+#include <vector>
 
 #include "athanor/ops/attention.h"
 #include "backend/cpu/attention.h"
@@ -20,7 +22,7 @@ std::string shapes_of(const Tensor& q, const Tensor& k, const Tensor& v) {
   return "q " + q.describe() + ", k " + k.describe() + ", v " + v.describe();
 }
 
-void check_inputs(const Tensor& q, const Tensor& k, const Tensor& v) {
+void check_inputs(const Tensor& q, const Tensor& k, const Tensor& v, bool enable_gqa) {
   detail::check_floating(q, kOp, "q");
   detail::check_floating(k, kOp, "k");
   detail::check_floating(v, kOp, "v");
@@ -29,13 +31,48 @@ void check_inputs(const Tensor& q, const Tensor& k, const Tensor& v) {
   ATH_CHECK(q.dim() == 4 && k.dim() == 4 && v.dim() == 4, kOp, "expected 4-D tensors [B, H, T, D], got ",
             shapes_of(q, k, v),
             Hint{"split heads first: x.view({B, T, H, D}).transpose(1, 2) gives [B, H, T, D]"});
-  ATH_CHECK(q.size(0) == k.size(0) && q.size(0) == v.size(0) && q.size(1) == k.size(1) && q.size(1) == v.size(1),
-            kOp, "batch and head dims (0 and 1) must match, got ", shapes_of(q, k, v),
-            Hint{"q is [B, H, Tq, D], k and v are [B, H, Tk, D]"});
+  ATH_CHECK(q.size(0) == k.size(0) && q.size(0) == v.size(0), kOp, "the batch dims (dim 0) must match, got ",
+            shapes_of(q, k, v), Hint{"q is [B, H, Tq, D], k and v are [B, Hkv, Tk, D]"});
+  ATH_CHECK(k.size(1) == v.size(1), kOp, "k and v must have the same number of heads (dim 1), got ", shapes_of(q, k, v),
+            " (", k.size(1), " != ", v.size(1), ")");
+  const int64_t H = q.size(1), Hkv = k.size(1);
+  if (enable_gqa) {
+    ATH_CHECK(Hkv == 0 ? H == 0 : H % Hkv == 0, kOp, "grouped-query attention needs k and v's head count Hkv = ", Hkv,
+              " to divide q's head count H = ", H, ", got ", shapes_of(q, k, v),
+              Hint{"n_kv_head must divide n_head (query head h reads kv head h / (H / Hkv))"});
+  } else {
+    ATH_CHECK(H == Hkv, kOp, "q has ", H, " heads but k and v have ", Hkv, " (dim 1), got ", shapes_of(q, k, v),
+              Hint{"for grouped-query attention (Hkv dividing H) pass enable_gqa = true; k and v need not be repeated"});
+  }
   ATH_CHECK(q.size(3) == k.size(3), kOp, "q and k must have the same head dim D (dim 3), got ", shapes_of(q, k, v),
             " (", q.size(3), " != ", k.size(3), ")");
   ATH_CHECK(k.size(2) == v.size(2), kOp, "k and v must have the same sequence length (dim 2), got ", shapes_of(q, k, v),
             " (", k.size(2), " != ", v.size(2), ")");
+}
+
+// Whether t's elements fill one dense block in some order of its dims with the last dim
+// contiguous: a transposed view of a contiguous tensor, such as the [B, T, H, D] projection's
+// .transpose(1, 2) that a model passes. The kernels read such operands in place (their rows are
+// contiguous) and the gradients get the same strides, so neither direction copies them.
+bool dense_rows_layout(const Tensor& t) {
+  if (t.numel() == 0 || (t.size(3) > 1 && t.stride(3) != 1)) return false;
+  std::vector<int64_t> dims;
+  for (int64_t i = 0; i < 3; ++i)
+    if (t.size(i) > 1) dims.push_back(i);
+  std::sort(dims.begin(), dims.end(), [&](int64_t a, int64_t b) { return t.stride(a) > t.stride(b); });
+  int64_t expect = t.size(3);
+  for (auto it = dims.rbegin(); it != dims.rend(); ++it) {
+    if (t.stride(*it) != expect) return false;
+    expect *= t.size(*it);
+  }
+  return true;
+}
+// t itself when the kernels can read it in place (dense_rows_layout), else a contiguous copy.
+Tensor kernel_operand(const Tensor& t) { return dense_rows_layout(t) ? t : detail::contiguous_raw(t); }
+cpu::AttentionStrides strides_of(const Tensor& t) { return {t.stride(0), t.stride(1), t.stride(2)}; }
+// A new tensor of t's shape, dtype and strides (t has a dense_rows_layout or is contiguous).
+Tensor empty_like_strided(const Tensor& t, DType dt) {
+  return make_view(empty({t.numel()}, TensorOptions(dt)), t.sizes(), t.strides(), 0);
 }
 using detail::Grads;
 using detail::Inputs;
@@ -43,6 +80,7 @@ using detail::Inputs;
 struct SdpaArgs {
   bool is_causal = false;
   std::optional<double> scale;
+  bool enable_gqa = false;
 };
 struct CsaArgs {
   int64_t n_head = 1;
@@ -58,22 +96,33 @@ struct AttentionSaved : OpSaved {
 
 std::vector<Tensor> sdpa_cpu(OpCall& c) {
   const Tensor &q_in = c.in(0), &k_in = c.in(1), &v_in = c.in(2);
-  const auto& [is_causal, scale_opt] = c.args<SdpaArgs>();
-  check_inputs(q_in, k_in, v_in);
-  const cpu::AttentionDims d{q_in.size(0), q_in.size(1), q_in.size(2), k_in.size(2), q_in.size(3), v_in.size(3)};
+  const auto& [is_causal, scale_opt, enable_gqa] = c.args<SdpaArgs>();
+  check_inputs(q_in, k_in, v_in, enable_gqa);
+  const cpu::AttentionDims d{.B = q_in.size(0), .H = q_in.size(1), .Tq = q_in.size(2), .Tk = k_in.size(2),
+                             .D = q_in.size(3), .Dv = v_in.size(3), .Hkv = k_in.size(1)};
   const double scale = scale_opt ? *scale_opt : 1.0 / std::sqrt(static_cast<double>(std::max<int64_t>(d.D, 1)));
   ATH_CHECK(std::isfinite(scale), kOp, "scale must be finite, got ", scale);
-  // The common case is a transposed view of [B, T, H, D]: one copy into [B, H, T, D] order.
-  const Tensor q = detail::contiguous_raw(q_in), k = detail::contiguous_raw(k_in), v = detail::contiguous_raw(v_in);
+  // Transposed views of [B, T, H, D] tensors (the usual case) are read in place; anything else
+  // is copied into [B, H, T, D] order first.
+  const Tensor q = kernel_operand(q_in), k = kernel_operand(k_in), v = kernel_operand(v_in);
   const DType dt = q.dtype(), acc_dt = dt == DType::f64 ? DType::f64 : DType::f32;
-  Tensor out = empty({d.B, d.H, d.Tq, d.Dv}, TensorOptions(dt));
+  // O follows q's memory order (as PyTorch's flash kernels): with q a view of [B, T, H, D], O
+  // is written as [B, T, H, Dv] and returned as its transpose, so that the model's
+  // .transpose(1, 2).reshape({B, T, H Dv}) into o_proj is a view, not a copy.
+  const bool time_major = q.stride(1) < q.stride(2) && d.H > 1 && d.Tq > 1;
+  Tensor out = time_major ? make_view(empty({d.B, d.Tq, d.H, d.Dv}, TensorOptions(dt)), {d.B, d.H, d.Tq, d.Dv},
+                                      {d.Tq * d.H * d.Dv, d.Dv, d.H * d.Dv, 1}, 0)
+                          : empty({d.B, d.H, d.Tq, d.Dv}, TensorOptions(dt));
   Tensor lse = empty({d.B, d.H, d.Tq}, TensorOptions(acc_dt));
-  dispatch(dt, [&]<class T>() {
-    if constexpr (is_float_type_v<T>) {
-      cpu::attention_forward<T>(q.data_ptr<T>(), k.data_ptr<T>(), v.data_ptr<T>(), out.data_ptr<T>(),
-                                lse.data_ptr<cpu::attn_acc_t<T>>(), d, is_causal, scale);
-    }
-  });
+  const cpu::AttentionLayout layout{strides_of(q), strides_of(k), strides_of(v), strides_of(out)};
+  if (out.numel() > 0) {
+    dispatch(dt, [&]<class T>() {
+      if constexpr (is_float_type_v<T>) {
+        cpu::attention_forward<T>(q.data_ptr<T>(), k.data_ptr<T>(), v.data_ptr<T>(), out.data_ptr<T>(),
+                                  lse.data_ptr<cpu::attn_acc_t<T>>(), d, layout, is_causal, scale);
+      }
+    });
+  }
   if (c.records()) {
     AttentionSaved& s = c.save<AttentionSaved>();
     s.q = save(q, "q"), s.k = save(k, "k"), s.v = save(v, "v"), s.out = save(out, "result"), s.lse = save(lse, "logsumexp");
@@ -87,21 +136,47 @@ Grads sdpa_backward(const Node& n, const Grads& g, const OpSaved& saved) {
   const Tensor qv = s.q.unpack(n), kv = s.k.unpack(n), vv = s.v.unpack(n), ov = s.out.unpack(n), lv = s.lse.unpack(n);
   if (!g[0].defined()) return {Tensor(), Tensor(), Tensor()};
   const DType dt = s.dtype;
-  const Tensor dout = detail::to_raw(g[0], dt);
-  Tensor dq = empty(qv.sizes(), TensorOptions(dt)), dk = empty(kv.sizes(), TensorOptions(dt)), dv = empty(vv.sizes(), TensorOptions(dt));
-  dispatch(dt, [&]<class T>() {
-    if constexpr (is_float_type_v<T>) {
-      cpu::attention_backward<T>(qv.data_ptr<T>(), kv.data_ptr<T>(), vv.data_ptr<T>(), ov.data_ptr<T>(), dout.data_ptr<T>(),
-                                 lv.data_ptr<cpu::attn_acc_t<T>>(), dq.data_ptr<T>(), dk.data_ptr<T>(), dv.data_ptr<T>(), s.d,
-                                 s.causal, s.scale);
-    }
-  });
+  // The kernel reads dO in O's layout: the incoming gradient as it is when it has O's strides
+  // (the usual case: the transpose of o_proj's input gradient), else copied into them.
+  Tensor dout = g[0];
+  if (dout.dtype() != dt || dout.strides() != ov.strides()) {
+    const Tensor src = detail::to_raw(g[0], dt);
+    dout = empty_like_strided(ov, dt);
+    copy_into(dout, src);
+  }
+  // dq, dk, dv in the strides of q, k, v (the kernel writes them in the operands' layouts).
+  Tensor dq = empty_like_strided(qv, dt), dk = empty_like_strided(kv, dt), dv = empty_like_strided(vv, dt);
+  const cpu::AttentionLayout layout{strides_of(qv), strides_of(kv), strides_of(vv), strides_of(ov)};
+  if (qv.numel() > 0 || kv.numel() > 0) {
+    dispatch(dt, [&]<class T>() {
+      if constexpr (is_float_type_v<T>) {
+        cpu::attention_backward<T>(qv.data_ptr<T>(), kv.data_ptr<T>(), vv.data_ptr<T>(), ov.data_ptr<T>(), dout.data_ptr<T>(),
+                                   lv.data_ptr<cpu::attn_acc_t<T>>(), dq.data_ptr<T>(), dk.data_ptr<T>(), dv.data_ptr<T>(), s.d,
+                                   layout, s.causal, s.scale);
+      }
+    });
+  }
   return {needs_grad(n, 0) ? dq : Tensor(), needs_grad(n, 1) ? dk : Tensor(), needs_grad(n, 2) ? dv : Tensor()};
 }
 
+// k, v [B, Hkv, T, D] -> [B, H, T, D] with kv head h / (H / Hkv) at head h, in f64 (the reference
+// repeats them, which the kernels never do).
+Tensor repeat_kv(const Tensor& x64, int64_t H) {
+  const Tensor x = x64.contiguous();
+  const int64_t B = x.size(0), Hkv = x.size(1), T = x.size(2), D = x.size(3);
+  if (Hkv == H) return x;
+  const std::vector<double> xv = x.to_vector();
+  std::vector<double> out(static_cast<size_t>(B * H * T * D));
+  for (int64_t b = 0; b < B; ++b)
+    for (int64_t h = 0; h < H; ++h)
+      std::copy_n(xv.begin() + ((b * Hkv + h / (H / Hkv)) * T * D), T * D, out.begin() + (b * H + h) * T * D);
+  return from_vector(out, {B, H, T, D}, TensorOptions(DType::f64));
+}
+
 std::vector<Tensor> sdpa_reference(OpCall& c) {
-  const auto& [is_causal, scale_opt] = c.args<SdpaArgs>();
-  const Tensor q = detail::ref64(c.in(0)), k = detail::ref64(c.in(1)), v = detail::ref64(c.in(2));
+  const auto& [is_causal, scale_opt, enable_gqa] = c.args<SdpaArgs>();
+  const Tensor q = detail::ref64(c.in(0));
+  const Tensor k = repeat_kv(detail::ref64(c.in(1)), q.size(1)), v = repeat_kv(detail::ref64(c.in(2)), q.size(1));
   const double scale = scale_opt ? *scale_opt : 1.0 / std::sqrt(static_cast<double>(std::max<int64_t>(q.size(3), 1)));
   return {cpu::ref::attention(q, k, v, is_causal, scale)};
 }
@@ -184,7 +259,7 @@ std::vector<Tensor> csa_reference(OpCall& c) {
 std::vector<OpCase> sdpa_cases(int scale) {
   const int64_t s = scale;
   auto call = [](const Inputs& t, const SdpaArgs& a) {
-    return Inputs{scaled_dot_product_attention(t[0], t[1], t[2], a.is_causal, a.scale)};
+    return Inputs{scaled_dot_product_attention(t[0], t[1], t[2], a.is_causal, a.scale, a.enable_gqa)};
   };
   return {
       make_case<SdpaArgs>("q, k, v [1, 2, 5, 4], causal",
@@ -197,6 +272,19 @@ std::vector<OpCase> sdpa_cases(int scale) {
       make_case<SdpaArgs>("q, k [1, 1, 4, 3], v [1, 1, 4, 5] strided (Dv != D)",
                           {case_randn({s, 1, 4, 3}, 7), case_randn({s, 1, 4, 3}, 8), case_randn({s, 1, 4, 5}, 9, CaseLayout::strided)},
                           {false, std::nullopt}, call),
+      make_case<SdpaArgs>("GQA: q [1, 4, 5, 4], k, v [1, 2, 5, 4], causal",
+                          {case_randn({s, 4, 5, 4}, 10), case_randn({s, 2, 5, 4}, 11), case_randn({s, 2, 5, 4}, 12)},
+                          {true, std::nullopt, true}, call),
+      make_case<SdpaArgs>("GQA: q [2, 4, 6, 4], k, v [2, 1, 7, 4] (MQA, Tk != Tq), all dims 1, 2 transposed (the model's layout)",
+                          {case_randn({2 * s, 4, 6, 4}, 13, CaseLayout::transposed12),
+                           case_randn({2 * s, 1, 7, 4}, 14, CaseLayout::transposed12),
+                           case_randn({2 * s, 1, 7, 4}, 15, CaseLayout::transposed12)},
+                          {false, std::nullopt, true}, call),
+      make_case<SdpaArgs>("GQA: q [1, 4, 5, 6], k, v [1, 2, 5, 6], dims 1, 2 transposed, causal",
+                          {case_randn({s, 4, 5, 6}, 16, CaseLayout::transposed12),
+                           case_randn({s, 2, 5, 6}, 17, CaseLayout::transposed12),
+                           case_randn({s, 2, 5, 6}, 18, CaseLayout::transposed12)},
+                          {true, std::nullopt, true}, call),
   };
 }
 std::vector<OpCase> csa_cases(int scale) {
@@ -227,8 +315,8 @@ const OpDef& causal_self_attention_op() {
 }  // namespace ops
 
 Tensor scaled_dot_product_attention(const Tensor& q, const Tensor& k, const Tensor& v, bool is_causal,
-                                    std::optional<double> scale) {
-  return call_op(ops::scaled_dot_product_attention_op(), {q, k, v}, SdpaArgs{is_causal, scale});
+                                    std::optional<double> scale, bool enable_gqa) {
+  return call_op(ops::scaled_dot_product_attention_op(), {q, k, v}, SdpaArgs{is_causal, scale, enable_gqa});
 }
 
 Tensor causal_self_attention(const Tensor& qkv, int64_t n_head, std::optional<double> scale) {

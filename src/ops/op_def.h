@@ -103,6 +103,8 @@ const OpDef& mse_loss_op();
 const OpDef& dropout_op();
 const OpDef& scaled_dot_product_attention_op();
 const OpDef& causal_self_attention_op();
+const OpDef& rope_op();
+const OpDef& swiglu_op();
 const OpDef& conv2d_op();
 const OpDef& max_pool2d_op();
 const OpDef& avg_pool2d_op();

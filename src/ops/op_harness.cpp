@@ -17,6 +17,7 @@ const char* layout_name(CaseLayout l) {
     case CaseLayout::contiguous: return "contiguous";
     case CaseLayout::transposed: return "transposed";
     case CaseLayout::strided: return "strided";
+    case CaseLayout::transposed12: return "dims 1, 2 transposed";
   }
   return "?";
 }
@@ -59,6 +60,13 @@ Tensor with_layout(const Tensor& t, CaseLayout layout) {
     const Tensor base = empty(rev, TensorOptions(t.dtype()));
     Shape st(t.dim());
     for (int64_t i = 0; i < t.dim(); ++i) st[i] = base.strides()[t.dim() - 1 - i];
+    v = make_view(base, t.sizes(), st, 0);
+  } else if (layout == CaseLayout::transposed12 && t.dim() >= 3) {
+    Shape sw = t.sizes();
+    std::swap(sw[1], sw[2]);
+    const Tensor base = empty(sw, TensorOptions(t.dtype()));
+    Shape st = base.strides();
+    std::swap(st[1], st[2]);
     v = make_view(base, t.sizes(), st, 0);
   } else if (layout == CaseLayout::strided && t.dim() >= 1) {
     Shape st = contiguous_strides(t.sizes());

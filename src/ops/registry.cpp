@@ -58,6 +58,7 @@ const std::vector<const OpDef*>& op_registry() {
       &ops::linear_op(),
       &ops::gelu_linear_op(),
       &ops::linear_relu_op(),
+      &ops::swiglu_op(),  // swiglu.cpp
       // normalization (layer_norm.cpp, rms_norm.cpp, batch_norm.cpp)
       &ops::layer_norm_op(),
       &ops::rms_norm_op(),
@@ -71,6 +72,7 @@ const std::vector<const OpDef*>& op_registry() {
       // attention, convolution, pooling (attention.cpp, conv.cpp, pool.cpp)
       &ops::scaled_dot_product_attention_op(),
       &ops::causal_self_attention_op(),
+      &ops::rope_op(),  // rope.cpp
       &ops::conv2d_op(),
       &ops::max_pool2d_op(),
       &ops::avg_pool2d_op(),

@@ -21,6 +21,8 @@ enum class CaseLayout : uint8_t {
   contiguous,
   transposed,  // >= 2-D: the dims laid out in reverse order in memory
   strided,     // every element at twice its contiguous stride (a slice with step 2)
+  transposed12,  // >= 3-D: dims 1 and 2 swapped in memory, the rest in order (a [B, H, T, D] view of
+                 // a contiguous [B, T, H, D]: rows contiguous, as attention's q, k, v from a projection)
 };
 
 struct CaseInput {

@@ -58,12 +58,12 @@ void attention_forward_bf16(const bfloat16* q, const bfloat16* k, const bfloat16
     auto* KpAll = reinterpret_cast<bfloat16*>(base + oKp);
     auto* Vp = reinterpret_cast<bfloat16*>(base + oVp);
     auto* Pb = reinterpret_cast<bfloat16*>(base + oPb);
-    int64_t packed_bh = -1, packed_tiles = 0;  // key tiles [0, packed_tiles) of slice packed_bh are packed
+    int64_t packed_bh = -1, packed_tiles = 0;  // key tiles [0, packed_tiles) of kv slice packed_bh (shared by a group's heads) are packed
 #pragma omp for schedule(dynamic, chunk)
     for (int64_t task = 0; task < BH * nq; ++task) {
       const int64_t bh = task / nq, i0 = (task % nq) * Br, br = std::min(Br, Tq - i0);
       const bfloat16* Q = q + slice_at(L.q, bh, d.H) + i0 * L.q.t;
-      if (bh != packed_bh) packed_bh = bh, packed_tiles = 0;
+      if (d.kv_slice(bh) != packed_bh) packed_bh = d.kv_slice(bh), packed_tiles = 0;
       std::fill(m, m + br, kNegInf);
       std::fill(l, l + br, 0.0f);
       std::fill(acc, acc + br * Dv16, 0.0f);
@@ -75,7 +75,7 @@ void attention_forward_bf16(const bfloat16* q, const bfloat16* k, const bfloat16
                       bc2 = up(bc, 2);
         for (; packed_tiles <= tile; ++packed_tiles) {
           const int64_t t0 = packed_tiles * Bc, tb = std::min(Bc, Tk - t0);
-          bf16t::pack_cols(k + slice_at(L.k, bh, d.H) + t0 * L.k.t, L.k.t, D, tb, up(tb, 16),
+          bf16t::pack_cols(k + kv_at(L.k, d, bh) + t0 * L.k.t, L.k.t, D, tb, up(tb, 16),
                            KpAll + packed_tiles * kt_size);
         }
         bf16t::mm(br, bc16, D / 2, scale, Q, L.q.t, KpAll + tile * kt_size, false, S, ldS);  // S = scale Q K^T
@@ -93,7 +93,7 @@ void attention_forward_bf16(const bfloat16* q, const bfloat16* k, const bfloat16
           if (corr != 1.0f) row_scale(acc + r * Dv16, Dv, corr);
         }
         bf16t::a_from(S, ldS, br, bc, bc2, Pb);  // columns [bc, bc2) are zero: masked keys
-        bf16t::pack_rows(v + slice_at(L.v, bh, d.H) + j0 * L.v.t, L.v.t, std::min(Bc, Tk - j0), Dv, Dv16, Vp);
+        bf16t::pack_rows(v + kv_at(L.v, d, bh) + j0 * L.v.t, L.v.t, std::min(Bc, Tk - j0), Dv, Dv16, Vp);
         bf16t::mm(br, Dv16, bc2 / 2, 1.0f, Pb, bc2, Vp, true, acc, Dv16);  // acc += P V
       }
       for (int64_t r = 0; r < br; ++r) {
@@ -121,7 +121,8 @@ void attention_backward_bf16(const bfloat16* q, const bfloat16* k, const bfloat1
                 odOp = oQp + round16(nq * Br2 * D16 / 2), oKT = odOp + round16(nq * Br2 * Dv16 / 2),
                 oVT = oKT + round16(D * ldS / 2), oKp = oVT + round16(Dv * ldS / 2), oPT = oKp + round16(Bc2 * D16 / 2),
                 odSb = oPT + round16(Br2 * ldS / 2), odST = odSb + round16(Br * Bc2 / 2), per = odST + round16(Br2 * ldS / 2);
-  const bool par = parallel_worth(BH, BH * Tq * Tk * (D + Dv));
+  const int64_t Hkv = d.kv_heads(), G = d.group(), BKV = d.B * Hkv;
+  const bool par = parallel_worth(BKV, BH * Tq * Tk * (D + Dv));
   const int nthreads = par ? omp_get_max_threads() : 1;
   Workspace ws(static_cast<std::size_t>(nthreads * per) * sizeof(float));
 #pragma omp parallel if (par)
@@ -132,15 +133,18 @@ void attention_backward_bf16(const bfloat16* q, const bfloat16* k, const bfloat1
     auto bf = [&](int64_t off) { return reinterpret_cast<bfloat16*>(base + off); };
     bfloat16 *Qp = bf(oQp), *dOp = bf(odOp), *KT = bf(oKT), *VT = bf(oVT), *Kp = bf(oKp), *PT = bf(oPT),
              *dSb = bf(odSb), *dST = bf(odST);
+    // A task is one kv slice and the G query heads that read it: dK, dV accumulate over them.
 #pragma omp for schedule(dynamic, 1)  // slices are independent: dynamic keeps a slowed thread from holding up the rest
-    for (int64_t bh = 0; bh < BH; ++bh) {
+    for (int64_t bkv = 0; bkv < BKV; ++bkv) {
       const int64_t ldq = L.q.t, ldk = L.k.t, ldv = L.v.t, ldo = L.o.t;
-      const bfloat16 *Q = q + slice_at(L.q, bh, d.H), *K = k + slice_at(L.k, bh, d.H), *V = v + slice_at(L.v, bh, d.H),
-                     *dO = dout + slice_at(L.o, bh, d.H), *O = o + slice_at(L.o, bh, d.H);
-      const float* Lse = lse + bh * Tq;
-      std::fill(dQ, dQ + Tq * D16, 0.0f);
+      const bfloat16 *K = k + slice_at(L.k, bkv, Hkv), *V = v + slice_at(L.v, bkv, Hkv);
       std::fill(dK, dK + Tk * D16, 0.0f);
       std::fill(dV, dV + Tk * Dv16, 0.0f);
+      for (int64_t gi = 0; gi < G; ++gi) {
+      const int64_t bh = bkv / Hkv * d.H + bkv % Hkv * G + gi;
+      const bfloat16 *Q = q + slice_at(L.q, bh, d.H), *dO = dout + slice_at(L.o, bh, d.H), *O = o + slice_at(L.o, bh, d.H);
+      const float* Lse = lse + bh * Tq;
+      std::fill(dQ, dQ + Tq * D16, 0.0f);
       for (int64_t i = 0; i < Tq; ++i) {  // Delta_i = dO_i . O_i
         __m512 s = _mm512_setzero_ps();
         for (int64_t c = 0; c < Dv; c += 16) {
@@ -180,8 +184,10 @@ void attention_backward_bf16(const bfloat16* q, const bfloat16* k, const bfloat1
           bf16t::mm(bc, D16, br2 / 2, scale, dST, 2, 2 * bc16, Qp + t * Br2 * D16, true, dK + j0 * D16, D16);
         }
       }
-      bfloat16 *dQo = dq + slice_at(L.q, bh, d.H), *dKo = dk + slice_at(L.k, bh, d.H), *dVo = dv + slice_at(L.v, bh, d.H);
+      bfloat16* dQo = dq + slice_at(L.q, bh, d.H);
       for (int64_t i = 0; i < Tq; ++i) bf16t::store_row(dQ + i * D16, D, 1.0f, dQo + i * ldq);
+      }  // query heads of the group
+      bfloat16 *dKo = dk + slice_at(L.k, bkv, Hkv), *dVo = dv + slice_at(L.v, bkv, Hkv);
       for (int64_t j = 0; j < Tk; ++j) {
         bf16t::store_row(dK + j * D16, D, 1.0f, dKo + j * ldk);
         bf16t::store_row(dV + j * Dv16, Dv, 1.0f, dVo + j * ldv);
@@ -236,12 +242,12 @@ void attention_forward(const T* q, const T* k, const T* v, T* o, attn_acc_t<T>* 
   {
     C* base = ws.as<C>() + omp_get_thread_num() * per;
     C *S = base + oS, *acc = base + oAcc, *m = base + oM, *l = base + oL, *KtAll = base + oKt, *Vd = base + oVd;
-    int64_t packed_bh = -1, packed_tiles = 0;  // key tiles [0, packed_tiles) of slice packed_bh are in KtAll, Vd
+    int64_t packed_bh = -1, packed_tiles = 0;  // key tiles [0, packed_tiles) of kv slice packed_bh are in KtAll, Vd (a group's heads reuse them)
 #pragma omp for schedule(dynamic, chunk)
     for (int64_t task = 0; task < BH * nq; ++task) {
       const int64_t bh = task / nq, i0 = (task % nq) * Br, br = std::min(Br, Tq - i0);
       const Rows<C> Q = load_rows<C>(q + slice_at(L.q, bh, d.H) + i0 * L.q.t, L.q.t, br, D, base + oQ);
-      if (bh != packed_bh) packed_bh = bh, packed_tiles = 0;
+      if (d.kv_slice(bh) != packed_bh) packed_bh = d.kv_slice(bh), packed_tiles = 0;
       // Ahead of use: this task's O rows; the next query tile's Q rows (the thread's next task
       // when it runs whole slices), or after a slice's last tile, the first tiles of the slice
       // a thread usually takes next.
@@ -251,8 +257,8 @@ void attention_forward(const T* q, const T* k, const T* v, T* o, attn_acc_t<T>* 
       } else if (bh + nthreads < BH) {
         const int64_t nb = bh + nthreads, rows = std::min(Br, Tq), krows = std::min(Bc, Tk);
         prefetch_rows(q + slice_at(L.q, nb, d.H), L.q.t, rows, D);
-        prefetch_rows(k + slice_at(L.k, nb, d.H), L.k.t, krows, D);
-        prefetch_rows(v + slice_at(L.v, nb, d.H), L.v.t, krows, Dv);
+        prefetch_rows(k + kv_at(L.k, d, nb), L.k.t, krows, D);
+        prefetch_rows(v + kv_at(L.v, d, nb), L.v.t, krows, Dv);
       }
       std::fill(m, m + br, -std::numeric_limits<C>::infinity());
       std::fill(l, l + br, C(0));
@@ -263,13 +269,13 @@ void attention_forward(const T* q, const T* k, const T* v, T* o, attn_acc_t<T>* 
         const int64_t tile = j0 / Bc, bc = std::min(Bc, kend - j0);
         for (; packed_tiles <= tile; ++packed_tiles) {  // K^T of the tile's full extent in the slice
           const int64_t t0 = packed_tiles * Bc, tb = std::min(Bc, Tk - t0);
-          const Rows<C> K = load_rows<C>(k + slice_at(L.k, bh, d.H) + t0 * L.k.t, L.k.t, tb, D, base + oK);
+          const Rows<C> K = load_rows<C>(k + kv_at(L.k, d, bh) + t0 * L.k.t, L.k.t, tb, D, base + oK);
           pack_transposed(K.p, K.ld, tb, D, round16(tb), KtAll + packed_tiles * kt_size);
-          dense_rows<C>(v + slice_at(L.v, bh, d.H) + t0 * L.v.t, L.v.t, tb, Dv, Vd + t0 * Dv);
+          dense_rows<C>(v + kv_at(L.v, d, bh) + t0 * L.v.t, L.v.t, tb, Dv, Vd + t0 * Dv);
           if (t0 + Bc < Tk) {  // the next key tile, packed with the next query tile
             const int64_t nrows = std::min(Bc, Tk - t0 - Bc);
-            prefetch_rows(k + slice_at(L.k, bh, d.H) + (t0 + Bc) * L.k.t, L.k.t, nrows, D);
-            prefetch_rows(v + slice_at(L.v, bh, d.H) + (t0 + Bc) * L.v.t, L.v.t, nrows, Dv);
+            prefetch_rows(k + kv_at(L.k, d, bh) + (t0 + Bc) * L.k.t, L.k.t, nrows, D);
+            prefetch_rows(v + kv_at(L.v, d, bh) + (t0 + Bc) * L.v.t, L.v.t, nrows, Dv);
           }
         }
         // Causal tiles on the diagonal: row r sees keys c <= r + (i0 - j0); the products skip
@@ -315,14 +321,14 @@ void attention_backward(const T* q, const T* k, const T* v, const T* o, const T*
   constexpr bool kFused = ATHANOR_CPU_AVX512 && std::is_same_v<C, float>;  // f32t::probs_tile, dscores_tile
   const int64_t BH = d.B * d.H, Tq = d.Tq, Tk = d.Tk, D = d.D, Dv = d.Dv;
   if (Tq == 0 || Tk == 0) {  // no score entries: every gradient is zero
-    auto zero = [&](T* x, const AttentionStrides& st, int64_t rows, int64_t cols) {
-      for (int64_t bh = 0; bh < BH; ++bh)
+    auto zero = [&](T* x, const AttentionStrides& st, int64_t heads, int64_t rows, int64_t cols) {
+      for (int64_t bh = 0; bh < d.B * heads; ++bh)
         for (int64_t i = 0; i < rows; ++i) {
-          T* row = x + slice_at(st, bh, d.H) + i * st.t;
+          T* row = x + slice_at(st, bh, heads) + i * st.t;
           std::fill(row, row + cols, cast_value<T>(0.0f));
         }
     };
-    zero(dq, L.q, Tq, D), zero(dk, L.k, Tk, D), zero(dv, L.v, Tk, Dv);
+    zero(dq, L.q, d.H, Tq, D), zero(dk, L.k, d.kv_heads(), Tk, D), zero(dv, L.v, d.kv_heads(), Tk, Dv);
     return;
   }
 #if ATHANOR_CPU_AVX512
@@ -342,7 +348,8 @@ void attention_backward(const T* q, const T* k, const T* v, const T* o, const T*
                 oDelta = oVt + round16(Dv * Bc16), oQ = oDelta + round16(Tq), cv = kConvert ? round16(Tk * Dv) : 0,
                 oK = oQ + round16(Tq * D), oV = oK + round16(Tk * D), odO = oV + cv, odQ = odO + round16(Tq * Dv),
                 odK = odQ + round16(Tq * D), odV = odK + round16(Tk * D), per = odV + round16(Tk * Dv);
-  const bool par = parallel_worth(BH, BH * Tq * Tk * (D + Dv));
+  const int64_t Hkv = d.kv_heads(), G = d.group(), BKV = d.B * Hkv;
+  const bool par = parallel_worth(BKV, BH * Tq * Tk * (D + Dv));
   const int nthreads = par ? omp_get_max_threads() : 1;
   Workspace ws(static_cast<std::size_t>(nthreads * per) * sizeof(C));
   int64_t npairs = 0;  // tile pairs (key tile, query tile) per slice
@@ -352,19 +359,23 @@ void attention_backward(const T* q, const T* k, const T* v, const T* o, const T*
   {
     C* base = ws.as<C>() + omp_get_thread_num() * per;
     C *P = base + oP, *dS = base + odP, *Kt = base + oKt, *Vt = base + oVt, *Delta = base + oDelta;
+    // A task is one kv slice and the G query heads that read it (grouped-query attention; G = 1
+    // otherwise): K and V are loaded once, dK and dV accumulate over the group's heads.
 #pragma omp for schedule(dynamic, 1)  // slices are independent: dynamic keeps a slowed thread from holding up the rest
-    for (int64_t bh = 0; bh < BH; ++bh) {
+    for (int64_t bkv = 0; bkv < BKV; ++bkv) {
+      const Rows<C> K = dense_rows<C>(k + slice_at(L.k, bkv, Hkv), L.k.t, Tk, D, base + oK);
+      const Rows<C> V = load_rows<C>(v + slice_at(L.v, bkv, Hkv), L.v.t, Tk, Dv, base + oV);
+      C *dQ = base + odQ, *dK = base + odK, *dV = base + odV;
+      const int64_t lq = D, lk = D, lv = Dv;
+      std::fill(dK, dK + Tk * D, C(0));
+      std::fill(dV, dV + Tk * Dv, C(0));
+      for (int64_t gi = 0; gi < G; ++gi) {
+      const int64_t bh = bkv / Hkv * d.H + bkv % Hkv * G + gi;
       const Rows<C> Q = dense_rows<C>(q + slice_at(L.q, bh, d.H), L.q.t, Tq, D, base + oQ);
-      const Rows<C> K = dense_rows<C>(k + slice_at(L.k, bh, d.H), L.k.t, Tk, D, base + oK);
-      const Rows<C> V = load_rows<C>(v + slice_at(L.v, bh, d.H), L.v.t, Tk, Dv, base + oV);
       const Rows<C> dO = dense_rows<C>(dout + slice_at(L.o, bh, d.H), L.o.t, Tq, Dv, base + odO);
       const T* O = o + slice_at(L.o, bh, d.H);
       const C* Lse = lse + bh * Tq;
-      C *dQ = base + odQ, *dK = base + odK, *dV = base + odV;
-      const int64_t lq = D, lk = D, lv = Dv;
       std::fill(dQ, dQ + Tq * D, C(0));
-      std::fill(dK, dK + Tk * D, C(0));
-      std::fill(dV, dV + Tk * Dv, C(0));
       // Delta_i = sum_c dO_ic O_ic = sum_j P_ij dP_ij: the softmax Jacobian's rank-one term.
       for (int64_t i = 0; i < Tq; ++i) {
         const T* orow = O + i * L.o.t;
@@ -374,22 +385,25 @@ void attention_backward(const T* q, const T* k, const T* v, const T* o, const T*
         for (int64_t c = 0; c < Dv; ++c) s += grow[c] * static_cast<C>(cast_value<C>(orow[c]));
         Delta[i] = s;
       }
-      // The inputs and outputs of the slice a thread usually takes next (with slices of equal
-      // cost, bh + nthreads), asked for ahead of use in equal parts at each tile pair.
-      const int64_t next = bh + nthreads;
+      // The inputs and outputs of the query head a thread takes next (the group's next head, or
+      // with kv slices of equal cost, the first head of kv slice bkv + nthreads, and then its k
+      // and v too), asked for ahead of use in equal parts at each tile pair.
+      const int64_t next_kv = gi + 1 < G ? bkv : bkv + nthreads;
+      const int64_t next = gi + 1 < G ? bh + 1 : next_kv / Hkv * d.H + next_kv % Hkv * G;
       int64_t pair = 0;
       auto prefetch_next = [&](int64_t part) {
-        if (next >= BH) return;
+        if (next_kv >= BKV) return;
         const int64_t r0 = part * Tq / npairs, r1 = (part + 1) * Tq / npairs, k0 = part * Tk / npairs,
                       k1 = (part + 1) * Tk / npairs;
         prefetch_rows<1>(q + slice_at(L.q, next, d.H) + r0 * L.q.t, L.q.t, r1 - r0, D);
         prefetch_rows<1>(dout + slice_at(L.o, next, d.H) + r0 * L.o.t, L.o.t, r1 - r0, Dv);
         prefetch_rows<1>(o + slice_at(L.o, next, d.H) + r0 * L.o.t, L.o.t, r1 - r0, Dv);
-        prefetch_rows<1>(k + slice_at(L.k, next, d.H) + k0 * L.k.t, L.k.t, k1 - k0, D);
-        prefetch_rows<1>(v + slice_at(L.v, next, d.H) + k0 * L.v.t, L.v.t, k1 - k0, Dv);
         prefetch_rows<1>(dq + slice_at(L.q, next, d.H) + r0 * L.q.t, L.q.t, r1 - r0, D, true);
-        prefetch_rows<1>(dk + slice_at(L.k, next, d.H) + k0 * L.k.t, L.k.t, k1 - k0, D, true);
-        prefetch_rows<1>(dv + slice_at(L.v, next, d.H) + k0 * L.v.t, L.v.t, k1 - k0, Dv, true);
+        if (next_kv == bkv) return;
+        prefetch_rows<1>(k + slice_at(L.k, next_kv, Hkv) + k0 * L.k.t, L.k.t, k1 - k0, D);
+        prefetch_rows<1>(v + slice_at(L.v, next_kv, Hkv) + k0 * L.v.t, L.v.t, k1 - k0, Dv);
+        prefetch_rows<1>(dk + slice_at(L.k, next_kv, Hkv) + k0 * L.k.t, L.k.t, k1 - k0, D, true);
+        prefetch_rows<1>(dv + slice_at(L.v, next_kv, Hkv) + k0 * L.v.t, L.v.t, k1 - k0, Dv, true);
       };
       for (int64_t j0 = 0; j0 < Tk; j0 += Bc) {  // key tile j: dK_j, dV_j accumulate over query tiles
         const int64_t bc = std::min(Bc, Tk - j0), bc16 = round16(bc);
@@ -443,8 +457,9 @@ void attention_backward(const T* q, const T* k, const T* v, const T* o, const T*
         }
       }
       store_rows(dQ, Tq, D, dq + slice_at(L.q, bh, d.H), L.q.t);
-      store_rows(dK, Tk, D, dk + slice_at(L.k, bh, d.H), L.k.t);
-      store_rows(dV, Tk, Dv, dv + slice_at(L.v, bh, d.H), L.v.t);
+      }  // query heads of the group
+      store_rows(dK, Tk, D, dk + slice_at(L.k, bkv, Hkv), L.k.t);
+      store_rows(dV, Tk, Dv, dv + slice_at(L.v, bkv, Hkv), L.v.t);
     }
   }
 }
@@ -466,13 +481,15 @@ ATHANOR_ISA_END
 namespace athanor::cpu {
 
 AttentionLayout AttentionLayout::contiguous(const AttentionDims& d) {
-  auto dense = [&](int64_t T, int64_t D) { return AttentionStrides{d.H * T * D, T * D, D}; };
-  return {dense(d.Tq, d.D), dense(d.Tk, d.D), dense(d.Tk, d.Dv), dense(d.Tq, d.Dv)};
+  auto dense = [&](int64_t H, int64_t T, int64_t D) { return AttentionStrides{H * T * D, T * D, D}; };
+  const int64_t Hkv = d.kv_heads();
+  return {dense(d.H, d.Tq, d.D), dense(Hkv, d.Tk, d.D), dense(Hkv, d.Tk, d.Dv), dense(d.H, d.Tq, d.Dv)};
 }
 
 AttentionLayout AttentionLayout::packed_qkv(const AttentionDims& d) {
-  ATH_CHECK(d.Tq == d.Tk && d.D == d.Dv, "cpu::AttentionLayout::packed_qkv",
-            "packed q, k, v need Tq == Tk and D == Dv, got Tq ", d.Tq, ", Tk ", d.Tk, ", D ", d.D, ", Dv ", d.Dv);
+  ATH_CHECK(d.Tq == d.Tk && d.D == d.Dv && d.kv_heads() == d.H, "cpu::AttentionLayout::packed_qkv",
+            "packed q, k, v need Tq == Tk, D == Dv and as many kv heads as query heads, got Tq ", d.Tq, ", Tk ", d.Tk,
+            ", D ", d.D, ", Dv ", d.Dv, ", H ", d.H, ", Hkv ", d.kv_heads());
   const int64_t width = d.H * d.D;  // one of q, k, v per token
   const AttentionStrides in{d.Tq * 3 * width, d.D, 3 * width};
   // The column offsets of k (width) and v (2 width) are in the callers' base pointers.

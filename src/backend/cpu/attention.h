@@ -10,9 +10,11 @@
 //    (b, h) slice it works on (forward: K^T and V; backward: dense Q, K, dO and the dQ, dK, dV
 //    accumulators); scratch comes from the tagged allocator (MemTag::workspace), so memory
 //    reports see it;
-//  - forward is parallel over (batch, head, query tile); backward over (batch, head)
-//    pairs, so each thread owns the dq/dk/dv slices it writes (no races, deterministic
-//    whatever the thread count or schedule);
+//  - forward is parallel over (batch, head, query tile); backward over (batch, kv head)
+//    pairs, each looping over the query heads of its group, so each thread owns the dq/dk/dv
+//    slices it writes (no races, no atomics, deterministic whatever the thread count or
+//    schedule); with grouped-query attention k and v are read per group (AttentionDims::Hkv)
+//    and a group's dk/dv accumulate over its query heads in the thread's f32 (f64) buffers;
 //  - f32 tile products run on AVX-512 FMA micro-kernels (4 x 64 register tiles; a transposed
 //    A is read through strides, K^T and V^T are packed once per slice / key tile), the oneDNN
 //    sgemm at the avx2 level; the score products (S, and dP in the backward) run the softmax,
@@ -41,11 +43,18 @@ namespace athanor::cpu {
 
 struct AttentionDims {
   int64_t B = 1, H = 1, Tq = 0, Tk = 0, D = 0, Dv = 0;
+  // Heads of k and v (grouped-query attention; PyTorch's enable_gqa): Hkv divides H and query
+  // head h reads kv head h / (H / Hkv); k and v are [B, Hkv, Tk, D], never repeated. 0: Hkv = H.
+  int64_t Hkv = 0;
+  int64_t kv_heads() const { return Hkv > 0 ? Hkv : H; }
+  int64_t group() const { return H / kv_heads(); }  // query heads per kv head
+  // The kv slice (b Hkv + hkv) that query slice bh = b H + h reads.
+  int64_t kv_slice(int64_t bh) const { return bh / H * kv_heads() + bh % H / group(); }
 };
 struct AttentionTiles {  // rows of q (resp. k) per tile; tests shrink them to cover tile edges
   int64_t q = 64, k = 64;
 };
-// Element strides of one [B, H, T, D] operand whose last dim is contiguous: element (b, h, t, c)
+// Element strides of one [B, H, T, D] operand (k, v, dk, dv: [B, Hkv, T, D]) whose last dim is contiguous: element (b, h, t, c)
 // is at b * this->b + h * this->h + t * this->t + c.
 struct AttentionStrides {
   int64_t b = 0, h = 0, t = 0;

@@ -412,6 +412,10 @@ template <class T, class C> inline void store_rows(const C* src, int64_t rows, i
 
 // Offset of slice bh = b H + h of an operand with strides st.
 inline int64_t slice_at(const AttentionStrides& st, int64_t bh, int64_t H) { return bh / H * st.b + bh % H * st.h; }
+// Offset of the k (v) slice that query slice bh reads (grouped-query attention: AttentionDims::Hkv).
+inline int64_t kv_at(const AttentionStrides& st, const AttentionDims& d, int64_t bh) {
+  return slice_at(st, d.kv_slice(bh), d.kv_heads());
+}
 
 // Asks the cache for rows [0, rows) of cols elements at p (row stride ld) ahead of their use
 // (for writing when `write`). Operands come from strided rows 3 H D floats apart that the
