@@ -18,5 +18,7 @@
 #include "athanor/ops/norm.h"
 #include "athanor/ops/registry.h"
 #include "athanor/ops/reduction.h"
+#include "athanor/ops/rope.h"
 #include "athanor/ops/shape.h"
 #include "athanor/ops/softmax.h"
+#include "athanor/ops/swiglu.h"

@@ -1,6 +1,7 @@
 // rope: rotary position embedding (Hugging Face's rotate_half convention) as one op.
 //
-//   forward   table cos/sin [T, D/2] of (offset + t) inv_freq[i], once per call;
+//   forward   table cos/sin [T, D/2] of (offset + t) inv_freq[i] (made once per (T, D, options) and
+//             reused while those stay the same: rope_table_for);
 //             out[i] = x[i] cos - x[i + D/2] sin,  out[i + D/2] = x[i + D/2] cos + x[i] sin
 //   backward  the rotation is orthogonal, so its transpose is the inverse rotation:
 //             dx = the same pass on dy with -sin. Nothing is saved but the options and shape.
@@ -13,9 +14,11 @@
 #include "athanor/ops/rope.h"
 
 #include <cmath>
+#include <memory>
+#include <mutex>
+#include <vector>
 
 #include "backend/cpu/rope.h"
-#include "backend/cpu/workspace.h"
 #include "ops/op_def.h"
 #include "ops/op_utils.h"
 
@@ -60,20 +63,54 @@ void check_args(const Tensor& x, const RopeOptions& o) {
   }
 }
 
+// The cos/sin table [T, D/2] (cos, then sin) of one (T, D, options) in compute type C. The last
+// table made for each compute type is kept and handed out again: a model's q and k of every layer
+// (and the backward) use the same one, so a step computes it once instead of 4 n_layer times
+// (T D / 2 sincos pairs in double: for T 256, D 64 about as long as the rotation of a
+// [4, 256, 12, 64] f32 tensor). The table is immutable once made; a mutex guards the slot.
+template <class C> struct RopeTable {
+  int64_t T = 0, D = 0, offset = 0;
+  double theta = 0;
+  std::optional<RopeScaling> llama3;
+  std::vector<C> cos_sin;
+  bool same(int64_t t, int64_t d, const RopeOptions& o) const {
+    auto eq = [](const std::optional<RopeScaling>& a, const std::optional<RopeScaling>& b) {
+      return a.has_value() == b.has_value() &&
+             (!a || (a->factor == b->factor && a->low_freq_factor == b->low_freq_factor &&
+                     a->high_freq_factor == b->high_freq_factor && a->original_max_position == b->original_max_position));
+    };
+    return T == t && D == d && offset == o.position_offset && theta == o.theta && eq(llama3, o.llama3);
+  }
+};
+template <class C> std::shared_ptr<const RopeTable<C>> rope_table_for(int64_t T, int64_t D, const RopeOptions& o) {
+  static std::mutex mu;
+  static std::shared_ptr<const RopeTable<C>> last;
+  {
+    const std::lock_guard<std::mutex> lock(mu);
+    if (last && last->same(T, D, o)) return last;
+  }
+  auto t = std::make_shared<RopeTable<C>>();
+  t->T = T, t->D = D, t->offset = o.position_offset, t->theta = o.theta, t->llama3 = o.llama3;
+  t->cos_sin.resize(static_cast<size_t>(2 * T * (D / 2)));
+  cpu::rope_table<C>(cpu::rope_inv_freq(D, o.theta, llama3_of(o)), T, o.position_offset, t->cos_sin.data(),
+                     t->cos_sin.data() + T * (D / 2));
+  const std::lock_guard<std::mutex> lock(mu);
+  last = t;
+  return t;
+}
+
 // out = the rotation of x [B, T, H, D] (rows contiguous; any b/t/h strides) by sign * angle.
 Tensor rotate(const Tensor& x, const RopeOptions& o, int sign) {
   const int64_t B = x.size(0), T = x.size(1), H = x.size(2), D = x.size(3);
   const Tensor xs = x.stride(3) == 1 || x.size(3) <= 1 ? x : detail::contiguous_raw(x);
   Tensor out = empty(x.sizes(), TensorOptions(x.dtype()));
   if (x.numel() == 0) return out;
-  const std::vector<double> inv_freq = cpu::rope_inv_freq(D, o.theta, llama3_of(o));
   const cpu::RopeStrides st{xs.stride(0), xs.stride(1), xs.stride(2)};
   dispatch(x.dtype(), [&]<class E>() {
     if constexpr (is_float_type_v<E>) {
       using C = cpu::rope_acc_t<E>;
-      const cpu::Workspace table(static_cast<std::size_t>(2 * T * (D / 2)) * sizeof(C));
-      C *cs = table.as<C>(), *sn = cs + T * (D / 2);
-      cpu::rope_table<C>(inv_freq, T, o.position_offset, cs, sn);
+      const std::shared_ptr<const RopeTable<C>> table = rope_table_for<C>(T, D, o);
+      const C *cs = table->cos_sin.data(), *sn = cs + T * (D / 2);
       cpu::rope_apply<E>(static_cast<const E*>(xs.raw_data()), st, static_cast<E*>(out.raw_data()), B, T, H, D, cs, sn, sign);
     }
   });

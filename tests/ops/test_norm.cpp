@@ -128,6 +128,31 @@ TEST(RmsNorm, ForwardMatchesDefinitionAndErrors) {
   EXPECT_NE(msg.find("[5, 9]"), std::string::npos) << msg;
 }
 
+// Llama's RMSNorm (HF's LlamaRMSNorm): y = x * rsqrt(mean(x^2) + eps) * weight, eps inside the
+// square root, a weight and no bias, computed in f32 for bf16 inputs. Pinned by hand: with eps
+// 0.25, row 1's mean square 1.3125 + 0.25 = 1.5625 = 1.25^2 gives rstd 0.8 exactly (eps outside
+// the root would give 1 / (1.1456 + 0.25) = 0.7165); row 0's rstd is 1 / sqrt(7.75).
+TEST(RmsNorm, LlamaDefinitionByHand) {
+  const Tensor x = from_vector(std::vector<double>{1, 2, 3, 4, 0.5, -1, 0, 2}, {2, 4}, TensorOptions(DType::f64));
+  const Tensor w = from_vector(std::vector<double>{1, 0.5, 2, -1}, {4}, TensorOptions(DType::f64));
+  const double r0 = 0.3592106040535498;  // 1 / sqrt(7.5 + 0.25)
+  const std::vector<double> want{r0, r0, 6 * r0, -4 * r0, 0.4, -0.4, 0.0, -1.6};
+  const std::vector<double> got = rms_norm(x, {4}, w, 0.25).to_vector();
+  for (size_t i = 0; i < want.size(); ++i) EXPECT_NEAR(got[i], want[i], 1e-15) << i;
+  // bf16 x (these values are exact in bf16) with the f32 weight under autocast: the kernel reads
+  // bf16 and computes and returns f32, as HF's upcast; a bf16 computation would be off by ~1e-2.
+  {
+    autocast ac(DType::bf16);
+    const Tensor y = rms_norm(x.to(DType::bf16), {4}, w.to(DType::f32), 0.25);
+    EXPECT_EQ(y.dtype(), DType::f32);
+    const std::vector<double> yv = y.to_vector();
+    for (size_t i = 0; i < want.size(); ++i) EXPECT_NEAR(yv[i], want[i], 1e-6) << i;
+  }
+  // bf16 in and out without autocast: f32 math, rounded once (within half a bf16 ulp).
+  const std::vector<double> yb = rms_norm(x.to(DType::bf16), {4}, w.to(DType::bf16), 0.25).to_vector();
+  for (size_t i = 0; i < want.size(); ++i) EXPECT_NEAR(yb[i], want[i], std::fabs(want[i]) / 256 + 1e-7) << i;
+}
+
 // ---- batch_norm ----------------------------------------------------------------------------
 
 TEST(BatchNorm, GradcheckTraining) {

@@ -58,7 +58,8 @@ void attention_forward_bf16(const bfloat16* q, const bfloat16* k, const bfloat16
     auto* KpAll = reinterpret_cast<bfloat16*>(base + oKp);
     auto* Vp = reinterpret_cast<bfloat16*>(base + oVp);
     auto* Pb = reinterpret_cast<bfloat16*>(base + oPb);
-    int64_t packed_bh = -1, packed_tiles = 0;  // key tiles [0, packed_tiles) of kv slice packed_bh (shared by a group's heads) are packed
+    // key tiles [0, packed_tiles) of kv slice packed_bh are packed (a group's query heads reuse them)
+    int64_t packed_bh = -1, packed_tiles = 0;
 #pragma omp for schedule(dynamic, chunk)
     for (int64_t task = 0; task < BH * nq; ++task) {
       const int64_t bh = task / nq, i0 = (task % nq) * Br, br = std::min(Br, Tq - i0);
@@ -141,51 +142,51 @@ void attention_backward_bf16(const bfloat16* q, const bfloat16* k, const bfloat1
       std::fill(dK, dK + Tk * D16, 0.0f);
       std::fill(dV, dV + Tk * Dv16, 0.0f);
       for (int64_t gi = 0; gi < G; ++gi) {
-      const int64_t bh = bkv / Hkv * d.H + bkv % Hkv * G + gi;
-      const bfloat16 *Q = q + slice_at(L.q, bh, d.H), *dO = dout + slice_at(L.o, bh, d.H), *O = o + slice_at(L.o, bh, d.H);
-      const float* Lse = lse + bh * Tq;
-      std::fill(dQ, dQ + Tq * D16, 0.0f);
-      for (int64_t i = 0; i < Tq; ++i) {  // Delta_i = dO_i . O_i
-        __m512 s = _mm512_setzero_ps();
-        for (int64_t c = 0; c < Dv; c += 16) {
-          const __mmask16 m = vec::tail_mask(Dv - c);
-          s = _mm512_fmadd_ps(vec::load16(dO + i * ldo + c, m), vec::load16(O + i * ldo + c, m), s);
-        }
-        Delta[i] = _mm512_reduce_add_ps(s);
-      }
-      for (int64_t t = 0; t < nq; ++t) {  // Q_i and dO_i as B operands (K-dim = the tile's rows)
-        const int64_t i0 = t * Br, br = std::min(Br, Tq - i0);
-        bf16t::pack_rows(Q + i0 * ldq, ldq, br, D, D16, Qp + t * Br2 * D16);
-        bf16t::pack_rows(dO + i0 * ldo, ldo, br, Dv, Dv16, dOp + t * Br2 * Dv16);
-      }
-      for (int64_t j0 = 0; j0 < Tk; j0 += Bc) {
-        const int64_t bc = std::min(Bc, Tk - j0), bc16 = up(bc, 16), bc2 = up(bc, 2);
-        bf16t::pack_cols(K + j0 * ldk, ldk, D, bc, bc16, KT);   // for S = Q K_j^T
-        bf16t::pack_cols(V + j0 * ldv, ldv, Dv, bc, bc16, VT);  // for dP = dO V_j^T
-        bf16t::pack_rows(K + j0 * ldk, ldk, bc, D, D16, Kp);    // for dQ += dS K_j
-        for (int64_t i0 = causal ? j0 / Br * Br : 0; i0 < Tq; i0 += Br) {
-          const int64_t br = std::min(Br, Tq - i0), br2 = up(br, 2), t = i0 / Br;
-          bf16t::mm(br, bc16, D / 2, scale, Q + i0 * ldq, ldq, KT, false, P, ldS);  // S = scale Q_i K_j^T
-          for (int64_t r = 0; r < br; ++r)  // P = exp(S - L), masked keys 0
-            row_exp(P + r * ldS, visible(causal, i0 + r, j0, bc), bc, Lse[i0 + r]);
-          bf16t::pairs_from(P, ldS, br, bc, bc16, PT);  // dV_j += P^T dO_i
-          bf16t::mm(bc, Dv16, br2 / 2, 1.0f, PT, 2, 2 * bc16, dOp + t * Br2 * Dv16, true, dV + j0 * Dv16, Dv16);
-          bf16t::mm(br, bc16, Dv / 2, 1.0f, dO + i0 * ldo, ldo, VT, false, dS, ldS);  // dP = dO_i V_j^T
-          for (int64_t r = 0; r < br; ++r) {  // dS = P * (dP - Delta)
-            float* ds = dS + r * ldS;
-            const float* p = P + r * ldS;
-            const float del = Delta[i0 + r];
-#pragma omp simd
-            for (int64_t c = 0; c < bc; ++c) ds[c] = p[c] * (ds[c] - del);
+        const int64_t bh = bkv / Hkv * d.H + bkv % Hkv * G + gi;
+        const bfloat16 *Q = q + slice_at(L.q, bh, d.H), *dO = dout + slice_at(L.o, bh, d.H), *O = o + slice_at(L.o, bh, d.H);
+        const float* Lse = lse + bh * Tq;
+        std::fill(dQ, dQ + Tq * D16, 0.0f);
+        for (int64_t i = 0; i < Tq; ++i) {  // Delta_i = dO_i . O_i
+          __m512 s = _mm512_setzero_ps();
+          for (int64_t c = 0; c < Dv; c += 16) {
+            const __mmask16 m = vec::tail_mask(Dv - c);
+            s = _mm512_fmadd_ps(vec::load16(dO + i * ldo + c, m), vec::load16(O + i * ldo + c, m), s);
           }
-          bf16t::a_from(dS, ldS, br, bc, bc2, dSb);  // dQ_i += scale dS K_j
-          bf16t::mm(br, D16, bc2 / 2, scale, dSb, bc2, Kp, true, dQ + i0 * D16, D16);
-          bf16t::pairs_from(dS, ldS, br, bc, bc16, dST);  // dK_j += scale dS^T Q_i
-          bf16t::mm(bc, D16, br2 / 2, scale, dST, 2, 2 * bc16, Qp + t * Br2 * D16, true, dK + j0 * D16, D16);
+          Delta[i] = _mm512_reduce_add_ps(s);
         }
-      }
-      bfloat16* dQo = dq + slice_at(L.q, bh, d.H);
-      for (int64_t i = 0; i < Tq; ++i) bf16t::store_row(dQ + i * D16, D, 1.0f, dQo + i * ldq);
+        for (int64_t t = 0; t < nq; ++t) {  // Q_i and dO_i as B operands (K-dim = the tile's rows)
+          const int64_t i0 = t * Br, br = std::min(Br, Tq - i0);
+          bf16t::pack_rows(Q + i0 * ldq, ldq, br, D, D16, Qp + t * Br2 * D16);
+          bf16t::pack_rows(dO + i0 * ldo, ldo, br, Dv, Dv16, dOp + t * Br2 * Dv16);
+        }
+        for (int64_t j0 = 0; j0 < Tk; j0 += Bc) {
+          const int64_t bc = std::min(Bc, Tk - j0), bc16 = up(bc, 16), bc2 = up(bc, 2);
+          bf16t::pack_cols(K + j0 * ldk, ldk, D, bc, bc16, KT);   // for S = Q K_j^T
+          bf16t::pack_cols(V + j0 * ldv, ldv, Dv, bc, bc16, VT);  // for dP = dO V_j^T
+          bf16t::pack_rows(K + j0 * ldk, ldk, bc, D, D16, Kp);    // for dQ += dS K_j
+          for (int64_t i0 = causal ? j0 / Br * Br : 0; i0 < Tq; i0 += Br) {
+            const int64_t br = std::min(Br, Tq - i0), br2 = up(br, 2), t = i0 / Br;
+            bf16t::mm(br, bc16, D / 2, scale, Q + i0 * ldq, ldq, KT, false, P, ldS);  // S = scale Q_i K_j^T
+            for (int64_t r = 0; r < br; ++r)  // P = exp(S - L), masked keys 0
+              row_exp(P + r * ldS, visible(causal, i0 + r, j0, bc), bc, Lse[i0 + r]);
+            bf16t::pairs_from(P, ldS, br, bc, bc16, PT);  // dV_j += P^T dO_i
+            bf16t::mm(bc, Dv16, br2 / 2, 1.0f, PT, 2, 2 * bc16, dOp + t * Br2 * Dv16, true, dV + j0 * Dv16, Dv16);
+            bf16t::mm(br, bc16, Dv / 2, 1.0f, dO + i0 * ldo, ldo, VT, false, dS, ldS);  // dP = dO_i V_j^T
+            for (int64_t r = 0; r < br; ++r) {  // dS = P * (dP - Delta)
+              float* ds = dS + r * ldS;
+              const float* p = P + r * ldS;
+              const float del = Delta[i0 + r];
+#pragma omp simd
+              for (int64_t c = 0; c < bc; ++c) ds[c] = p[c] * (ds[c] - del);
+            }
+            bf16t::a_from(dS, ldS, br, bc, bc2, dSb);  // dQ_i += scale dS K_j
+            bf16t::mm(br, D16, bc2 / 2, scale, dSb, bc2, Kp, true, dQ + i0 * D16, D16);
+            bf16t::pairs_from(dS, ldS, br, bc, bc16, dST);  // dK_j += scale dS^T Q_i
+            bf16t::mm(bc, D16, br2 / 2, scale, dST, 2, 2 * bc16, Qp + t * Br2 * D16, true, dK + j0 * D16, D16);
+          }
+        }
+        bfloat16* dQo = dq + slice_at(L.q, bh, d.H);
+        for (int64_t i = 0; i < Tq; ++i) bf16t::store_row(dQ + i * D16, D, 1.0f, dQo + i * ldq);
       }  // query heads of the group
       bfloat16 *dKo = dk + slice_at(L.k, bkv, Hkv), *dVo = dv + slice_at(L.v, bkv, Hkv);
       for (int64_t j = 0; j < Tk; ++j) {
@@ -242,7 +243,8 @@ void attention_forward(const T* q, const T* k, const T* v, T* o, attn_acc_t<T>* 
   {
     C* base = ws.as<C>() + omp_get_thread_num() * per;
     C *S = base + oS, *acc = base + oAcc, *m = base + oM, *l = base + oL, *KtAll = base + oKt, *Vd = base + oVd;
-    int64_t packed_bh = -1, packed_tiles = 0;  // key tiles [0, packed_tiles) of kv slice packed_bh are in KtAll, Vd (a group's heads reuse them)
+    // key tiles [0, packed_tiles) of kv slice packed_bh are in KtAll, Vd (a group's query heads reuse them)
+    int64_t packed_bh = -1, packed_tiles = 0;
 #pragma omp for schedule(dynamic, chunk)
     for (int64_t task = 0; task < BH * nq; ++task) {
       const int64_t bh = task / nq, i0 = (task % nq) * Br, br = std::min(Br, Tq - i0);
@@ -370,93 +372,93 @@ void attention_backward(const T* q, const T* k, const T* v, const T* o, const T*
       std::fill(dK, dK + Tk * D, C(0));
       std::fill(dV, dV + Tk * Dv, C(0));
       for (int64_t gi = 0; gi < G; ++gi) {
-      const int64_t bh = bkv / Hkv * d.H + bkv % Hkv * G + gi;
-      const Rows<C> Q = dense_rows<C>(q + slice_at(L.q, bh, d.H), L.q.t, Tq, D, base + oQ);
-      const Rows<C> dO = dense_rows<C>(dout + slice_at(L.o, bh, d.H), L.o.t, Tq, Dv, base + odO);
-      const T* O = o + slice_at(L.o, bh, d.H);
-      const C* Lse = lse + bh * Tq;
-      std::fill(dQ, dQ + Tq * D, C(0));
-      // Delta_i = sum_c dO_ic O_ic = sum_j P_ij dP_ij: the softmax Jacobian's rank-one term.
-      for (int64_t i = 0; i < Tq; ++i) {
-        const T* orow = O + i * L.o.t;
-        const C* grow = dO.p + i * dO.ld;
-        C s = 0;
+        const int64_t bh = bkv / Hkv * d.H + bkv % Hkv * G + gi;
+        const Rows<C> Q = dense_rows<C>(q + slice_at(L.q, bh, d.H), L.q.t, Tq, D, base + oQ);
+        const Rows<C> dO = dense_rows<C>(dout + slice_at(L.o, bh, d.H), L.o.t, Tq, Dv, base + odO);
+        const T* O = o + slice_at(L.o, bh, d.H);
+        const C* Lse = lse + bh * Tq;
+        std::fill(dQ, dQ + Tq * D, C(0));
+        // Delta_i = sum_c dO_ic O_ic = sum_j P_ij dP_ij: the softmax Jacobian's rank-one term.
+        for (int64_t i = 0; i < Tq; ++i) {
+          const T* orow = O + i * L.o.t;
+          const C* grow = dO.p + i * dO.ld;
+          C s = 0;
 #pragma omp simd reduction(+ : s)  // on vectors: an in-order sum is a serial chain of Dv adds
-        for (int64_t c = 0; c < Dv; ++c) s += grow[c] * static_cast<C>(cast_value<C>(orow[c]));
-        Delta[i] = s;
-      }
-      // The inputs and outputs of the query head a thread takes next (the group's next head, or
-      // with kv slices of equal cost, the first head of kv slice bkv + nthreads, and then its k
-      // and v too), asked for ahead of use in equal parts at each tile pair.
-      const int64_t next_kv = gi + 1 < G ? bkv : bkv + nthreads;
-      const int64_t next = gi + 1 < G ? bh + 1 : next_kv / Hkv * d.H + next_kv % Hkv * G;
-      int64_t pair = 0;
-      auto prefetch_next = [&](int64_t part) {
-        if (next_kv >= BKV) return;
-        const int64_t r0 = part * Tq / npairs, r1 = (part + 1) * Tq / npairs, k0 = part * Tk / npairs,
-                      k1 = (part + 1) * Tk / npairs;
-        prefetch_rows<1>(q + slice_at(L.q, next, d.H) + r0 * L.q.t, L.q.t, r1 - r0, D);
-        prefetch_rows<1>(dout + slice_at(L.o, next, d.H) + r0 * L.o.t, L.o.t, r1 - r0, Dv);
-        prefetch_rows<1>(o + slice_at(L.o, next, d.H) + r0 * L.o.t, L.o.t, r1 - r0, Dv);
-        prefetch_rows<1>(dq + slice_at(L.q, next, d.H) + r0 * L.q.t, L.q.t, r1 - r0, D, true);
-        if (next_kv == bkv) return;
-        prefetch_rows<1>(k + slice_at(L.k, next_kv, Hkv) + k0 * L.k.t, L.k.t, k1 - k0, D);
-        prefetch_rows<1>(v + slice_at(L.v, next_kv, Hkv) + k0 * L.v.t, L.v.t, k1 - k0, Dv);
-        prefetch_rows<1>(dk + slice_at(L.k, next_kv, Hkv) + k0 * L.k.t, L.k.t, k1 - k0, D, true);
-        prefetch_rows<1>(dv + slice_at(L.v, next_kv, Hkv) + k0 * L.v.t, L.v.t, k1 - k0, Dv, true);
-      };
-      for (int64_t j0 = 0; j0 < Tk; j0 += Bc) {  // key tile j: dK_j, dV_j accumulate over query tiles
-        const int64_t bc = std::min(Bc, Tk - j0), bc16 = round16(bc);
-        const C *Kj = K.p + j0 * K.ld, *Vj = V.p + j0 * V.ld;
-        pack_transposed(Kj, K.ld, bc, D, bc16, Kt);   // for S = Q_i K_j^T
-        pack_transposed(Vj, V.ld, bc, Dv, bc16, Vt);  // for dP = dO_i V_j^T
-        // Causal: query rows i < j0 see none of these keys; start at the tile holding row j0.
-        const bool fused = kFused && bc <= 64;  // products with the exp / dS in their epilogue
-        for (int64_t i0 = causal ? j0 / Br * Br : 0; i0 < Tq; i0 += Br) {
-          const int64_t br = std::min(Br, Tq - i0);
-          const C *Qi = Q.p + i0 * Q.ld, *dOi = dO.p + i0 * dO.ld;
-          prefetch_next(pair++);
-          // Diagonal tiles: query row r sees keys c <= r + diag. The score products skip columns
-          // no row of a 4-row block sees; the key-row products (dV, dK) skip query rows before
-          // the block's first key; dQ skips keys past the block's last row (P, dS are 0 there).
-          const int64_t diag = causal ? i0 - j0 : Causal::kAll;
-          const Causal cols{.cols = diag}, khi{.khi = diag}, klo{.klo = diag};
-          // S = scale Q_i K_j^T, then P = exp(S - L): the forward's softmax, recomputed from lse.
-          if (fused) {
-#if ATHANOR_CPU_AVX512
-            if constexpr (kFused) f32t::probs_tile(br, bc, D, scale, Qi, Q.ld, Kt, bc16, diag, Lse + i0, P, Bc16);
-#endif
-          } else {
-            mm(false, false, br, bc, D, scale, Qi, Q.ld, Kt, bc16, C(0), P, Bc16, cols);
-            for (int64_t r = 0; r < br; ++r)  // reads p[0, nv), zeroes p[nv, bc)
-              row_exp(P + r * Bc16, visible(causal, i0 + r, j0, bc), bc, Lse[i0 + r]);
-          }
-          // dV_j += P^T dO_i            (O = P V)
-          mm(true, false, bc, Dv, br, C(1), P, Bc16, dOi, dO.ld, C(1), dV + j0 * lv, lv, klo);
-          // dP = dO_i V_j^T, dS = P * (dP - Delta)   (softmax backward; masked entries 0)
-          if (fused) {
-#if ATHANOR_CPU_AVX512
-            if constexpr (kFused) f32t::dscores_tile(br, bc, Dv, dOi, dO.ld, Vt, bc16, diag, Delta + i0, P, Bc16, dS, Bc16);
-#endif
-          } else {
-            mm(false, false, br, bc, Dv, C(1), dOi, dO.ld, Vt, bc16, C(0), dS, Bc16, cols);
-            for (int64_t r = 0; r < br; ++r) {  // dP was computed on [0, nv) only
-              C* ds = dS + r * Bc16;
-              const C* p = P + r * Bc16;
-              const C del = Delta[i0 + r];
-              const int64_t nv = visible(causal, i0 + r, j0, bc);
-#pragma omp simd
-              for (int64_t c = 0; c < nv; ++c) ds[c] = p[c] * (ds[c] - del);
-              std::fill(ds + std::max<int64_t>(nv, 0), ds + bc, C(0));
-            }
-          }
-          // dQ_i += scale dS K_j         (S = scale Q K^T)
-          mm(false, false, br, D, bc, scale, dS, Bc16, Kj, K.ld, C(1), dQ + i0 * lq, lq, khi);
-          // dK_j += scale dS^T Q_i
-          mm(true, false, bc, D, br, scale, dS, Bc16, Qi, Q.ld, C(1), dK + j0 * lk, lk, klo);
+          for (int64_t c = 0; c < Dv; ++c) s += grow[c] * static_cast<C>(cast_value<C>(orow[c]));
+          Delta[i] = s;
         }
-      }
-      store_rows(dQ, Tq, D, dq + slice_at(L.q, bh, d.H), L.q.t);
+        // The inputs and outputs of the query head a thread takes next (the group's next head, or
+        // with kv slices of equal cost, the first head of kv slice bkv + nthreads, and then its k
+        // and v too), asked for ahead of use in equal parts at each tile pair.
+        const int64_t next_kv = gi + 1 < G ? bkv : bkv + nthreads;
+        const int64_t next = gi + 1 < G ? bh + 1 : next_kv / Hkv * d.H + next_kv % Hkv * G;
+        int64_t pair = 0;
+        auto prefetch_next = [&](int64_t part) {
+          if (next_kv >= BKV) return;
+          const int64_t r0 = part * Tq / npairs, r1 = (part + 1) * Tq / npairs, k0 = part * Tk / npairs,
+                        k1 = (part + 1) * Tk / npairs;
+          prefetch_rows<1>(q + slice_at(L.q, next, d.H) + r0 * L.q.t, L.q.t, r1 - r0, D);
+          prefetch_rows<1>(dout + slice_at(L.o, next, d.H) + r0 * L.o.t, L.o.t, r1 - r0, Dv);
+          prefetch_rows<1>(o + slice_at(L.o, next, d.H) + r0 * L.o.t, L.o.t, r1 - r0, Dv);
+          prefetch_rows<1>(dq + slice_at(L.q, next, d.H) + r0 * L.q.t, L.q.t, r1 - r0, D, true);
+          if (next_kv == bkv) return;
+          prefetch_rows<1>(k + slice_at(L.k, next_kv, Hkv) + k0 * L.k.t, L.k.t, k1 - k0, D);
+          prefetch_rows<1>(v + slice_at(L.v, next_kv, Hkv) + k0 * L.v.t, L.v.t, k1 - k0, Dv);
+          prefetch_rows<1>(dk + slice_at(L.k, next_kv, Hkv) + k0 * L.k.t, L.k.t, k1 - k0, D, true);
+          prefetch_rows<1>(dv + slice_at(L.v, next_kv, Hkv) + k0 * L.v.t, L.v.t, k1 - k0, Dv, true);
+        };
+        for (int64_t j0 = 0; j0 < Tk; j0 += Bc) {  // key tile j: dK_j, dV_j accumulate over query tiles
+          const int64_t bc = std::min(Bc, Tk - j0), bc16 = round16(bc);
+          const C *Kj = K.p + j0 * K.ld, *Vj = V.p + j0 * V.ld;
+          pack_transposed(Kj, K.ld, bc, D, bc16, Kt);   // for S = Q_i K_j^T
+          pack_transposed(Vj, V.ld, bc, Dv, bc16, Vt);  // for dP = dO_i V_j^T
+          // Causal: query rows i < j0 see none of these keys; start at the tile holding row j0.
+          const bool fused = kFused && bc <= 64;  // products with the exp / dS in their epilogue
+          for (int64_t i0 = causal ? j0 / Br * Br : 0; i0 < Tq; i0 += Br) {
+            const int64_t br = std::min(Br, Tq - i0);
+            const C *Qi = Q.p + i0 * Q.ld, *dOi = dO.p + i0 * dO.ld;
+            prefetch_next(pair++);
+            // Diagonal tiles: query row r sees keys c <= r + diag. The score products skip columns
+            // no row of a 4-row block sees; the key-row products (dV, dK) skip query rows before
+            // the block's first key; dQ skips keys past the block's last row (P, dS are 0 there).
+            const int64_t diag = causal ? i0 - j0 : Causal::kAll;
+            const Causal cols{.cols = diag}, khi{.khi = diag}, klo{.klo = diag};
+            // S = scale Q_i K_j^T, then P = exp(S - L): the forward's softmax, recomputed from lse.
+            if (fused) {
+#if ATHANOR_CPU_AVX512
+              if constexpr (kFused) f32t::probs_tile(br, bc, D, scale, Qi, Q.ld, Kt, bc16, diag, Lse + i0, P, Bc16);
+#endif
+            } else {
+              mm(false, false, br, bc, D, scale, Qi, Q.ld, Kt, bc16, C(0), P, Bc16, cols);
+              for (int64_t r = 0; r < br; ++r)  // reads p[0, nv), zeroes p[nv, bc)
+                row_exp(P + r * Bc16, visible(causal, i0 + r, j0, bc), bc, Lse[i0 + r]);
+            }
+            // dV_j += P^T dO_i            (O = P V)
+            mm(true, false, bc, Dv, br, C(1), P, Bc16, dOi, dO.ld, C(1), dV + j0 * lv, lv, klo);
+            // dP = dO_i V_j^T, dS = P * (dP - Delta)   (softmax backward; masked entries 0)
+            if (fused) {
+#if ATHANOR_CPU_AVX512
+              if constexpr (kFused) f32t::dscores_tile(br, bc, Dv, dOi, dO.ld, Vt, bc16, diag, Delta + i0, P, Bc16, dS, Bc16);
+#endif
+            } else {
+              mm(false, false, br, bc, Dv, C(1), dOi, dO.ld, Vt, bc16, C(0), dS, Bc16, cols);
+              for (int64_t r = 0; r < br; ++r) {  // dP was computed on [0, nv) only
+                C* ds = dS + r * Bc16;
+                const C* p = P + r * Bc16;
+                const C del = Delta[i0 + r];
+                const int64_t nv = visible(causal, i0 + r, j0, bc);
+#pragma omp simd
+                for (int64_t c = 0; c < nv; ++c) ds[c] = p[c] * (ds[c] - del);
+                std::fill(ds + std::max<int64_t>(nv, 0), ds + bc, C(0));
+              }
+            }
+            // dQ_i += scale dS K_j         (S = scale Q K^T)
+            mm(false, false, br, D, bc, scale, dS, Bc16, Kj, K.ld, C(1), dQ + i0 * lq, lq, khi);
+            // dK_j += scale dS^T Q_i
+            mm(true, false, bc, D, br, scale, dS, Bc16, Qi, Q.ld, C(1), dK + j0 * lk, lk, klo);
+          }
+        }
+        store_rows(dQ, Tq, D, dq + slice_at(L.q, bh, d.H), L.q.t);
       }  // query heads of the group
       store_rows(dK, Tk, D, dk + slice_at(L.k, bkv, Hkv), L.k.t);
       store_rows(dV, Tk, Dv, dv + slice_at(L.v, bkv, Hkv), L.v.t);

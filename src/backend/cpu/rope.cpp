@@ -1,14 +1,68 @@
 // Rotary position embedding kernels (see rope.h for the invariants) and the naive reference.
+// The rotation pass is compiled once per ISA level (isa_kernel.h): at the avx512 levels 16 pairs
+// per step (bf16/f16 widened on load, rounded once on store); the table, the frequencies and the
+// reference are level-independent.
 #include "backend/cpu/rope.h"
 
 #include <omp.h>
 
 #include <cmath>
 #include <numbers>
+#include <type_traits>
 
 #include "athanor/core/convert.h"
 #include "athanor/core/error.h"
+#include "backend/cpu/vec_math.h"
 
+ATHANOR_ISA_BEGIN
+template <class T>
+void rope_apply(const T* x, const RopeStrides& xs, T* out, int64_t B, int64_t T_, int64_t H, int64_t D,
+                const rope_acc_t<T>* cos_t, const rope_acc_t<T>* sin_t, int sign) {
+  using C = rope_acc_t<T>;
+  const int64_t half = D / 2, rows = B * T_;
+  const C sg = static_cast<C>(sign);
+  // Memory-bound: one read and one write of x; threads over (b, t) rows of H heads each.
+#pragma omp parallel for schedule(static) if (rows * H * D > (1 << 16))
+  for (int64_t bt = 0; bt < rows; ++bt) {
+    const int64_t b = bt / T_, t = bt % T_;
+    const C *c = cos_t + t * half, *s = sin_t + t * half;
+    for (int64_t h = 0; h < H; ++h) {
+      const T* xr = x + b * xs.b + t * xs.t + h * xs.h;
+      T* o = out + (bt * H + h) * D;
+#if ATHANOR_CPU_AVX512
+      if constexpr (!std::is_same_v<T, double>) {  // 16 pairs at a time, bf16/f16 widened on load
+        const __m512 vsg = _mm512_set1_ps(sg);
+        for (int64_t i = 0; i < half; i += 16) {
+          const __mmask16 m = vec::tail_mask(half - i);
+          const __m512 x0 = vec::load16(xr + i, m), x1 = vec::load16(xr + half + i, m);
+          const __m512 cv = vec::load16(c + i, m), sv = _mm512_mul_ps(vsg, vec::load16(s + i, m));
+          vec::store16(o + i, m, _mm512_fmsub_ps(x0, cv, _mm512_mul_ps(x1, sv)));
+          vec::store16(o + half + i, m, _mm512_fmadd_ps(x1, cv, _mm512_mul_ps(x0, sv)));
+        }
+        continue;
+      }
+#endif
+#pragma omp simd
+      for (int64_t i = 0; i < half; ++i) {
+        const C x0 = cast_value<C>(xr[i]), x1 = cast_value<C>(xr[i + half]), si = sg * s[i];
+        o[i] = cast_value<T>(x0 * c[i] - x1 * si);
+        o[i + half] = cast_value<T>(x1 * c[i] + x0 * si);
+      }
+    }
+  }
+}
+
+#define ATHANOR_INSTANTIATE_ROPE(T)                                                                          \
+  template void rope_apply<T>(const T*, const RopeStrides&, T*, int64_t, int64_t, int64_t, int64_t,         \
+                              const rope_acc_t<T>*, const rope_acc_t<T>*, int);
+ATHANOR_INSTANTIATE_ROPE(float)
+ATHANOR_INSTANTIATE_ROPE(double)
+ATHANOR_INSTANTIATE_ROPE(bfloat16)
+ATHANOR_INSTANTIATE_ROPE(float16)
+
+ATHANOR_ISA_END
+
+#if ATHANOR_ISA_PRIMARY
 namespace athanor::cpu {
 
 std::vector<double> rope_inv_freq(int64_t D, double theta, const std::optional<RopeLlama3>& llama3) {
@@ -47,40 +101,8 @@ void rope_table(const std::vector<double>& inv_freq, int64_t T, int64_t offset, 
     }
 }
 
-template <class T>
-void rope_apply(const T* x, const RopeStrides& xs, T* out, int64_t B, int64_t T_, int64_t H, int64_t D,
-                const rope_acc_t<T>* cos_t, const rope_acc_t<T>* sin_t, int sign) {
-  using C = rope_acc_t<T>;
-  const int64_t half = D / 2, rows = B * T_;
-  const C sg = static_cast<C>(sign);
-  // Memory-bound: one read and one write of x; threads over (b, t) rows of H heads each.
-#pragma omp parallel for schedule(static) if (rows * H * D > (1 << 16))
-  for (int64_t bt = 0; bt < rows; ++bt) {
-    const int64_t b = bt / T_, t = bt % T_;
-    const C *c = cos_t + t * half, *s = sin_t + t * half;
-    for (int64_t h = 0; h < H; ++h) {
-      const T* xr = x + b * xs.b + t * xs.t + h * xs.h;
-      T* o = out + (bt * H + h) * D;
-#pragma omp simd
-      for (int64_t i = 0; i < half; ++i) {
-        const C x0 = cast_value<C>(xr[i]), x1 = cast_value<C>(xr[i + half]), si = sg * s[i];
-        o[i] = cast_value<T>(x0 * c[i] - x1 * si);
-        o[i + half] = cast_value<T>(x1 * c[i] + x0 * si);
-      }
-    }
-  }
-}
-
 template void rope_table<float>(const std::vector<double>&, int64_t, int64_t, float*, float*);
 template void rope_table<double>(const std::vector<double>&, int64_t, int64_t, double*, double*);
-#define ATHANOR_INSTANTIATE_ROPE(T)                                                                          \
-  template void rope_apply<T>(const T*, const RopeStrides&, T*, int64_t, int64_t, int64_t, int64_t,         \
-                              const rope_acc_t<T>*, const rope_acc_t<T>*, int);
-ATHANOR_INSTANTIATE_ROPE(float)
-ATHANOR_INSTANTIATE_ROPE(double)
-ATHANOR_INSTANTIATE_ROPE(bfloat16)
-ATHANOR_INSTANTIATE_ROPE(float16)
-
 namespace ref {
 // HF's code, transcribed element by element (no table, no shared helper with the fast path).
 double ref_inv_freq(int64_t i, int64_t D, double theta, const std::optional<RopeLlama3>& l3) {
@@ -116,3 +138,23 @@ Tensor rope(const Tensor& x, double theta, const std::optional<RopeLlama3>& llam
 }  // namespace ref
 
 }  // namespace athanor::cpu
+
+namespace athanor::cpu {
+ATHANOR_ISA_DECLARE(template <class T>
+                    void rope_apply(const T* x, const RopeStrides& xs, T* out, int64_t B, int64_t T_, int64_t H, int64_t D,
+                                    const rope_acc_t<T>* cos_t, const rope_acc_t<T>* sin_t, int sign);)
+template <class T>
+void rope_apply(const T* x, const RopeStrides& xs, T* out, int64_t B, int64_t T_, int64_t H, int64_t D,
+                const rope_acc_t<T>* cos_t, const rope_acc_t<T>* sin_t, int sign) {
+  ATHANOR_ISA_CALL(rope_apply<T>, x, xs, out, B, T_, H, D, cos_t, sin_t, sign);
+}
+#define ATHANOR_INSTANTIATE_ROPE(T)                                                                          \
+  template void rope_apply<T>(const T*, const RopeStrides&, T*, int64_t, int64_t, int64_t, int64_t,         \
+                              const rope_acc_t<T>*, const rope_acc_t<T>*, int);
+ATHANOR_INSTANTIATE_ROPE(float)
+ATHANOR_INSTANTIATE_ROPE(double)
+ATHANOR_INSTANTIATE_ROPE(bfloat16)
+ATHANOR_INSTANTIATE_ROPE(float16)
+
+}  // namespace athanor::cpu
+#endif  // ATHANOR_ISA_PRIMARY

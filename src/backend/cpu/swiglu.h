@@ -10,5 +10,7 @@ namespace athanor::cpu {
 
 template <class T> void swiglu_forward(const T* g, const T* u, T* y, int64_t n);
 template <class T> void swiglu_backward(const T* dy, const T* g, const T* u, T* dg, T* du, int64_t n);
+// a[i] += b[i] (in f32 for bf16/f16, rounded once): the backward's dx = dg W_gate + du W_up.
+template <class T> void swiglu_sum_into(T* a, const T* b, int64_t n);
 
 }  // namespace athanor::cpu
