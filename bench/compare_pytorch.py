@@ -38,7 +38,7 @@ import time
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 ROOT = os.path.dirname(HERE)
-ALL_CONFIGS = ["tiny-gpt", "small-gpt", "gpt2-124m", "mlp"]
+ALL_CONFIGS = ["tiny-gpt", "small-gpt", "gpt2-124m", "llama-124m", "mlp"]
 ENGINES = ["athanor", "torch-default", "torch-tuned"]
 # ONEDNN_MAX_CPU_ISA for each --emulate level (oneDNN's names), and the ATen capability that matches.
 EMULATE = {"avx512": ("AVX512_CORE_VNNI", "avx512"), "avx2": ("AVX2", "avx2")}
@@ -47,7 +47,7 @@ EMULATE = {"avx512": ("AVX512_CORE_VNNI", "avx512"), "avx2": ("AVX2", "avx2")}
 # needs warm-up steps on gpt2-124M (after 2, tuned bf16 still took ~400k page faults per step
 # and ran at 170-215 tok/s, against ~530 after 3; after 3, it still did in 3 of 5 repeats of one
 # session-8 run, hence 5).
-MIN_STEPS = {"mlp": (100, 10), "gpt2-124m": (3, 5)}
+MIN_STEPS = {"mlp": (100, 10), "gpt2-124m": (3, 5), "llama-124m": (3, 5)}
 # A tuned PyTorch run above this many page faults per step is not in its steady state (its
 # gpt2-124M steps take 0-55k in bf16 and 120-150k in f32, where tensors above glibc's 32 MiB
 # mmap threshold are mapped afresh; a bf16 run still faulting took ~460k and ran 2-3x slower):

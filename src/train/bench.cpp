@@ -97,6 +97,10 @@ double training_flops_per_step(Trainer& trainer) {
     const double tokens = batch * T;
     return 6.0 * n * tokens + 12.0 * L * d * T * tokens;
   }
+  if (auto* llama = dynamic_cast<nn::Llama*>(&m)) {
+    const int64_t T = c.get_int("model.block_size");
+    return llama->flops_per_token(T) * batch * static_cast<double>(T);
+  }
   if (type == "mlp") return 6.0 * static_cast<double>(m.parameters_count()) * batch;
   return 0;
 }

@@ -47,7 +47,8 @@ void ParallelContext::check_config(const Config& c) {
   const std::string& type = c.get_string("model.type");
   if (pp > 1) {
     ATH_CHECK(type == "gpt", "config", "dist.pp ", pp, " is not supported for model.type ", type,
-              ": pipeline parallelism splits a GPT's transformer blocks across stages",
+              type == "llama" ? ": pipeline parallelism is built for the GPT only (dist::PipelineGPT), not yet for the Llama"
+                              : ": pipeline parallelism splits a GPT's transformer blocks across stages",
               Hint{"set dist.pp: 1 and train the " + type + " data-parallel (mpirun -np N)"});
     const int64_t stage = c.get_int("dist.zero_stage");
     ATH_CHECK(stage <= 1, "config", "dist.zero_stage ", stage, " with dist.pp ", pp,
@@ -70,8 +71,9 @@ void ParallelContext::check_config(const Config& c) {
   }
   if (tp == 1) return;
   ATH_CHECK(type == "gpt", "config", "dist.tp ", tp, " is not supported for model.type ", type,
-            ": tensor parallelism splits a GPT's attention heads, MLP and vocabulary across ranks, and the ", type,
-            " is not built from such layers",
+            type == "llama" ? ": tensor parallelism is built for the GPT only (a Llama's split by kv-head group is not)"
+                            : ": tensor parallelism splits a GPT's attention heads, MLP and vocabulary across ranks, and the " + type +
+                                  " is not built from such layers",
             Hint{"set dist.tp: 1 and train the " + type + " data-parallel (mpirun -np N, dist.zero_stage 0-" +
                  std::string(type == "convnet" ? "2" : "3") + ")"});
   const std::string& opt = c.get_string("optimizer.type");

@@ -8,6 +8,7 @@
 #include "athanor/dist/tensor_parallel_gpt.h"
 #include "athanor/nn/convnet.h"
 #include "athanor/nn/gpt.h"
+#include "athanor/nn/llama.h"
 #include "athanor/nn/mlp.h"
 #include "athanor/ops.h"
 #include "athanor/train/trainer.h"
@@ -37,19 +38,24 @@ class ClassifierTask : public Task {
   double fwd_flops_;
 };
 
+// Model FLOPs per token of a training step. GPT: 6·N per token for the weight GEMMs (fwd 2N +
+// bwd 4N) plus attention scores and values, 12·n_layer·n_embd·T per token (fwd+bwd). Llama:
+// nn::Llama::flops_per_token, the same rule (its embedding lookup is not a GEMM unless tied).
+// Model FLOPs, as PaLM's MFU counts them: the recompute of activation checkpointing (and of
+// ZeRO-3) is work the model does not need, so it is not counted (it shows as a lower MFU).
+double lm_flops_per_token(const nn::GPT& m, int64_t T) {
+  const auto& g = m.config();
+  return 6.0 * static_cast<double>(m.parameters_count()) + 12.0 * static_cast<double>(g.n_layer * g.n_embd * T);
+}
+double lm_flops_per_token(const nn::Llama& m, int64_t T) { return m.flops_per_token(T); }
+
+// A decoder-only language model on one process (nn::GPT or nn::Llama).
+template <class Model>
 class LanguageModelTask : public Task {
  public:
-  explicit LanguageModelTask(std::shared_ptr<nn::GPT> m) : model_(std::move(m)) {}
-  // 6·N per token for the weight GEMMs (fwd 2N + bwd 4N) plus attention scores and values,
-  // 12·n_layer·n_embd·T per token (fwd+bwd). Model FLOPs, as PaLM's MFU counts them: the
-  // recompute of activation checkpointing (and of ZeRO-3) is work the model does not need,
-  // so it is not counted (it shows as a lower MFU, not as more useful work).
+  explicit LanguageModelTask(std::shared_ptr<Model> m) : model_(std::move(m)) {}
   double train_flops(const data::Batch& b) const override {
-    const auto& g = model_->config();
-    const double tokens = static_cast<double>(b.input.numel());
-    const double per_token = 6.0 * static_cast<double>(model_->parameters_count()) +
-                             12.0 * static_cast<double>(g.n_layer * g.n_embd * b.input.size(-1));
-    return per_token * tokens;
+    return lm_flops_per_token(*model_, b.input.size(-1)) * static_cast<double>(b.input.numel());
   }
   nn::Module& module() override { return *model_; }
   Tensor loss(const data::Batch& b) override { return model_->loss(b.input, b.target); }
@@ -64,10 +70,9 @@ class LanguageModelTask : public Task {
                                 Generator& gen) override {
     return model_->generate(prompt, tokens, temperature, top_k, gen);
   }
-  nn::GPT& gpt() { return *model_; }
 
  private:
-  std::shared_ptr<nn::GPT> model_;
+  std::shared_ptr<Model> model_;
 };
 
 // The GPT split across a tensor-parallel group: the loss never gathers the logits.
@@ -184,7 +189,7 @@ class PipelineLanguageModelTask : public Task {
 }  // namespace
 
 std::vector<int32_t> Task::generate(const std::vector<int32_t>&, int64_t, double, int64_t, Generator&) {
-  ATH_FAIL("sample", "this task's model does not generate text", Hint{"only GPT models (model.type gpt) sample text"});
+  ATH_FAIL("sample", "this task's model does not generate text", Hint{"only language models (model.type gpt, llama) sample text"});
 }
 
 nn::GPTConfig gpt_config(const Config& c) {
@@ -197,6 +202,38 @@ nn::GPTConfig gpt_config(const Config& c) {
   g.dropout = c.get_float("model.dropout");
   g.bias = c.get_bool("model.bias");
   g.gradient_checkpointing = c.get_bool("model.gradient_checkpointing");
+  return g;
+}
+
+nn::LlamaConfig llama_config(const Config& c) {
+  nn::LlamaConfig g;
+  g.n_layer = c.get_int("model.n_layer");
+  g.n_head = c.get_int("model.n_head");
+  g.n_kv_head = c.get_int("model.n_kv_head") == 0 ? g.n_head : c.get_int("model.n_kv_head");
+  g.n_embd = c.get_int("model.n_embd");
+  // LLaMA's rule (Touvron et al. 2023): 2/3 of GPT's 4 n_embd, rounded up to a multiple of 64.
+  g.intermediate_size = c.get_int("model.intermediate_size");
+  if (g.intermediate_size == 0) g.intermediate_size = (8 * g.n_embd / 3 + 63) / 64 * 64;
+  g.block_size = c.get_int("model.block_size");
+  g.vocab_size = c.get_int("model.vocab_size");
+  g.rope_theta = c.get_float("model.rope_theta");
+  g.rms_norm_eps = c.get_float("model.rms_norm_eps");
+  g.tie_embeddings = c.get_bool("model.tie_embeddings");
+  g.dropout = c.get_float("model.dropout");
+  g.gradient_checkpointing = c.get_bool("model.gradient_checkpointing");
+  // The rope_* factors apply only with rope_scaling llama3 (the config refuses them otherwise).
+  if (c.get_string("model.rope_scaling") == "llama3") {
+    RopeScaling s;
+    s.factor = c.get_float("model.rope_factor");
+    s.low_freq_factor = c.get_float("model.rope_low_freq_factor");
+    s.high_freq_factor = c.get_float("model.rope_high_freq_factor");
+    s.original_max_position = c.get_int("model.rope_original_max_position");
+    g.rope_scaling = s;
+  }
+  if (g.vocab_size == 0) return g;  // the tokenizer's: checked when the model is built
+  const std::string problem = nn::llama_config_problem(g);
+  ATH_CHECK(problem.empty(), "config", c.source(), ": model.type llama: ", problem, " (keys model.<name>)",
+            Hint{"e.g. n_embd 768, n_head 12, n_kv_head 4 (a divisor of n_head; 0 = n_head), intermediate_size 2048"});
   return g;
 }
 
@@ -226,10 +263,18 @@ std::unique_ptr<Task> make_task(const Config& c, const dist::DeviceMesh* mesh) {
                          2.0 * (cc.channels2 * 49.0 * cc.hidden + static_cast<double>(cc.hidden * cc.num_classes));
     return std::make_unique<ClassifierTask>(std::make_shared<nn::ConvNet>(cc), flops);
   }
-  ATH_CHECK(c.get_string("data.type") == "text", "config", "model.type gpt trains on data.type text",
+  ATH_CHECK(c.get_string("data.type") == "text", "config", "model.type ", type, " trains on data.type text",
             Hint{"set data.type: text"});
   ATH_CHECK(c.get_int("model.vocab_size") > 0, "config", "model.vocab_size is not known",
             Hint{"it is taken from the tokenizer when the data is loaded; set it explicitly to build the model alone"});
+  if (type == "llama") {
+    // ParallelContext::check_config refuses tp/pp > 1 for llama before any work; a caller that
+    // builds the task itself gets the same answer here.
+    ATH_CHECK(!mesh || (mesh->tp_size() == 1 && mesh->pp_size() == 1), "config", c.source(),
+              ": model.type llama supports data parallelism only (dist.tp and dist.pp must be 1)",
+              Hint{"train the llama data-parallel: mpirun -np N with dist.zero_stage 0-3"});
+    return std::make_unique<LanguageModelTask<nn::Llama>>(std::make_shared<nn::Llama>(llama_config(c)));
+  }
   if (mesh && mesh->pp_size() > 1) {
     dist::TensorParallelOptions o;
     o.sequence_parallel = c.get_bool("dist.sequence_parallel");
@@ -249,7 +294,7 @@ std::unique_ptr<Task> make_task(const Config& c, const dist::DeviceMesh* mesh) {
     o.vocab_pad_multiple = c.get_int("dist.vocab_pad_multiple");
     return std::make_unique<TensorParallelLanguageModelTask>(std::make_shared<dist::TensorParallelGPT>(gpt_config(c), mesh->tp(), o));
   }
-  return std::make_unique<LanguageModelTask>(std::make_shared<nn::GPT>(gpt_config(c)));
+  return std::make_unique<LanguageModelTask<nn::GPT>>(std::make_shared<nn::GPT>(gpt_config(c)));
 }
 
 }  // namespace athanor::train

@@ -258,16 +258,17 @@ namespace {
 // The stage-3 sharding units of the models the trainer builds (empty: rely on FullyShardedBlocks).
 std::vector<std::string> zero3_units(nn::Module& m) {
   if (auto* gpt = dynamic_cast<nn::GPT*>(&m)) return gpt->shard_units();
+  if (auto* llama = dynamic_cast<nn::Llama*>(&m)) return llama->shard_units();
   if (auto* tpg = dynamic_cast<dist::TensorParallelGPT*>(&m)) return tpg->shard_units();
   if (auto* mlp = dynamic_cast<nn::MLP*>(&m)) return mlp->shard_units();
   ATH_CHECK(dynamic_cast<nn::ConvNet*>(&m) == nullptr, "config",
             "dist.zero_stage 3 is not supported for model.type convnet: its layers are not called through "
             "nn::Module::run_forward, so they cannot be sharded (and its parameters are small)",
             Hint{"use dist.zero_stage 2 (gradients and optimizer state sharded) for the convnet; stage 3 supports "
-                 "model.type gpt and mlp"});
+                 "model.type gpt, llama and mlp"});
   for (auto& [path, sub] : m.named_modules())
     if (std::dynamic_pointer_cast<dist::FullyShardedBlock>(sub)) return {};
-  ATH_FAIL("config", "dist.zero_stage 3: the task's model is not one the trainer builds (gpt, mlp) and has no "
+  ATH_FAIL("config", "dist.zero_stage 3: the task's model is not one the trainer builds (gpt, llama, mlp) and has no "
            "dist::FullyShardedBlock, so there is nothing to shard",
            Hint{"wrap the model's repeated blocks in dist::FullyShardedBlock (include/athanor/dist/zero.h), "
                 "or use dist.zero_stage 2"});

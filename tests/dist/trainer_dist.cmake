@@ -1,7 +1,7 @@
 # Data-parallel training through `athanor train` under mpirun (real processes), checked
 # against independent 1-process runs on the same global batches by test_trainer_dist.
 #   cmake -DMPIEXEC=… -DMPIFLAGS=… -DCLI=<athanor> -DCHECK=<test_trainer_dist> -DCORPUS=<text file>
-#         -DDIR=<scratch dir> -DSCENARIO=sgd|zero|zero3|zero3_mlp|reshard|zero3_reshard|kill|errors -P trainer_dist.cmake
+#         -DDIR=<scratch dir> -DSCENARIO=sgd|zero|zero3|zero3_mlp|llama|reshard|zero3_reshard|kill|errors -P trainer_dist.cmake
 # Tiny GPT (2 layers, 32 wide, 32 tokens), global micro-batch 8 × accum 2, gradient clipping
 # (and SGD without).
 # Tolerance: rtol 1e-4, atol 2e-5 on losses, grad norms and every weight (f32; the ranks' sum
@@ -113,6 +113,44 @@ observe: {tensorboard: false, report: false, peak_gflops: 1.0}
   if(_rc EQUAL 0 OR NOT "${_out}${_err}" MATCHES "dist.zero_stage 3 is not supported for model.type convnet")
     message(FATAL_ERROR "expected the convnet at zero_stage 3 to be refused, got exit ${_rc}:\n${_out}${_err}")
   endif()
+elseif(SCENARIO STREQUAL "llama")
+  # The Llama (GQA, RoPE, SwiGLU, untied head; dropout 0) under DDP and ZeRO 1/2/3 with 2 ranks
+  # == 1 process; ZeRO-3 shards its layers model.layers.<i> (also with gradient checkpointing);
+  # the ZeRO-3 run samples the 1-process text; tensor and pipeline parallelism are refused.
+  file(WRITE ${DIR}/llama.yaml "seed: 7
+model: {type: llama, n_layer: 2, n_head: 4, n_kv_head: 2, n_embd: 32, intermediate_size: 64, block_size: 32}
+data: {type: text, corpus: ${DIR}/corpus.txt, tokenizer: byte, cache_dir: ${DIR}/data, num_workers: 0, val_fraction: 0.1}
+optimizer: {type: adamw, lr: 1.0e-3, weight_decay: 0.1, grad_clip: 0.5}
+schedule: {decay: constant}
+trainer: {max_steps: 4, accum_steps: 2, eval_every: 0, eval_batches: 4, log_every: 1, sample_tokens: 8}
+observe: {tensorboard: false, report: false, peak_gflops: 1.0}
+")
+  function(run_llama name np)
+    run_config(llama.yaml ${name} ${np} ${ARGN})
+  endfunction()
+  run_llama(ref_llama 1proc trainer.batch_size=8)
+  foreach(stage 0 1 2 3)
+    run_llama(dp2_llama_z${stage} 2 trainer.batch_size=4 dist.zero_stage=${stage})
+    compare(dp2_llama_z${stage} ref_llama)
+  endforeach()
+  run_llama(dp2_llama_z3_gc 2 trainer.batch_size=4 dist.zero_stage=3 model.gradient_checkpointing=true)
+  compare(dp2_llama_z3_gc ref_llama)
+  file(READ ${DIR}/runs/dp2_llama_z3/config.yaml _cfg)
+  if(NOT _cfg MATCHES "zero_stage 3 sharded modules[^\n]*: model.layers.0, model.layers.1\n")
+    message(FATAL_ERROR "the resolved config does not name the Llama's sharded layers:\n${_cfg}")
+  endif()
+  final_sample(ref_llama _ref_sample)
+  final_sample(dp2_llama_z3 _z3_sample)
+  if(NOT _z3_sample STREQUAL _ref_sample)
+    message(FATAL_ERROR "the ZeRO-3 Llama sampled other text than 1 process:\n${_z3_sample}\nvs\n${_ref_sample}")
+  endif()
+  foreach(layout "dist.tp=2" "dist.pp=2")
+    execute_process(COMMAND ${MPIEXEC} ${_flags} -np 2 ${CLI} train ${DIR}/llama.yaml out_dir=${DIR}/runs name=bad_llama ${layout}
+                    RESULT_VARIABLE _rc OUTPUT_VARIABLE _out ERROR_VARIABLE _err TIMEOUT 120)
+    if(_rc EQUAL 0 OR NOT "${_out}${_err}" MATCHES "is not supported for model.type llama.*data-parallel")
+      message(FATAL_ERROR "expected the llama with ${layout} to be refused, got exit ${_rc}:\n${_out}${_err}")
+    endif()
+  endforeach()
 elseif(SCENARIO STREQUAL "zero3_reshard")
   # Checkpoints keep the 1-process names at every stage (each rank writes its shard), so they
   # reshard through the trainer:

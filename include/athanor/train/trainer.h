@@ -73,6 +73,7 @@
 #include "athanor/data/tokenizer.h"
 #include "athanor/dist/shard_spec.h"
 #include "athanor/nn/gpt.h"
+#include "athanor/nn/llama.h"
 #include "athanor/nn/module.h"
 #include "athanor/optim/lr_schedule.h"
 #include "athanor/optim/optimizer.h"
@@ -309,5 +310,8 @@ class Trainer {
 std::unique_ptr<Task> make_task(const Config& config, const dist::DeviceMesh* mesh = nullptr);
 // The GPT shape a config's model.* keys describe (model.type must be gpt).
 nn::GPTConfig gpt_config(const Config& config);
+// The Llama shape a config's model.* keys describe (model.type must be llama); an
+// inconsistent shape is an Error naming the config file and the keys.
+nn::LlamaConfig llama_config(const Config& config);
 
 }  // namespace athanor::train
