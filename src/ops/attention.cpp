@@ -17,6 +17,7 @@
 #include "athanor/ops/attention.h"
 #include "backend/cpu/attention.h"
 #include "athanor/ops/shape.h"
+#include "ops/op_args.h"
 #include "ops/op_def.h"
 #include "ops/op_utils.h"
 
@@ -83,15 +84,8 @@ Tensor empty_like_strided(const Tensor& t, DType dt) {
 using detail::Grads;
 using detail::Inputs;
 
-struct SdpaArgs {
-  bool is_causal = false;
-  std::optional<double> scale;
-  bool enable_gqa = false;
-};
-struct CsaArgs {
-  int64_t n_head = 1;
-  std::optional<double> scale;
-};
+using detail::CsaArgs;  // ops/op_args.h: shared with the CUDA kernels (src/ops/cuda/attention.cpp)
+using detail::SdpaArgs;
 struct AttentionSaved : OpSaved {
   SavedTensor q, k, v, out, lse;  // causal_self_attention: q holds the packed qkv
   cpu::AttentionDims d{};
@@ -291,6 +285,12 @@ std::vector<OpCase> sdpa_cases(int scale) {
                            case_randn({s, 2, 5, 6}, 17, CaseLayout::transposed12),
                            case_randn({s, 2, 5, 6}, 18, CaseLayout::transposed12)},
                           {true, std::nullopt, true}, call),
+      // Head dim 64, the CUDA kernels' (the cases above are below what they take).
+      make_case<SdpaArgs>("GQA: q [1, 2, 5, 64], k, v [1, 1, 7, 64], dims 1, 2 transposed (head dim 64)",
+                          {case_randn({s, 2, 5, 64}, 19, CaseLayout::transposed12),
+                           case_randn({s, 1, 7, 64}, 20, CaseLayout::transposed12),
+                           case_randn({s, 1, 7, 64}, 21, CaseLayout::transposed12)},
+                          {false, std::nullopt, true}, call),
   };
 }
 std::vector<OpCase> csa_cases(int scale) {
@@ -299,6 +299,7 @@ std::vector<OpCase> csa_cases(int scale) {
   return {
       make_case<CsaArgs>("qkv [2, 5, 12], 2 heads", {case_randn({2 * s, 5, 12}, 1)}, {2, std::nullopt}, call),
       make_case<CsaArgs>("qkv [1, 4, 9] strided, 1 head, scale 0.5", {case_randn({s, 4, 9}, 2, CaseLayout::strided)}, {1, 0.5}, call),
+      make_case<CsaArgs>("qkv [1, 5, 384], 2 heads (head dim 64)", {case_randn({s, 5, 384}, 3)}, {2, std::nullopt}, call),
   };
 }
 }  // namespace

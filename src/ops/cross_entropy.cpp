@@ -15,6 +15,7 @@
 
 #include "athanor/ops/loss.h"
 #include "backend/cpu/cross_entropy.h"
+#include "ops/op_args.h"
 #include "ops/op_def.h"
 #include "ops/op_utils.h"
 
@@ -23,11 +24,7 @@ namespace {
 using detail::Grads;
 using detail::Inputs;
 
-struct CrossEntropyArgs {
-  int64_t ignore_index = -100;
-  double label_smoothing = 0.0;
-  Reduction reduction = Reduction::mean;
-};
+using detail::CrossEntropyArgs;  // ops/op_args.h: shared with the CUDA kernel (src/ops/cuda/)
 struct CrossEntropySaved : OpSaved {
   SavedTensor logits, stats;
   std::shared_ptr<std::vector<int64_t>> targets;  // a private copy: in-place edits after forward cannot change backward

@@ -13,6 +13,7 @@
 #include <type_traits>
 
 #include "backend/cpu/norm.h"
+#include "ops/op_args.h"
 #include "ops/op_def.h"
 #include "ops/op_utils.h"
 
@@ -26,10 +27,7 @@ template <class Fn> void with_lowp(const Tensor& t, Fn&& fn) {  // fn(L*) for t'
   else fn(static_cast<float16*>(t.raw_data()));
 }
 
-struct RmsNormArgs {
-  Shape normalized_shape;
-  double eps = 1e-6;
-};
+using detail::RmsNormArgs;  // ops/op_args.h: shared with the CUDA kernel (src/ops/cuda/)
 struct RmsNormSaved : OpSaved {
   bool lowp_input = false;  // x bf16/f16 read directly, f32 weight and statistics
   SavedTensor x, w, rstd;

@@ -3,6 +3,7 @@
 #include "athanor/ops/reduction.h"
 #include "athanor/ops/shape.h"
 #include "backend/cpu/reduce.h"
+#include "ops/op_args.h"
 #include "ops/op_def.h"
 #include "ops/op_utils.h"
 
@@ -28,10 +29,7 @@ Tensor sum_kernel(const Tensor& x, const std::vector<int64_t>& dims, bool keepdi
 
 bool is_lowp(DType d) { return d == DType::bf16 || d == DType::f16; }
 
-struct ReduceArgs {
-  std::vector<int64_t> dims;
-  bool keepdim = false;
-};
+using detail::ReduceArgs;  // ops/op_args.h: shared with the CUDA kernel (src/ops/cuda/)
 struct ReduceSaved : OpSaved {
   Shape in, kept;
   double scale = 1.0;

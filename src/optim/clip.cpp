@@ -2,15 +2,20 @@
 // multi-tensor pass (cpu::for_each_chunk, backend/cpu/stealing_runs.h): each fixed chunk's Σg² summed in f64 by the
 // AVX-512 kernel, the per-chunk sums added in chunk order, so the norm does not
 // depend on the thread count. Other dtypes (f64, bf16, f16 gradients) take a
-// per-tensor loop.
+// per-tensor loop. Gradients on a CUDA device: the norm from the device's multi-tensor
+// sum of squares (f64, fixed order; one read-back of the one double, since the norm is
+// returned), the scaling on the device (optim/device_update.h).
 #include "athanor/optim/clip.h"
 
 #include <algorithm>
 #include <cmath>
+#include <optional>
 #include <utility>
+#include <vector>
 
 #include "athanor/core/convert.h"
 #include "athanor/core/error.h"
+#include "optim/device_update.h"
 #include "optim/fused_update.h"
 #include "backend/cpu/stealing_runs.h"
 
@@ -77,9 +82,43 @@ void scale_other(const Tensor& g, double coef) {
   });
 }
 
+// The gradients when they live on a CUDA device (all of them on one, f32); nullopt when they
+// are on the CPU. Mixed devices and other dtypes on the device are errors before any work.
+struct DeviceGrads {
+  int device = 0;
+  std::vector<float*> data;
+  std::vector<int64_t> sizes;
+};
+std::optional<DeviceGrads> device_grads(const std::vector<Tensor>& params, const char* op) {
+  std::optional<DeviceGrads> out;
+  bool any_cpu = false;
+  for (const Tensor& p : params) {
+    const Tensor g = p.grad();
+    if (!g.defined()) continue;
+    if (g.device().is_cpu()) {
+      any_cpu = true;
+      continue;
+    }
+    if (!out) out = DeviceGrads{g.device().index, {}, {}};
+    ATH_CHECK(g.device().index == out->device, op, "gradients on ", Device::cuda(out->device).str(), " and on ",
+              g.device().str(), Hint{"keep every parameter of one optimizer on one device"});
+    ATH_CHECK(g.dtype() == DType::f32 && g.is_contiguous(), op, "not yet supported on cuda: the gradient of ",
+              p.describe(), " is ", g.describe(), " (f32 contiguous gradients only)");
+    out->data.push_back(static_cast<float*>(g.device_data())), out->sizes.push_back(g.numel());
+  }
+  ATH_CHECK(!(out && any_cpu), op, "some gradients are on the CPU and some on ", Device::cuda(out ? out->device : 0).str(),
+            Hint{"move the whole model to one device (module.to(device)) before training"});
+  return out;
+}
+
+double device_sum_squares(const DeviceGrads& d) {
+  return detail::sum_squares_on_device(d.device, std::vector<const float*>(d.data.begin(), d.data.end()), d.sizes);
+}
+
 }  // namespace
 
 double grad_norm(const std::vector<Tensor>& params) {
+  if (const auto d = device_grads(params, "grad_norm")) return std::sqrt(device_sum_squares(*d));
   double total = 0;
   const std::vector<Span> spans = f32_grads(params, "grad_norm", [&](const Tensor& g) { total += sum_squares_other(g); });
   std::vector<double> partial(cpu::num_chunks(sizes_of(spans), kChunk));
@@ -95,10 +134,17 @@ double clip_coefficient(double norm, double max_norm) {
 
 double clip_grad_norm(const std::vector<Tensor>& params, double max_norm) {
   ATH_CHECK(max_norm > 0, "clip_grad_norm", "max_norm must be > 0, got ", max_norm);
-  const double norm = grad_norm(params);
+  const std::optional<DeviceGrads> dev = device_grads(params, "clip_grad_norm");
+  const double norm = dev ? std::sqrt(device_sum_squares(*dev)) : grad_norm(params);
   if (!std::isfinite(norm)) return norm;  // leave the gradients alone; the caller reports/skips
   const double coef = clip_coefficient(norm, max_norm);
   if (coef >= 1.0) return norm;
+  if (dev) {
+    detail::scale_on_device(dev->device, dev->data, dev->sizes, coef);
+    for (const Tensor& p : params)
+      if (p.grad().defined()) p.grad().bump_version();
+    return norm;
+  }
   const std::vector<Span> spans = f32_grads(params, "clip_grad_norm", [&](const Tensor& g) { scale_other(g, coef); });
   over_chunks(spans, [&](int k, int64_t b, int64_t e, int64_t) { detail::scale_f32(spans[k].data + b, e - b, coef); });
   for (const Tensor& p : params)

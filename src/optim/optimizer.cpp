@@ -72,7 +72,8 @@ void Optimizer::disable_low_precision_copies() {
 }
 
 void* Optimizer::copy_buffer(const std::string& name, const Tensor& p) {
-  if (copy_dtype_ == DType::f32 || p.dtype() != DType::f32 || !p.is_contiguous()) return nullptr;
+  // (No device copies yet: on CUDA, bf16 autocast over f32 master weights is refused by linear.)
+  if (copy_dtype_ == DType::f32 || p.dtype() != DType::f32 || !p.is_contiguous() || !p.device().is_cpu()) return nullptr;
   Tensor& c = copies_[name];
   if (!c.defined()) c = empty(p.sizes(), TensorOptions(copy_dtype_).with_tag(MemTag::parameter));
   c.bump_version();  // about to be overwritten: a graph that saved the old copy must notice
@@ -107,7 +108,7 @@ Tensor& Optimizer::state(const std::string& param, const std::string& name, cons
   Tensor& t = state_[param][name];
   if (!t.defined()) {
     const DType dt = like.dtype() == DType::f64 ? DType::f64 : DType::f32;
-    t = zeros(like.sizes(), TensorOptions(dt).with_tag(MemTag::optimizer_state));
+    t = zeros(like.sizes(), TensorOptions(dt).with_device(like.device()).with_tag(MemTag::optimizer_state));
   }
   return t;
 }
@@ -121,6 +122,12 @@ void Optimizer::for_each_param(const std::function<void(ParamGroup&, const std::
       ATH_CHECK(grad.sizes() == p.sizes() && grad.dtype() == p.dtype() && grad.is_contiguous() && p.is_contiguous(),
                 "optimizer", "gradient of '", name, "' ", grad.describe(), " does not fit the parameter ", p.describe(),
                 Hint{"gradients must have the parameter's shape and dtype"});
+      ATH_CHECK(grad.device() == p.device(), "optimizer", "gradient of '", name, "' is on ", grad.device().str(),
+                " but the parameter is on ", p.device().str(), Hint{"gradients live on their parameter's device"});
+      if (!p.device().is_cpu())
+        ATH_CHECK(steps_on_cuda() && p.dtype() == DType::f32, "optimizer",
+                  "not yet supported on cuda: the ", this->name(), " optimizer over '", name, "' ", p.describe(),
+                  Hint{"on cuda use adamw, adam or sgd over f32 parameters, or train on the CPU"});
       if (grad_scale_ != 1.0 && !(folds_grad_scale() && p.dtype() == DType::f32)) {
         detail::scale_gradient(grad, grad_scale_);  // as clip_grad_norm scales it
         grad.bump_version();

@@ -7,6 +7,9 @@
 // papers for LAMB (You et al. 2019, "Large Batch Optimization for Deep
 // Learning") and LARS (You et al. 2017, "Large Batch Training of Convolutional
 // Networks").
+// Parameters on a CUDA device (SGD, Adam, AdamW; f32): the same constants, one multi-tensor
+// kernel launch per group after the loop (optim/device_update.h), asynchronous on the compute
+// stream; the others refuse them (Optimizer::steps_on_cuda).
 #include <algorithm>
 #include <cmath>
 #include <utility>
@@ -14,6 +17,7 @@
 
 #include "athanor/core/error.h"
 #include "athanor/optim/optimizer.h"
+#include "optim/device_update.h"
 #include "optim/fused_update.h"
 #include "backend/cpu/stealing_runs.h"
 
@@ -53,7 +57,7 @@ class SGD final : public Optimizer {
   std::string name() const override { return "sgd"; }
   void step() override {
     // f32 parameters in one multi-tensor pass (see over_all_chunks), f64 ones per tensor.
-    work_.clear(), sizes_.clear(), published_.clear();
+    work_.clear(), sizes_.clear(), published_.clear(), device_work_.clear();
     for_each_param([&](ParamGroup& g, const std::string& name, Tensor& p, const Tensor& grad) {
       const bool first = param_step(name)++ == 0;
       Tensor buf = o_.momentum != 0 ? state(name, "momentum_buffer", p) : Tensor();
@@ -61,6 +65,12 @@ class SGD final : public Optimizer {
         const float damp = static_cast<float>(o_.dampening);
         const detail::SgdConsts k{static_cast<float>(g.lr), static_cast<float>(g.weight_decay),
                                   static_cast<float>(o_.momentum), 1.0f - damp, o_.nesterov, first, grad_scale()};
+        if (!p.device().is_cpu()) {  // the device's multi-tensor pass (after the loop)
+          device_work_.push_back({static_cast<float*>(p.device_data()), static_cast<const float*>(grad.device_data()),
+                                  buf.defined() ? static_cast<float*>(buf.device_data()) : nullptr, p.numel(), k});
+          device_ = p.device().index;
+          return;
+        }
         void* copy = copy_buffer(name, p);
         work_.push_back({ptr<float>(p), ptr<float>(grad), buf.defined() ? ptr<float>(buf) : nullptr,
                          static_cast<char*>(copy), k});
@@ -81,6 +91,7 @@ class SGD final : public Optimizer {
       detail::sgd_f32(w.w + begin, w.g + begin, w.b ? w.b + begin : nullptr, end - begin, w.k,
                       w.copy ? w.copy + begin * csize : nullptr, cd);
     });
+    if (!device_work_.empty()) detail::sgd_on_device(device_, device_work_);
     for (const auto& [name, p] : published_) publish_copy(*name, p);
     refresh_packed_weights();
     ++steps_;
@@ -89,6 +100,7 @@ class SGD final : public Optimizer {
  private:
   bool writes_copies_in_pass() const override { return true; }
   bool folds_grad_scale() const override { return true; }
+  bool steps_on_cuda() const override { return true; }
   struct WorkF32 {
     float* w;
     const float* g;
@@ -116,6 +128,8 @@ class SGD final : public Optimizer {
   std::vector<WorkF32> work_;
   std::vector<int64_t> sizes_;
   std::vector<std::pair<const std::string*, Tensor>> published_;
+  std::vector<detail::SgdDeviceWork> device_work_;  // parameters on a CUDA device (one device)
+  int device_ = 0;
 };
 
 class RMSprop final : public Optimizer {
@@ -167,7 +181,7 @@ class Adam final : public Optimizer {
   void step() override {
     // f32 parameters are gathered and updated in one multi-tensor pass; f64 ones
     // (gradchecks, tests) keep a loop per tensor.
-    work_.clear(), sizes_.clear(), published_.clear();
+    work_.clear(), sizes_.clear(), published_.clear(), device_work_.clear();
     for_each_param([&](ParamGroup& g, const std::string& name, Tensor& p, const Tensor& grad) {
       const int64_t t = ++param_step(name);
       Tensor m = state(name, "exp_avg", p), v = state(name, "exp_avg_sq", p);
@@ -180,6 +194,12 @@ class Adam final : public Optimizer {
                                    static_cast<float>(g.weight_decay), static_cast<float>(step_size),
                                    static_cast<float>(inv_sqrt_bc2), static_cast<float>(decay), !decoupled_,
                                    grad_scale()};
+        if (!p.device().is_cpu()) {  // the device's multi-tensor pass (after the loop)
+          device_work_.push_back({static_cast<float*>(p.device_data()), static_cast<const float*>(grad.device_data()),
+                                  static_cast<float*>(m.device_data()), static_cast<float*>(v.device_data()), p.numel(), k});
+          device_ = p.device().index;
+          return;
+        }
         void* copy = copy_buffer(name, p);
         work_.push_back({ptr<float>(p), ptr<float>(grad), ptr<float>(m), ptr<float>(v), static_cast<char*>(copy), k});
         sizes_.push_back(p.numel());
@@ -206,6 +226,7 @@ class Adam final : public Optimizer {
       detail::adam_f32(w.w + begin, w.g + begin, w.m + begin, w.v + begin, end - begin, w.k,
                        w.copy ? w.copy + begin * csize : nullptr, cd);
     });
+    if (!device_work_.empty()) detail::adam_on_device(device_, device_work_);
     for (const auto& [name, p] : published_) publish_copy(*name, p);
     refresh_packed_weights();
     ++steps_;
@@ -214,6 +235,7 @@ class Adam final : public Optimizer {
  private:
   bool writes_copies_in_pass() const override { return true; }
   bool folds_grad_scale() const override { return true; }
+  bool steps_on_cuda() const override { return true; }
   struct WorkF32 {
     float* w;
     const float* g;
@@ -226,6 +248,8 @@ class Adam final : public Optimizer {
   std::vector<WorkF32> work_;  // per-step scratch, capacity reused
   std::vector<int64_t> sizes_;
   std::vector<std::pair<const std::string*, Tensor>> published_;
+  std::vector<detail::AdamDeviceWork> device_work_;  // parameters on a CUDA device (one device)
+  int device_ = 0;
 };
 
 class LAMB final : public Optimizer {

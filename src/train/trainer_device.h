@@ -1,5 +1,7 @@
 #pragma once
 // trainer.device (cpu | cuda | cuda:N): parsed and checked before any work.
+#include <string>
+
 #include "athanor/core/device.h"
 #include "athanor/train/config.h"
 
@@ -12,5 +14,12 @@ Device parse_trainer_device(const std::string& value);
 // training that do not run on CUDA yet (the model's ops without a CUDA kernel, the
 // optimizer step, the data pipeline's uploads), so a run never starts and crashes later.
 void check_trainer_device(const train::Config& config);
+// What of this config's training does not run on CUDA yet, as the comma-separated list the
+// "not yet supported on cuda" error names ("" when everything does): the model's ops without
+// a CUDA kernel in this build, an optimizer without a device step (rmsprop, lamb, lars),
+// bf16/f16 precision (autocast over f32 master weights has no CUDA kernels yet), and the
+// trainer's own device plumbing (parameters moved to the device, batch uploads, loss
+// read-back, checkpoints read from and written to device tensors) until it is wired.
+std::string cuda_training_gaps(const train::Config& config);
 
 }  // namespace athanor

@@ -14,10 +14,13 @@ using namespace athanor;
 
 namespace {
 // The ops with CUDA kernels today: views and copies (device-generic), elementwise, GEMMs,
-// layer_norm, softmax, dropout, embedding.
+// layer_norm, rms_norm, softmax, dropout, embedding, sum/mean, cross_entropy, gelu_linear,
+// and the two attention ops.
 const std::set<std::string> kCudaOps = {"view", "permute", "unsqueeze", "slice", "split", "clone", "cast",
                                         "add",  "sub",     "mul",       "neg",   "gelu",  "linear", "matmul",
-                                        "layer_norm", "softmax", "dropout", "embedding"};
+                                        "layer_norm", "rms_norm", "softmax", "dropout", "embedding", "sum", "mean",
+                                        "cross_entropy", "gelu_linear", "causal_self_attention",
+                                        "scaled_dot_product_attention"};
 }  // namespace
 
 TEST(CudaSlot, FilledExactlyForTheOpsWithCudaKernels) {

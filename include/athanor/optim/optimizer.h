@@ -96,6 +96,9 @@ class Optimizer {
   // True for optimizers whose update pass over f32 parameters applies grad_scale()
   // itself; for the others (and other dtypes) for_each_param scales the gradient first.
   virtual bool folds_grad_scale() const { return false; }
+  // True for optimizers whose step() runs over f32 parameters on a CUDA device (Adam, AdamW,
+  // SGD: the multi-tensor kernels); the others refuse such parameters before any work.
+  virtual bool steps_on_cuda() const { return false; }
   double grad_scale() const { return grad_scale_; }  // this step's (1: none); reset when for_each_param returns
   // Every step() ends with this, once all parameters (and their copies) hold their new
   // values: the packed weight copies that GEMMs asked for (src/ops/packed_weights.h)

@@ -488,4 +488,40 @@ void sum(const float* x, int64_t n, double* scratch, double* out, cudaStream_t s
       });
 }
 
+namespace {
+__global__ void f64_to_f32_kernel(const double* x, double alpha, float* y, int64_t n) {
+  const int64_t i = blockIdx.x * static_cast<int64_t>(blockDim.x) + threadIdx.x;
+  if (i < n) y[i] = static_cast<float>(alpha * x[i]);
+}
+__global__ void fill_rows_kernel(const float* g, int64_t g_stride, float alpha, float* y, int64_t cols, int64_t n) {
+  const int64_t i = blockIdx.x * static_cast<int64_t>(blockDim.x) + threadIdx.x;
+  if (i < n) y[i] = alpha * g[(i / cols) * g_stride];
+}
+__global__ void mul_rows_kernel(float* x, const float* g, int64_t g_stride, int64_t cols, int64_t n) {
+  const int64_t i = blockIdx.x * static_cast<int64_t>(blockDim.x) + threadIdx.x;
+  if (i < n) x[i] *= g[(i / cols) * g_stride];
+}
+unsigned grid_elems(int64_t n) { return static_cast<unsigned>((n + 255) / 256); }
+}  // namespace
+
+void f64_to_f32(const double* x, double alpha, float* y, int64_t n, cudaStream_t stream) {
+  if (n <= 0) return;
+  f64_to_f32_kernel<<<grid_elems(n), 256, 0, stream>>>(x, alpha, y, n);
+  ATH_CUDA_LAUNCHED("f64_to_f32_kernel");
+}
+
+void fill_rows(const float* g, int64_t g_stride, double alpha, float* y, int64_t rows, int64_t cols, cudaStream_t stream) {
+  const int64_t n = rows * cols;
+  if (n <= 0) return;
+  fill_rows_kernel<<<grid_elems(n), 256, 0, stream>>>(g, g_stride, static_cast<float>(alpha), y, cols, n);
+  ATH_CUDA_LAUNCHED("fill_rows_kernel");
+}
+
+void mul_rows(float* x, const float* g, int64_t g_stride, int64_t rows, int64_t cols, cudaStream_t stream) {
+  const int64_t n = rows * cols;
+  if (n <= 0) return;
+  mul_rows_kernel<<<grid_elems(n), 256, 0, stream>>>(x, g, g_stride, cols, n);
+  ATH_CUDA_LAUNCHED("mul_rows_kernel");
+}
+
 }  // namespace athanor::cuda

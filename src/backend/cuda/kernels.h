@@ -73,4 +73,13 @@ void sum_squares_multi_tensor(const float* const* x, const int64_t* n, int n_ten
 // Σ x in f64 over one buffer, in the same fixed order (scratch: sum_squares_scratch(n) doubles).
 void sum(const float* x, int64_t n, double* scratch, double* out, cudaStream_t stream);
 
+// y[i] = f32(alpha x[i]) for n doubles (a device reduction's result as an f32 tensor, with the
+// mean's 1/count applied in f64 first, as the CPU's sum/mean/cross_entropy do).
+void f64_to_f32(const double* x, double alpha, float* y, int64_t n, cudaStream_t stream);
+// Row broadcasts over [rows, cols] with a per-row factor g[r * g_stride] read on the device
+// (g_stride 0: one scalar), so an upstream gradient never has to be read on the host:
+//   fill_rows: y[r, c] = alpha g[r * g_stride];   mul_rows: x[r, c] *= g[r * g_stride].
+void fill_rows(const float* g, int64_t g_stride, double alpha, float* y, int64_t rows, int64_t cols, cudaStream_t stream);
+void mul_rows(float* x, const float* g, int64_t g_stride, int64_t rows, int64_t cols, cudaStream_t stream);
+
 }  // namespace athanor::cuda

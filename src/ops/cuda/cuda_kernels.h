@@ -28,6 +28,9 @@ void cuda_linalg_ops(std::vector<CudaOpEntry>& out);
 void cuda_norm_ops(std::vector<CudaOpEntry>& out);
 void cuda_dropout_ops(std::vector<CudaOpEntry>& out);
 void cuda_embedding_ops(std::vector<CudaOpEntry>& out);
+void cuda_reduction_ops(std::vector<CudaOpEntry>& out);
+void cuda_loss_ops(std::vector<CudaOpEntry>& out);
+void cuda_attention_ops(std::vector<CudaOpEntry>& out);
 
 // Every entry, in area order.
 std::vector<CudaOpEntry> cuda_op_entries();

@@ -6,11 +6,16 @@
 //   dx = g W            [M, out] x [out, in]
 //   dW = g^T x          [out, M] x [M, in]
 //   db = 1^T g          the column sums as a [1, M] x [M, out] GEMM (a fixed order, no atomics)
+// gelu_linear: y = gelu_tanh(x) W^T + b (f32), h = gelu(x) in a scratch freed after the GEMM, as
+//   on the CPU (src/ops/gelu_linear.cpp) only x and W are saved. Backward recomputes h:
+//   dx = (g W) ⊙ gelu'(x), dW = g^T h, db = 1^T g. 16-bit x: "not yet supported on cuda"
+//   (the GELU kernels are f32; cuBLASLt's GELU epilogue is the speed work's).
 // matmul: [..., m, k] x [k, n] (leading dims folded into the rows), or [B, m, k] x [B, k, n]
 //   (one strided-batched GEMM); dA = g B^T, dB = A^T g. 1-D operands and broadcast batches:
 //   "not yet supported on cuda".
 #include "athanor/autograd/function.h"
 #include "athanor/ops/linalg.h"
+#include "backend/cuda/elementwise.h"
 #include "backend/cuda/gemm.h"
 #include "backend/cuda/runtime.h"
 #include "ops/cuda/cuda_kernels.h"
@@ -121,6 +126,92 @@ Grads linear_backward_cuda(const Node& n, const Grads& g, const OpSaved& saved) 
   return r;
 }
 
+// ---- gelu_linear
+std::vector<Tensor> gelu_linear_cuda(OpCall& c) {
+  const Tensor &x = c.in(0), &w = c.in(1), &b = c.in(2);
+  const char* op = "gelu_linear";
+  if (c.runs_on_master(1)) cuda_unsupported(op, "bf16 autocast over f32 master weights (run f32)");
+  if (x.dtype() != DType::f32) cuda_unsupported(op, "x is " + x.describe() + " (the CUDA GELU kernels take f32)");
+  check_operand(op, w, "weight", DType::f32);
+  if (b.defined()) check_operand(op, b, "bias", DType::f32);
+  ATH_CHECK(x.dim() >= 1 && w.dim() == 2 && x.size(-1) == w.size(1), op, "x ", x.describe(), " and weight ", w.describe(),
+            " do not match: weight must be [out, in] with in = x's last dim");
+  const int64_t out = w.size(0), in = w.size(1), M = in == 0 ? 0 : x.numel() / in;
+  ATH_CHECK(!b.defined() || (b.dim() == 1 && b.size(0) == out), op, "bias ", b.describe(), " must be [", out, "]");
+  Shape ys = x.sizes();
+  ys.back() = out;
+  Tensor y = device_empty(ys, DType::f32, x.device());
+  const Tensor xc = cuda_contiguous(x), wc = cuda_contiguous(w), bc = cuda_contiguous(b);
+  const int dev = cuda_index(c);
+  if (in == 0 && y.numel() > 0) cuda_unsupported(op, "an empty input dim (x " + x.describe() + ")");
+  if (M > 0 && out > 0) {
+    Tensor h = device_empty(xc.sizes(), DType::f32, x.device());  // scratch, freed after the GEMM
+    {
+      cuda::DeviceGuard guard(dev);
+      cuda::gelu_tanh_forward(static_cast<const float*>(xc.device_data()), static_cast<float*>(h.device_data()),
+                              xc.numel(), cuda::compute_stream(dev));
+    }
+    run_gemm(dev, DType::f32, false, true, M, out, in, h, wc, y, bc);
+  }
+  if (c.records()) {
+    LinearSaved& s = c.save<LinearSaved>();
+    s.x = save(xc, "x");
+    if (c.requires_grad(0)) s.w = save(wc, "weight");
+    s.has_bias = b.defined();
+  }
+  return {y};
+}
+
+Grads gelu_linear_backward_cuda(const Node& n, const Grads& g, const OpSaved& saved) {
+  const LinearSaved& s = saved.as<LinearSaved>();
+  const Tensor gy = cuda_contiguous(g[0]);
+  if (gy.dtype() != DType::f32) cuda_unsupported("gelu_linear backward", "grad is " + gy.describe() + " (f32 only)");
+  const int dev = gy.device().index;
+  const cudaStream_t st = cuda::compute_stream(dev);
+  const Tensor x = s.x.unpack(n);
+  const int64_t out = gy.size(-1), in = x.size(-1), M = in == 0 ? 0 : x.numel() / in;
+  Grads r(3);
+  if (needs_grad(n, 0)) {
+    const Tensor w = s.w.unpack(n);
+    r[0] = device_empty(x.sizes(), DType::f32, gy.device());
+    if (M * in > 0) {
+      if (out == 0) {
+        r[0].zero_();
+      } else {
+        Tensor dh = device_empty(x.sizes(), DType::f32, gy.device());
+        run_gemm(dev, DType::f32, false, false, M, in, out, gy, w, dh);
+        cuda::DeviceGuard guard(dev);
+        cuda::gelu_tanh_backward(static_cast<const float*>(dh.device_data()), static_cast<const float*>(x.device_data()),
+                                 static_cast<float*>(r[0].device_data()), x.numel(), st);
+      }
+    }
+  }
+  if (needs_grad(n, 1)) {
+    r[1] = device_empty({out, in}, DType::f32, gy.device());
+    if (out * in > 0) {
+      if (M == 0) {
+        r[1].zero_();
+      } else {
+        Tensor h = device_empty(x.sizes(), DType::f32, gy.device());
+        {
+          cuda::DeviceGuard guard(dev);
+          cuda::gelu_tanh_forward(static_cast<const float*>(x.device_data()), static_cast<float*>(h.device_data()),
+                                  x.numel(), st);
+        }
+        run_gemm(dev, DType::f32, true, false, out, in, M, gy, h, r[1]);
+      }
+    }
+  }
+  if (s.has_bias && needs_grad(n, 2)) {
+    r[2] = device_empty({out}, DType::f32, gy.device());
+    if (out > 0) {
+      if (M == 0) r[2].zero_();
+      else run_gemm(dev, DType::f32, false, false, 1, out, M, ones({M}, TensorOptions(DType::f32).with_device(gy.device())), gy, r[2]);
+    }
+  }
+  return r;
+}
+
 struct MatmulSaved : OpSaved {
   SavedTensor a, b;
   Shape a_shape, b_shape;
@@ -191,6 +282,7 @@ Grads matmul_backward_cuda(const Node& nd, const Grads& g, const OpSaved& saved)
 void cuda_linalg_ops(std::vector<CudaOpEntry>& out) {
   out.push_back({"linear", {linear_cuda, linear_backward_cuda}});
   out.push_back({"matmul", {matmul_cuda, matmul_backward_cuda}});
+  out.push_back({"gelu_linear", {gelu_linear_cuda, gelu_linear_backward_cuda}});
 }
 
 }  // namespace athanor::detail

@@ -1,7 +1,8 @@
-// CUDA kernels of layer_norm and softmax (f32; src/backend/cuda/kernels.h): statistics in
+// CUDA kernels of layer_norm, rms_norm and softmax (f32; src/backend/cuda/kernels.h): statistics in
 // f32, fixed-order reductions, as the CPU's. Backward beside forward:
 //   layer_norm: dx = rstd (dnorm - mean(dnorm) - xhat mean(dnorm xhat)), dnorm = g w;
 //               dw = Σ_rows g xhat, db = Σ_rows g   (kernels.h's layer_norm_backward)
+//   rms_norm:   dx = rstd (dnorm - xhat mean(dnorm xhat)), xhat = x rstd; dw = Σ_rows g xhat
 //   softmax:    dx = y (g - Σ_c g y)                 over the softmax dim
 // softmax over a dim other than the last moves that dim last (a strided copy), runs the
 // row kernel and hands back a view in the input's dim order. log_softmax, 16-bit inputs
@@ -86,6 +87,54 @@ Grads layer_norm_backward_cuda(const Node& n, const Grads& g, const OpSaved& sav
   return {dx, dw, db};
 }
 
+// ---- rms_norm
+struct RmsNormCudaSaved : OpSaved {
+  SavedTensor x, w, rstd;
+  Shape normalized_shape;
+};
+
+std::vector<Tensor> rms_norm_cuda(OpCall& c) {
+  const Tensor &x = c.in(0), &w = c.in(1);
+  const RmsNormArgs& a = c.args<RmsNormArgs>();
+  check_f32("rms_norm", x, "x");
+  check_f32("rms_norm", w, "weight");
+  check_normalized_shape(x, a.normalized_shape, "rms_norm");
+  ATH_CHECK(!w.defined() || w.sizes() == a.normalized_shape, "rms_norm", "weight has shape ", shape_str(w.sizes()),
+            " but normalized_shape is ", shape_str(a.normalized_shape), Hint{"give weight exactly the normalized_shape"});
+  const int64_t cols = shape_numel(a.normalized_shape), rows = cols == 0 ? 0 : x.numel() / cols;
+  const Tensor xc = cuda_contiguous(x), wc = cuda_contiguous(w);
+  Tensor y = f32_empty(x.sizes(), x.device()), rstd = f32_empty({rows}, x.device());
+  const int dev = cuda_index(c);
+  cuda::DeviceGuard g(dev);
+  if (x.numel() > 0)
+    cuda::rms_norm_forward(f32(xc), f32(wc), f32_mut(y), f32_mut(rstd), rows, cols, a.eps, cuda::compute_stream(dev));
+  if (c.records()) {
+    RmsNormCudaSaved& s = c.save<RmsNormCudaSaved>();
+    s.x = save(xc, "input"), s.w = w.defined() ? save(wc, "weight") : SavedTensor(), s.rstd = save(rstd, "rstd");
+    s.normalized_shape = a.normalized_shape;
+  }
+  return {y};
+}
+
+Grads rms_norm_backward_cuda(const Node& n, const Grads& g, const OpSaved& saved) {
+  const RmsNormCudaSaved& s = saved.as<RmsNormCudaSaved>();
+  const Tensor x = s.x.unpack(n), w = s.w.defined() ? s.w.unpack(n) : Tensor(), rstd = s.rstd.unpack(n);
+  check_f32("rms_norm backward", g[0], "grad");
+  const Tensor gy = cuda_contiguous(g[0]);
+  const int64_t cols = shape_numel(s.normalized_shape), rows = cols == 0 ? 0 : x.numel() / cols;
+  Tensor dx = needs_grad(n, 0) ? f32_empty(x.sizes(), x.device()) : Tensor();
+  Tensor dw = w.defined() && needs_grad(n, 1) ? f32_empty(s.normalized_shape, x.device()) : Tensor();
+  if (x.numel() == 0) {
+    if (dw.defined()) dw.zero_();
+  } else {
+    const int dev = x.device().index;
+    cuda::DeviceGuard guard(dev);
+    cuda::rms_norm_backward(f32(gy), f32(x), f32(w), f32(rstd), f32_mut(dx), f32_mut(dw), rows, cols,
+                            cuda::compute_stream(dev));
+  }
+  return {dx, dw};
+}
+
 // ---- softmax
 // t with dims d and last swapped (a view: sizes and strides only).
 Tensor swap_last(const Tensor& t, int64_t d) {
@@ -135,6 +184,7 @@ Grads softmax_backward_cuda(const Node& n, const Grads& g, const OpSaved& saved)
 
 void cuda_norm_ops(std::vector<CudaOpEntry>& out) {
   out.push_back({"layer_norm", {layer_norm_cuda, layer_norm_backward_cuda}});
+  out.push_back({"rms_norm", {rms_norm_cuda, rms_norm_backward_cuda}});
   out.push_back({"softmax", {softmax_cuda, softmax_backward_cuda}});
 }
 

@@ -16,6 +16,9 @@ std::vector<CudaOpEntry> cuda_op_entries() {
   cuda_norm_ops(out);
   cuda_dropout_ops(out);
   cuda_embedding_ops(out);
+  cuda_reduction_ops(out);
+  cuda_loss_ops(out);
+  cuda_attention_ops(out);
   return out;
 }
 

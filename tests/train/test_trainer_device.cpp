@@ -1,0 +1,50 @@
+// trainer.device's "not yet supported on cuda" list (train/trainer_device.h), checked on the
+// CPU: it names exactly what does not run on CUDA for the config. In a CUDA build the GPT's
+// ops all have CUDA kernels and only the trainer's plumbing (and a config's optimizer or
+// precision without a device path) is listed; in a CPU-only build the ops are listed too.
+#include <gtest/gtest.h>
+
+#include <string>
+
+#include "athanor/core/error.h"
+#include "athanor/ops/registry.h"
+#include "athanor/train/config.h"
+#include "train/trainer_device.h"
+
+using namespace athanor;
+using train::Config;
+
+namespace {
+bool has(const std::string& s, const std::string& part) { return s.find(part) != std::string::npos; }
+}  // namespace
+
+TEST(TrainerDevice, CudaGapsNameWhatIsMissingForTheConfig) {
+  const std::string gpt = cuda_training_gaps(Config::parse("model: {type: gpt}\n", "gpt.yaml"));
+  EXPECT_TRUE(has(gpt, "the trainer's device plumbing")) << gpt;
+  EXPECT_FALSE(has(gpt, "optimizer")) << gpt;   // adamw, the default, steps on cuda
+  EXPECT_FALSE(has(gpt, "precision")) << gpt;   // f32, the default
+  const bool cuda_build = find_op("linear")->has_kernel(DeviceType::cuda);
+  // The GPT's ops: none missing in a CUDA build (attention, cross_entropy, gelu_linear have
+  // their kernels); every one listed in a CPU-only build.
+  EXPECT_EQ(has(gpt, "ops without a CUDA kernel"), !cuda_build) << gpt;
+  if (!cuda_build) EXPECT_TRUE(has(gpt, "causal_self_attention")) << gpt;
+
+  const std::string other = cuda_training_gaps(
+      Config::parse("model: {type: gpt}\n", "gpt.yaml", {"optimizer.type=lamb", "trainer.precision=bf16"}));
+  EXPECT_TRUE(has(other, "the lamb optimizer's step")) << other;
+  EXPECT_TRUE(has(other, "trainer.precision bf16")) << other;
+
+  const std::string conv = cuda_training_gaps(Config::parse("model: {type: convnet}\ndata: {type: fashion_mnist}\n", "conv.yaml"));
+  EXPECT_TRUE(has(conv, "conv2d")) << conv;  // no CUDA conv kernel in any build yet
+}
+
+TEST(TrainerDevice, MalformedDeviceIsAnErrorNamingTheKey) {
+  EXPECT_EQ(parse_trainer_device("cpu"), Device::cpu());
+  EXPECT_EQ(parse_trainer_device("cuda:3"), Device::cuda(3));
+  try {
+    (void)parse_trainer_device("gpu");
+    FAIL() << "'gpu' was accepted";
+  } catch (const Error& e) {
+    EXPECT_TRUE(has(e.what(), "trainer.device")) << e.what();
+  }
+}
