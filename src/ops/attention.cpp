@@ -57,25 +57,8 @@ void check_inputs(const Tensor& q, const Tensor& k, const Tensor& v, bool enable
             " (", k.size(2), " != ", v.size(2), ")");
 }
 
-// Whether t's elements fill one dense block in some order of its dims with the last dim
-// contiguous: a transposed view of a contiguous tensor, such as the [B, T, H, D] projection's
-// .transpose(1, 2) that a model passes. The kernels read such operands in place (their rows are
-// contiguous) and the gradients get the same strides, so neither direction copies them.
-bool dense_rows_layout(const Tensor& t) {
-  if (t.numel() == 0 || (t.size(3) > 1 && t.stride(3) != 1)) return false;
-  std::vector<int64_t> dims;
-  for (int64_t i = 0; i < 3; ++i)
-    if (t.size(i) > 1) dims.push_back(i);
-  std::sort(dims.begin(), dims.end(), [&](int64_t a, int64_t b) { return t.stride(a) > t.stride(b); });
-  int64_t expect = t.size(3);
-  for (auto it = dims.rbegin(); it != dims.rend(); ++it) {
-    if (t.stride(*it) != expect) return false;
-    expect *= t.size(*it);
-  }
-  return true;
-}
-// t itself when the kernels can read it in place (dense_rows_layout), else a contiguous copy.
-Tensor kernel_operand(const Tensor& t) { return dense_rows_layout(t) ? t : detail::contiguous_raw(t); }
+// t itself when the kernels can read it in place (detail::dense_rows_layout), else a contiguous copy.
+Tensor kernel_operand(const Tensor& t) { return detail::dense_rows_layout(t) ? t : detail::contiguous_raw(t); }
 cpu::AttentionStrides strides_of(const Tensor& t) { return {t.stride(0), t.stride(1), t.stride(2)}; }
 // A new tensor of t's shape, dtype and strides (t has a dense_rows_layout or is contiguous).
 Tensor empty_like_strided(const Tensor& t, DType dt) {

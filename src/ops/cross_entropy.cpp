@@ -42,21 +42,8 @@ std::vector<Tensor> cross_entropy_cpu(OpCall& c) {
   // [N, vocab] logits is never made. The loss is f32 and dlogits is written in the logits'
   // dtype (what the cast's backward would have produced from f32 dlogits).
   const bool read_lowp_directly = c.autocast() && logits.defined() && (logits.dtype() == DType::bf16 || logits.dtype() == DType::f16);
-  detail::check_floating(logits, op, "logits");
-  detail::check_defined(target, op, "target");
-  ATH_CHECK(logits.dim() == 1 || logits.dim() == 2, op, "logits must be [N, C] or [C], got ", logits.describe(),
-            Hint{"flatten extra dims first, e.g. logits.reshape({-1, C}) with target.reshape({-1})"});
-  ATH_CHECK(target.dtype() == DType::i64 || target.dtype() == DType::i32, op,
-            "target must hold integer class ids (i64 or i32), got ", target.describe(),
-            Hint{"class-probability targets are not supported; pass class indices, converted with .to(DType::i64)"});
-  const bool batched = logits.dim() == 2;
-  const int64_t N = batched ? logits.size(0) : 1, C = logits.size(-1);
-  const Shape want = batched ? Shape{N} : Shape{};
-  ATH_CHECK(target.sizes() == want, op, "target shape ", shape_str(target.sizes()), " does not match logits ",
-            logits.describe(), ": expected target ", shape_str(want),
-            Hint{"target needs one class id per row of logits (shape [N] for logits [N, C], [] for logits [C])"});
-  ATH_CHECK(label_smoothing >= 0.0 && label_smoothing <= 1.0, op, "label_smoothing must be in [0, 1], got ",
-            label_smoothing);
+  const auto [N, C] = detail::check_cross_entropy_args(logits, target, label_smoothing, op);
+  const Shape want = logits.dim() == 2 ? Shape{N} : Shape{};  // the target's (and an unreduced loss's) shape
 
   // Validate and keep a private copy of the targets (in-place edits after forward cannot change backward).
   const Tensor tc = detail::to_raw(target, DType::i64);

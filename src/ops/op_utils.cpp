@@ -69,6 +69,40 @@ void check_defined(const Tensor& t, const char* op, const char* arg) {
   ATH_CHECK(t.defined(), op, "argument '", arg, "' is an undefined tensor");
 }
 
+bool dense_rows_layout(const Tensor& t) {
+  if (t.numel() == 0 || (t.size(3) > 1 && t.stride(3) != 1)) return false;
+  std::vector<int64_t> dims;
+  for (int64_t i = 0; i < 3; ++i)
+    if (t.size(i) > 1) dims.push_back(i);
+  std::sort(dims.begin(), dims.end(), [&](int64_t a, int64_t b) { return t.stride(a) > t.stride(b); });
+  int64_t expect = t.size(3);
+  for (auto it = dims.rbegin(); it != dims.rend(); ++it) {
+    if (t.stride(*it) != expect) return false;
+    expect *= t.size(*it);
+  }
+  return true;
+}
+
+std::pair<int64_t, int64_t> check_cross_entropy_args(const Tensor& logits, const Tensor& target, double label_smoothing,
+                                                     const char* op) {
+  check_floating(logits, op, "logits");
+  check_defined(target, op, "target");
+  ATH_CHECK(logits.dim() == 1 || logits.dim() == 2, op, "logits must be [N, C] or [C], got ", logits.describe(),
+            Hint{"flatten extra dims first, e.g. logits.reshape({-1, C}) with target.reshape({-1})"});
+  ATH_CHECK(target.dtype() == DType::i64 || target.dtype() == DType::i32, op,
+            "target must hold integer class ids (i64 or i32), got ", target.describe(),
+            Hint{"class-probability targets are not supported; pass class indices, converted with .to(DType::i64)"});
+  const bool batched = logits.dim() == 2;
+  const int64_t N = batched ? logits.size(0) : 1, C = logits.size(-1);
+  const Shape want = batched ? Shape{N} : Shape{};
+  ATH_CHECK(target.sizes() == want, op, "target shape ", shape_str(target.sizes()), " does not match logits ",
+            logits.describe(), ": expected target ", shape_str(want),
+            Hint{"target needs one class id per row of logits (shape [N] for logits [N, C], [] for logits [C])"});
+  ATH_CHECK(label_smoothing >= 0.0 && label_smoothing <= 1.0, op, "label_smoothing must be in [0, 1], got ",
+            label_smoothing);
+  return {N, C};
+}
+
 void check_floating(const Tensor& t, const char* op, const char* arg) {
   check_defined(t, op, arg);
   ATH_CHECK(is_floating(t.dtype()), op, "argument '", arg, "' must be floating-point, got ", t.describe(),

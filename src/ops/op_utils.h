@@ -31,6 +31,14 @@ void check_normalized_shape(const Tensor& x, const Shape& normalized_shape, cons
 void check_defined(const Tensor& t, const char* op, const char* arg);
 void check_floating(const Tensor& t, const char* op, const char* arg);
 void check_same_dtype(const Tensor& a, const Tensor& b, const char* op);
+// Attention operands [B, H, T, D]: whether t's elements fill one dense block in some order of
+// dims 0-2 with the last dim contiguous (a transposed view of a contiguous tensor, such as the
+// [B, T, H, D] projection's .transpose(1, 2) that a model passes). The kernels, CPU and CUDA,
+// read such operands in place and give the gradients the same strides: no copy either way.
+bool dense_rows_layout(const Tensor& t);
+// cross_entropy's logits [N, C] or [C] and integer targets [N] or []: {N, C}.
+std::pair<int64_t, int64_t> check_cross_entropy_args(const Tensor& logits, const Tensor& target, double label_smoothing,
+                                                     const char* op);
 // linear-shaped arguments (linear, gelu_linear): floating x and weight [out, in] of one
 // dtype, x's last dim = in, bias (optional) 1-D [out]. `hint` explains the op's x.
 void check_linear_args(const Tensor& x, const Tensor& weight, const Tensor& bias, const char* op, const char* hint);

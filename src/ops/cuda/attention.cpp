@@ -36,20 +36,6 @@ void check_kernel_takes(const char* op, DType dt, int64_t D, int64_t Dv) {
     cuda_unsupported(op, "head dim " + std::to_string(D) + " (the CUDA attention kernels take 64 and 128)");
 }
 
-// As the CPU op's: rows contiguous and the elements one dense block in some order of dims 0-2.
-bool dense_rows_layout(const Tensor& t) {
-  if (t.numel() == 0 || (t.size(3) > 1 && t.stride(3) != 1)) return false;
-  std::vector<int64_t> dims;
-  for (int64_t i = 0; i < 3; ++i)
-    if (t.size(i) > 1) dims.push_back(i);
-  std::sort(dims.begin(), dims.end(), [&](int64_t a, int64_t b) { return t.stride(a) > t.stride(b); });
-  int64_t expect = t.size(3);
-  for (auto it = dims.rbegin(); it != dims.rend(); ++it) {
-    if (t.stride(*it) != expect) return false;
-    expect *= t.size(*it);
-  }
-  return true;
-}
 Tensor kernel_operand(const Tensor& t) { return dense_rows_layout(t) ? t : cuda_contiguous(t); }
 cuda::AttentionStrides strides_of(const Tensor& t) { return {t.stride(0), t.stride(1), t.stride(2)}; }
 Tensor empty_like_strided(const Tensor& t) {

@@ -37,22 +37,9 @@ std::vector<Tensor> cross_entropy_cuda(OpCall& c) {
   const char* op = "cross_entropy";
   const Tensor &logits = c.in(0), &target = c.in(1);
   const auto [ignore_index, label_smoothing, reduction] = c.args<CrossEntropyArgs>();
-  check_floating(logits, op, "logits");
-  check_defined(target, op, "target");
-  if (logits.dtype() != DType::f32) cuda_unsupported(op, "logits are " + logits.describe() + " (the CUDA kernel takes f32)");
-  ATH_CHECK(logits.dim() == 1 || logits.dim() == 2, op, "logits must be [N, C] or [C], got ", logits.describe(),
-            Hint{"flatten extra dims first, e.g. logits.reshape({-1, C}) with target.reshape({-1})"});
-  ATH_CHECK(target.dtype() == DType::i64 || target.dtype() == DType::i32, op,
-            "target must hold integer class ids (i64 or i32), got ", target.describe(),
-            Hint{"class-probability targets are not supported; pass class indices, converted with .to(DType::i64)"});
+  const auto [N, C] = check_cross_entropy_args(logits, target, label_smoothing, op);
   const bool batched = logits.dim() == 2;
-  const int64_t N = batched ? logits.size(0) : 1, C = logits.size(-1);
-  const Shape want = batched ? Shape{N} : Shape{};
-  ATH_CHECK(target.sizes() == want, op, "target shape ", shape_str(target.sizes()), " does not match logits ",
-            logits.describe(), ": expected target ", shape_str(want),
-            Hint{"target needs one class id per row of logits (shape [N] for logits [N, C], [] for logits [C])"});
-  ATH_CHECK(label_smoothing >= 0.0 && label_smoothing <= 1.0, op, "label_smoothing must be in [0, 1], got ",
-            label_smoothing);
+  if (logits.dtype() != DType::f32) cuda_unsupported(op, "logits are " + logits.describe() + " (the CUDA kernel takes f32)");
 
   const Tensor host_t = target.cpu().to(DType::i64).contiguous();
   const int64_t* tv = host_t.data_ptr<int64_t>();
