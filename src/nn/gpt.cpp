@@ -181,6 +181,12 @@ int32_t sample_token(std::vector<double> last, double temperature, int64_t top_k
   return next;
 }
 
+int32_t sample_last_position(const Tensor& logits, double temperature, int64_t top_k, Generator& gen) {
+  const int64_t T = logits.size(1), V = logits.size(2);
+  Tensor last = make_view(logits, {V}, {1}, logits.storage_offset() + (T - 1) * V);
+  return sample_token(last.to_vector(), temperature, top_k, gen);
+}
+
 std::vector<int32_t> generate_tokens(Module& model, const std::vector<int32_t>& prompt, int64_t max_new_tokens,
                                      double temperature, int64_t vocab_size, int64_t block_size,
                                      const std::function<int32_t(const std::vector<int64_t>& context)>& next_token) {
@@ -206,9 +212,7 @@ std::vector<int32_t> GPT::generate(const std::vector<int32_t>& prompt, int64_t m
   return generate_tokens(*this, prompt, max_new_tokens, temperature, V, config_.block_size,
                          [&](const std::vector<int64_t>& ctx) {
                            const int64_t T = static_cast<int64_t>(ctx.size());
-                           Tensor logits = forward(from_vector(ctx, {1, T}));
-                           Tensor last = make_view(logits, {V}, {1}, logits.storage_offset() + (T - 1) * V);
-                           return sample_token(last.to_vector(), temperature, top_k, gen);
+                           return sample_last_position(forward(from_vector(ctx, {1, T})), temperature, top_k, gen);
                          });
 }
 

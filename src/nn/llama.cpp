@@ -200,9 +200,7 @@ std::vector<int32_t> Llama::generate(const std::vector<int32_t>& prompt, int64_t
   return generate_tokens(*this, prompt, max_new_tokens, temperature, V, config_.block_size,
                          [&](const std::vector<int64_t>& ctx) {
                            const int64_t T = static_cast<int64_t>(ctx.size());
-                           Tensor logits = forward(from_vector(ctx, {1, T}));
-                           Tensor last = make_view(logits, {V}, {1}, logits.storage_offset() + (T - 1) * V);
-                           return sample_token(last.to_vector(), temperature, top_k, gen);
+                           return sample_last_position(forward(from_vector(ctx, {1, T})), temperature, top_k, gen);
                          });
 }
 

@@ -31,6 +31,8 @@ class GPTBlock;
 // The token generate() picks from the last position's logits (one per vocabulary entry):
 // divided by the temperature, cut to the top_k largest (0 = all), then one Philox draw from gen.
 int32_t sample_token(std::vector<double> logits, double temperature, int64_t top_k, Generator& gen);
+// sample_token on the last position of a contiguous [1, T, V] logits tensor.
+int32_t sample_last_position(const Tensor& logits, double temperature, int64_t top_k, Generator& gen);
 
 // The generation loop every GPT layout shares: checks the request against the vocabulary,
 // puts `model` in eval mode without gradients, and appends max_new_tokens tokens, each the
