@@ -1,0 +1,29 @@
+#pragma once
+// The CUDA forwards' building blocks on tensors (over src/backend/cuda/pointwise.h and
+// reduce.h): a pointwise op over broadcast, strided inputs of mixed 16/32-bit dtypes; a
+// deterministic sum over any dims; casts. Every result is a new contiguous tensor on the
+// inputs' device, computed on its compute stream; nothing synchronises.
+#include <initializer_list>
+#include <vector>
+
+#include "athanor/core/tensor.h"
+#include "backend/cuda/pointwise.h"
+
+namespace athanor::detail {
+
+// The floating dtypes the CUDA pointwise and reduction kernels read and write.
+bool cuda_pointwise_dtype(DType d);
+// "not yet supported on cuda" unless t is f32, bf16 or f16 (named `name` in the error).
+void check_cuda_dtype(const char* op, const Tensor& t, const char* name);
+
+// y = op(inputs broadcast to `shape`) in `out_dtype`; alpha: scale's and dropout's factor.
+Tensor cuda_pointwise(cuda::PointwiseOp op, const std::vector<Tensor>& inputs, const Shape& shape, DType out_dtype,
+                      float alpha = 1.0f);
+// Dropout's mask over x (its keep bits from Philox (seed, offset)), kept elements times `scale`.
+Tensor cuda_dropout_mask(const Tensor& x, uint64_t seed, uint64_t offset, uint32_t threshold, double scale);
+// scale Σ x over `dims` (sorted, unique, wrapped) with keepdim semantics, in `out_dtype`.
+Tensor cuda_sum_dims(const Tensor& x, const std::vector<int64_t>& dims, bool keepdim, double scale, DType out_dtype);
+// t as a contiguous tensor of `dtype` on its device (t itself when it already is one).
+Tensor cuda_as(const Tensor& t, DType dtype);
+
+}  // namespace athanor::detail
