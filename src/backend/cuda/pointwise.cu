@@ -70,6 +70,7 @@ __device__ float apply(const PointwiseArgs& a, const float* v, int64_t i) {
       const uint32_t w = k == 0 ? r.x : k == 1 ? r.y : k == 2 ? r.z : r.w;
       return (w >> 8) >= a.threshold ? __fmul_rn(v[0], a.alpha) : 0.0f;
     }
+    case PointwiseOp::rsqrt_add: return static_cast<float>(1.0 / sqrt(static_cast<double>(v[0]) + static_cast<double>(a.alpha)));
   }
   return 0.0f;
 }
@@ -98,7 +99,8 @@ int pointwise_arity(PointwiseOp op) {
     case PointwiseOp::relu:
     case PointwiseOp::gelu_tanh:
     case PointwiseOp::gelu_erf:
-    case PointwiseOp::dropout: return 1;
+    case PointwiseOp::dropout:
+    case PointwiseOp::rsqrt_add: return 1;
     case PointwiseOp::silu_mul_grad_gate:
     case PointwiseOp::silu_mul_grad_up: return 3;
     default: return 2;

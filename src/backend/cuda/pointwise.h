@@ -36,6 +36,7 @@ enum class PointwiseOp : uint8_t {
   silu_mul_grad_gate,  // y = c b silu'(a)            (c = dh)
   silu_mul_grad_up,    // y = c silu(a)
   dropout,             // y = keep(i) ? a alpha : 0  (alpha = 1 / (1 - p))
+  rsqrt_add,           // y = 1 / sqrt(a + alpha), in double, rounded once (batch_norm's rstd)
 };
 
 struct PointwiseOperand {

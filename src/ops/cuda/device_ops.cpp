@@ -5,6 +5,7 @@
 #include <string>
 
 #include "athanor/core/error.h"
+#include "backend/cuda/gemm.h"
 #include "backend/cuda/reduce.h"
 #include "backend/cuda/runtime.h"
 #include "ops/cuda/cuda_kernels.h"
@@ -115,6 +116,29 @@ Tensor cuda_sum_dims(const Tensor& x, const std::vector<int64_t>& dims, bool kee
   cuda::DeviceGuard g(dev.index);
   cuda::reduce_sum(a, static_cast<double*>(scratch.device_data()), cuda::compute_stream(dev.index));
   return y;
+}
+
+// C [m, n] = op(A) op(B) (+ bias, epilogue) with A, B, C contiguous row-major on `dev`; C in
+// f32 from 16-bit A, B when c_f32.
+void cuda_gemm(int dev, DType dt, bool ta, bool tb, int64_t m, int64_t n, int64_t k, const Tensor& a, const Tensor& b,
+               const Tensor& c, const Tensor& bias, int64_t batch, cuda::GemmEpilogue epi, bool c_f32) {
+  cuda::GemmArgs g;
+  g.dtype = dt;
+  g.trans_a = ta, g.trans_b = tb;
+  g.m = m, g.n = n, g.k = k;
+  g.a = a.device_data(), g.b = b.device_data(), g.c = c.device_data();
+  g.epilogue = epi;
+  if (bias.defined()) {
+    g.bias = bias.device_data();
+    if (epi == cuda::GemmEpilogue::none) g.epilogue = cuda::GemmEpilogue::bias;
+    if (epi == cuda::GemmEpilogue::relu) g.epilogue = cuda::GemmEpilogue::bias_relu;
+  }
+  g.batch = batch;
+  g.stride_a = m * k, g.stride_b = k * n, g.stride_c = m * n;
+  g.allow_tf32 = false;  // the config's switch is not wired yet: exact f32, as the CPU
+  g.c_f32 = c_f32 && dt != DType::f32;
+  cuda::DeviceGuard guard(dev);
+  cuda::gemm(g, dev, cuda::compute_stream(dev));
 }
 
 Tensor cuda_as(const Tensor& t, DType dtype) {

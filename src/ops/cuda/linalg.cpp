@@ -37,30 +37,6 @@ void check_operand(const char* op, const Tensor& t, const char* name, DType dtyp
              Hint{"give every input of '" + std::string(op) + "' one dtype (or use autocast)"});
 }
 
-// C [m, n] = op(A) op(B) (+ bias, epilogue) with A, B, C contiguous row-major on `dev`; C in
-// f32 from 16-bit A, B when c_f32.
-void run_gemm(int dev, DType dt, bool ta, bool tb, int64_t m, int64_t n, int64_t k, const Tensor& a, const Tensor& b,
-              const Tensor& c, const Tensor& bias = Tensor(), int64_t batch = 1,
-              cuda::GemmEpilogue epi = cuda::GemmEpilogue::none, bool c_f32 = false) {
-  cuda::GemmArgs g;
-  g.dtype = dt;
-  g.trans_a = ta, g.trans_b = tb;
-  g.m = m, g.n = n, g.k = k;
-  g.a = a.device_data(), g.b = b.device_data(), g.c = c.device_data();
-  g.epilogue = epi;
-  if (bias.defined()) {
-    g.bias = bias.device_data();
-    if (epi == cuda::GemmEpilogue::none) g.epilogue = cuda::GemmEpilogue::bias;
-    if (epi == cuda::GemmEpilogue::relu) g.epilogue = cuda::GemmEpilogue::bias_relu;
-  }
-  g.batch = batch;
-  g.stride_a = m * k, g.stride_b = k * n, g.stride_c = m * n;
-  g.allow_tf32 = false;  // the config's switch is not wired yet: exact f32, as the CPU
-  g.c_f32 = c_f32 && dt != DType::f32;
-  cuda::DeviceGuard guard(dev);
-  cuda::gemm(g, dev, cuda::compute_stream(dev));
-}
-
 Tensor device_empty(const Shape& s, DType dt, Device d) { return empty(s, TensorOptions(dt).with_device(d)); }
 
 // The linear-shaped ops (linear, gelu_linear, linear_relu). Under bf16 autocast over f32
@@ -100,7 +76,7 @@ Tensor linear_forward(int dev, const Tensor& h, const Tensor& wc, const Tensor& 
       if (bc.defined()) y = cuda_pointwise(cuda::PointwiseOp::add, {y, bc}, y.sizes(), y.dtype());
       if (epi == cuda::GemmEpilogue::relu) y = cuda_pointwise(cuda::PointwiseOp::relu, {y}, y.sizes(), y.dtype());
     } else {
-      run_gemm(dev, h.dtype(), false, true, M, out, in, h, wc, y, bc, 1, epi);
+      cuda_gemm(dev, h.dtype(), false, true, M, out, in, h, wc, y, bc, 1, epi);
     }
   }
   return y;
@@ -119,7 +95,7 @@ void linear_grads(const Node& n, const Tensor& dz, const Tensor& w, H&& h_for_dw
     *dh = device_empty(with_last(dz.sizes(), in), dh_f32 ? DType::f32 : dt, dz.device());
     if (M * in > 0) {
       if (out == 0) dh->zero_();
-      else run_gemm(dev, dt, false, false, M, in, out, dz, w, *dh, Tensor(), 1, cuda::GemmEpilogue::none, dh_f32);
+      else cuda_gemm(dev, dt, false, false, M, in, out, dz, w, *dh, Tensor(), 1, cuda::GemmEpilogue::none, dh_f32);
     }
   }
   const DType pdt = master ? DType::f32 : dt;
@@ -127,7 +103,7 @@ void linear_grads(const Node& n, const Tensor& dz, const Tensor& w, H&& h_for_dw
     *dw = device_empty({out, in}, pdt, dz.device());
     if (out * in > 0) {
       if (M == 0) dw->zero_();
-      else run_gemm(dev, dt, true, false, out, in, M, dz, h_for_dw(), *dw, Tensor(), 1, cuda::GemmEpilogue::none, master);
+      else cuda_gemm(dev, dt, true, false, out, in, M, dz, h_for_dw(), *dw, Tensor(), 1, cuda::GemmEpilogue::none, master);
     }
   }
   if (db) {  // the column sums, deterministic, in f64 (reduce.h)
@@ -260,7 +236,7 @@ std::vector<Tensor> matmul_cuda(OpCall& c) {
   const Tensor ac = cuda_contiguous(a), bc = cuda_contiguous(b);
   if (y.numel() > 0) {
     if (k == 0) y.zero_();
-    else run_gemm(cuda_index(c), dt, false, false, m, n, k, ac, bc, y, Tensor(), batch);
+    else cuda_gemm(cuda_index(c), dt, false, false, m, n, k, ac, bc, y, Tensor(), batch);
   }
   if (c.records()) {
     MatmulSaved& s = c.save<MatmulSaved>();
@@ -284,14 +260,14 @@ Grads matmul_backward_cuda(const Node& nd, const Grads& g, const OpSaved& saved)
     r[0] = device_empty(s.a_shape, dt, gy.device());
     if (r[0].numel() > 0) {
       if (s.n == 0) r[0].zero_();
-      else run_gemm(dev, dt, false, true, s.m, s.k, s.n, gy, s.b.unpack(nd), r[0], Tensor(), s.batch);
+      else cuda_gemm(dev, dt, false, true, s.m, s.k, s.n, gy, s.b.unpack(nd), r[0], Tensor(), s.batch);
     }
   }
   if (needs_grad(nd, 1)) {
     r[1] = device_empty(s.b_shape, dt, gy.device());
     if (r[1].numel() > 0) {
       if (s.m == 0) r[1].zero_();
-      else run_gemm(dev, dt, true, false, s.k, s.n, s.m, s.a.unpack(nd), gy, r[1], Tensor(), s.batch);
+      else cuda_gemm(dev, dt, true, false, s.k, s.n, s.m, s.a.unpack(nd), gy, r[1], Tensor(), s.batch);
     }
   }
   return r;

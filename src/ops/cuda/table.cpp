@@ -19,6 +19,8 @@ std::vector<CudaOpEntry> cuda_op_entries() {
   cuda_reduction_ops(out);
   cuda_loss_ops(out);
   cuda_attention_ops(out);
+  cuda_llama_ops(out);
+  cuda_conv_ops(out);
   return out;
 }
 
