@@ -71,6 +71,15 @@ __device__ float apply(const PointwiseArgs& a, const float* v, int64_t i) {
       return (w >> 8) >= a.threshold ? __fmul_rn(v[0], a.alpha) : 0.0f;
     }
     case PointwiseOp::rsqrt_add: return static_cast<float>(1.0 / sqrt(static_cast<double>(v[0]) + static_cast<double>(a.alpha)));
+    case PointwiseOp::tanh: return tanhf(v[0]);
+    case PointwiseOp::tanh_backward: return v[0] * (1.0f - v[1] * v[1]);
+    case PointwiseOp::sigmoid: return sigmoid(v[0]);
+    case PointwiseOp::sigmoid_backward: return v[0] * v[1] * (1.0f - v[1]);
+    case PointwiseOp::silu: return v[0] * sigmoid(v[0]);
+    case PointwiseOp::silu_backward: {
+      const float s = sigmoid(v[1]);
+      return v[0] * (s * (1.0f + v[1] * (1.0f - s)));
+    }
   }
   return 0.0f;
 }
@@ -100,7 +109,10 @@ int pointwise_arity(PointwiseOp op) {
     case PointwiseOp::gelu_tanh:
     case PointwiseOp::gelu_erf:
     case PointwiseOp::dropout:
-    case PointwiseOp::rsqrt_add: return 1;
+    case PointwiseOp::rsqrt_add:
+    case PointwiseOp::tanh:
+    case PointwiseOp::sigmoid:
+    case PointwiseOp::silu: return 1;
     case PointwiseOp::silu_mul_grad_gate:
     case PointwiseOp::silu_mul_grad_up: return 3;
     default: return 2;

@@ -37,6 +37,12 @@ enum class PointwiseOp : uint8_t {
   silu_mul_grad_up,    // y = c silu(a)
   dropout,             // y = keep(i) ? a alpha : 0  (alpha = 1 / (1 - p))
   rsqrt_add,           // y = 1 / sqrt(a + alpha), in double, rounded once (batch_norm's rstd)
+  tanh,                // y = tanh(a)
+  tanh_backward,       // y = a (1 - b^2)             (b = the forward's output)
+  sigmoid,             // y = 1 / (1 + exp(-a))
+  sigmoid_backward,    // y = a b (1 - b)             (b = the forward's output)
+  silu,                // y = a sigmoid(a)
+  silu_backward,       // y = a s (1 + b (1 - s)), s = sigmoid(b)   (b = x)
 };
 
 struct PointwiseOperand {

@@ -1,12 +1,14 @@
 // CUDA kernels of the elementwise ops: add, sub, mul, div with broadcasting and type
 // promotion (an f32 op bf16 residual add widens the 16-bit operand in registers), neg, and
-// the activations relu and gelu (tanh and erf forms), in f32, bf16 and f16, on the one
-// pointwise kernel (src/backend/cuda/pointwise.h): inputs are read in place at their
-// strides (transposed, sliced, broadcast), math in f32, one rounding into the output dtype.
+// the activations relu, tanh, sigmoid, silu and gelu (tanh and erf forms), in f32, bf16 and
+// f16, on the one pointwise kernel (src/backend/cuda/pointwise.h): inputs are read in place
+// at their strides (transposed, sliced, broadcast), math in f32, one rounding into the
+// output dtype.
 // Backward beside forward, the CPU ops' formulas (src/ops/binary.cpp, activation.cpp):
 //   add: (g, g), sub: (g, -g), mul: (g b, g a), div: (g / b, -g y / b), each summed down to
 //   its input's shape (sum_to: the deterministic CUDA sum over the broadcast dims);
-//   relu: g [y > 0];  gelu: g gelu'(x).
+//   relu: g [y > 0];  tanh: g (1 - y^2);  sigmoid: g y (1 - y);  silu: g s (1 + x (1 - s));
+//   gelu: g gelu'(x).
 #include "athanor/autograd/function.h"
 #include "athanor/ops/activation.h"
 #include "athanor/ops/elementwise.h"
@@ -85,14 +87,15 @@ struct ActCudaSaved : OpSaved {
   SavedTensor t;  // relu: the output; gelu: the input
 };
 
-std::vector<Tensor> relu_cuda(OpCall& c) {
+// relu, tanh, sigmoid: the derivative is a function of the output y; silu: of the input x.
+template <PointwiseOp F, PointwiseOp B, bool SaveOutput> std::vector<Tensor> act_cuda(OpCall& c) {
   const Tensor& x = c.in(0);
-  check_cuda_dtype("relu", x, "x");
-  Tensor y = cuda_pointwise(PointwiseOp::relu, {x}, x.sizes(), x.dtype());
+  check_cuda_dtype(c.name(), x, "x");
+  Tensor y = cuda_pointwise(F, {x}, x.sizes(), x.dtype());
   if (c.records()) {
     ActCudaSaved& s = c.save<ActCudaSaved>();
-    s.backward = PointwiseOp::relu_backward;
-    s.t = save(y, "result");
+    s.backward = B;
+    s.t = SaveOutput ? save(y, "result") : save(x, "self");
   }
   return {y};
 }
@@ -125,7 +128,10 @@ void cuda_elementwise_ops(std::vector<CudaOpEntry>& out) {
   out.push_back({"mul", {binary_cuda<PointwiseOp::mul>, mul_backward_cuda}});
   out.push_back({"div", {binary_cuda<PointwiseOp::div>, div_backward_cuda}});
   out.push_back({"neg", {neg_cuda, neg_backward_cuda}});
-  out.push_back({"relu", {relu_cuda, act_backward_cuda}});
+  out.push_back({"relu", {act_cuda<PointwiseOp::relu, PointwiseOp::relu_backward, true>, act_backward_cuda}});
+  out.push_back({"tanh", {act_cuda<PointwiseOp::tanh, PointwiseOp::tanh_backward, true>, act_backward_cuda}});
+  out.push_back({"sigmoid", {act_cuda<PointwiseOp::sigmoid, PointwiseOp::sigmoid_backward, true>, act_backward_cuda}});
+  out.push_back({"silu", {act_cuda<PointwiseOp::silu, PointwiseOp::silu_backward, false>, act_backward_cuda}});
   out.push_back({"gelu", {gelu_cuda, act_backward_cuda}});
 }
 

@@ -82,15 +82,16 @@ Tensor linear_forward(int dev, const Tensor& h, const Tensor& wc, const Tensor& 
   return y;
 }
 
-// The GEMM gradients of y = h W^T + b from dz [.., out] (contiguous): dh = dz W (f32 when
-// dh_f32, else dz's dtype), dW = dz^T h, db = Σ_rows dz (dW, db in f32 when master).
-// h is read only for dW (a callable, so that gelu_linear recomputes its GELU only then).
+// The GEMM gradients of y = h W^T + b (h [.., in]) from dz [.., out] (contiguous): dh = dz W
+// (f32 when dh_f32, else dz's dtype), dW = dz^T h, db = Σ_rows dz (dW, db in f32 when
+// master). W is read only for dh, h only for dW (a callable, so that gelu_linear recomputes
+// its GELU only then).
 template <class H>
-void linear_grads(const Node& n, const Tensor& dz, const Tensor& w, H&& h_for_dw, bool master, bool dh_f32,
-                  Tensor* dh, Tensor* dw, Tensor* db) {
+void linear_grads(const Tensor& dz, int64_t in, const Tensor& w, H&& h_for_dw, bool master, bool dh_f32, Tensor* dh,
+                  Tensor* dw, Tensor* db) {
   const DType dt = dz.dtype();
   const int dev = dz.device().index;
-  const int64_t out = dz.size(-1), in = w.size(1), M = out == 0 ? 0 : dz.numel() / out;
+  const int64_t out = dz.size(-1), M = out == 0 ? 0 : dz.numel() / out;
   if (dh) {
     *dh = device_empty(with_last(dz.sizes(), in), dh_f32 ? DType::f32 : dt, dz.device());
     if (M * in > 0) {
@@ -111,7 +112,6 @@ void linear_grads(const Node& n, const Tensor& dz, const Tensor& w, H&& h_for_dw
     for (int64_t d = 0; d + 1 < dz.dim(); ++d) rows.push_back(d);
     *db = cuda_sum_dims(dz, rows, false, 1.0, pdt);
   }
-  (void)n;
 }
 
 std::vector<Tensor> linear_cuda(OpCall& c) {
@@ -133,11 +133,10 @@ Grads linear_backward_cuda(const Node& n, const Grads& g, const OpSaved& saved) 
   const LinearSaved& s = saved.as<LinearSaved>();
   const Tensor gy = cuda_contiguous(g[0]);
   Grads r(3);
+  // dx needs W (saved when x requires grad), dW needs x (saved when W requires grad).
   const Tensor w = needs_grad(n, 0) ? s.w.unpack(n) : Tensor();
-  const int64_t in = needs_grad(n, 0) ? w.size(1) : s.x.unpack(n).size(-1);
-  // dx needs W; dW needs x (a weight-only shape for W when dx is not asked).
-  const Tensor wshape = w.defined() ? w : device_empty({gy.size(-1), in}, gy.dtype(), gy.device());
-  linear_grads(n, gy, wshape, [&] { return s.x.unpack(n); }, s.master, false, needs_grad(n, 0) ? &r[0] : nullptr,
+  const int64_t in = n.input_meta[0].sizes.back();
+  linear_grads(gy, in, w, [&] { return s.x.unpack(n); }, s.master, false, needs_grad(n, 0) ? &r[0] : nullptr,
                needs_grad(n, 1) ? &r[1] : nullptr, s.has_bias && needs_grad(n, 2) ? &r[2] : nullptr);
   return r;
 }
@@ -170,11 +169,11 @@ Grads gelu_linear_backward_cuda(const Node& n, const Grads& g, const OpSaved& sa
   const LinearSaved& s = saved.as<LinearSaved>();
   const Tensor gy = cuda_contiguous(g[0]);
   const Tensor x = s.x.unpack(n);
-  const Tensor w = needs_grad(n, 0) ? s.w.unpack(n) : device_empty({gy.size(-1), x.size(-1)}, gy.dtype(), gy.device());
+  const Tensor w = needs_grad(n, 0) ? s.w.unpack(n) : Tensor();
   Grads r(3);
   Tensor dh;
   linear_grads(
-      n, gy, w, [&] { return cuda_pointwise(cuda::PointwiseOp::gelu_tanh, {x}, x.sizes(), x.dtype()); }, s.master, true,
+      gy, x.size(-1), w, [&] { return cuda_pointwise(cuda::PointwiseOp::gelu_tanh, {x}, x.sizes(), x.dtype()); }, s.master, true,
       needs_grad(n, 0) ? &dh : nullptr, needs_grad(n, 1) ? &r[1] : nullptr, s.has_bias && needs_grad(n, 2) ? &r[2] : nullptr);
   if (dh.defined()) r[0] = cuda_pointwise(cuda::PointwiseOp::gelu_tanh_backward, {dh, x}, x.sizes(), x.dtype());
   return r;
@@ -203,7 +202,8 @@ Grads linear_relu_backward_cuda(const Node& n, const Grads& g, const OpSaved& sa
   const Tensor y = s.y.unpack(n);
   const Tensor dz = cuda_pointwise(cuda::PointwiseOp::relu_backward, {g[0], y}, y.sizes(), y.dtype());
   Grads r(3);
-  linear_grads(n, dz, s.w.unpack(n), [&] { return s.x.unpack(n); }, s.master, false, needs_grad(n, 0) ? &r[0] : nullptr,
+  linear_grads(dz, s.x.unpack(n).size(-1), s.w.unpack(n), [&] { return s.x.unpack(n); }, s.master, false,
+               needs_grad(n, 0) ? &r[0] : nullptr,
                needs_grad(n, 1) ? &r[1] : nullptr, s.has_bias && needs_grad(n, 2) ? &r[2] : nullptr);
   return r;
 }
