@@ -11,10 +11,10 @@
 // row left out rather than read out of bounds. Under anomaly mode (the debugging mode) the
 // call itself syncs and raises, as the CPU does. A sync per step to validate N ids would
 // stall the pipeline of queued kernels, which is the GPU's speed.
-// Backward: dlogits = softmax - (1 - eps) onehot(t) - eps / C, then times the upstream
-// gradient row by row on the device (g / count for mean, g for sum, g[n] for none).
-// 16-bit logits: widened to an f32 copy on the device (the f32 kernels), the gradient rounded
-// once into the logits' dtype; reading them in place is the speed work's.
+// Backward: dlogits = (softmax - (1 - eps) onehot(t) - eps / C) times the upstream gradient
+// per row, read on the device (g / count for mean, g for sum, g[n] for none), in one pass.
+// 16-bit logits (autocast's lm_head output) are read in place, math in f32, and the gradient
+// is written in their dtype: no f32 copy of the logits is made or kept.
 #include <algorithm>
 #include <cmath>
 #include <limits>
@@ -36,8 +36,7 @@ namespace athanor::detail {
 namespace {
 
 struct CrossEntropyCudaSaved : OpSaved {
-  SavedTensor logits, stats, targets, count;  // logits contiguous f32, stats [N, 2] f32, targets i64, count f64 [0]
-  DType logits_dtype = DType::f32;
+  SavedTensor logits, stats, targets, count;  // logits contiguous (their dtype), stats [N, 2] f32, targets i64, count f64 [0]
   int64_t N = 0, C = 0, ignore_index = -100;
   double label_smoothing = 0;
   Reduction reduction = Reduction::mean;
@@ -66,10 +65,10 @@ std::vector<Tensor> cross_entropy_cuda(OpCall& c) {
     ATH_CUDA(cudaStreamSynchronize(s));
     cuda::check_device_errors(dev);
   }
-  const Tensor lc = cuda_as(logits, DType::f32);
+  const Tensor lc = cuda_contiguous(logits);  // read in place in its dtype (f32 math in the kernel)
   Tensor stats = empty({N, 2}, f32_on), rows = empty({N}, f32_on);
   if (C > 0 && N > 0)
-    cuda::cross_entropy_forward(static_cast<const float*>(lc.device_data()), static_cast<const int64_t*>(ids.device_data()),
+    cuda::cross_entropy_forward(lc.device_data(), lc.dtype(), static_cast<const int64_t*>(ids.device_data()),
                                 static_cast<float*>(stats.device_data()), static_cast<float*>(rows.device_data()), N, C,
                                 ignore_index, label_smoothing, s);
   else
@@ -96,9 +95,11 @@ std::vector<Tensor> cross_entropy_cuda(OpCall& c) {
     sv.logits = save(lc, "logits"), sv.stats = save(stats, "row_stats");
     sv.targets = save(ids, "targets"), sv.count = save(acc, "count");
     sv.N = N, sv.C = C, sv.ignore_index = ignore_index, sv.label_smoothing = label_smoothing;
-    sv.reduction = reduction, sv.logits_dtype = logits.dtype();
+    sv.reduction = reduction;
   }
-  return {out};
+  // f32 for 16-bit logits under autocast (reads_lowp), else the logits' dtype, as on the CPU.
+  const bool lowp = logits.dtype() == DType::bf16 || logits.dtype() == DType::f16;
+  return {cuda_as(out, c.autocast() && lowp ? DType::f32 : logits.dtype())};
 }
 
 Grads cross_entropy_backward_cuda(const Node& nd, const Grads& g, const OpSaved& saved) {
@@ -106,24 +107,25 @@ Grads cross_entropy_backward_cuda(const Node& nd, const Grads& g, const OpSaved&
   const Tensor lc = s.logits.unpack(nd), stats = s.stats.unpack(nd), t = s.targets.unpack(nd), count = s.count.unpack(nd);
   check_cuda_dtype("cross_entropy backward", g[0], "grad");
   const Tensor gc = cuda_as(g[0], DType::f32);
-  Tensor dx = empty(lc.sizes(), TensorOptions(DType::f32).with_device(lc.device()));
+  Tensor dx = empty(lc.sizes(), TensorOptions(lc.dtype()).with_device(lc.device()));
   const int dev = lc.device().index;
   cuda::DeviceGuard guard(dev);
   const cudaStream_t cs = cuda::compute_stream(dev);
   if (s.C > 0 && s.N > 0) {
-    cuda::cross_entropy_backward(static_cast<const float*>(lc.device_data()), static_cast<const int64_t*>(t.device_data()),
-                                 static_cast<const float*>(stats.device_data()), 1.0,
-                                 static_cast<float*>(dx.device_data()), s.N, s.C, s.ignore_index, s.label_smoothing, cs);
-    if (s.reduction == Reduction::none) {
-      cuda::mul_rows(static_cast<float*>(dx.device_data()), static_cast<const float*>(gc.device_data()), 1, s.N, s.C, cs);
-    } else {  // one factor for every row: g / count (mean) or g (sum), computed on the device
-      Tensor factor = empty({1}, TensorOptions(DType::f32).with_device(lc.device()).with_tag(MemTag::workspace));
+    // Each row's factor: g[n] (none), or one factor for every row, g / count (mean) or g
+    // (sum), computed on the device; the kernel multiplies by it before its one rounding.
+    Tensor factor = gc;
+    if (s.reduction != Reduction::none) {
+      factor = empty({1}, TensorOptions(DType::f32).with_device(lc.device()).with_tag(MemTag::workspace));
       cuda::loss_grad_factor(static_cast<const float*>(gc.device_data()), static_cast<const double*>(count.device_data()),
                              s.reduction == Reduction::mean, static_cast<float*>(factor.device_data()), cs);
-      cuda::mul_rows(static_cast<float*>(dx.device_data()), static_cast<const float*>(factor.device_data()), 0, s.N, s.C, cs);
     }
+    cuda::cross_entropy_backward(lc.device_data(), lc.dtype(), static_cast<const int64_t*>(t.device_data()),
+                                 static_cast<const float*>(stats.device_data()), static_cast<const float*>(factor.device_data()),
+                                 s.reduction == Reduction::none ? 1 : 0, dx.device_data(), s.N, s.C, s.ignore_index,
+                                 s.label_smoothing, cs);
   }
-  return {cuda_as(dx, s.logits_dtype), Tensor()};  // targets are class ids: no gradient
+  return {dx, Tensor()};  // targets are class ids: no gradient
 }
 
 }  // namespace
