@@ -119,6 +119,9 @@ class CudaHooks final : public DeviceHooks {
     ATH_CUDA(cudaStreamWaitEvent(xs, s.compute_mark, 0));
     const char* from = static_cast<const char*>(src);
     char* to = static_cast<char*>(dst);
+    // The kernel-found error record (device_error.h) rides along: fetched before the bytes, so
+    // the wait below covers it.
+    fetch_device_errors(index, xs);
     const std::size_t chunks = (nbytes + kStagingBytes - 1) / kStagingBytes;
     auto issue = [&](std::size_t i) {
       const int k = static_cast<int>(i % 2);
@@ -136,7 +139,7 @@ class CudaHooks final : public DeviceHooks {
     }
     // The compute stream's work before this read is complete: an error a kernel recorded
     // there (an out-of-range class id) is raised now, with the value read (device_error.h).
-    check_device_errors(index);
+    raise_device_errors(index);
   }
 
   void copy_between(void* dst, int dst_index, const void* src, int src_index, std::size_t nbytes) override {

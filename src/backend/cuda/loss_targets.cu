@@ -27,7 +27,7 @@ __global__ void prepare_kernel(const I* t, int64_t N, int64_t C, int64_t ignore_
   ids[n] = ignore_index, weight[n] = 0.0f;
   if (atomicCAS(reinterpret_cast<int*>(&err->code), 0, static_cast<int>(DeviceErrorCode::target_out_of_range)) == 0) {
     err->a = n, err->b = v, err->c = C;
-    __threadfence_system();
+    __threadfence();
   }
 }
 __global__ void reduce_kernel(const double* sum, const double* count, bool mean, float* out) {

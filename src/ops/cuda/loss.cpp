@@ -61,10 +61,7 @@ std::vector<Tensor> cross_entropy_cuda(OpCall& c) {
   Tensor ids = empty({N}, TensorOptions(DType::i64).with_device(dev_of)), weight = empty({N}, f32_on);
   cuda::prepare_targets(tc.device_data(), tc.dtype(), N, C, ignore_index, static_cast<int64_t*>(ids.device_data()),
                         static_cast<float*>(weight.device_data()), cuda::device_error_record(dev), s);
-  if (anomaly_mode_enabled()) {  // the debugging mode: the bad id raised at the call, as on the CPU
-    ATH_CUDA(cudaStreamSynchronize(s));
-    cuda::check_device_errors(dev);
-  }
+  if (anomaly_mode_enabled()) cuda::check_device_errors_now(dev);  // the debugging mode: raised at the call, as on the CPU
   const Tensor lc = cuda_contiguous(logits);  // read in place in its dtype (f32 math in the kernel)
   Tensor stats = empty({N, 2}, f32_on), rows = empty({N}, f32_on);
   if (C > 0 && N > 0)
