@@ -66,8 +66,9 @@ TEST(GpuAmp, ScaleUpdatesOnTheDeviceFollowTheCpu) {
   GradScaler sc(o), sg(o);
   const Tensor loss = full({}, 1.5, TensorOptions(DType::f32).with_device(Device::cuda(0)));
   EXPECT_EQ(sg.scale(loss).item<double>(), 1.5 * 256.0);  // makes the device state
-  const bool seq[] = {false, false, false, true, true, true, false, false, false, false, false, false, false, false, false,
-                      false, false, false, false, false, false};
+  // Growth, four backoffs (the last clamped at min_scale), then growth up to max_scale and past it.
+  const bool seq[] = {false, false, false, true,  true,  true,  true,  false, false, false, false, false, false, false,
+                      false, false, false, false, false, false, false, false, false, false, false, false, false, false};
   int step = 0;
   for (bool f : seq) {
     sc.update(f);
@@ -82,6 +83,7 @@ TEST(GpuAmp, ScaleUpdatesOnTheDeviceFollowTheCpu) {
   EXPECT_EQ(sg.growth_tracker(), sc.growth_tracker());
   EXPECT_EQ(sg.skipped_steps(), sc.skipped_steps());
   EXPECT_EQ(sg.get_scale(), 4096.0);  // grew to the cap after the backoffs hit the floor
+  EXPECT_EQ(sg.skipped_steps(), 4);
   // The state dict round-trips through the device copy.
   GradScaler sl(o);
   sl.scale(loss);
