@@ -1,6 +1,8 @@
 #include "backend/cuda/gemm.h"
 
 #include <array>
+#include <bit>
+#include <cstdint>
 #include <map>
 #include <mutex>
 #include <tuple>
@@ -14,7 +16,18 @@ namespace athanor::cuda {
 namespace {
 constexpr std::size_t kWorkspace = std::size_t{32} << 20;
 
-using PlanKey = std::tuple<int, bool, bool, int64_t, int64_t, int64_t, int, int64_t, int64_t, int64_t, int64_t, bool, bool, bool>;
+using PlanKey = std::tuple<int, bool, bool, int64_t, int64_t, int64_t, int, int64_t, int64_t, int64_t, int64_t, bool, bool, bool,
+                           uint32_t>;
+
+// The alignment in bytes (a power of two, at most 256) of a pointer: the heuristic assumes
+// 256-byte operands unless told, and a kernel chosen for that faults on a view that starts
+// mid-block (a slice, a group's rows of a weight).
+uint32_t alignment_of(const void* p) {
+  const auto a = reinterpret_cast<uintptr_t>(p);
+  uint32_t al = 256;
+  while (al > 1 && (a % al) != 0) al /= 2;
+  return al;
+}
 
 struct Context {
   cublasLtHandle_t handle = nullptr;
@@ -115,7 +128,11 @@ void gemm(const GemmArgs& g, int device, cudaStream_t stream) {
   layout(&d.c, ct, g.n, g.m, g.n, g.batch, g.stride_c);
 
   const PlanKey key{static_cast<int>(g.dtype), g.trans_a, g.trans_b, g.m, g.n, g.k, static_cast<int>(g.epilogue),
-                    g.batch, g.stride_a, g.stride_b, g.stride_c, g.allow_tf32, g.beta != 0.0f, g.c_f32};
+                    g.batch, g.stride_a, g.stride_b, g.stride_c, g.allow_tf32, g.beta != 0.0f, g.c_f32,
+                    // the operands' alignments, packed: A, B, C, bias (each a power of two <= 256)
+                    static_cast<uint32_t>(std::countr_zero(alignment_of(g.a)) | std::countr_zero(alignment_of(g.b)) << 8 |
+                                          std::countr_zero(alignment_of(g.c)) << 16 |
+                                          std::countr_zero(alignment_of(g.bias ? g.bias : g.c)) << 24)};
   cublasLtMatmulAlgo_t algo;
   {
     std::lock_guard<std::mutex> l(ctx.mu);
@@ -126,6 +143,12 @@ void gemm(const GemmArgs& g, int device, cudaStream_t stream) {
       ATH_CUBLAS(cublasLtMatmulPreferenceCreate(&d.pref));
       ATH_CUBLAS(cublasLtMatmulPreferenceSetAttribute(d.pref, CUBLASLT_MATMUL_PREF_MAX_WORKSPACE_BYTES, &kWorkspace,
                                                       sizeof kWorkspace));
+      // cuBLASLt's A is our B (row-major C = A B is column-major C^T = B^T A^T).
+      const uint32_t al_a = alignment_of(g.b), al_b = alignment_of(g.a), al_c = alignment_of(g.c);
+      ATH_CUBLAS(cublasLtMatmulPreferenceSetAttribute(d.pref, CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_A_BYTES, &al_a, sizeof al_a));
+      ATH_CUBLAS(cublasLtMatmulPreferenceSetAttribute(d.pref, CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_B_BYTES, &al_b, sizeof al_b));
+      ATH_CUBLAS(cublasLtMatmulPreferenceSetAttribute(d.pref, CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_C_BYTES, &al_c, sizeof al_c));
+      ATH_CUBLAS(cublasLtMatmulPreferenceSetAttribute(d.pref, CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_D_BYTES, &al_c, sizeof al_c));
       cublasLtMatmulHeuristicResult_t h{};
       int found = 0;
       ATH_CUBLAS(cublasLtMatmulAlgoGetHeuristic(ctx.handle, d.op, d.a, d.b, d.c, d.c, d.pref, 1, &h, &found));
