@@ -52,7 +52,7 @@ void deposit(Buffers& buffers, Node* node, uint32_t slot, Tensor g, const Node* 
             "gradient from ", from, " has shape ", g.describe(), " but ", node->name(), " output ", slot, " is ",
             meta.str(), Hint{"if you passed an explicit gradient to backward(), give it the output's shape"});
   if (g.dtype() != meta.dtype) {
-    Tensor c = empty(g.sizes(), TensorOptions(meta.dtype));
+    Tensor c = empty(g.sizes(), TensorOptions(meta.dtype).with_device(g.device()));  // converted where it is
     copy_into(c, g);
     g = std::move(c);
   }

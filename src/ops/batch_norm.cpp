@@ -14,6 +14,7 @@
 #include "athanor/autograd/grad_mode.h"
 #include "athanor/ops/norm.h"
 #include "backend/cpu/batch_norm.h"
+#include "ops/op_args.h"
 #include "ops/op_def.h"
 #include "ops/op_utils.h"
 
@@ -33,10 +34,7 @@ void check_channel_vector(const Tensor& t, const char* which, int64_t C, const T
 template <class T> const T* ptr_or_null(const Tensor& t) { return t.defined() ? static_cast<const T*>(t.raw_data()) : nullptr; }
 template <class T> T* mut_or_null(const Tensor& t) { return t.defined() ? static_cast<T*>(t.raw_data()) : nullptr; }
 
-struct BatchNormArgs {
-  bool training = true;
-  double momentum = 0.1, eps = 1e-5;
-};
+using detail::BatchNormArgs;  // ops/op_args.h: shared with the CUDA kernel (src/ops/cuda/)
 struct BatchNormSaved : OpSaved {
   SavedTensor x, w, mean, rstd;
   Shape bias_shape;

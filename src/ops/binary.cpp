@@ -104,7 +104,8 @@ Tensor scalar_like(const Tensor& a, double s) {
   // fractional scalar is promoted to f32.
   DType dt = a.dtype();
   if (!is_floating(dt) && s != static_cast<double>(static_cast<int64_t>(s))) dt = DType::f32;
-  return scalar_tensor(s, TensorOptions(dt));
+  // On a's device: a device tensor times a number is one device op (a fill, no host sync).
+  return scalar_tensor(s, TensorOptions(dt).with_device(a.device()));
 }
 
 using detail::Grads;

@@ -4,6 +4,7 @@
 
 #include "athanor/ops/conv.h"
 #include "backend/cpu/conv.h"
+#include "ops/op_args.h"
 #include "ops/op_def.h"
 #include "ops/op_utils.h"
 
@@ -17,48 +18,10 @@ std::string pair_str(Pair p) {
   return s.str();
 }
 
-cpu::Conv2dGeom conv_geom(const Tensor& x, const Tensor& w, const Tensor& b, Pair stride, Pair padding, Pair dilation,
-                          int64_t groups) {
-  detail::check_floating(x, kOp, "input");
-  detail::check_floating(w, kOp, "weight");
-  detail::check_same_dtype(x, w, kOp);
-  ATH_CHECK(x.dim() == 4, kOp, "input must be 4-D [N, C_in, H, W], got ", x.describe(),
-            Hint{"add a batch dim with unsqueeze(x, 0) for a single image"});
-  ATH_CHECK(w.dim() == 4, kOp, "weight must be 4-D [C_out, C_in / groups, kH, kW], got ", w.describe());
-  ATH_CHECK(stride[0] >= 1 && stride[1] >= 1 && dilation[0] >= 1 && dilation[1] >= 1 && padding[0] >= 0 &&
-                padding[1] >= 0,
-            kOp, "stride and dilation must be >= 1 and padding >= 0, got stride ", pair_str(stride), ", padding ",
-            pair_str(padding), ", dilation ", pair_str(dilation));
-  ATH_CHECK(groups >= 1, kOp, "groups must be >= 1, got ", groups);
-  const int64_t C = x.size(1), OC = w.size(0);
-  ATH_CHECK(C % groups == 0 && OC % groups == 0, kOp, "input channels (", C, ") and output channels (", OC,
-            ") must both be divisible by groups = ", groups, "; input ", x.describe(), ", weight ", w.describe());
-  ATH_CHECK(w.size(1) * groups == C, kOp, "input ", x.describe(), " has ", C, " channels but weight ", w.describe(),
-            " with groups = ", groups, " expects ", w.size(1) * groups, " (weight.size(1) * groups)",
-            Hint{"weight is [C_out, C_in / groups, kH, kW]; check in_channels of the layer against the input"});
-  if (b.defined()) {
-    detail::check_same_dtype(x, b, kOp);
-    ATH_CHECK(b.dim() == 1 && b.size(0) == OC, kOp, "bias ", b.describe(), " must be 1-D of size C_out = ", OC,
-              " (weight ", w.describe(), ")");
-  }
-  cpu::Conv2dGeom g;
-  g.N = x.size(0), g.C = C, g.H = x.size(2), g.W = x.size(3), g.OC = OC, g.KH = w.size(2), g.KW = w.size(3);
-  g.sh = stride[0], g.sw = stride[1], g.ph = padding[0], g.pw = padding[1], g.dh = dilation[0], g.dw = dilation[1];
-  g.groups = groups;
-  g.OH = cpu::conv_out_size(g.H, g.KH, g.sh, g.ph, g.dh);
-  g.OW = cpu::conv_out_size(g.W, g.KW, g.sw, g.pw, g.dw);
-  ATH_CHECK(g.OH > 0 && g.OW > 0, kOp, "kernel ", g.KH, "x", g.KW, " with dilation ", pair_str(dilation),
-            " is larger than the padded input: input ", x.describe(), " with padding ", pair_str(padding),
-            ", weight ", w.describe(), Hint{"use a smaller kernel or dilation, more padding, or a larger input"});
-  return g;
-}
 using detail::Grads;
 using detail::Inputs;
 
-struct ConvArgs {
-  Pair stride{1, 1}, padding{0, 0}, dilation{1, 1};
-  int64_t groups = 1;
-};
+using detail::ConvArgs;  // ops/op_args.h: shared with the CUDA kernel (src/ops/cuda/)
 struct ConvSaved : OpSaved {
   SavedTensor x, w;
   cpu::Conv2dGeom g;
@@ -68,7 +31,7 @@ struct ConvSaved : OpSaved {
 std::vector<Tensor> conv2d_cpu(OpCall& c) {
   const Tensor &x = c.in(0), &weight = c.in(1), &bias = c.in(2);
   const ConvArgs& a = c.args<ConvArgs>();
-  const cpu::Conv2dGeom g = conv_geom(x, weight, bias, a.stride, a.padding, a.dilation, a.groups);
+  const cpu::Conv2dGeom g = detail::conv2d_geometry(x, weight, bias, a.stride, a.padding, a.dilation, a.groups);
   const DType dt = x.dtype(), ct = dt == DType::f64 ? DType::f64 : DType::f32;
   Tensor y = empty({g.N, g.OC, g.OH, g.OW}, TensorOptions(ct));
   {
@@ -114,7 +77,7 @@ std::vector<Tensor> conv2d_reference(OpCall& c) {
   const ConvArgs& a = c.args<ConvArgs>();
   const Tensor x = detail::ref64(c.in(0)), w = detail::ref64(c.in(1));
   const Tensor b = c.in(2).defined() ? detail::ref64(c.in(2)) : Tensor();
-  return {cpu::ref::conv2d(x, w, b, conv_geom(x, w, b, a.stride, a.padding, a.dilation, a.groups))};
+  return {cpu::ref::conv2d(x, w, b, detail::conv2d_geometry(x, w, b, a.stride, a.padding, a.dilation, a.groups))};
 }
 
 std::vector<OpCase> conv2d_cases(int scale) {
@@ -135,6 +98,44 @@ std::vector<OpCase> conv2d_cases(int scale) {
   };
 }
 }  // namespace
+
+namespace detail {
+cpu::Conv2dGeom conv2d_geometry(const Tensor& x, const Tensor& w, const Tensor& b, Pair stride, Pair padding, Pair dilation,
+                          int64_t groups) {
+  detail::check_floating(x, "conv2d", "input");
+  detail::check_floating(w, "conv2d", "weight");
+  detail::check_same_dtype(x, w, "conv2d");
+  ATH_CHECK(x.dim() == 4, "conv2d", "input must be 4-D [N, C_in, H, W], got ", x.describe(),
+            Hint{"add a batch dim with unsqueeze(x, 0) for a single image"});
+  ATH_CHECK(w.dim() == 4, "conv2d", "weight must be 4-D [C_out, C_in / groups, kH, kW], got ", w.describe());
+  ATH_CHECK(stride[0] >= 1 && stride[1] >= 1 && dilation[0] >= 1 && dilation[1] >= 1 && padding[0] >= 0 &&
+                padding[1] >= 0,
+            "conv2d", "stride and dilation must be >= 1 and padding >= 0, got stride ", pair_str(stride), ", padding ",
+            pair_str(padding), ", dilation ", pair_str(dilation));
+  ATH_CHECK(groups >= 1, "conv2d", "groups must be >= 1, got ", groups);
+  const int64_t C = x.size(1), OC = w.size(0);
+  ATH_CHECK(C % groups == 0 && OC % groups == 0, "conv2d", "input channels (", C, ") and output channels (", OC,
+            ") must both be divisible by groups = ", groups, "; input ", x.describe(), ", weight ", w.describe());
+  ATH_CHECK(w.size(1) * groups == C, "conv2d", "input ", x.describe(), " has ", C, " channels but weight ", w.describe(),
+            " with groups = ", groups, " expects ", w.size(1) * groups, " (weight.size(1) * groups)",
+            Hint{"weight is [C_out, C_in / groups, kH, kW]; check in_channels of the layer against the input"});
+  if (b.defined()) {
+    detail::check_same_dtype(x, b, "conv2d");
+    ATH_CHECK(b.dim() == 1 && b.size(0) == OC, "conv2d", "bias ", b.describe(), " must be 1-D of size C_out = ", OC,
+              " (weight ", w.describe(), ")");
+  }
+  cpu::Conv2dGeom g;
+  g.N = x.size(0), g.C = C, g.H = x.size(2), g.W = x.size(3), g.OC = OC, g.KH = w.size(2), g.KW = w.size(3);
+  g.sh = stride[0], g.sw = stride[1], g.ph = padding[0], g.pw = padding[1], g.dh = dilation[0], g.dw = dilation[1];
+  g.groups = groups;
+  g.OH = cpu::conv_out_size(g.H, g.KH, g.sh, g.ph, g.dh);
+  g.OW = cpu::conv_out_size(g.W, g.KW, g.sw, g.pw, g.dw);
+  ATH_CHECK(g.OH > 0 && g.OW > 0, "conv2d", "kernel ", g.KH, "x", g.KW, " with dilation ", pair_str(dilation),
+            " is larger than the padded input: input ", x.describe(), " with padding ", pair_str(padding),
+            ", weight ", w.describe(), Hint{"use a smaller kernel or dilation, more padding, or a larger input"});
+  return g;
+}
+}  // namespace detail
 
 namespace ops {
 const OpDef& conv2d_op() {

@@ -8,7 +8,10 @@
 
 #include "athanor/core/rng.h"
 #include "athanor/core/tensor.h"
+#include "athanor/ops/conv.h"
 #include "athanor/ops/loss.h"
+#include "backend/cpu/conv.h"
+#include "backend/cpu/pool.h"
 
 namespace athanor::detail {
 
@@ -53,5 +56,22 @@ struct DropoutArgs {
   double p = 0.5;
   Generator* gen = nullptr;
 };
+
+// conv2d, max_pool2d / avg_pool2d, batch_norm; and the geometry the CPU op derives from its
+// arguments, with its checks (src/ops/conv.cpp, pool.cpp), which the CUDA op reuses.
+struct ConvArgs {
+  Pair stride{1, 1}, padding{0, 0}, dilation{1, 1};
+  int64_t groups = 1;
+};
+struct PoolArgs {
+  Pair kernel{1, 1}, stride{0, 0}, padding{0, 0};
+};
+struct BatchNormArgs {
+  bool training = true;
+  double momentum = 0.1, eps = 1e-5;
+};
+cpu::Conv2dGeom conv2d_geometry(const Tensor& x, const Tensor& w, const Tensor& b, Pair stride, Pair padding, Pair dilation,
+                                int64_t groups);
+cpu::Pool2dGeom pool2d_geometry(const char* op, const Tensor& x, Pair kernel, Pair stride, Pair padding);
 
 }  // namespace athanor::detail

@@ -6,6 +6,7 @@
 
 #include "athanor/ops/conv.h"
 #include "backend/cpu/pool.h"
+#include "ops/op_args.h"
 #include "ops/op_def.h"
 #include "ops/op_utils.h"
 
@@ -18,33 +19,10 @@ std::string pair_str(Pair p) {
   return s.str();
 }
 
-cpu::Pool2dGeom pool_geom(const char* op, const Tensor& x, Pair kernel, Pair stride, Pair padding) {
-  detail::check_floating(x, op, "input");
-  ATH_CHECK(x.dim() == 4, op, "input must be 4-D [N, C, H, W], got ", x.describe(),
-            Hint{"add a batch dim with unsqueeze(x, 0) for a single image"});
-  ATH_CHECK(kernel[0] >= 1 && kernel[1] >= 1, op, "kernel size must be >= 1, got ", pair_str(kernel));
-  if (stride[0] == 0 && stride[1] == 0) stride = kernel;  // default: non-overlapping windows
-  ATH_CHECK(stride[0] >= 1 && stride[1] >= 1, op, "stride must be >= 1 (or {0, 0} for the kernel size), got ",
-            pair_str(stride));
-  ATH_CHECK(padding[0] >= 0 && padding[1] >= 0 && 2 * padding[0] <= kernel[0] && 2 * padding[1] <= kernel[1], op,
-            "padding must be >= 0 and at most half the kernel size, got padding ", pair_str(padding), " for kernel ",
-            pair_str(kernel), Hint{"a window that lies entirely in the padding has no input to pool"});
-  cpu::Pool2dGeom g;
-  g.N = x.size(0), g.C = x.size(1), g.H = x.size(2), g.W = x.size(3);
-  g.KH = kernel[0], g.KW = kernel[1], g.sh = stride[0], g.sw = stride[1], g.ph = padding[0], g.pw = padding[1];
-  const int64_t sh = g.H + 2 * g.ph - g.KH, sw = g.W + 2 * g.pw - g.KW;
-  g.OH = sh < 0 ? 0 : sh / g.sh + 1;
-  g.OW = sw < 0 ? 0 : sw / g.sw + 1;
-  ATH_CHECK(g.OH > 0 && g.OW > 0, op, "kernel ", pair_str(kernel), " is larger than the padded input ", x.describe(),
-            " with padding ", pair_str(padding), Hint{"use a smaller kernel, more padding, or a larger input"});
-  return g;
-}
 using detail::Grads;
 using detail::Inputs;
 
-struct PoolArgs {
-  Pair kernel{1, 1}, stride{0, 0}, padding{0, 0};
-};
+using detail::PoolArgs;  // ops/op_args.h: shared with the CUDA kernel (src/ops/cuda/)
 struct PoolSaved : OpSaved {
   SavedTensor idx;  // max: the argmax of each window
   cpu::Pool2dGeom g;
@@ -54,7 +32,7 @@ struct PoolSaved : OpSaved {
 template <bool Max> std::vector<Tensor> pool_cpu(OpCall& c) {
   const Tensor& x = c.in(0);
   const PoolArgs& a = c.args<PoolArgs>();
-  const cpu::Pool2dGeom g = pool_geom(c.name(), x, a.kernel, a.stride, a.padding);
+  const cpu::Pool2dGeom g = detail::pool2d_geometry(c.name(), x, a.kernel, a.stride, a.padding);
   const DType dt = x.dtype();
   const Tensor xc = detail::contiguous_raw(x);
   Tensor y = empty({g.N, g.C, g.OH, g.OW}, TensorOptions(dt));
@@ -92,7 +70,7 @@ template <bool Max> Grads pool_backward(const Node& n, const Grads& grads, const
 template <bool Max> std::vector<Tensor> pool_reference(OpCall& c) {
   const PoolArgs& a = c.args<PoolArgs>();
   const Tensor x = detail::ref64(c.in(0));
-  const cpu::Pool2dGeom g = pool_geom("reference", x, a.kernel, a.stride, a.padding);
+  const cpu::Pool2dGeom g = detail::pool2d_geometry("reference", x, a.kernel, a.stride, a.padding);
   return {Max ? cpu::ref::max_pool2d(x, g) : cpu::ref::avg_pool2d(x, g)};
 }
 
@@ -123,6 +101,30 @@ template <bool Max> std::vector<OpCase> pool_cases(int scale) {
   };
 }
 }  // namespace
+
+namespace detail {
+cpu::Pool2dGeom pool2d_geometry(const char* op, const Tensor& x, Pair kernel, Pair stride, Pair padding) {
+  detail::check_floating(x, op, "input");
+  ATH_CHECK(x.dim() == 4, op, "input must be 4-D [N, C, H, W], got ", x.describe(),
+            Hint{"add a batch dim with unsqueeze(x, 0) for a single image"});
+  ATH_CHECK(kernel[0] >= 1 && kernel[1] >= 1, op, "kernel size must be >= 1, got ", pair_str(kernel));
+  if (stride[0] == 0 && stride[1] == 0) stride = kernel;  // default: non-overlapping windows
+  ATH_CHECK(stride[0] >= 1 && stride[1] >= 1, op, "stride must be >= 1 (or {0, 0} for the kernel size), got ",
+            pair_str(stride));
+  ATH_CHECK(padding[0] >= 0 && padding[1] >= 0 && 2 * padding[0] <= kernel[0] && 2 * padding[1] <= kernel[1], op,
+            "padding must be >= 0 and at most half the kernel size, got padding ", pair_str(padding), " for kernel ",
+            pair_str(kernel), Hint{"a window that lies entirely in the padding has no input to pool"});
+  cpu::Pool2dGeom g;
+  g.N = x.size(0), g.C = x.size(1), g.H = x.size(2), g.W = x.size(3);
+  g.KH = kernel[0], g.KW = kernel[1], g.sh = stride[0], g.sw = stride[1], g.ph = padding[0], g.pw = padding[1];
+  const int64_t sh = g.H + 2 * g.ph - g.KH, sw = g.W + 2 * g.pw - g.KW;
+  g.OH = sh < 0 ? 0 : sh / g.sh + 1;
+  g.OW = sw < 0 ? 0 : sw / g.sw + 1;
+  ATH_CHECK(g.OH > 0 && g.OW > 0, op, "kernel ", pair_str(kernel), " is larger than the padded input ", x.describe(),
+            " with padding ", pair_str(padding), Hint{"use a smaller kernel, more padding, or a larger input"});
+  return g;
+}
+}  // namespace detail
 
 namespace ops {
 const OpDef& max_pool2d_op() {

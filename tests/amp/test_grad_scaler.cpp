@@ -144,4 +144,39 @@ TEST(GradScaler, StateDictRoundTripAndMisuse) {
   EXPECT_TRUE(s3.last_step_skipped());
 }
 
+
+// The no-sync forms the CUDA path uses (unscale_async, update(found_inf tensor)) on CPU
+// gradients: the same unscaling, flag, names and scale sequence as the bool forms.
+TEST(GradScaler, AsyncFormsMatchTheBoolFormsOnCpuGradients) {
+  GradScalerOptions o;
+  o.init_scale = 1024;
+  o.growth_interval = 2;
+  GradScaler a_sc(o), b_sc(o);
+  Tensor a1 = random_leaf({3}, 51), a2 = random_leaf({3}, 51);
+  const GradScaler::NamedTensors pa = {{"w", a1}}, pb = {{"w", a2}};
+  for (bool inject : {false, true, false, false}) {
+    for (Tensor* t : {&a1, &a2}) {
+      t->set_grad(Tensor());
+      a_sc.scale(sum(mul(*t, *t), {}, false)).backward();  // same scale on both (checked below)
+      if (inject) t->grad().data_ptr<float>()[0] = std::numeric_limits<float>::infinity();
+    }
+    const bool fa = a_sc.unscale(pa);
+    const Tensor fb = b_sc.unscale_async(pb);
+    EXPECT_EQ(fb.device(), Device::cpu());
+    EXPECT_EQ(fb.dim(), 0);
+    EXPECT_EQ(fb.item<double>() != 0.0, fa);
+    EXPECT_EQ(fa, inject);
+    EXPECT_EQ(b_sc.nonfinite_params(), a_sc.nonfinite_params());
+    for (std::size_t i = 1; i < 3; ++i) EXPECT_EQ(a1.grad().to_vector()[i], a2.grad().to_vector()[i]);
+    a_sc.update(fa);
+    b_sc.update(fb);
+    EXPECT_EQ(b_sc.get_scale(), a_sc.get_scale());
+    EXPECT_EQ(b_sc.growth_tracker(), a_sc.growth_tracker());
+    EXPECT_EQ(b_sc.last_step_skipped(), a_sc.last_step_skipped());
+    EXPECT_EQ(b_sc.skipped_steps(), a_sc.skipped_steps());
+  }
+  EXPECT_EQ(a_sc.get_scale(), 1024.0);  // halved once, grown back after two clean steps
+  EXPECT_THROW(b_sc.update(zeros({2})), Error);  // found_inf is one element
+}
+
 }  // namespace athanor

@@ -109,11 +109,12 @@ TEST(GpuKernels, CrossEntropyIgnoreIndexLabelSmoothingInPlaceGradient) {
                                        smoothing);
     DeviceBuffer<float> dL(logits), dS(2 * N), dLoss(N);
     DeviceBuffer<int64_t> dT(target);
-    cuda::cross_entropy_forward(dL.ptr, dT.ptr, dS.ptr, dLoss.ptr, N, C, -100, smoothing, stream());
+    cuda::cross_entropy_forward(dL.ptr, DType::f32, dT.ptr, dS.ptr, dLoss.ptr, N, C, -100, smoothing, stream());
     EXPECT_TRUE(all_close(dLoss.host(), loss, 1e-5, 1e-5));
     EXPECT_TRUE(all_close(dS.host(), stats, 1e-5, 1e-5));
     // The gradient written over the logits.
-    cuda::cross_entropy_backward(dL.ptr, dT.ptr, dS.ptr, grad, dL.ptr, N, C, -100, smoothing, stream());
+    DeviceBuffer<float> dF(std::vector<float>{static_cast<float>(grad)});  // the factor, one for every row
+    cuda::cross_entropy_backward(dL.ptr, DType::f32, dT.ptr, dS.ptr, dF.ptr, 0, dL.ptr, N, C, -100, smoothing, stream());
     EXPECT_TRUE(all_close(dL.host(), dl, 1e-9, 1e-4));
   }
 }

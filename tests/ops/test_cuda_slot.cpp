@@ -13,14 +13,21 @@
 using namespace athanor;
 
 namespace {
-// The ops with CUDA kernels today: views and copies (device-generic), elementwise, GEMMs,
-// layer_norm, rms_norm, softmax, dropout, embedding, sum/mean, cross_entropy, gelu_linear,
-// and the two attention ops.
-const std::set<std::string> kCudaOps = {"view", "permute", "unsqueeze", "slice", "split", "clone", "cast",
-                                        "add",  "sub",     "mul",       "neg",   "gelu",  "linear", "matmul",
-                                        "layer_norm", "rms_norm", "softmax", "dropout", "embedding", "sum", "mean",
-                                        "cross_entropy", "gelu_linear", "causal_self_attention",
-                                        "scaled_dot_product_attention"};
+// The ops with CUDA kernels today: views and copies (device-generic), the elementwise ops and
+// activations, GEMMs (linear, gelu_linear, linear_relu, swiglu, matmul), the norms, softmax,
+// dropout, embedding, sum/mean, cross_entropy, the attention ops, rope, and the ConvNet ops.
+const std::set<std::string> kCudaOps = {
+    "view", "permute", "expand", "unsqueeze", "slice", "split", "clone", "cast",                      // views, copies
+    "add", "sub", "mul", "div", "neg", "relu", "tanh", "sigmoid", "silu", "gelu",                     // elementwise
+    "linear", "matmul", "gelu_linear", "linear_relu", "swiglu",                                       // GEMMs
+    "layer_norm", "rms_norm", "batch_norm", "softmax", "dropout", "embedding", "sum", "mean", "cross_entropy",
+    "causal_self_attention", "scaled_dot_product_attention", "rope", "conv2d", "max_pool2d"};
+// The registry ops the models' training steps call (src/nn/gpt.cpp, llama.cpp, mlp.cpp,
+// convnet.cpp and their layers; the loss): each must have a CUDA kernel.
+const std::set<std::string> kTrainingOps = {
+    "embedding", "add", "dropout", "layer_norm", "linear", "causal_self_attention", "gelu_linear", "cross_entropy",  // GPT
+    "rms_norm", "rope", "scaled_dot_product_attention", "swiglu", "permute", "view",                                 // Llama
+    "linear_relu", "relu", "conv2d", "batch_norm", "max_pool2d", "cast", "clone"};                                   // MLP, ConvNet, autocast
 }  // namespace
 
 TEST(CudaSlot, FilledExactlyForTheOpsWithCudaKernels) {
@@ -37,6 +44,7 @@ TEST(CudaSlot, FilledExactlyForTheOpsWithCudaKernels) {
   }
 #ifdef ATHANOR_HAS_CUDA
   EXPECT_EQ(filled, kCudaOps);
+  for (const std::string& op : kTrainingOps) EXPECT_TRUE(filled.count(op)) << op << " (a training op) has no CUDA kernel";
   // Device-generic entries share the CPU's functions; the others have their own.
   const OpDef* view = find_op("view");
   const OpDef* linear = find_op("linear");

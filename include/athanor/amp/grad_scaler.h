@@ -14,6 +14,16 @@
 // keeps the scale, but unscale() still reports non-finite gradients, so the
 // same step code skips bad steps in every precision.
 //
+// On CUDA (the loss and gradients on a GPU) the scale and the growth tracker live on the
+// device, and a step issues no host synchronisation: scale() multiplies by the device
+// scale; unscale_async() unscales every gradient and checks them in one multi-tensor kernel
+// and returns found_inf as a 0-d f32 device tensor (PyTorch's
+// _amp_foreach_non_finite_check_and_unscale_); update(found_inf) updates the scale on the
+// device (_amp_update_scale_). The values are read back only when asked: get_scale(),
+// growth_tracker(), skipped_steps(), last_step_skipped(), nonfinite_params() and
+// loss_nonfinite() each read the device then (the trainer asks at logged steps). The bool
+// forms unscale() and update(bool) still work on CUDA gradients, reading the flag at once.
+//
 // Invariants: unscale() runs at most once between update()s (a second call
 // would divide twice) — it throws; update() resets that. The scale never
 // leaves [min_scale, max_scale].
@@ -50,34 +60,51 @@ class GradScaler {
   // records which parameters (by name; "param.<i>" for the unnamed overload).
   bool unscale(const NamedTensors& named_params);
   bool unscale(const std::vector<Tensor>& params);
+  // The same without a host read: found_inf as a 0-d f32 tensor (1: a non-finite gradient)
+  // on the gradients' device (CUDA gradients, one device; CPU gradients give a CPU tensor).
+  Tensor unscale_async(const NamedTensors& named_params);
   // Backoff on found_inf (and reset the growth tracker), else count a clean
   // step and grow after growth_interval of them. Ends the step.
   void update(bool found_inf);
+  // The same from a found_inf tensor (unscale_async's; any device), with no host read.
+  void update(const Tensor& found_inf);
 
-  double get_scale() const { return opts_.enabled ? scale_ : 1.0; }
-  int64_t growth_tracker() const { return growth_tracker_; }
+  double get_scale() const;
+  int64_t growth_tracker() const;
+  // The scale as the 0-d f32 tensor scale() multiplies by on `device` (made from the current
+  // scale on first use; the device copy is the scale from then on).
+  Tensor scale_tensor(Device device);
   bool enabled() const { return opts_.enabled; }
   const GradScalerOptions& options() const { return opts_; }
 
   // What the last unscale()/update() saw (for metrics and the NaN doctor).
-  const std::vector<std::string>& nonfinite_params() const { return nonfinite_params_; }
-  bool loss_nonfinite() const { return loss_nonfinite_; }
-  bool last_step_skipped() const { return last_step_skipped_; }
-  int64_t skipped_steps() const { return skipped_steps_; }
+  const std::vector<std::string>& nonfinite_params() const;
+  bool loss_nonfinite() const;
+  bool last_step_skipped() const;
+  int64_t skipped_steps() const;
 
   // {"scale", "growth_tracker"} as 0-D f64 tensors (safetensors-compatible keys).
   NamedTensors state_dict() const;
   void load_state_dict(const NamedTensors& state);
 
  private:
+  void sync_from_device() const;  // the device state's values into the host fields (a read)
+
   GradScalerOptions opts_;
-  double scale_;
-  int64_t growth_tracker_ = 0;
+  // Host state; while a device state exists (dev_scale_ defined) the device holds the truth and
+  // these are refreshed from it when read (mutable: reading is logically const).
+  mutable double scale_;
+  mutable int64_t growth_tracker_ = 0;
   bool unscaled_ = false;
-  bool loss_nonfinite_ = false;
-  bool last_step_skipped_ = false;
-  int64_t skipped_steps_ = 0;
-  std::vector<std::string> nonfinite_params_;
+  mutable bool loss_nonfinite_ = false;
+  mutable bool last_step_skipped_ = false;
+  mutable int64_t skipped_steps_ = 0;
+  mutable std::vector<std::string> nonfinite_params_;
+  // Device state: scale (0-d f32), counters (f64 [2]: growth tracker, skipped steps), and what
+  // is read back lazily: the last loss, found_inf and per-gradient flags with their names.
+  Tensor dev_scale_, dev_counters_;
+  mutable Tensor pending_loss_, pending_found_, pending_flags_;
+  mutable std::vector<std::string> pending_names_;
 };
 
 }  // namespace athanor

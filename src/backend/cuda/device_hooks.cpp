@@ -10,7 +10,7 @@
 // stream (the block may have been freed by work still queued there), and the compute
 // stream then waits for the upload, so kernels queued after to(cuda) read the new bytes.
 // A download waits for the compute stream's queued work, and returns when the bytes are
-// on the host.
+// on the host; an error a kernel recorded (device_error.h) is raised then.
 #include <algorithm>
 #include <cstring>
 #include <mutex>
@@ -19,6 +19,7 @@
 #include "athanor/core/device_hooks.h"
 #include "athanor/core/error.h"
 #include "backend/cuda/copy.h"
+#include "backend/cuda/device_error.h"
 #include "backend/cuda/device_allocator.h"
 #include "backend/cuda/runtime.h"
 
@@ -118,6 +119,9 @@ class CudaHooks final : public DeviceHooks {
     ATH_CUDA(cudaStreamWaitEvent(xs, s.compute_mark, 0));
     const char* from = static_cast<const char*>(src);
     char* to = static_cast<char*>(dst);
+    // The kernel-found error record (device_error.h) rides along: fetched before the bytes, so
+    // the wait below covers it.
+    fetch_device_errors(index, xs);
     const std::size_t chunks = (nbytes + kStagingBytes - 1) / kStagingBytes;
     auto issue = [&](std::size_t i) {
       const int k = static_cast<int>(i % 2);
@@ -133,6 +137,9 @@ class CudaHooks final : public DeviceHooks {
       ATH_CUDA(cudaEventSynchronize(s.used[k]));
       std::memcpy(to + off, s.buf[k], len);
     }
+    // The compute stream's work before this read is complete: an error a kernel recorded
+    // there (an out-of-range class id) is raised now, with the value read (device_error.h).
+    raise_device_errors(index);
   }
 
   void copy_between(void* dst, int dst_index, const void* src, int src_index, std::size_t nbytes) override {

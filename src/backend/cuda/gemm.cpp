@@ -1,6 +1,8 @@
 #include "backend/cuda/gemm.h"
 
 #include <array>
+#include <bit>
+#include <cstdint>
 #include <map>
 #include <mutex>
 #include <tuple>
@@ -14,7 +16,18 @@ namespace athanor::cuda {
 namespace {
 constexpr std::size_t kWorkspace = std::size_t{32} << 20;
 
-using PlanKey = std::tuple<int, bool, bool, int64_t, int64_t, int64_t, int, int64_t, int64_t, int64_t, int64_t, bool, bool>;
+using PlanKey = std::tuple<int, bool, bool, int64_t, int64_t, int64_t, int, int64_t, int64_t, int64_t, int64_t, bool, bool, bool,
+                           uint32_t>;
+
+// The alignment in bytes (a power of two, at most 256) of a pointer: the heuristic assumes
+// 256-byte operands unless told, and a kernel chosen for that faults on a view that starts
+// mid-block (a slice, a group's rows of a weight).
+uint32_t alignment_of(const void* p) {
+  const auto a = reinterpret_cast<uintptr_t>(p);
+  uint32_t al = 256;
+  while (al > 1 && (a % al) != 0) al /= 2;
+  return al;
+}
 
 struct Context {
   cublasLtHandle_t handle = nullptr;
@@ -77,14 +90,16 @@ void gemm(const GemmArgs& g, int device, cudaStream_t stream) {
             "dtype ", dtype_name(g.dtype), " is not supported", Hint{"use f32, bf16 or f16 (f64 matmuls run on the CPU)"});
   ATH_CHECK(g.m >= 0 && g.n >= 0 && g.k >= 0 && g.batch >= 1, "cuda gemm", "bad sizes m=", g.m, " n=", g.n, " k=", g.k,
             " batch=", g.batch, Hint{"sizes must be non-negative and batch at least 1"});
-  const bool has_bias = g.epilogue == GemmEpilogue::bias || g.epilogue == GemmEpilogue::bias_gelu;
+  const bool has_bias =
+      g.epilogue == GemmEpilogue::bias || g.epilogue == GemmEpilogue::bias_gelu || g.epilogue == GemmEpilogue::bias_relu;
+  ATH_CHECK(!g.c_f32 || g.dtype != DType::f32, "cuda gemm", "c_f32 is for 16-bit operands (dtype ", dtype_name(g.dtype), ")");
   ATH_CHECK(!has_bias || g.bias, "cuda gemm", "a bias epilogue needs a bias pointer",
             Hint{"pass the bias, or use GemmEpilogue::none / gelu"});
   if (g.m == 0 || g.n == 0) return;
   Context& ctx = context(device);
   DeviceGuard dg(device);
   // Row-major C = op(A) op(B) is column-major C^T = op(B)^T op(A)^T: cuBLASLt sees B first.
-  const cudaDataType_t t = cuda_type(g.dtype);
+  const cudaDataType_t t = cuda_type(g.dtype), ct = g.c_f32 ? CUDA_R_32F : t;
   const cublasComputeType_t compute = g.dtype == DType::f32
                                           ? (g.allow_tf32 ? CUBLAS_COMPUTE_32F_FAST_TF32 : CUBLAS_COMPUTE_32F)
                                           : CUBLAS_COMPUTE_32F;
@@ -99,19 +114,25 @@ void gemm(const GemmArgs& g, int device, cudaStream_t stream) {
     case GemmEpilogue::bias: epi = CUBLASLT_EPILOGUE_BIAS; break;
     case GemmEpilogue::gelu: epi = CUBLASLT_EPILOGUE_GELU; break;
     case GemmEpilogue::bias_gelu: epi = CUBLASLT_EPILOGUE_GELU_BIAS; break;
+    case GemmEpilogue::relu: epi = CUBLASLT_EPILOGUE_RELU; break;
+    case GemmEpilogue::bias_relu: epi = CUBLASLT_EPILOGUE_RELU_BIAS; break;
   }
   ATH_CUBLAS(cublasLtMatmulDescSetAttribute(d.op, CUBLASLT_MATMUL_DESC_EPILOGUE, &epi, sizeof epi));
   if (has_bias) {
     ATH_CUBLAS(cublasLtMatmulDescSetAttribute(d.op, CUBLASLT_MATMUL_DESC_BIAS_POINTER, &g.bias, sizeof g.bias));
-    ATH_CUBLAS(cublasLtMatmulDescSetAttribute(d.op, CUBLASLT_MATMUL_DESC_BIAS_DATA_TYPE, &t, sizeof t));
+    ATH_CUBLAS(cublasLtMatmulDescSetAttribute(d.op, CUBLASLT_MATMUL_DESC_BIAS_DATA_TYPE, &ct, sizeof ct));
   }
   // Column-major views: B^T is [n, k] stored as B's row-major [k, n] (or [n, k] when trans_b).
   layout(&d.a, t, g.trans_b ? g.k : g.n, g.trans_b ? g.n : g.k, g.trans_b ? g.k : g.n, g.batch, g.stride_b);
   layout(&d.b, t, g.trans_a ? g.m : g.k, g.trans_a ? g.k : g.m, g.trans_a ? g.m : g.k, g.batch, g.stride_a);
-  layout(&d.c, t, g.n, g.m, g.n, g.batch, g.stride_c);
+  layout(&d.c, ct, g.n, g.m, g.n, g.batch, g.stride_c);
 
   const PlanKey key{static_cast<int>(g.dtype), g.trans_a, g.trans_b, g.m, g.n, g.k, static_cast<int>(g.epilogue),
-                    g.batch, g.stride_a, g.stride_b, g.stride_c, g.allow_tf32, g.beta != 0.0f};
+                    g.batch, g.stride_a, g.stride_b, g.stride_c, g.allow_tf32, g.beta != 0.0f, g.c_f32,
+                    // the operands' alignments, packed: A, B, C, bias (each a power of two <= 256)
+                    static_cast<uint32_t>(std::countr_zero(alignment_of(g.a)) | std::countr_zero(alignment_of(g.b)) << 8 |
+                                          std::countr_zero(alignment_of(g.c)) << 16 |
+                                          std::countr_zero(alignment_of(g.bias ? g.bias : g.c)) << 24)};
   cublasLtMatmulAlgo_t algo;
   {
     std::lock_guard<std::mutex> l(ctx.mu);
@@ -122,6 +143,12 @@ void gemm(const GemmArgs& g, int device, cudaStream_t stream) {
       ATH_CUBLAS(cublasLtMatmulPreferenceCreate(&d.pref));
       ATH_CUBLAS(cublasLtMatmulPreferenceSetAttribute(d.pref, CUBLASLT_MATMUL_PREF_MAX_WORKSPACE_BYTES, &kWorkspace,
                                                       sizeof kWorkspace));
+      // cuBLASLt's A is our B (row-major C = A B is column-major C^T = B^T A^T).
+      const uint32_t al_a = alignment_of(g.b), al_b = alignment_of(g.a), al_c = alignment_of(g.c);
+      ATH_CUBLAS(cublasLtMatmulPreferenceSetAttribute(d.pref, CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_A_BYTES, &al_a, sizeof al_a));
+      ATH_CUBLAS(cublasLtMatmulPreferenceSetAttribute(d.pref, CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_B_BYTES, &al_b, sizeof al_b));
+      ATH_CUBLAS(cublasLtMatmulPreferenceSetAttribute(d.pref, CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_C_BYTES, &al_c, sizeof al_c));
+      ATH_CUBLAS(cublasLtMatmulPreferenceSetAttribute(d.pref, CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_D_BYTES, &al_c, sizeof al_c));
       cublasLtMatmulHeuristicResult_t h{};
       int found = 0;
       ATH_CUBLAS(cublasLtMatmulAlgoGetHeuristic(ctx.handle, d.op, d.a, d.b, d.c, d.c, d.pref, 1, &h, &found));

@@ -5,8 +5,9 @@
 //
 // Invariants:
 //  - f32 data computes in f32, with TF32 tensor cores only when `allow_tf32` (the
-//    config's switch); bf16 and f16 data accumulate in f32; C has A's dtype; the bias
-//    has C's dtype;
+//    config's switch); bf16 and f16 data accumulate in f32; C has A's dtype, or f32 with
+//    `c_f32` (16-bit A and B, the f32 accumulators written as they are: the gradient of an
+//    f32 master weight from bf16 operands); the bias has C's dtype;
 //  - one cuBLASLt handle and one 32 MiB workspace per device (the workspace from the
 //    caching allocator, tag workspace); the heuristic's algorithm is cached per
 //    (shape, dtype, layout, epilogue), so a training step asks the heuristic once per shape;
@@ -21,7 +22,7 @@
 
 namespace athanor::cuda {
 
-enum class GemmEpilogue : uint8_t { none, bias, gelu, bias_gelu };
+enum class GemmEpilogue : uint8_t { none, bias, gelu, bias_gelu, relu, bias_relu };
 
 struct GemmArgs {
   DType dtype = DType::f32;
@@ -36,6 +37,7 @@ struct GemmArgs {
   int64_t batch = 1;
   int64_t stride_a = 0, stride_b = 0, stride_c = 0;  // elements between batches
   bool allow_tf32 = false;
+  bool c_f32 = false;  // C (and the bias) in f32 while A and B are bf16/f16
 };
 
 void gemm(const GemmArgs& args, int device, cudaStream_t stream);

@@ -1,5 +1,7 @@
 // The fused CUDA kernels of kernels.h. One translation unit on purpose: every .cu is
 // compiled three times (sm_80, sm_90a, sm_90 PTX), and CI's budget is counted in them.
+#include <cuda_bf16.h>
+#include <cuda_fp16.h>
 #include <cuda_runtime.h>
 
 #include <algorithm>
@@ -7,6 +9,7 @@
 
 #include "athanor/core/error.h"
 #include "backend/cuda/kernels.h"
+#include "backend/cuda/philox.cuh"
 #include "backend/cuda/runtime.h"
 
 namespace athanor::cuda {
@@ -160,8 +163,18 @@ __global__ void softmax_bwd_kernel(const float* dy, const float* y, float* dx, i
   for (int64_t c = threadIdx.x; c < cols; c += blockDim.x) dx[off + c] = y[off + c] * (dy[off + c] - s);
 }
 
+// Logits of any of f32, bf16, f16, read as f32.
+__device__ __forceinline__ float widen(float v) { return v; }
+__device__ __forceinline__ float widen(__nv_bfloat16 v) { return __bfloat162float(v); }
+__device__ __forceinline__ float widen(__half v) { return __half2float(v); }
+template <class T> __device__ __forceinline__ T narrow(float v);
+template <> __device__ __forceinline__ float narrow<float>(float v) { return v; }
+template <> __device__ __forceinline__ __nv_bfloat16 narrow<__nv_bfloat16>(float v) { return __float2bfloat16_rn(v); }
+template <> __device__ __forceinline__ __half narrow<__half>(float v) { return __float2half_rn(v); }
+
 // loss = logsum - (1 - eps)(x[t] - max) - eps mean_c(x[c] - max)
-__global__ void ce_fwd_kernel(const float* logits, const int64_t* target, float* stats, float* loss, int64_t C,
+template <class T>
+__global__ void ce_fwd_kernel(const T* logits, const int64_t* target, float* stats, float* loss, int64_t C,
                               int64_t ignore_index, float smoothing) {
   __shared__ float sh[32];
   const int64_t n = blockIdx.x;
@@ -170,62 +183,46 @@ __global__ void ce_fwd_kernel(const float* logits, const int64_t* target, float*
     if (threadIdx.x == 0) stats[2 * n] = stats[2 * n + 1] = loss[n] = 0;
     return;
   }
-  const float* xr = logits + n * C;
+  const T* xr = logits + n * C;
   float m = -INFINITY;
-  for (int64_t c = threadIdx.x; c < C; c += blockDim.x) m = fmaxf(m, xr[c]);
+  for (int64_t c = threadIdx.x; c < C; c += blockDim.x) m = fmaxf(m, widen(xr[c]));
   m = block_max(m, sh);
   float s = 0, sx = 0;
   for (int64_t c = threadIdx.x; c < C; c += blockDim.x) {
-    s += expf(xr[c] - m);
-    sx += xr[c] - m;
+    const float v = widen(xr[c]);
+    s += expf(v - m);
+    sx += v - m;
   }
   const float logsum = logf(block_sum(s, sh));
   const float mean_shifted = block_sum(sx, sh) / C;
   if (threadIdx.x == 0) {
     stats[2 * n] = m;
     stats[2 * n + 1] = logsum;
-    loss[n] = logsum - (1.0f - smoothing) * (xr[t] - m) - smoothing * mean_shifted;
+    loss[n] = logsum - (1.0f - smoothing) * (widen(xr[t]) - m) - smoothing * mean_shifted;
   }
 }
 
-__global__ void ce_bwd_kernel(const float* logits, const int64_t* target, const float* stats, float scale,
-                              float* dlogits, int64_t C, int64_t ignore_index, float smoothing) {
+template <class T>
+__global__ void ce_bwd_kernel(const T* logits, const int64_t* target, const float* stats, const float* factor,
+                              int64_t factor_stride, T* dlogits, int64_t C, int64_t ignore_index, float smoothing) {
   const int64_t n = blockIdx.x;
   const int64_t t = target[n];
   const float m = stats[2 * n], logsum = stats[2 * n + 1];
-  const float* xr = logits + n * C;
-  float* dr = dlogits + n * C;
+  const float scale = factor[n * factor_stride];
+  const T* xr = logits + n * C;
+  T* dr = dlogits + n * C;
   const float uniform = smoothing / C;
   for (int64_t c = threadIdx.x; c < C; c += blockDim.x) {
     if (t == ignore_index) {
-      dr[c] = 0;
+      dr[c] = narrow<T>(0.0f);
       continue;
     }
-    const float p = expf((xr[c] - m) - logsum);  // read before the in-place write below
-    dr[c] = scale * (p - (c == t ? 1.0f - smoothing : 0.0f) - uniform);
+    const float p = expf((widen(xr[c]) - m) - logsum);  // read before the in-place write below
+    dr[c] = narrow<T>(scale * (p - (c == t ? 1.0f - smoothing : 0.0f) - uniform));
   }
 }
 
 // ---- dropout ----------------------------------------------------------------------------
-
-// athanor::philox4x32 (core/rng.cpp), word for word.
-__device__ uint4 philox4x32_device(uint64_t seed, uint64_t counter) {
-  constexpr uint32_t M0 = 0xD2511F53u, M1 = 0xCD9E8D57u, W0 = 0x9E3779B9u, W1 = 0xBB67AE85u;
-  uint32_t c0 = static_cast<uint32_t>(counter), c1 = static_cast<uint32_t>(counter >> 32), c2 = 0, c3 = 0;
-  uint32_t k0 = static_cast<uint32_t>(seed), k1 = static_cast<uint32_t>(seed >> 32);
-#pragma unroll
-  for (int r = 0; r < 10; ++r) {
-    const uint32_t hi0 = __umulhi(M0, c0), lo0 = M0 * c0;
-    const uint32_t hi1 = __umulhi(M1, c2), lo1 = M1 * c2;
-    c0 = hi1 ^ c1 ^ k0;
-    c1 = lo1;
-    c2 = hi0 ^ c3 ^ k1;
-    c3 = lo0;
-    k0 += W0;
-    k1 += W1;
-  }
-  return make_uint4(c0, c1, c2, c3);
-}
 
 __global__ void dropout_kernel(const float* x, float* y, int64_t n, uint64_t seed, uint64_t offset, uint32_t threshold,
                                float scale) {
@@ -401,20 +398,50 @@ void softmax_backward(const float* dy, const float* y, float* dx, int64_t rows, 
   ATH_CUDA_LAUNCHED("softmax_bwd_kernel");
 }
 
-void cross_entropy_forward(const float* logits, const int64_t* target, float* stats, float* loss, int64_t N, int64_t C,
-                           int64_t ignore_index, double label_smoothing, cudaStream_t stream) {
+void cross_entropy_forward(const void* logits, DType dtype, const int64_t* target, float* stats, float* loss, int64_t N,
+                           int64_t C, int64_t ignore_index, double label_smoothing, cudaStream_t stream) {
   if (N == 0) return;
-  ce_fwd_kernel<<<grid_rows(N), kRowThreads, 0, stream>>>(logits, target, stats, loss, C, ignore_index,
-                                                            static_cast<float>(label_smoothing));
+  const float eps = static_cast<float>(label_smoothing);
+  switch (dtype) {
+    case DType::f32:
+      ce_fwd_kernel<<<grid_rows(N), kRowThreads, 0, stream>>>(static_cast<const float*>(logits), target, stats, loss, C,
+                                                                ignore_index, eps);
+      break;
+    case DType::bf16:
+      ce_fwd_kernel<<<grid_rows(N), kRowThreads, 0, stream>>>(static_cast<const __nv_bfloat16*>(logits), target, stats, loss,
+                                                                C, ignore_index, eps);
+      break;
+    case DType::f16:
+      ce_fwd_kernel<<<grid_rows(N), kRowThreads, 0, stream>>>(static_cast<const __half*>(logits), target, stats, loss, C,
+                                                                ignore_index, eps);
+      break;
+    default: ATH_FAIL("cross_entropy", "logits of dtype ", dtype_name(dtype), " on cuda", Hint{"use f32, bf16 or f16 logits"});
+  }
   ATH_CUDA_LAUNCHED("ce_fwd_kernel");
 }
 
-void cross_entropy_backward(const float* logits, const int64_t* target, const float* stats, double grad_scale,
-                            float* dlogits, int64_t N, int64_t C, int64_t ignore_index, double label_smoothing,
-                            cudaStream_t stream) {
+void cross_entropy_backward(const void* logits, DType dtype, const int64_t* target, const float* stats, const float* factor,
+                            int64_t factor_stride, void* dlogits, int64_t N, int64_t C, int64_t ignore_index,
+                            double label_smoothing, cudaStream_t stream) {
   if (N == 0) return;
-  ce_bwd_kernel<<<grid_rows(N), kRowThreads, 0, stream>>>(logits, target, stats, static_cast<float>(grad_scale), dlogits,
-                                                            C, ignore_index, static_cast<float>(label_smoothing));
+  const float eps = static_cast<float>(label_smoothing);
+  switch (dtype) {
+    case DType::f32:
+      ce_bwd_kernel<<<grid_rows(N), kRowThreads, 0, stream>>>(static_cast<const float*>(logits), target, stats, factor,
+                                                                factor_stride, static_cast<float*>(dlogits), C, ignore_index, eps);
+      break;
+    case DType::bf16:
+      ce_bwd_kernel<<<grid_rows(N), kRowThreads, 0, stream>>>(static_cast<const __nv_bfloat16*>(logits), target, stats, factor,
+                                                                factor_stride, static_cast<__nv_bfloat16*>(dlogits), C,
+                                                                ignore_index, eps);
+      break;
+    case DType::f16:
+      ce_bwd_kernel<<<grid_rows(N), kRowThreads, 0, stream>>>(static_cast<const __half*>(logits), target, stats, factor,
+                                                                factor_stride, static_cast<__half*>(dlogits), C, ignore_index,
+                                                                eps);
+      break;
+    default: ATH_FAIL("cross_entropy", "logits of dtype ", dtype_name(dtype), " on cuda", Hint{"use f32, bf16 or f16 logits"});
+  }
   ATH_CUDA_LAUNCHED("ce_bwd_kernel");
 }
 

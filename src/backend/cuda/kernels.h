@@ -14,6 +14,8 @@
 
 #include <cstdint>
 
+#include "athanor/core/dtype.h"
+
 namespace athanor::cuda {
 
 // LayerNorm over rows of [rows, cols] (f32): y = (x - mean) rstd w + b; w, b may be null.
@@ -33,15 +35,17 @@ void rms_norm_backward(const float* dy, const float* x, const float* w, const fl
 void softmax_forward(const float* x, float* y, int64_t rows, int64_t cols, cudaStream_t stream);
 void softmax_backward(const float* dy, const float* y, float* dx, int64_t rows, int64_t cols, cudaStream_t stream);
 
-// Cross-entropy fused with log-softmax (cpu/cross_entropy.h's formulas): stats[2n] = max,
-// stats[2n+1] = log sum exp(x - max); loss[n] (f32) per row, 0 where target is ignore_index.
-void cross_entropy_forward(const float* logits, const int64_t* target, float* stats, float* loss, int64_t N, int64_t C,
-                           int64_t ignore_index, double label_smoothing, cudaStream_t stream);
-// dlogits = grad_scale * (softmax - (1 - eps)[c == t] - eps / C); dlogits may be logits
-// (the gradient written in place over the logits, which are then gone).
-void cross_entropy_backward(const float* logits, const int64_t* target, const float* stats, double grad_scale,
-                            float* dlogits, int64_t N, int64_t C, int64_t ignore_index, double label_smoothing,
-                            cudaStream_t stream);
+// Cross-entropy fused with log-softmax (cpu/cross_entropy.h's formulas) over logits [N, C]
+// in f32, bf16 or f16 (read in place, math in f32): stats[2n] = max, stats[2n+1] = log sum
+// exp(x - max); loss[n] (f32) per row, 0 where target is ignore_index.
+void cross_entropy_forward(const void* logits, DType dtype, const int64_t* target, float* stats, float* loss, int64_t N,
+                           int64_t C, int64_t ignore_index, double label_smoothing, cudaStream_t stream);
+// dlogits (the logits' dtype, rounded once) = factor[n * factor_stride] (softmax - (1 - eps)[c == t]
+// - eps / C), the factor read on the device (the upstream gradient / count); dlogits may be
+// logits (the gradient written in place over the logits, which are then gone).
+void cross_entropy_backward(const void* logits, DType dtype, const int64_t* target, const float* stats, const float* factor,
+                            int64_t factor_stride, void* dlogits, int64_t N, int64_t C, int64_t ignore_index,
+                            double label_smoothing, cudaStream_t stream);
 
 // Inverted dropout on a contiguous buffer (x may be y).
 void dropout_apply(const float* x, float* y, int64_t n, uint64_t seed, uint64_t offset, uint32_t threshold,

@@ -31,6 +31,8 @@ void cuda_embedding_ops(std::vector<CudaOpEntry>& out);
 void cuda_reduction_ops(std::vector<CudaOpEntry>& out);
 void cuda_loss_ops(std::vector<CudaOpEntry>& out);
 void cuda_attention_ops(std::vector<CudaOpEntry>& out);
+void cuda_llama_ops(std::vector<CudaOpEntry>& out);
+void cuda_conv_ops(std::vector<CudaOpEntry>& out);
 
 // Every entry, in area order.
 std::vector<CudaOpEntry> cuda_op_entries();

@@ -1,15 +1,14 @@
-// CUDA kernel of dropout (f32; src/backend/cuda/kernels.h): the CPU's mask, drawn from the
-// same Philox stream — element i kept iff (philox4x32(seed, offset + i / 4)[i % 4] >> 8) >=
-// ceil(p 2^24) — after the same gen.reserve(ceil(n / 4)), so a CPU run and a GPU run with one
-// seed drop the same elements. Backward beside forward: the mask rebuilt from the saved
-// (seed, offset), dx = g keep / (1 - p).
+// CUDA kernel of dropout (f32, bf16, f16; the pointwise kernel's dropout op): the CPU's mask,
+// drawn from the same Philox stream — element i kept iff (philox4x32(seed, offset + i / 4)[i
+// % 4] >> 8) >= ceil(p 2^24) — after the same gen.reserve(ceil(n / 4)), so a CPU run and a GPU
+// run with one seed drop the same elements; kept elements are scaled in f32 and rounded once.
+// Backward beside forward: the mask rebuilt from the saved (seed, offset), dx = g keep / (1 - p).
 #include <cmath>
 
 #include "athanor/autograd/function.h"
 #include "athanor/ops/dropout.h"
-#include "backend/cuda/kernels.h"
-#include "backend/cuda/runtime.h"
 #include "ops/cuda/cuda_kernels.h"
+#include "ops/cuda/device_ops.h"
 #include "ops/op_args.h"
 #include "ops/op_def.h"
 
@@ -23,38 +22,27 @@ struct DropoutCudaSaved : OpSaved {
   bool all_dropped = false;
 };
 
-Tensor apply_mask(const Tensor& x, const GeneratorState& st, uint32_t threshold, double scale) {
-  if (x.dtype() != DType::f32) cuda_unsupported("dropout", "x is " + x.describe() + " (the CUDA kernel takes f32)");
-  const Tensor xc = cuda_contiguous(x);
-  Tensor y = empty(x.sizes(), TensorOptions(DType::f32).with_device(x.device()));
-  const int dev = x.device().index;
-  cuda::DeviceGuard g(dev);
-  if (x.numel() > 0)
-    cuda::dropout_apply(static_cast<const float*>(xc.device_data()), static_cast<float*>(y.device_data()), x.numel(),
-                        st.seed, st.offset, threshold, scale, cuda::compute_stream(dev));
-  return y;
-}
-
 std::vector<Tensor> dropout_cuda(OpCall& c) {
   const Tensor& x = c.in(0);
   const auto [p, gen] = c.args<DropoutArgs>();
-  if (x.dtype() != DType::f32) cuda_unsupported("dropout", "x is " + x.describe() + " (the CUDA kernel takes f32)");
+  check_cuda_dtype("dropout", x, "x");
   const GeneratorState st = gen->reserve(static_cast<uint64_t>((x.numel() + 3) / 4));  // as the CPU: one reservation
   DropoutCudaSaved* s = c.records() ? &c.save<DropoutCudaSaved>() : nullptr;
   if (p == 1.0) {
     if (s) s->all_dropped = true;
-    return {zeros(x.sizes(), TensorOptions(DType::f32).with_device(x.device()))};
+    return {zeros(x.sizes(), TensorOptions(x.dtype()).with_device(x.device()))};
   }
   const uint32_t threshold = static_cast<uint32_t>(std::ceil(p * 16777216.0));
   const double scale = 1.0 / (1.0 - p);
   if (s) s->st = st, s->threshold = threshold, s->scale = scale;
-  return {apply_mask(x, st, threshold, scale)};
+  return {cuda_dropout_mask(x, st.seed, st.offset, threshold, scale)};
 }
 
 Grads dropout_backward_cuda(const Node&, const Grads& g, const OpSaved& saved) {
   const DropoutCudaSaved& s = saved.as<DropoutCudaSaved>();
   if (s.all_dropped) return {zeros(g[0].sizes(), TensorOptions(g[0].dtype()).with_device(g[0].device()))};
-  return {apply_mask(g[0], s.st, s.threshold, s.scale)};
+  check_cuda_dtype("dropout backward", g[0], "grad");
+  return {cuda_dropout_mask(g[0], s.st.seed, s.st.offset, s.threshold, s.scale)};
 }
 
 }  // namespace

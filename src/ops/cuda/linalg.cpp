@@ -1,24 +1,27 @@
-// CUDA kernels of linear and matmul on cuBLASLt (src/backend/cuda/gemm.h), row-major as on
-// the CPU; f32 (TF32 off: exact f32 products, as the CPU), bf16 and f16 (f32 accumulation).
+// CUDA kernels of linear, gelu_linear, linear_relu and matmul on cuBLASLt
+// (src/backend/cuda/gemm.h), row-major as on the CPU; f32 (TF32 off: exact f32 products, as
+// the CPU), bf16 and f16 (f32 accumulation).
 //
 // linear: y = x W^T + b over the rows of x [.., in] (W [out, in], b [out]), one GEMM with
 // the bias epilogue. Backward beside it:
 //   dx = g W            [M, out] x [out, in]
 //   dW = g^T x          [out, M] x [M, in]
-//   db = 1^T g          the column sums as a [1, M] x [M, out] GEMM (a fixed order, no atomics)
-// gelu_linear: y = gelu_tanh(x) W^T + b (f32), h = gelu(x) in a scratch freed after the GEMM, as
-//   on the CPU (src/ops/gelu_linear.cpp) only x and W are saved. Backward recomputes h:
-//   dx = (g W) ⊙ gelu'(x), dW = g^T h, db = 1^T g. 16-bit x: "not yet supported on cuda"
-//   (the GELU kernels are f32; cuBLASLt's GELU epilogue is the speed work's).
+//   db = Σ_rows g       the deterministic f64 column sums (reduce.h; no atomics)
+// Under bf16 autocast over f32 master weights (OpDef::f32_master) the GEMMs read the bf16
+// copies and dW, db come out in f32 (cuBLASLt writing its f32 accumulators), as on the CPU.
+// gelu_linear and linear_relu: see their sections below.
 // matmul: [..., m, k] x [k, n] (leading dims folded into the rows), or [B, m, k] x [B, k, n]
 //   (one strided-batched GEMM); dA = g B^T, dB = A^T g. 1-D operands and broadcast batches:
 //   "not yet supported on cuda".
+#include <array>
+
 #include "athanor/autograd/function.h"
 #include "athanor/ops/linalg.h"
 #include "backend/cuda/elementwise.h"
 #include "backend/cuda/gemm.h"
 #include "backend/cuda/runtime.h"
 #include "ops/cuda/cuda_kernels.h"
+#include "ops/cuda/device_ops.h"
 #include "ops/op_def.h"
 
 namespace athanor::detail {
@@ -34,56 +37,93 @@ void check_operand(const char* op, const Tensor& t, const char* name, DType dtyp
              Hint{"give every input of '" + std::string(op) + "' one dtype (or use autocast)"});
 }
 
-// C [m, n] = op(A) op(B) (+ bias) with A, B, C contiguous row-major on `dev`.
-void run_gemm(int dev, DType dt, bool ta, bool tb, int64_t m, int64_t n, int64_t k, const Tensor& a, const Tensor& b,
-              const Tensor& c, const Tensor& bias = Tensor(), int64_t batch = 1) {
-  cuda::GemmArgs g;
-  g.dtype = dt;
-  g.trans_a = ta, g.trans_b = tb;
-  g.m = m, g.n = n, g.k = k;
-  g.a = a.device_data(), g.b = b.device_data(), g.c = c.device_data();
-  if (bias.defined()) {
-    g.bias = bias.device_data();
-    g.epilogue = cuda::GemmEpilogue::bias;
-  }
-  g.batch = batch;
-  g.stride_a = m * k, g.stride_b = k * n, g.stride_c = m * n;
-  g.allow_tf32 = false;  // the config's switch is not wired yet: exact f32, as the CPU
-  cuda::DeviceGuard guard(dev);
-  cuda::gemm(g, dev, cuda::compute_stream(dev));
-}
-
 Tensor device_empty(const Shape& s, DType dt, Device d) { return empty(s, TensorOptions(dt).with_device(d)); }
 
+// The linear-shaped ops (linear, gelu_linear, linear_relu). Under bf16 autocast over f32
+// master weights (OpDef::f32_master) the GEMMs read the bf16 copies and dW, db are written
+// in f32 from the f32 accumulators (cuBLASLt's C in f32), as on the CPU.
 struct LinearSaved : OpSaved {
-  SavedTensor x, w;
-  bool has_bias = false;
+  SavedTensor x, w, y;  // x: the GEMM's input (gelu_linear: before the GELU); y: linear_relu's output
+  bool has_bias = false, master = false;
 };
+
+// x [.., in], W [out, in], b [out] (b may be undefined): checked, {M, out, in}.
+std::array<int64_t, 3> linear_dims(const char* op, const Tensor& x, const Tensor& w, const Tensor& b) {
+  const DType dt = x.dtype();
+  check_operand(op, x, "x", dt);
+  check_operand(op, w, "weight", dt);
+  if (b.defined()) check_operand(op, b, "bias", dt);
+  ATH_CHECK(x.dim() >= 1 && w.dim() == 2 && x.size(-1) == w.size(1), op, "x ", x.describe(), " and weight ", w.describe(),
+            " do not match: weight must be [out, in] with in = x's last dim");
+  const int64_t out = w.size(0), in = w.size(1), M = in == 0 ? 0 : x.numel() / in;
+  ATH_CHECK(!b.defined() || (b.dim() == 1 && b.size(0) == out), op, "bias ", b.describe(), " must be [", out, "]");
+  return {M, out, in};
+}
+
+Shape with_last(const Shape& s, int64_t last) {
+  Shape r = s;
+  r.back() = last;
+  return r;
+}
+
+// y = act(h W^T + b) over the rows of h, the activation in the GEMM's epilogue.
+Tensor linear_forward(int dev, const Tensor& h, const Tensor& wc, const Tensor& bc, int64_t M, int64_t out, int64_t in,
+                      cuda::GemmEpilogue epi) {
+  Tensor y = device_empty(with_last(h.sizes(), out), h.dtype(), h.device());
+  if (M > 0 && out > 0) {
+    if (in == 0) {
+      y.zero_();  // an empty inner dim: x W^T is 0 (then the bias, through the pointwise add)
+      if (bc.defined()) y = cuda_pointwise(cuda::PointwiseOp::add, {y, bc}, y.sizes(), y.dtype());
+      if (epi == cuda::GemmEpilogue::relu) y = cuda_pointwise(cuda::PointwiseOp::relu, {y}, y.sizes(), y.dtype());
+    } else {
+      cuda_gemm(dev, h.dtype(), false, true, M, out, in, h, wc, y, bc, 1, epi);
+    }
+  }
+  return y;
+}
+
+// The GEMM gradients of y = h W^T + b (h [.., in]) from dz [.., out] (contiguous): dh = dz W
+// (f32 when dh_f32, else dz's dtype), dW = dz^T h, db = Σ_rows dz (dW, db in f32 when
+// master). W is read only for dh, h only for dW (a callable, so that gelu_linear recomputes
+// its GELU only then).
+template <class H>
+void linear_grads(const Tensor& dz, int64_t in, const Tensor& w, H&& h_for_dw, bool master, bool dh_f32, Tensor* dh,
+                  Tensor* dw, Tensor* db) {
+  const DType dt = dz.dtype();
+  const int dev = dz.device().index;
+  const int64_t out = dz.size(-1), M = out == 0 ? 0 : dz.numel() / out;
+  if (dh) {
+    *dh = device_empty(with_last(dz.sizes(), in), dh_f32 ? DType::f32 : dt, dz.device());
+    if (M * in > 0) {
+      if (out == 0) dh->zero_();
+      else cuda_gemm(dev, dt, false, false, M, in, out, dz, w, *dh, Tensor(), 1, cuda::GemmEpilogue::none, dh_f32);
+    }
+  }
+  const DType pdt = master ? DType::f32 : dt;
+  if (dw) {
+    *dw = device_empty({out, in}, pdt, dz.device());
+    if (out * in > 0) {
+      if (M == 0) dw->zero_();
+      else cuda_gemm(dev, dt, true, false, out, in, M, dz, h_for_dw(), *dw, Tensor(), 1, cuda::GemmEpilogue::none, master);
+    }
+  }
+  if (db) {  // the column sums, deterministic, in f64 (reduce.h)
+    std::vector<int64_t> rows;
+    for (int64_t d = 0; d + 1 < dz.dim(); ++d) rows.push_back(d);
+    *db = cuda_sum_dims(dz, rows, false, 1.0, pdt);
+  }
+}
 
 std::vector<Tensor> linear_cuda(OpCall& c) {
   const Tensor &x = c.in(0), &w = c.in(1), &b = c.in(2);
-  if (c.runs_on_master(1))  // the CPU's dW-in-f32-from-bf16 path (OpDef::f32_master) has no CUDA twin yet
-    cuda_unsupported("linear", "bf16 autocast over f32 master weights (run f32, or cast the weights yourself)");
-  const DType dt = x.dtype();
-  check_operand("linear", x, "x", dt);
-  check_operand("linear", w, "weight", dt);
-  if (b.defined()) check_operand("linear", b, "bias", dt);
-  ATH_CHECK(x.dim() >= 1 && w.dim() == 2 && x.size(-1) == w.size(1), "linear", "x ", x.describe(), " and weight ",
-            w.describe(), " do not match: weight must be [out, in] with in = x's last dim");
-  const int64_t out = w.size(0), in = w.size(1), M = in == 0 ? 0 : x.numel() / in;
-  ATH_CHECK(!b.defined() || (b.dim() == 1 && b.size(0) == out), "linear", "bias ", b.describe(), " must be [", out, "]");
-  Shape ys = x.sizes();
-  ys.back() = out;
-  Tensor y = device_empty(ys, dt, x.device());
+  const auto [M, out, in] = linear_dims("linear", x, w, b);
   const Tensor xc = cuda_contiguous(x), wc = cuda_contiguous(w), bc = cuda_contiguous(b);
-  if (M > 0 && out > 0) {
-    if (in == 0) y.zero_();
-    else run_gemm(cuda_index(c), dt, false, true, M, out, in, xc, wc, y, bc);
-  }
+  Tensor y = linear_forward(cuda_index(c), xc, wc, bc, M, out, in, cuda::GemmEpilogue::none);
   if (c.records()) {
     LinearSaved& s = c.save<LinearSaved>();
+    s.master = c.runs_on_master(1);
     if (c.requires_grad(1)) s.x = save(xc, "x");
-    if (c.requires_grad(0)) s.w = save(wc, "weight");
+    if (c.requires_grad(0)) s.w = save(wc, s.master ? "weight (bf16 copy)" : "weight");
     s.has_bias = b.defined();
   }
   return {y};
@@ -92,71 +132,34 @@ std::vector<Tensor> linear_cuda(OpCall& c) {
 Grads linear_backward_cuda(const Node& n, const Grads& g, const OpSaved& saved) {
   const LinearSaved& s = saved.as<LinearSaved>();
   const Tensor gy = cuda_contiguous(g[0]);
-  const DType dt = gy.dtype();
-  const int dev = gy.device().index;
-  const int64_t out = gy.size(-1), M = out == 0 ? 0 : gy.numel() / out;
   Grads r(3);
-  if (needs_grad(n, 0)) {
-    const Tensor w = s.w.unpack(n);
-    const int64_t in = w.size(1);
-    Shape xs = gy.sizes();
-    xs.back() = in;
-    r[0] = device_empty(xs, dt, gy.device());
-    if (M * in > 0) {
-      if (out == 0) r[0].zero_();
-      else run_gemm(dev, dt, false, false, M, in, out, gy, w, r[0]);
-    }
-  }
-  if (needs_grad(n, 1)) {
-    const Tensor x = s.x.unpack(n);
-    const int64_t in = x.size(-1);
-    r[1] = device_empty({out, in}, dt, gy.device());
-    if (out * in > 0) {
-      if (M == 0) r[1].zero_();
-      else run_gemm(dev, dt, true, false, out, in, M, gy, x, r[1]);
-    }
-  }
-  if (s.has_bias && needs_grad(n, 2)) {
-    r[2] = device_empty({out}, dt, gy.device());
-    if (out > 0) {
-      if (M == 0) r[2].zero_();
-      else run_gemm(dev, dt, false, false, 1, out, M, ones({M}, TensorOptions(dt).with_device(gy.device())), gy, r[2]);
-    }
-  }
+  // dx needs W (saved when x requires grad), dW needs x (saved when W requires grad).
+  const Tensor w = needs_grad(n, 0) ? s.w.unpack(n) : Tensor();
+  const int64_t in = n.input_meta[0].sizes.back();
+  linear_grads(gy, in, w, [&] { return s.x.unpack(n); }, s.master, false, needs_grad(n, 0) ? &r[0] : nullptr,
+               needs_grad(n, 1) ? &r[1] : nullptr, s.has_bias && needs_grad(n, 2) ? &r[2] : nullptr);
   return r;
 }
 
-// ---- gelu_linear
+// ---- gelu_linear: y = gelu_tanh(x) W^T + b; h = gelu(x) in a scratch freed after the GEMM
+// (only x and W are saved, as on the CPU). Backward recomputes h for dW:
+//   dx = (g W) ⊙ gelu'(x)  (g W in f32, then one rounding), dW = g^T h, db = Σ_rows g.
 std::vector<Tensor> gelu_linear_cuda(OpCall& c) {
-  const Tensor &x = c.in(0), &w = c.in(1), &b = c.in(2);
   const char* op = "gelu_linear";
-  if (c.runs_on_master(1)) cuda_unsupported(op, "bf16 autocast over f32 master weights (run f32)");
-  if (x.dtype() != DType::f32) cuda_unsupported(op, "x is " + x.describe() + " (the CUDA GELU kernels take f32)");
-  check_operand(op, w, "weight", DType::f32);
-  if (b.defined()) check_operand(op, b, "bias", DType::f32);
-  ATH_CHECK(x.dim() >= 1 && w.dim() == 2 && x.size(-1) == w.size(1), op, "x ", x.describe(), " and weight ", w.describe(),
-            " do not match: weight must be [out, in] with in = x's last dim");
-  const int64_t out = w.size(0), in = w.size(1), M = in == 0 ? 0 : x.numel() / in;
-  ATH_CHECK(!b.defined() || (b.dim() == 1 && b.size(0) == out), op, "bias ", b.describe(), " must be [", out, "]");
-  Shape ys = x.sizes();
-  ys.back() = out;
-  Tensor y = device_empty(ys, DType::f32, x.device());
+  const Tensor &x = c.in(0), &w = c.in(1), &b = c.in(2);
+  const auto [M, out, in] = linear_dims(op, x, w, b);
+  if (in == 0 && M > 0 && out > 0) cuda_unsupported(op, "an empty input dim (x " + x.describe() + ")");
   const Tensor xc = cuda_contiguous(x), wc = cuda_contiguous(w), bc = cuda_contiguous(b);
-  const int dev = cuda_index(c);
-  if (in == 0 && y.numel() > 0) cuda_unsupported(op, "an empty input dim (x " + x.describe() + ")");
-  if (M > 0 && out > 0) {
-    Tensor h = device_empty(xc.sizes(), DType::f32, x.device());  // scratch, freed after the GEMM
-    {
-      cuda::DeviceGuard guard(dev);
-      cuda::gelu_tanh_forward(static_cast<const float*>(xc.device_data()), static_cast<float*>(h.device_data()),
-                              xc.numel(), cuda::compute_stream(dev));
-    }
-    run_gemm(dev, DType::f32, false, true, M, out, in, h, wc, y, bc);
+  Tensor y;
+  {
+    const Tensor h = cuda_pointwise(cuda::PointwiseOp::gelu_tanh, {xc}, xc.sizes(), xc.dtype());
+    y = linear_forward(cuda_index(c), h, wc, bc, M, out, in, cuda::GemmEpilogue::none);
   }
   if (c.records()) {
     LinearSaved& s = c.save<LinearSaved>();
+    s.master = c.runs_on_master(1);
     s.x = save(xc, "x");
-    if (c.requires_grad(0)) s.w = save(wc, "weight");
+    if (c.requires_grad(0)) s.w = save(wc, s.master ? "weight (bf16 copy)" : "weight");
     s.has_bias = b.defined();
   }
   return {y};
@@ -165,50 +168,43 @@ std::vector<Tensor> gelu_linear_cuda(OpCall& c) {
 Grads gelu_linear_backward_cuda(const Node& n, const Grads& g, const OpSaved& saved) {
   const LinearSaved& s = saved.as<LinearSaved>();
   const Tensor gy = cuda_contiguous(g[0]);
-  if (gy.dtype() != DType::f32) cuda_unsupported("gelu_linear backward", "grad is " + gy.describe() + " (f32 only)");
-  const int dev = gy.device().index;
-  const cudaStream_t st = cuda::compute_stream(dev);
   const Tensor x = s.x.unpack(n);
-  const int64_t out = gy.size(-1), in = x.size(-1), M = in == 0 ? 0 : x.numel() / in;
+  const Tensor w = needs_grad(n, 0) ? s.w.unpack(n) : Tensor();
   Grads r(3);
-  if (needs_grad(n, 0)) {
-    const Tensor w = s.w.unpack(n);
-    r[0] = device_empty(x.sizes(), DType::f32, gy.device());
-    if (M * in > 0) {
-      if (out == 0) {
-        r[0].zero_();
-      } else {
-        Tensor dh = device_empty(x.sizes(), DType::f32, gy.device());
-        run_gemm(dev, DType::f32, false, false, M, in, out, gy, w, dh);
-        cuda::DeviceGuard guard(dev);
-        cuda::gelu_tanh_backward(static_cast<const float*>(dh.device_data()), static_cast<const float*>(x.device_data()),
-                                 static_cast<float*>(r[0].device_data()), x.numel(), st);
-      }
-    }
+  Tensor dh;
+  linear_grads(
+      gy, x.size(-1), w, [&] { return cuda_pointwise(cuda::PointwiseOp::gelu_tanh, {x}, x.sizes(), x.dtype()); }, s.master, true,
+      needs_grad(n, 0) ? &dh : nullptr, needs_grad(n, 1) ? &r[1] : nullptr, s.has_bias && needs_grad(n, 2) ? &r[2] : nullptr);
+  if (dh.defined()) r[0] = cuda_pointwise(cuda::PointwiseOp::gelu_tanh_backward, {dh, x}, x.sizes(), x.dtype());
+  return r;
+}
+
+// ---- linear_relu: y = relu(x W^T + b), the ReLU in cuBLASLt's epilogue. Backward from y:
+//   dz = g [y > 0], dx = dz W, dW = dz^T x, db = Σ_rows dz.
+std::vector<Tensor> linear_relu_cuda(OpCall& c) {
+  const Tensor &x = c.in(0), &w = c.in(1), &b = c.in(2);
+  const auto [M, out, in] = linear_dims("linear_relu", x, w, b);
+  const Tensor xc = cuda_contiguous(x), wc = cuda_contiguous(w), bc = cuda_contiguous(b);
+  Tensor y = linear_forward(cuda_index(c), xc, wc, bc, M, out, in, cuda::GemmEpilogue::relu);
+  if (c.records()) {
+    LinearSaved& s = c.save<LinearSaved>();
+    s.master = c.runs_on_master(1);
+    s.x = save(xc, "x");
+    s.w = save(wc, s.master ? "weight (bf16 copy)" : "weight");
+    s.y = save(y, "result");
+    s.has_bias = b.defined();
   }
-  if (needs_grad(n, 1)) {
-    r[1] = device_empty({out, in}, DType::f32, gy.device());
-    if (out * in > 0) {
-      if (M == 0) {
-        r[1].zero_();
-      } else {
-        Tensor h = device_empty(x.sizes(), DType::f32, gy.device());
-        {
-          cuda::DeviceGuard guard(dev);
-          cuda::gelu_tanh_forward(static_cast<const float*>(x.device_data()), static_cast<float*>(h.device_data()),
-                                  x.numel(), st);
-        }
-        run_gemm(dev, DType::f32, true, false, out, in, M, gy, h, r[1]);
-      }
-    }
-  }
-  if (s.has_bias && needs_grad(n, 2)) {
-    r[2] = device_empty({out}, DType::f32, gy.device());
-    if (out > 0) {
-      if (M == 0) r[2].zero_();
-      else run_gemm(dev, DType::f32, false, false, 1, out, M, ones({M}, TensorOptions(DType::f32).with_device(gy.device())), gy, r[2]);
-    }
-  }
+  return {y};
+}
+
+Grads linear_relu_backward_cuda(const Node& n, const Grads& g, const OpSaved& saved) {
+  const LinearSaved& s = saved.as<LinearSaved>();
+  const Tensor y = s.y.unpack(n);
+  const Tensor dz = cuda_pointwise(cuda::PointwiseOp::relu_backward, {g[0], y}, y.sizes(), y.dtype());
+  Grads r(3);
+  linear_grads(dz, s.x.unpack(n).size(-1), s.w.unpack(n), [&] { return s.x.unpack(n); }, s.master, false,
+               needs_grad(n, 0) ? &r[0] : nullptr,
+               needs_grad(n, 1) ? &r[1] : nullptr, s.has_bias && needs_grad(n, 2) ? &r[2] : nullptr);
   return r;
 }
 
@@ -240,7 +236,7 @@ std::vector<Tensor> matmul_cuda(OpCall& c) {
   const Tensor ac = cuda_contiguous(a), bc = cuda_contiguous(b);
   if (y.numel() > 0) {
     if (k == 0) y.zero_();
-    else run_gemm(cuda_index(c), dt, false, false, m, n, k, ac, bc, y, Tensor(), batch);
+    else cuda_gemm(cuda_index(c), dt, false, false, m, n, k, ac, bc, y, Tensor(), batch);
   }
   if (c.records()) {
     MatmulSaved& s = c.save<MatmulSaved>();
@@ -264,14 +260,14 @@ Grads matmul_backward_cuda(const Node& nd, const Grads& g, const OpSaved& saved)
     r[0] = device_empty(s.a_shape, dt, gy.device());
     if (r[0].numel() > 0) {
       if (s.n == 0) r[0].zero_();
-      else run_gemm(dev, dt, false, true, s.m, s.k, s.n, gy, s.b.unpack(nd), r[0], Tensor(), s.batch);
+      else cuda_gemm(dev, dt, false, true, s.m, s.k, s.n, gy, s.b.unpack(nd), r[0], Tensor(), s.batch);
     }
   }
   if (needs_grad(nd, 1)) {
     r[1] = device_empty(s.b_shape, dt, gy.device());
     if (r[1].numel() > 0) {
       if (s.m == 0) r[1].zero_();
-      else run_gemm(dev, dt, true, false, s.k, s.n, s.m, s.a.unpack(nd), gy, r[1], Tensor(), s.batch);
+      else cuda_gemm(dev, dt, true, false, s.k, s.n, s.m, s.a.unpack(nd), gy, r[1], Tensor(), s.batch);
     }
   }
   return r;
@@ -283,6 +279,7 @@ void cuda_linalg_ops(std::vector<CudaOpEntry>& out) {
   out.push_back({"linear", {linear_cuda, linear_backward_cuda}});
   out.push_back({"matmul", {matmul_cuda, matmul_backward_cuda}});
   out.push_back({"gelu_linear", {gelu_linear_cuda, gelu_linear_backward_cuda}});
+  out.push_back({"linear_relu", {linear_relu_cuda, linear_relu_backward_cuda}});
 }
 
 }  // namespace athanor::detail

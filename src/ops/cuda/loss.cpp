@@ -1,24 +1,33 @@
-// CUDA kernel of cross_entropy (f32 logits [N, C] or [C]; src/backend/cuda/kernels.h): the
-// fused log-softmax + NLL of the CPU op (src/ops/cross_entropy.cpp), same semantics:
-// ignore_index, label smoothing, reductions none / sum / mean (mean over the non-ignored
-// targets; NaN when all are ignored).
+// CUDA kernel of cross_entropy (logits [N, C] or [C] in f32, bf16 or f16;
+// src/backend/cuda/kernels.h): the fused log-softmax + NLL of the CPU op
+// (src/ops/cross_entropy.cpp), same semantics: ignore_index, label smoothing, reductions
+// none / sum / mean (mean over the non-ignored targets; NaN when all are ignored).
 // Forward keeps the logits and two f32 numbers per row (max, log-sum-exp); the per-row losses
-// are summed in f64 in a fixed order on the device (cuda::sum), so the loss never leaves the
-// device. The targets are copied to the host once per call (N ids, not the logits) to be
-// validated and counted, so an out-of-range id is an Error naming it and its position, as on
-// the CPU, never an illegal address: that copy is the one host sync of the call.
-// Backward: dlogits = (softmax - (1 - eps) onehot(t) - eps / C) / count, then times the
-// upstream gradient row by row on the device (a scalar for sum/mean, g[n] for none).
-// 16-bit logits (autocast's reads_lowp path): "not yet supported on cuda".
+// and the count of counted rows are summed in f64 in a fixed order on the device (cuda::sum),
+// and the mean divides there, so nothing leaves the device.
+// No host sync: the targets are validated by a kernel (backend/cuda/loss_targets.h). An id
+// out of range is recorded there and raised as an Error naming it and its position at the
+// next read from the device (the loss's read-back, so the run cannot go on unnoticed), its
+// row left out rather than read out of bounds. Under anomaly mode (the debugging mode) the
+// call itself syncs and raises, as the CPU does. A sync per step to validate N ids would
+// stall the pipeline of queued kernels, which is the GPU's speed.
+// Backward: dlogits = (softmax - (1 - eps) onehot(t) - eps / C) times the upstream gradient
+// per row, read on the device (g / count for mean, g for sum, g[n] for none), in one pass.
+// 16-bit logits (autocast's lm_head output) are read in place, math in f32, and the gradient
+// is written in their dtype: no f32 copy of the logits is made or kept.
+#include <algorithm>
 #include <cmath>
 #include <limits>
 #include <string>
 
+#include "athanor/autograd/anomaly.h"
 #include "athanor/autograd/function.h"
 #include "athanor/ops/loss.h"
 #include "backend/cuda/kernels.h"
+#include "backend/cuda/loss_targets.h"
 #include "backend/cuda/runtime.h"
 #include "ops/cuda/cuda_kernels.h"
+#include "ops/cuda/device_ops.h"
 #include "ops/op_args.h"
 #include "ops/op_def.h"
 #include "ops/op_utils.h"
@@ -27,8 +36,8 @@ namespace athanor::detail {
 namespace {
 
 struct CrossEntropyCudaSaved : OpSaved {
-  SavedTensor logits, stats, targets;  // logits contiguous f32, stats [N, 2] f32, targets i64 on the device
-  int64_t N = 0, C = 0, count = 0, ignore_index = -100;
+  SavedTensor logits, stats, targets, count;  // logits contiguous (their dtype), stats [N, 2] f32, targets i64, count f64 [0]
+  int64_t N = 0, C = 0, ignore_index = -100;
   double label_smoothing = 0;
   Reduction reduction = Reduction::mean;
 };
@@ -39,74 +48,79 @@ std::vector<Tensor> cross_entropy_cuda(OpCall& c) {
   const auto [ignore_index, label_smoothing, reduction] = c.args<CrossEntropyArgs>();
   const auto [N, C] = check_cross_entropy_args(logits, target, label_smoothing, op);
   const bool batched = logits.dim() == 2;
-  if (logits.dtype() != DType::f32) cuda_unsupported(op, "logits are " + logits.describe() + " (the CUDA kernel takes f32)");
+  check_cuda_dtype(op, logits, "logits");
 
-  const Tensor host_t = target.cpu().to(DType::i64).contiguous();
-  const int64_t* tv = host_t.data_ptr<int64_t>();
-  int64_t count = 0;
-  for (int64_t n = 0; n < N; ++n) {
-    const int64_t t = tv[n];
-    if (t == ignore_index) continue;
-    ATH_CHECK(t >= 0 && t < C, op, "target value ", t, " at position ", n, " is out of range for C = ", C,
-              " classes (logits ", logits.describe(), "; valid targets are 0 to ", C - 1, ", or ignore_index = ",
-              ignore_index, ")", Hint{"check the label preprocessing and that the model's output size matches the number of classes"});
-    ++count;
-  }
   const Device dev_of = logits.device();
-  const TensorOptions f32_on(TensorOptions(DType::f32).with_device(dev_of));
-  // The validated ids uploaded as i64: also the backward's private copy (an in-place edit of
-  // target after forward cannot change backward).
-  const Tensor tdev = host_t.to(dev_of);
-  const Tensor lc = cuda_contiguous(logits);
-  Tensor stats = empty({N, 2}, f32_on), rows = empty({N}, f32_on);
   const int dev = cuda_index(c);
+  const TensorOptions f32_on(TensorOptions(DType::f32).with_device(dev_of));
   cuda::DeviceGuard g(dev);
   const cudaStream_t s = cuda::compute_stream(dev);
+  // The validated ids as i64 (the backward's private copy: an in-place edit of target after
+  // forward cannot change backward) and each row's weight (1 counted, 0 ignored).
+  const Tensor tc = cuda_contiguous(target);
+  Tensor ids = empty({N}, TensorOptions(DType::i64).with_device(dev_of)), weight = empty({N}, f32_on);
+  cuda::prepare_targets(tc.device_data(), tc.dtype(), N, C, ignore_index, static_cast<int64_t*>(ids.device_data()),
+                        static_cast<float*>(weight.device_data()), cuda::device_error_record(dev), s);
+  if (anomaly_mode_enabled()) cuda::check_device_errors_now(dev);  // the debugging mode: raised at the call, as on the CPU
+  const Tensor lc = cuda_contiguous(logits);  // read in place in its dtype (f32 math in the kernel)
+  Tensor stats = empty({N, 2}, f32_on), rows = empty({N}, f32_on);
   if (C > 0 && N > 0)
-    cuda::cross_entropy_forward(static_cast<const float*>(lc.device_data()), static_cast<const int64_t*>(tdev.device_data()),
+    cuda::cross_entropy_forward(lc.device_data(), lc.dtype(), static_cast<const int64_t*>(ids.device_data()),
                                 static_cast<float*>(stats.device_data()), static_cast<float*>(rows.device_data()), N, C,
                                 ignore_index, label_smoothing, s);
   else
     rows.zero_();
+  // acc[0] = count = Σ weight, acc[1] = Σ rows (f64, the fixed order of cuda::sum), then scratch.
+  const int64_t scratch = cuda::sum_squares_scratch(std::max<int64_t>(N, 1));
+  Tensor acc = empty({2 + scratch}, TensorOptions(DType::f64).with_device(dev_of));
+  double* base = static_cast<double*>(acc.device_data());
+  if (N > 0) {
+    cuda::sum(static_cast<const float*>(weight.device_data()), N, base + 2, base, s);
+    if (reduction != Reduction::none) cuda::sum(static_cast<const float*>(rows.device_data()), N, base + 2, base + 1, s);
+  } else {
+    acc.zero_();
+  }
   Tensor out;
   if (reduction == Reduction::none) {
     out = batched ? rows : rows.view({});
   } else {
     out = empty({}, f32_on);
-    const double scale = reduction == Reduction::sum ? 1.0
-                         : count > 0                 ? 1.0 / static_cast<double>(count)
-                                                     : std::numeric_limits<double>::quiet_NaN();
-    Tensor acc = empty({1 + cuda::sum_squares_scratch(N)}, TensorOptions(DType::f64).with_device(dev_of));
-    double* base = static_cast<double*>(acc.device_data());
-    cuda::sum(static_cast<const float*>(rows.device_data()), N, base + 1, base, s);
-    cuda::f64_to_f32(base, scale, static_cast<float*>(out.device_data()), 1, s);
+    cuda::loss_reduce(base + 1, base, reduction == Reduction::mean, static_cast<float*>(out.device_data()), s);
   }
   if (c.records()) {
     CrossEntropyCudaSaved& sv = c.save<CrossEntropyCudaSaved>();
     sv.logits = save(lc, "logits"), sv.stats = save(stats, "row_stats");
-    sv.targets = save(tdev, "targets");
-    sv.N = N, sv.C = C, sv.count = count, sv.ignore_index = ignore_index, sv.label_smoothing = label_smoothing;
+    sv.targets = save(ids, "targets"), sv.count = save(acc, "count");
+    sv.N = N, sv.C = C, sv.ignore_index = ignore_index, sv.label_smoothing = label_smoothing;
     sv.reduction = reduction;
   }
-  return {out};
+  // f32 for 16-bit logits under autocast (reads_lowp), else the logits' dtype, as on the CPU.
+  const bool lowp = logits.dtype() == DType::bf16 || logits.dtype() == DType::f16;
+  return {cuda_as(out, c.autocast() && lowp ? DType::f32 : logits.dtype())};
 }
 
 Grads cross_entropy_backward_cuda(const Node& nd, const Grads& g, const OpSaved& saved) {
   const CrossEntropyCudaSaved& s = saved.as<CrossEntropyCudaSaved>();
-  const Tensor lc = s.logits.unpack(nd), stats = s.stats.unpack(nd), t = s.targets.unpack(nd);
-  if (g[0].dtype() != DType::f32) cuda_unsupported("cross_entropy backward", "grad is " + g[0].describe() + " (f32 only)");
-  const Tensor gc = cuda_contiguous(g[0]);
-  Tensor dx = empty(lc.sizes(), TensorOptions(DType::f32).with_device(lc.device()));
+  const Tensor lc = s.logits.unpack(nd), stats = s.stats.unpack(nd), t = s.targets.unpack(nd), count = s.count.unpack(nd);
+  check_cuda_dtype("cross_entropy backward", g[0], "grad");
+  const Tensor gc = cuda_as(g[0], DType::f32);
+  Tensor dx = empty(lc.sizes(), TensorOptions(lc.dtype()).with_device(lc.device()));
   const int dev = lc.device().index;
   cuda::DeviceGuard guard(dev);
   const cudaStream_t cs = cuda::compute_stream(dev);
   if (s.C > 0 && s.N > 0) {
-    const double scale = s.reduction == Reduction::mean ? 1.0 / static_cast<double>(s.count) : 1.0;
-    cuda::cross_entropy_backward(static_cast<const float*>(lc.device_data()), static_cast<const int64_t*>(t.device_data()),
-                                 static_cast<const float*>(stats.device_data()), scale,
-                                 static_cast<float*>(dx.device_data()), s.N, s.C, s.ignore_index, s.label_smoothing, cs);
-    cuda::mul_rows(static_cast<float*>(dx.device_data()), static_cast<const float*>(gc.device_data()),
-                   s.reduction == Reduction::none ? 1 : 0, s.N, s.C, cs);
+    // Each row's factor: g[n] (none), or one factor for every row, g / count (mean) or g
+    // (sum), computed on the device; the kernel multiplies by it before its one rounding.
+    Tensor factor = gc;
+    if (s.reduction != Reduction::none) {
+      factor = empty({1}, TensorOptions(DType::f32).with_device(lc.device()).with_tag(MemTag::workspace));
+      cuda::loss_grad_factor(static_cast<const float*>(gc.device_data()), static_cast<const double*>(count.device_data()),
+                             s.reduction == Reduction::mean, static_cast<float*>(factor.device_data()), cs);
+    }
+    cuda::cross_entropy_backward(lc.device_data(), lc.dtype(), static_cast<const int64_t*>(t.device_data()),
+                                 static_cast<const float*>(stats.device_data()), static_cast<const float*>(factor.device_data()),
+                                 s.reduction == Reduction::none ? 1 : 0, dx.device_data(), s.N, s.C, s.ignore_index,
+                                 s.label_smoothing, cs);
   }
   return {dx, Tensor()};  // targets are class ids: no gradient
 }

@@ -5,15 +5,18 @@
 //   rms_norm:   dx = rstd (dnorm - xhat mean(dnorm xhat)), xhat = x rstd; dw = Σ_rows g xhat
 //   softmax:    dx = y (g - Σ_c g y)                 over the softmax dim
 // softmax over a dim other than the last moves that dim last (a strided copy), runs the
-// row kernel and hands back a view in the input's dim order. log_softmax, 16-bit inputs
-// (autocast's reads_lowp path) and layer_norm's fused autocast paths: "not yet supported on
-// cuda".
+// row kernel and hands back a view in the input's dim order.
+// 16-bit inputs: widened to f32 on the device, the f32 kernels run, the results rounded once
+// into the input's dtype (the parameters' for dw, db) — or kept in f32 for a 16-bit x under
+// autocast, as the CPU's reads_lowp path returns. A 16-bit x is saved as it is (no f32 copy
+// kept for the backward). Reading 16-bit rows inside the kernels is the speed work's.
 #include "athanor/autograd/function.h"
 #include "athanor/ops/norm.h"
 #include "athanor/ops/softmax.h"
 #include "backend/cuda/kernels.h"
 #include "backend/cuda/runtime.h"
 #include "ops/cuda/cuda_kernels.h"
+#include "ops/cuda/device_ops.h"
 #include "ops/op_args.h"
 #include "ops/op_def.h"
 #include "ops/op_utils.h"
@@ -25,31 +28,35 @@ const float* f32(const Tensor& t) { return t.defined() ? static_cast<const float
 float* f32_mut(const Tensor& t) { return t.defined() ? static_cast<float*>(t.device_data()) : nullptr; }
 Tensor f32_empty(const Shape& s, Device d) { return empty(s, TensorOptions(DType::f32).with_device(d)); }
 
-void check_f32(const char* op, const Tensor& t, const char* name) {
-  if (t.defined() && t.dtype() != DType::f32)
-    cuda_unsupported(op, std::string(name) + " is " + t.describe() + " (the CUDA kernel takes f32)");
-}
+bool is_lowp(DType d) { return d == DType::bf16 || d == DType::f16; }
+// The dtype a norm/softmax returns for x: x's, or f32 for a 16-bit x under autocast (reads_lowp).
+DType result_dtype(const OpCall& c, const Tensor& x) { return c.autocast() && is_lowp(x.dtype()) ? DType::f32 : x.dtype(); }
+DType dtype_or(const Tensor& t) { return t.defined() ? t.dtype() : DType::f32; }
+// x as the backward keeps it: a 16-bit x as it is, an f32 one as its contiguous f32 copy.
+Tensor kept(const Tensor& x, const Tensor& x32) { return is_lowp(x.dtype()) ? x : x32; }
+Tensor as_dtype(const Tensor& t, DType d) { return t.defined() ? cuda_as(t, d) : t; }
 
 // ---- layer_norm
 struct LayerNormCudaSaved : OpSaved {
   SavedTensor x, w, mean, rstd;
   Shape normalized_shape;
   bool has_bias = false;
+  DType x_dtype = DType::f32, b_dtype = DType::f32;
 };
 
 std::vector<Tensor> layer_norm_cuda(OpCall& c) {
   const Tensor &x = c.in(0), &w = c.in(1), &b = c.in(2);
   const LayerNormArgs& a = c.args<LayerNormArgs>();
-  check_f32("layer_norm", x, "x");
-  check_f32("layer_norm", w, "weight");
-  check_f32("layer_norm", b, "bias");
+  check_cuda_dtype("layer_norm", x, "x");
+  check_cuda_dtype("layer_norm", w, "weight");
+  check_cuda_dtype("layer_norm", b, "bias");
   check_normalized_shape(x, a.normalized_shape, "layer_norm");
   for (const Tensor* p : {&w, &b})
     ATH_CHECK(!p->defined() || p->sizes() == a.normalized_shape, "layer_norm", p == &w ? "weight" : "bias", " has shape ",
               shape_str(p->sizes()), " but normalized_shape is ", shape_str(a.normalized_shape),
               Hint{"give weight and bias exactly the normalized_shape"});
   const int64_t cols = shape_numel(a.normalized_shape), rows = cols == 0 ? 0 : x.numel() / cols;
-  const Tensor xc = cuda_contiguous(x), wc = cuda_contiguous(w), bc = cuda_contiguous(b);
+  const Tensor xc = cuda_as(x, DType::f32), wc = as_dtype(w, DType::f32), bc = as_dtype(b, DType::f32);
   Tensor y = f32_empty(x.sizes(), x.device()), mean = f32_empty({rows}, x.device()), rstd = f32_empty({rows}, x.device());
   const int dev = cuda_index(c);
   cuda::DeviceGuard g(dev);
@@ -58,18 +65,20 @@ std::vector<Tensor> layer_norm_cuda(OpCall& c) {
                              cuda::compute_stream(dev));
   if (c.records()) {
     LayerNormCudaSaved& s = c.save<LayerNormCudaSaved>();
-    s.x = save(xc, "input"), s.w = w.defined() ? save(wc, "weight") : SavedTensor();
+    s.x = save(kept(x, xc), "input"), s.w = w.defined() ? save(kept(w, wc), "weight") : SavedTensor();
     s.mean = save(mean, "mean"), s.rstd = save(rstd, "rstd");
     s.normalized_shape = a.normalized_shape, s.has_bias = b.defined();
+    s.x_dtype = x.dtype(), s.b_dtype = dtype_or(b);
   }
-  return {y};
+  return {cuda_as(y, result_dtype(c, x))};
 }
 
 Grads layer_norm_backward_cuda(const Node& n, const Grads& g, const OpSaved& saved) {
   const LayerNormCudaSaved& s = saved.as<LayerNormCudaSaved>();
-  const Tensor x = s.x.unpack(n), w = s.w.defined() ? s.w.unpack(n) : Tensor();
-  check_f32("layer_norm backward", g[0], "grad");
-  const Tensor gy = cuda_contiguous(g[0]);
+  const Tensor x16 = s.x.unpack(n), w16 = s.w.defined() ? s.w.unpack(n) : Tensor();
+  const Tensor x = cuda_as(x16, DType::f32), w = as_dtype(w16, DType::f32);
+  check_cuda_dtype("layer_norm backward", g[0], "grad");
+  const Tensor gy = cuda_as(g[0], DType::f32);
   const Tensor mean = s.mean.unpack(n), rstd = s.rstd.unpack(n);
   const int64_t cols = shape_numel(s.normalized_shape), rows = cols == 0 ? 0 : x.numel() / cols;
   Tensor dx = needs_grad(n, 0) ? f32_empty(x.sizes(), x.device()) : Tensor();
@@ -84,25 +93,26 @@ Grads layer_norm_backward_cuda(const Node& n, const Grads& g, const OpSaved& sav
     cuda::layer_norm_backward(f32(gy), f32(x), f32(w), f32(mean), f32(rstd), f32_mut(dx), f32_mut(dw), f32_mut(db), rows,
                               cols, cuda::compute_stream(dev));
   }
-  return {dx, dw, db};
+  return {as_dtype(dx, s.x_dtype), as_dtype(dw, dtype_or(w16)), as_dtype(db, s.b_dtype)};
 }
 
 // ---- rms_norm
 struct RmsNormCudaSaved : OpSaved {
   SavedTensor x, w, rstd;
   Shape normalized_shape;
+  DType x_dtype = DType::f32;
 };
 
 std::vector<Tensor> rms_norm_cuda(OpCall& c) {
   const Tensor &x = c.in(0), &w = c.in(1);
   const RmsNormArgs& a = c.args<RmsNormArgs>();
-  check_f32("rms_norm", x, "x");
-  check_f32("rms_norm", w, "weight");
+  check_cuda_dtype("rms_norm", x, "x");
+  check_cuda_dtype("rms_norm", w, "weight");
   check_normalized_shape(x, a.normalized_shape, "rms_norm");
   ATH_CHECK(!w.defined() || w.sizes() == a.normalized_shape, "rms_norm", "weight has shape ", shape_str(w.sizes()),
             " but normalized_shape is ", shape_str(a.normalized_shape), Hint{"give weight exactly the normalized_shape"});
   const int64_t cols = shape_numel(a.normalized_shape), rows = cols == 0 ? 0 : x.numel() / cols;
-  const Tensor xc = cuda_contiguous(x), wc = cuda_contiguous(w);
+  const Tensor xc = cuda_as(x, DType::f32), wc = as_dtype(w, DType::f32);
   Tensor y = f32_empty(x.sizes(), x.device()), rstd = f32_empty({rows}, x.device());
   const int dev = cuda_index(c);
   cuda::DeviceGuard g(dev);
@@ -110,17 +120,19 @@ std::vector<Tensor> rms_norm_cuda(OpCall& c) {
     cuda::rms_norm_forward(f32(xc), f32(wc), f32_mut(y), f32_mut(rstd), rows, cols, a.eps, cuda::compute_stream(dev));
   if (c.records()) {
     RmsNormCudaSaved& s = c.save<RmsNormCudaSaved>();
-    s.x = save(xc, "input"), s.w = w.defined() ? save(wc, "weight") : SavedTensor(), s.rstd = save(rstd, "rstd");
-    s.normalized_shape = a.normalized_shape;
+    s.x = save(kept(x, xc), "input"), s.w = w.defined() ? save(kept(w, wc), "weight") : SavedTensor();
+    s.rstd = save(rstd, "rstd");
+    s.normalized_shape = a.normalized_shape, s.x_dtype = x.dtype();
   }
-  return {y};
+  return {cuda_as(y, result_dtype(c, x))};
 }
 
 Grads rms_norm_backward_cuda(const Node& n, const Grads& g, const OpSaved& saved) {
   const RmsNormCudaSaved& s = saved.as<RmsNormCudaSaved>();
-  const Tensor x = s.x.unpack(n), w = s.w.defined() ? s.w.unpack(n) : Tensor(), rstd = s.rstd.unpack(n);
-  check_f32("rms_norm backward", g[0], "grad");
-  const Tensor gy = cuda_contiguous(g[0]);
+  const Tensor w16 = s.w.defined() ? s.w.unpack(n) : Tensor(), rstd = s.rstd.unpack(n);
+  const Tensor x = cuda_as(s.x.unpack(n), DType::f32), w = as_dtype(w16, DType::f32);
+  check_cuda_dtype("rms_norm backward", g[0], "grad");
+  const Tensor gy = cuda_as(g[0], DType::f32);
   const int64_t cols = shape_numel(s.normalized_shape), rows = cols == 0 ? 0 : x.numel() / cols;
   Tensor dx = needs_grad(n, 0) ? f32_empty(x.sizes(), x.device()) : Tensor();
   Tensor dw = w.defined() && needs_grad(n, 1) ? f32_empty(s.normalized_shape, x.device()) : Tensor();
@@ -132,7 +144,7 @@ Grads rms_norm_backward_cuda(const Node& n, const Grads& g, const OpSaved& saved
     cuda::rms_norm_backward(f32(gy), f32(x), f32(w), f32(rstd), f32_mut(dx), f32_mut(dw), rows, cols,
                             cuda::compute_stream(dev));
   }
-  return {dx, dw};
+  return {as_dtype(dx, s.x_dtype), as_dtype(dw, dtype_or(w16))};
 }
 
 // ---- softmax
@@ -146,38 +158,40 @@ Tensor swap_last(const Tensor& t, int64_t d) {
 }
 
 struct SoftmaxCudaSaved : OpSaved {
-  SavedTensor y;  // dim last, contiguous
+  SavedTensor y;  // dim last, contiguous, in the result's dtype
   int64_t dim = 0;
+  DType x_dtype = DType::f32;
 };
 
 std::vector<Tensor> softmax_cuda(OpCall& c) {
   const Tensor& x = c.in(0);
-  check_f32("softmax", x, "x");
+  check_cuda_dtype("softmax", x, "x");
   const int64_t dim = wrap_dim(c.args<SoftmaxArgs>().dim, x.dim(), "softmax");
-  const Tensor xs = cuda_contiguous(swap_last(x, dim));
+  const Tensor xs = cuda_as(swap_last(x, dim), DType::f32);
   const int64_t cols = x.dim() == 0 ? 1 : xs.size(-1), rows = cols == 0 ? 0 : x.numel() / cols;
   Tensor y = f32_empty(xs.sizes(), x.device());
   const int dev = cuda_index(c);
   cuda::DeviceGuard g(dev);
   if (x.numel() > 0) cuda::softmax_forward(f32(xs), f32_mut(y), rows, cols, cuda::compute_stream(dev));
+  const Tensor yr = cuda_as(y, result_dtype(c, x));  // the result as returned (rounded once)
   if (c.records()) {
     SoftmaxCudaSaved& s = c.save<SoftmaxCudaSaved>();
-    s.y = save(y, "result"), s.dim = dim;
+    s.y = save(yr, "result"), s.dim = dim, s.x_dtype = x.dtype();
   }
-  return {swap_last(y, dim)};
+  return {swap_last(yr, dim)};
 }
 
 Grads softmax_backward_cuda(const Node& n, const Grads& g, const OpSaved& saved) {
   const SoftmaxCudaSaved& s = saved.as<SoftmaxCudaSaved>();
-  const Tensor y = s.y.unpack(n);  // dim last
-  check_f32("softmax backward", g[0], "grad");
-  const Tensor gs = cuda_contiguous(swap_last(g[0], s.dim));
+  const Tensor y = cuda_as(s.y.unpack(n), DType::f32);  // dim last
+  check_cuda_dtype("softmax backward", g[0], "grad");
+  const Tensor gs = cuda_as(swap_last(g[0], s.dim), DType::f32);
   const int64_t cols = y.dim() == 0 ? 1 : y.size(-1), rows = cols == 0 ? 0 : y.numel() / cols;
   Tensor dx = f32_empty(y.sizes(), y.device());
   const int dev = y.device().index;
   cuda::DeviceGuard guard(dev);
   if (y.numel() > 0) cuda::softmax_backward(f32(gs), f32(y), f32_mut(dx), rows, cols, cuda::compute_stream(dev));
-  return {swap_last(dx, s.dim)};
+  return {swap_last(cuda_as(dx, s.x_dtype), s.dim)};
 }
 
 }  // namespace

@@ -1,18 +1,18 @@
-// CUDA kernels of sum and mean over every dim (f32 in, f32 out; src/backend/cuda/kernels.h's
-// cuda::sum): the sum is taken in f64 in a fixed order (fixed blocks, then one block over the
-// partials in index order), so it is the same bits every run, and mean's 1/count is applied in
-// f64 before the one rounding to f32, as on the CPU.
-// Backward beside it: dx = g / count broadcast over x's shape, g read on the device (no host
-// sync). Reducing over a subset of the dims and 16-bit inputs (autocast's reads_lowp path):
-// "not yet supported on cuda".
+// CUDA kernels of sum and mean over any set of dims (src/backend/cuda/reduce.h): the sum is
+// taken in f64 in a fixed order (each output's elements in chunks of a size fixed by the
+// shapes, the chunks then added in order), so it is the same bits every run with no atomics,
+// and mean's 1/count is applied in f64 before the one rounding, as on the CPU. x is read in
+// place at its strides, in f32, bf16 or f16; the result has x's dtype, or f32 under
+// autocast for a 16-bit x (the op's reads_lowp: no f32 copy of x is made).
+// Backward beside it: dx = g scale broadcast over x's shape, in x's dtype (one pointwise
+// pass; g read on the device, no host sync).
 #include <cmath>
 #include <string>
 
 #include "athanor/autograd/function.h"
 #include "athanor/ops/reduction.h"
-#include "backend/cuda/kernels.h"
-#include "backend/cuda/runtime.h"
 #include "ops/cuda/cuda_kernels.h"
+#include "ops/cuda/device_ops.h"
 #include "ops/op_args.h"
 #include "ops/op_def.h"
 #include "ops/op_utils.h"
@@ -21,54 +21,40 @@ namespace athanor::detail {
 namespace {
 
 struct ReduceCudaSaved : OpSaved {
-  Shape in;
+  Shape in, kept;
   double scale = 1.0;
+  DType x_dtype = DType::f32;
 };
+
+bool is_lowp(DType d) { return d == DType::bf16 || d == DType::f16; }
 
 template <bool Mean> std::vector<Tensor> reduce_cuda(OpCall& c) {
   const Tensor& x = c.in(0);
   const char* op = c.name();
   const ReduceArgs& a = c.args<ReduceArgs>();
   check_floating(x, op, "x");
-  if (x.dtype() != DType::f32) cuda_unsupported(op, "x is " + x.describe() + " (the CUDA kernel takes f32)");
+  check_cuda_dtype(op, x, "x");
   const std::vector<int64_t> dims = normalize_dims(a.dims, x.dim(), op);
-  if (x.dim() > 0 && static_cast<int64_t>(dims.size()) != x.dim())
-    cuda_unsupported(op, "reducing " + std::to_string(dims.size()) + " of the " + std::to_string(x.dim()) + " dims of " +
-                             x.describe() + " (the CUDA kernel reduces over every dim)");
-  const int64_t count = x.numel();
+  int64_t count = 1;
+  for (int64_t d : dims) count *= x.size(d);
   // The mean over nothing is NaN (0/0), as on the CPU and in PyTorch.
   const double scale = !Mean ? 1.0 : count > 0 ? 1.0 / static_cast<double>(count) : std::nan("");
-  const TensorOptions f32_on(TensorOptions(DType::f32).with_device(x.device()));
-  Tensor out = empty(reduced_shape(x.sizes(), dims, a.keepdim), f32_on);
-  const int dev = cuda_index(c);
-  cuda::DeviceGuard g(dev);
-  if (count == 0) {
-    out.fill_(Mean ? std::nan("") : 0.0);
-  } else {
-    const Tensor xc = cuda_contiguous(x);
-    Tensor acc = empty({1 + cuda::sum_squares_scratch(count)}, TensorOptions(DType::f64).with_device(x.device()));
-    double* base = static_cast<double*>(acc.device_data());
-    const cudaStream_t s = cuda::compute_stream(dev);
-    cuda::sum(static_cast<const float*>(xc.device_data()), count, base + 1, base, s);
-    cuda::f64_to_f32(base, scale, static_cast<float*>(out.device_data()), 1, s);
-  }
+  const DType out_dtype = c.autocast() && is_lowp(x.dtype()) ? DType::f32 : x.dtype();
+  Tensor out = cuda_sum_dims(x, dims, a.keepdim, scale, out_dtype);
   if (c.records()) {
     ReduceCudaSaved& sv = c.save<ReduceCudaSaved>();
-    sv.in = x.sizes(), sv.scale = scale;
+    sv.in = x.sizes(), sv.kept = reduced_shape(x.sizes(), dims, true), sv.scale = scale, sv.x_dtype = x.dtype();
   }
   return {out};
 }
 
 Grads reduce_backward_cuda(const Node&, const Grads& g, const OpSaved& saved) {
   const ReduceCudaSaved& s = saved.as<ReduceCudaSaved>();
-  if (g[0].dtype() != DType::f32) cuda_unsupported("sum backward", "grad is " + g[0].describe() + " (f32 only)");
-  const Tensor gc = cuda_contiguous(g[0]);  // one element
-  Tensor dx = empty(s.in, TensorOptions(DType::f32).with_device(gc.device()));
-  const int dev = gc.device().index;
-  cuda::DeviceGuard guard(dev);
-  cuda::fill_rows(static_cast<const float*>(gc.device_data()), 0, s.scale, static_cast<float*>(dx.device_data()), 1,
-                  dx.numel(), cuda::compute_stream(dev));
-  return {dx};
+  check_cuda_dtype("sum backward", g[0], "grad");
+  // g [kept with 1s] broadcast over x's shape: a view with the reduced dims at stride 0.
+  const Tensor gc = cuda_as(g[0], g[0].dtype());
+  const Tensor gk = make_view(gc, s.kept, contiguous_strides(s.kept), gc.storage_offset());
+  return {cuda_pointwise(cuda::PointwiseOp::scale, {gk}, s.in, s.x_dtype, static_cast<float>(s.scale))};
 }
 
 }  // namespace

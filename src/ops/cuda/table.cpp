@@ -9,7 +9,7 @@ std::vector<CudaOpEntry> cuda_op_entries() {
   std::vector<CudaOpEntry> out;
   // Views and copies: their CPU kernels only set sizes/strides/offset or copy through core
   // (copy_into, zeros), which run on the tensor's own device.
-  for (const char* op : {"view", "permute", "unsqueeze", "slice", "split", "clone", "cast"})
+  for (const char* op : {"view", "permute", "expand", "unsqueeze", "slice", "split", "clone", "cast"})
     out.push_back(CudaOpEntry{.op = op, .kernels = {}, .device_generic = true});
   cuda_elementwise_ops(out);
   cuda_linalg_ops(out);
@@ -19,6 +19,8 @@ std::vector<CudaOpEntry> cuda_op_entries() {
   cuda_reduction_ops(out);
   cuda_loss_ops(out);
   cuda_attention_ops(out);
+  cuda_llama_ops(out);
+  cuda_conv_ops(out);
   return out;
 }
 
