@@ -96,6 +96,7 @@ class ProcessGroup;
 namespace athanor::train {
 
 class StepObserver;  // train/step_observer.h: per-layer, activation and input statistics
+class BatchFeed;     // train/batch_feed.h: the step's batches on the trainer's device
 
 // The records of a run (include/athanor/observe/metrics.h); the old train:: names stay valid.
 using StepMetrics = observe::StepMetrics;
@@ -200,6 +201,8 @@ class Trainer {
   const std::vector<EvalMetrics>& evals() const { return evals_; }
   const std::vector<observe::HealthEvent>& health_events() const { return health_; }
   DType precision() const { return precision_; }       // f32, bf16 or f16 (compute dtype of the forward)
+  // trainer.device: where the model, its gradients, the optimizer state and the batches live.
+  Device device() const { return device_; }
   const GradScaler& scaler() const { return *scaler_; }  // enabled only for f16
   double lr_factor() const { return lr_factor_; }        // cumulative rollback lr multiplier
   double peak_flops() const { return peak_flops_; }      // FLOP/s used for MFU: the hardware's peak (0 = unknown)
@@ -247,6 +250,9 @@ class Trainer {
   std::unique_ptr<data::Tokenizer> tokenizer_;
   std::shared_ptr<data::Dataset> train_set_, val_set_;
   std::unique_ptr<data::DataLoader> train_loader_;
+  std::unique_ptr<BatchFeed> feed_;             // train_loader_'s batches on device_ (after it)
+  Device device_;                                // trainer.device
+  int64_t empty_cache_every_ = 0;                // trainer.empty_cache_every
   std::unique_ptr<dist::DataParallel> dp_;      // before scheduler_: destroyed after it
   std::unique_ptr<optim::Optimizer> optimizer_; // the optimizer without data parallel
   optim::Optimizer* optim_ = nullptr;           // optimizer_ or dp_'s
