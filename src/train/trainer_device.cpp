@@ -43,6 +43,8 @@ std::string cuda_training_gaps(const train::Config& c) {
   const std::string opt = c.get_string("optimizer.type");
   if (opt != "adamw" && opt != "adam" && opt != "sgd")
     gaps.push_back("the " + opt + " optimizer's step (adamw, adam and sgd run on cuda)");
+  if (c.get_float("optimizer.clip_value") > 0)
+    gaps.push_back("optimizer.clip_value (clipping by value has no device pass; optimizer.grad_clip clips by norm on cuda)");
   if (const std::string prec = c.get_string("trainer.precision"); prec != "f32")
     gaps.push_back("trainer.precision " + prec + " (autocast over f32 master weights; use f32)");
   // The Llama's sampling (after training, and every trainer.sample_every) builds its context

@@ -38,6 +38,8 @@ TEST(TrainerDevice, CudaGapsNameWhatIsMissingForTheConfig) {
   EXPECT_TRUE(has(other, "the lamb optimizer's step")) << other;
   EXPECT_TRUE(has(other, "trainer.precision bf16")) << other;
 
+  const std::string by_value = cuda_training_gaps(Config::parse("model: {type: gpt}\n", "gpt.yaml", {"optimizer.clip_value=1"}));
+  EXPECT_TRUE(has(by_value, "optimizer.clip_value")) << by_value;
   const std::string tp = cuda_training_gaps(Config::parse("model: {type: gpt}\n", "gpt.yaml", {"dist.tp=2"}));
   EXPECT_TRUE(has(tp, "NCCL")) << tp;
   const std::string llama = cuda_training_gaps(Config::parse("model: {type: llama}\n", "llama.yaml"));

@@ -56,6 +56,17 @@
 // pipeline_timeline.json, which the report draws. Evaluation and samples run the stages as a
 // chain; model.safetensors and checkpoints hold the logical model.
 //
+// On a GPU (trainer.device cuda | cuda:N; refused before any work where something does not run
+// there, train/trainer_device.h): the model is moved (nn::Module::to) before the optimizer is
+// made, so its state is created on the device; each step's batches are uploaded by the batch
+// feed (train/batch_feed.h), the next step's while this step's update runs; the micro-batch
+// losses stay on the device and are read back together after the gradient norm, the step's one
+// host sync (the update is guarded by the norm's finiteness); per-layer statistics download
+// what they read on the logged steps only; memory tags and peaks are the device allocator's,
+// and trainer.empty_cache_every gives its cache back. Checkpoints stream device tensors
+// through 16 MiB host pieces (ckpt/safetensors.h). The cpu runs take the same path, with
+// nothing to move.
+//
 // The Trainer in parts, each a concept of its own: the parallel context (parallel_context.h:
 // the mesh, groups, logical <-> local tensors), the step pipeline (step_pipeline.h: the
 // micro-batch loop or a pipeline schedule), the checkpointer (checkpointer.h) and the run
