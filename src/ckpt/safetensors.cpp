@@ -12,12 +12,17 @@
 #include <nlohmann/json.hpp>
 #include <set>
 
+#include "athanor/core/device_hooks.h"
 #include "athanor/core/error.h"
 #include "ckpt/safetensors_write.h"
 #include "ckpt/staged_file_writer.h"
 
 namespace athanor::ckpt {
 namespace {
+// A device tensor's bytes go through a host buffer of at most this size, one piece at a
+// time (device -> the backend's pinned staging -> this buffer -> the file, and back): a
+// checkpoint of a model on the GPU never holds a host copy of the model, nor of one tensor.
+constexpr size_t kDeviceChunk = size_t{16} << 20;
 static_assert(std::endian::native == std::endian::little, "safetensors data is little-endian; big-endian hosts need byte swaps");
 
 constexpr uint64_t kMaxHeader = 100ull << 20;  // the reference implementation's bound
@@ -100,7 +105,21 @@ uint64_t write_safetensors(const std::string& path, const NamedTensors& tensors,
     };
     put(&len, 8);
     put(text.data(), text.size());
-    for (const Tensor& t : data) put(t.raw_data(), t.nbytes());
+    std::vector<char> host;  // the device tensors' pieces (kDeviceChunk at most)
+    for (const Tensor& t : data) {
+      if (t.device().is_cpu()) {
+        put(t.raw_data(), t.nbytes());
+        continue;
+      }
+      DeviceHooks& dev = require_device_hooks(t.device(), "save_safetensors");
+      const char* from = static_cast<const char*>(t.device_data());
+      host.resize(std::min(kDeviceChunk, std::max<size_t>(t.nbytes(), 1)));
+      for (size_t off = 0; off < t.nbytes(); off += host.size()) {
+        const size_t piece = std::min(host.size(), t.nbytes() - off);
+        dev.copy_to_host(host.data(), from + off, t.device().index, piece);  // after the work queued on the device
+        put(host.data(), piece);
+      }
+    }
     out.finish();
   } catch (...) {
     ::unlink(tmp.c_str());
@@ -367,9 +386,26 @@ void load_safetensors_into(const std::string& path, const NamedTensors& dst) {
   ATH_CHECK(mismatched.empty(), op, path, ": tensors that do not fit: ", mismatched, Hint{"the file was written for another model"});
   ATH_CHECK(by_name.size() == dst.size(), op, path, ": holds ", by_name.size(), " tensors, the destination ", dst.size(),
             Hint{"the file was written for another model; use load_safetensors to read it as it is"});
-  // One copy, from the page cache straight into each destination (what read() costs).
+  // One copy, from the page cache straight into each destination (what read() costs); a
+  // device tensor's bytes are read a piece at a time and each piece uploaded in place.
+  std::vector<char> host;
   for (const auto& [name, t] : dst) {
     const EntryLocation& e = *by_name.at(name);
+    if (!t.device().is_cpu()) {
+      ATH_CHECK(e.dtype != DType::boolean, op, path, ": entry '", name, "' is BOOL and its destination is on ", t.device().str(),
+                Hint{"load it into a cpu tensor"});
+      DeviceHooks& dev = require_device_hooks(t.device(), op);
+      char* to = static_cast<char*>(t.device_data());
+      const size_t n = e.end - e.begin;
+      host.resize(std::min(kDeviceChunk, std::max<size_t>(n, 1)));
+      for (size_t off = 0; off < n; off += host.size()) {
+        const size_t len = std::min(host.size(), n - off);
+        pread_all(host.data(), len, base + e.begin + off);
+        dev.copy_to_device(to + off, t.device().index, host.data(), len);  // staged: the buffer is free on return
+      }
+      t.bump_version();
+      continue;
+    }
     if (e.end > e.begin) pread_all(t.raw_data(), e.end - e.begin, base + e.begin);
     if (e.dtype == DType::boolean) {
       const uint8_t* b = static_cast<const uint8_t*>(t.raw_data());

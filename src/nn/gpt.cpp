@@ -130,7 +130,7 @@ Tensor GPT::forward(const Tensor& ids) {
   Tensor x;
   {
     auto t = transformer_->enter();
-    Tensor pos = arange(0, T, TensorOptions(DType::i64));
+    Tensor pos = arange(0, T, TensorOptions(DType::i64).with_device(ids.device()));  // beside the ids (cpu or cuda)
     x = drop_->forward(add(wte_->forward(ids), wpe_->forward(pos)));
     for (auto& b : blocks_) {
       auto hs = ModuleScope("h");
@@ -212,7 +212,7 @@ std::vector<int32_t> GPT::generate(const std::vector<int32_t>& prompt, int64_t m
   return generate_tokens(*this, prompt, max_new_tokens, temperature, V, config_.block_size,
                          [&](const std::vector<int64_t>& ctx) {
                            const int64_t T = static_cast<int64_t>(ctx.size());
-                           return sample_last_position(forward(from_vector(ctx, {1, T})), temperature, top_k, gen);
+                           return sample_last_position(forward(from_vector(ctx, {1, T}).to(device())), temperature, top_k, gen);
                          });
 }
 

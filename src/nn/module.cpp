@@ -5,6 +5,7 @@
 #include <sstream>
 
 #include "athanor/autograd/grad_mode.h"
+#include "athanor/core/device_hooks.h"
 
 namespace athanor::nn {
 
@@ -165,6 +166,54 @@ void Module::to(DType dtype) {
   for (auto& [n, t] : params_) convert(t);
   for (auto& [n, t] : buffers_) convert(t);
   for (auto& [n, m] : children_) m->to(dtype);
+}
+
+namespace {
+// The bytes of `from` (a whole storage) in a new storage of the same size and tag on `to`.
+std::shared_ptr<Storage> moved_storage(const Storage& from, Device to) {
+  auto fresh = Storage::allocate(from.nbytes(), from.tag(), to);
+  const std::size_t n = from.nbytes();
+  if (n == 0) return fresh;
+  const Device src = from.device();
+  if (src.is_cpu()) {
+    require_device_hooks(to, "Module::to").copy_to_device(fresh->data(), to.index, from.data(), n);
+  } else if (to.is_cpu()) {
+    require_device_hooks(src, "Module::to").copy_to_host(fresh->data(), from.data(), src.index, n);
+  } else {
+    ATH_CHECK(src.type == to.type, "Module::to", "moving a tensor from ", src.str(), " to ", to.str(),
+              Hint{"move it to the cpu first"});
+    require_device_hooks(to, "Module::to").copy_between(fresh->data(), to.index, from.data(), src.index, n);
+  }
+  return fresh;
+}
+}  // namespace
+
+void Module::to(Device device) {
+  if (!device.is_cpu()) require_device_hooks(device, "Module::to");  // no GPU, cuda:7: before any change
+  // Every tensor to move: parameters, buffers and the parameters' gradients, each impl once.
+  std::vector<TensorImpl*> impls;
+  std::set<const TensorImpl*> seen;
+  auto add = [&](const Tensor& t) {
+    if (t.defined() && t.device() != device && seen.insert(t.impl()).second) impls.push_back(t.impl());
+  };
+  for (auto& [n, t] : state_dict()) {
+    add(t);
+    if (t.requires_grad()) add(t.grad());
+  }
+  // One new storage per old one: views and tied weights (two impls, one storage) stay shared,
+  // with their sizes, strides and offsets unchanged.
+  std::map<const Storage*, std::shared_ptr<Storage>> moved;
+  for (TensorImpl* impl : impls) {
+    auto& fresh = moved[impl->storage.get()];
+    if (!fresh) fresh = moved_storage(*impl->storage, device);
+  }
+  for (TensorImpl* impl : impls) impl->storage = moved.at(impl->storage.get());
+}
+
+Device Module::device() const {
+  for (auto& [n, t] : state_dict())
+    if (t.defined()) return t.device();
+  return Device::cpu();
 }
 
 void Module::zero_grad() {

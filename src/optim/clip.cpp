@@ -157,6 +157,8 @@ void clip_grad_value(const std::vector<Tensor>& params, double clip) {
   for (const Tensor& p : params) {
     Tensor g = p.grad();
     if (!g.defined()) continue;
+    ATH_CHECK(g.device().is_cpu(), "clip_grad_value", "not yet supported on cuda: clipping by value the gradient of '", p.name(),
+              "' on ", g.device().str(), Hint{"clip by norm (optimizer.grad_clip / clip_grad_norm), which runs on the device"});
     dispatch(g.dtype(), [&]<class T>() {
       if constexpr (is_float_type_v<T>) {
         T* d = static_cast<T*>(g.raw_data());

@@ -17,6 +17,7 @@
 #include "athanor/core/half.h"
 #include "backend/cpu/cpu_peak.h"
 #include "backend/cpu/gemm.h"
+#include "train/device_runtime.h"
 
 namespace athanor::train {
 
@@ -120,12 +121,17 @@ BenchResult run_bench(Trainer& trainer, const BenchOptions& opts) {
   r.unit = trainer.task().is_language_model() ? "tokens" : "samples";
   r.parameters = trainer.task().module().parameters_count();
   r.warmup = opts.warmup;
+  const Device device = trainer.device();
+  r.device = device.str();
 
   for (int64_t i = 0; i < opts.warmup; ++i) trainer.train_step();
 
-  Allocator& alloc = Allocator::cpu();
-  alloc.reset_peak();
-  const MemoryStats before = alloc.stats();
+  // The trainer's device: its allocator's tags and peaks (the caching device allocator on
+  // cuda), and each timed step ends when the device has finished it (a step returns with its
+  // update queued there).
+  synchronize_device(device);
+  reset_device_memory_peak(device);
+  const MemoryStats before = device_memory_stats(device);
   const Faults p0 = faults(RUSAGE_SELF), t0 = faults(RUSAGE_THREAD);
   r.step_seconds.reserve(opts.steps);  // no allocation inside the timed loop
   struct Phases {
@@ -137,6 +143,7 @@ BenchResult run_bench(Trainer& trainer, const BenchOptions& opts) {
     const double s0 = now_seconds();
     ATH_CHECK(trainer.train_step(), "bench", "the trainer stopped after step ", trainer.step(),
               Hint{"raise trainer.max_steps; a time limit (trainer.time_limit_s) also stops it"});
+    synchronize_device(device);
     r.step_seconds.push_back(now_seconds() - s0);
     if (!trainer.history().empty()) {
       const observe::StepMetrics& m = trainer.history().back();
@@ -145,7 +152,7 @@ BenchResult run_bench(Trainer& trainer, const BenchOptions& opts) {
     }
   }
   const Faults p1 = faults(RUSAGE_SELF), t1 = faults(RUSAGE_THREAD);
-  r.memory = alloc.stats();
+  r.memory = device_memory_stats(device);
   if (!trainer.history().empty()) r.final_loss = trainer.history().back().loss;
 
   const double n = static_cast<double>(opts.steps);
@@ -182,12 +189,17 @@ BenchResult run_bench(Trainer& trainer, const BenchOptions& opts) {
   if (opts.peak_gflops > 0) {
     r.peak_gflops = opts.peak_gflops;
     r.peak_source = "given";
+  } else if (!device.is_cpu()) {  // the GPU's datasheet peak for the precision
+    const DevicePeak p = cuda_peak_flops(device, trainer.precision());
+    r.peak_gflops = p.flops * 1e-9;
+    r.peak_source = p.source;
   } else {
     const cpu::CpuPeak p = cpu::cpu_peak(trainer.precision(), omp_get_max_threads());
     r.peak_gflops = p.gflops;
     r.peak_source = p.describe();
   }
-  r.gemm_gflops = measure_gemm_gflops(r.precision);
+  // The GEMM probe is the CPU's (oneDNN); none on the device yet: no GEMM efficiency there.
+  r.gemm_gflops = device.is_cpu() ? measure_gemm_gflops(r.precision) : 0;
   r.mfu = r.peak_gflops > 0 ? r.achieved_gflops / r.peak_gflops : 0;
   r.gemm_efficiency = r.gemm_gflops > 0 ? r.achieved_gflops / r.gemm_gflops : 0;
   return r;
@@ -233,6 +245,7 @@ std::string BenchResult::json() const {
   peak["total"] = memory.peak_total;
   j["peak_bytes"] = std::move(peak);
   j["reserved_bytes"] = memory.reserved;
+  j["device"] = device;
   return j.dump();
 }
 
@@ -240,7 +253,7 @@ std::string BenchResult::text() const {
   std::ostringstream o;
   const char* per_s = unit == "tokens" ? "tok/s" : "samples/s";
   o << std::fixed;
-  o << name << " (" << model_type << ", " << parameters << " parameters, " << precision << "): " << targets_per_step << " "
+  o << name << " (" << model_type << ", " << parameters << " parameters, " << precision << ", " << device << "): " << targets_per_step << " "
     << unit << "/step, " << warmup << " warm-up + " << step_seconds.size() << " timed steps\n";
   o << "  throughput   " << std::setprecision(0) << throughput << " " << per_s << " (median step; mean "
     << throughput_mean << ")\n";

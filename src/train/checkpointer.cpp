@@ -20,6 +20,7 @@
 #include "athanor/train/parallel_context.h"
 #include "athanor/train/trainer.h"
 #include "ckpt/checksum.h"
+#include "train/batch_feed.h"
 
 namespace athanor::train {
 namespace fs = std::filesystem;
@@ -76,7 +77,7 @@ std::string Checkpointer::save(const TrainCounters& c) {
   const std::map<std::string, double> optim_scalars =
       p_.dp ? par.merge_over_stages(p_.dp->full_optimizer_scalars()) : p_.optimizer->state_scalars();
   const auto shape = model_shape(p_.config);
-  const data::LoaderPosition pos = p_.loader.position();
+  const data::LoaderPosition pos = p_.feed.position();
   const GeneratorState rng = default_generator().state();
   nlohmann::json j;
   j["format"] = "athanor-train-state";
@@ -201,7 +202,7 @@ TrainCounters Checkpointer::restore(const std::string& dir) {
                      std::to_string(samples)});
       batch = samples / per;
     }
-    p_.loader.set_position({loader.at("epoch").get<int64_t>(), batch});
+    p_.feed.set_position({loader.at("epoch").get<int64_t>(), batch});
     c.lr_factor = j.value("lr_factor", 1.0);
     if (p_.scaler.enabled() && j.contains("scaler"))
       p_.scaler.load_state_dict({{"scale", scalar_tensor(j.at("scaler").at("scale").get<double>(), {DType::f64})},

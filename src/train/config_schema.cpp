@@ -111,6 +111,12 @@ const std::vector<ConfigKey>& config_schema() {
        "stop training at the first periodic evaluation (trainer.eval_every) whose validation loss is at or below this "
        "(0 = off); the log and run.json's \"end\" say which of max_steps, time_limit_s, stop_at_val_loss or a signal ended the run"},
       {"trainer.device", std::string("cpu"), "where parameters, batches and optimizer state live: cpu, cuda (the first GPU) or cuda:N"},
+      {"trainer.empty_cache_every", int64_t{0},
+       "every N steps, give the device allocator's cached free blocks back to the system (cudaFree; on cpu, free()) so other "
+       "processes can use them (0 = never; the cache makes allocations free, so emptying it costs the next steps time)"},
+      {"data.device_prefetch", std::string("auto"),
+       "fetch and upload the next step's batches while the device computes this step (host->device copies on the copy "
+       "stream): auto = on for cuda, off for cpu (nothing to overlap there)", "", {"auto", "on", "off"}},
 
       {"scaler.init_scale", 65536.0, "initial loss scale", "trainer.precision=f16"},
       {"scaler.growth_factor", 2.0, "scale multiplier after growth_interval finite steps", "trainer.precision=f16"},

@@ -17,8 +17,10 @@ namespace athanor::train {
 namespace {
 
 // A contiguous view of t's values (t itself when contiguous), without recording an op.
+// t's elements, contiguous, in host memory: the statistics are computed on the host, so a
+// device tensor is downloaded here (on the statistics steps only: the logged ones).
 Tensor dense(const Tensor& t) {
-  if (t.is_contiguous()) return t;
+  if (t.is_contiguous() && t.device().is_cpu()) return t;
   Tensor c = empty(t.sizes(), TensorOptions(t.dtype()));
   copy_into(c, t);
   return c;

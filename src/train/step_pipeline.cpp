@@ -36,6 +36,7 @@ class MicroBatchLoop final : public StepPipeline {
   explicit MicroBatchLoop(StepParts p) : p_(p) {}
 
   void forward_backward(const std::vector<data::Batch>& batches, observe::StepMetrics& m) override {
+    losses_.clear();  // a step that threw before read_loss left its losses
     for (size_t k = 0; k < batches.size(); ++k) {
       const auto& b = batches[k];
       // Data parallel: gradients of non-final micro-batches accumulate locally (no reduction).
@@ -55,7 +56,7 @@ class MicroBatchLoop final : public StepPipeline {
         if (k == 0 && first_forward_observer_) observe_layers.emplace(first_forward_observer_);
         loss = p_.task.loss(b);
       }
-      m.loss += loss.item() * static_cast<double>(b.num_targets) / static_cast<double>(m.targets);
+      losses_.push_back({loss.detach(), static_cast<double>(b.num_targets) / static_cast<double>(m.targets)});
       const double tb = now_seconds();
       m.forward_seconds += tb - tf;
       // Backward runs outside autocast, as in PyTorch.
@@ -65,6 +66,13 @@ class MicroBatchLoop final : public StepPipeline {
       m.backward_seconds += now_seconds() - tb;
     }
     first_forward_observer_ = nullptr;
+  }
+
+  void read_loss(observe::StepMetrics& m) override {
+    // In micro-batch order, each converted to double first: the same sum as reading each loss
+    // right after its forward.
+    for (const auto& [loss, weight] : losses_) m.loss += loss.item() * weight;
+    losses_.clear();
   }
 
   void finish_backward(observe::StepMetrics& m) override {
@@ -79,6 +87,7 @@ class MicroBatchLoop final : public StepPipeline {
 
  private:
   StepParts p_;
+  std::vector<std::pair<Tensor, double>> losses_;  // this step's (loss, n_k / N), on the model's device
 };
 
 class PipelineSchedule final : public StepPipeline {

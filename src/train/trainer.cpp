@@ -37,6 +37,8 @@
 #include "athanor/data/debug_dataset.h"
 #include "ckpt/checksum.h"
 #include "ops/packed_weights.h"
+#include "train/batch_feed.h"
+#include "train/device_runtime.h"
 #include "train/step_observer.h"
 
 #include <nlohmann/json.hpp>
@@ -151,6 +153,15 @@ void Trainer::init(bool /*write_run_files: in write_files_*/) {
   const int64_t gb = global_batch();
   write_files_ = run_files_ && par_->rank() == 0;
   if (par_->rank() != 0) out_ = [](const std::string&) {};
+  // trainer.device (checked before any work): the model moves before the optimizer is made,
+  // so its state is created beside each parameter; on cpu nothing moves.
+  device_ = parse_trainer_device(c.get_string("trainer.device"));
+  task_->module().to(device_);
+  const std::string prefetch = c.get_string("data.device_prefetch");
+  feed_ = std::make_unique<BatchFeed>(*train_loader_, device_, prefetch == "on" || (prefetch == "auto" && !device_.is_cpu()));
+  empty_cache_every_ = c.get_int("trainer.empty_cache_every");
+  ATH_CHECK(empty_cache_every_ >= 0, "config", "trainer.empty_cache_every must be >= 0, got ", empty_cache_every_,
+            Hint{"0 never empties the cache; N empties it every N steps"});
   par_->bind_model(task_->module());
   if (par_->distributed()) {
     zero_stage_ = par_->zero_stage();
@@ -219,7 +230,7 @@ void Trainer::init(bool /*write_run_files: in write_files_*/) {
   files_ = std::make_unique<RunFiles>(run_dir_, write_files_);
   checkpointer_ = std::make_unique<Checkpointer>(
       (fs::path(run_dir_) / "checkpoints").string(),
-      CheckpointParts{config_, *task_, dp_.get(), optimizer_.get(), *optim_, *scheduler_, *scaler_, *train_loader_, *par_});
+      CheckpointParts{config_, *task_, dp_.get(), optimizer_.get(), *optim_, *scheduler_, *scaler_, *feed_, *par_});
   if (!run_files_) return;
   if (!write_files_) {  // ranks other than 0: only resume (every rank loads the checkpoint)
     if (c.get_string("resume") == "auto") resume_latest();
@@ -395,7 +406,7 @@ EvalMetrics Trainer::evaluate(std::optional<int64_t> weights_step) {
   if (!mine.empty()) {
     data::DataLoader val(val_set_, lo, fixed_order_sampler(std::move(mine)));
     for (int64_t i = 0; i < val.batches_per_epoch(); ++i) {
-      data::Batch b = val.next();
+      const data::Batch b = batch_to_device(val.next(), device_);
       std::optional<autocast> ac;
       if (precision_ != DType::f32) ac.emplace(precision_);
       task_->evaluate(b, loss_sum, correct);

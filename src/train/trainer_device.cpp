@@ -1,6 +1,7 @@
 // trainer.device: see trainer_device.h.
 #include "train/trainer_device.h"
 
+#include <cstdlib>
 #include <string>
 #include <vector>
 
@@ -25,6 +26,8 @@ std::vector<const char*> model_ops(const std::string& type) {
   if (type == "gpt")
     return {"embedding", "layer_norm", "linear", "gelu_linear", "causal_self_attention", "dropout", "add", "cross_entropy"};
   if (type == "mlp") return {"linear", "linear_relu", "relu", "cross_entropy"};
+  if (type == "llama")
+    return {"embedding", "rms_norm", "linear", "rope", "scaled_dot_product_attention", "swiglu", "add", "cross_entropy"};
   return {"conv2d", "batch_norm", "relu", "max_pool2d", "linear", "cross_entropy"};
 }
 }  // namespace
@@ -40,13 +43,20 @@ std::string cuda_training_gaps(const train::Config& c) {
   const std::string opt = c.get_string("optimizer.type");
   if (opt != "adamw" && opt != "adam" && opt != "sgd")
     gaps.push_back("the " + opt + " optimizer's step (adamw, adam and sgd run on cuda)");
+  if (c.get_float("optimizer.clip_value") > 0)
+    gaps.push_back("optimizer.clip_value (clipping by value has no device pass; optimizer.grad_clip clips by norm on cuda)");
   if (const std::string prec = c.get_string("trainer.precision"); prec != "f32")
     gaps.push_back("trainer.precision " + prec + " (autocast over f32 master weights; use f32)");
-  // The trainer's own plumbing: the model's parameters are made on the CPU and nothing moves
-  // them, batches are not uploaded, the loss is read on the host, and the checkpointer reads
-  // and writes host tensors. Listed until src/train is wired to the device.
-  gaps.push_back("the trainer's device plumbing (parameters on the device, batch uploads, loss read-back, checkpoints "
-                 "of device tensors)");
+  // The Llama's sampling (after training, and every trainer.sample_every) builds its context
+  // tensor on the cpu (nn::Llama::generate), which its cuda parameters refuse.
+  if (c.get_string("model.type") == "llama") gaps.push_back("sampling text from a llama (nn::Llama::generate's context is made on the cpu)");
+  // Collectives over CUDA tensors need NCCL (DESIGN.md "Distributed"); only MPI over host
+  // tensors exists.
+  int launched = 0;
+  for (const char* var : {"OMPI_COMM_WORLD_SIZE", "PMIX_SIZE", "PMI_SIZE", "SLURM_NTASKS"})
+    if (const char* v = std::getenv(var); v && *v && launched == 0) launched = std::atoi(v);
+  if (c.get_int("dist.tp") > 1 || c.get_int("dist.pp") > 1 || (c.get_string("dist.backend") != "none" && launched > 1))
+    gaps.push_back("data, tensor and pipeline parallelism (collectives over CUDA tensors need NCCL; one process per run)");
   std::string out;
   for (const std::string& g : gaps) out += (out.empty() ? "" : "; ") + g;
   return out;

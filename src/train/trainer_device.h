@@ -16,10 +16,10 @@ Device parse_trainer_device(const std::string& value);
 void check_trainer_device(const train::Config& config);
 // What of this config's training does not run on CUDA yet, as the comma-separated list the
 // "not yet supported on cuda" error names ("" when everything does): the model's ops without
-// a CUDA kernel in this build, an optimizer without a device step (rmsprop, lamb, lars),
-// bf16/f16 precision (autocast over f32 master weights has no CUDA kernels yet), and the
-// trainer's own device plumbing (parameters moved to the device, batch uploads, loss
-// read-back, checkpoints read from and written to device tensors) until it is wired.
+// a CUDA kernel in this build (read from the registry, so it follows the kernels as they
+// land), an optimizer without a device step (rmsprop, lamb, lars), bf16/f16 precision
+// (autocast over f32 master weights has no CUDA kernels yet), a Llama's text sampling, and
+// more than one process (no NCCL).
 std::string cuda_training_gaps(const train::Config& config);
 
 }  // namespace athanor

@@ -28,6 +28,8 @@
 #include "athanor/train/trainer.h"
 #include "backend/cpu/cpu_peak.h"
 #include "backend/cpu/isa.h"
+#include "train/batch_feed.h"
+#include "train/device_runtime.h"
 #include "train/step_observer.h"
 
 #include <nlohmann/json.hpp>
@@ -82,6 +84,12 @@ void Trainer::measure_peak_flops() {
     peak_source_ = "observe.peak_gflops";
     return;
   }
+  if (!device_.is_cpu()) {  // the GPU's peak for the precision; no GEMM probe on the device yet
+    const DevicePeak p = cuda_peak_flops(device_, precision_);
+    peak_flops_ = p.flops;
+    peak_source_ = p.source;
+    return;
+  }
   // PaLM's MFU: the hardware's peak for the precision (cpu_peak.h), for the cores in use.
   const cpu::CpuPeak p = cpu::cpu_peak(precision_, omp_get_max_threads());
   peak_flops_ = p.gflops * 1e9;
@@ -112,7 +120,7 @@ bool Trainer::train_step() {
   model.train();
   measure_peak_flops();  // once; before the clock starts
   profile_window(step_ + 1, true);
-  Allocator::cpu().reset_peak();
+  reset_device_memory_peak(device_);
   if (par_->distributed()) dist::comm_ledger().reset();  // the step's communication, by mesh dimension, goes into its record
   const GeneratorState rng_at_start = default_generator().state();
   const double t0 = now_seconds();
@@ -121,14 +129,12 @@ bool Trainer::train_step() {
   m.lr = scheduler_->lr();
   m.loss_scale = scaler_->enabled() ? scaler_->get_scale() : 0;
 
-  // Fetch the step's micro-batches first: the loss weights need the total target count.
-  std::vector<data::Batch> batches;
-  {
-    observe::ProfileSpan span("data_wait");
-    for (int64_t k = 0; k < accum; ++k) batches.push_back(train_loader_->next());
-  }
-  m.data_seconds = now_seconds() - t0;
-  observe_inputs(batches, m);  // a NaN sample is named before the step can stop the run
+  // The step's micro-batches first (the loss weights need the total target count): on the
+  // device already when the previous step prefetched them (batch_feed.h).
+  FedStep fed = feed_->take(accum);
+  const std::vector<data::Batch>& batches = fed.device;
+  m.data_seconds = fed.wait_seconds;
+  observe_inputs(fed.host, m);  // a NaN sample is named before the step can stop the run
   for (const auto& b : batches) {
     m.targets += b.num_targets;
     m.flops += task_->train_flops(b);  // this process's (MFU is per process)
@@ -155,7 +161,10 @@ bool Trainer::train_step() {
   observe_window_ = false;
   if (dp_) par_->maybe_kill_for_test(m.step);
   step_pipeline_->finish_backward(m);  // wait for the gradient reduction
-  if (dp_) m.loss = par_->sum_over_dp(m.loss);  // each dp rank added its share of the token-weighted mean
+  if (dp_) {  // each dp rank added its share of the token-weighted mean
+    step_pipeline_->read_loss(m);
+    m.loss = par_->sum_over_dp(m.loss);
+  }
 
   // Unscale (before clipping), clip, guarded step.
   const double topt = now_seconds();
@@ -163,7 +172,6 @@ bool Trainer::train_step() {
   const auto named = model.named_parameters();
   std::vector<Tensor> params;
   for (const auto& [n, p] : named) params.push_back(p);
-  m.loss_nonfinite = !std::isfinite(m.loss);
   // f16: unscale first (clipping needs true gradients). bf16/f32: the (finite) gradient norm
   // below is the check; only a non-finite step pays a pass to name the bad parameters.
   bool found_inf = false;
@@ -171,7 +179,6 @@ bool Trainer::train_step() {
     found_inf = scaler_->unscale(named);
     m.nonfinite_params = scaler_->nonfinite_params();
   }
-  found_inf = any_rank(found_inf || m.loss_nonfinite);  // every rank takes the same branch
   // Pre-clip per-layer norms; the weights are kept to measure this step's update.
   if (stats) step_observer_->before_update(named, m, /*keep_weights=*/true, step_observer_->histogram_step(m.step, max_steps_));
   if (!whole_layers && config_.get_bool("observe.layer_norms")) {  // every rank: tensor parallelism sums over tp
@@ -206,6 +213,11 @@ bool Trainer::train_step() {
     if (dp_) m.grad_norm = clip > 0 ? dp_->clip_grad_norm(clip) : dp_->grad_norm();  // global norm over all shards
     else m.grad_norm = optim::grad_norm(params);
   }
+  // The step's host sync: the norm above waited for the device (the update is guarded by it).
+  // The loss, kept on the device through the step, is read now, with nothing left to wait for.
+  if (!dp_) step_pipeline_->read_loss(m);
+  m.loss_nonfinite = !std::isfinite(m.loss);
+  found_inf = any_rank(found_inf || m.loss_nonfinite);  // every rank takes the same branch
   found_inf = found_inf || !std::isfinite(m.grad_norm);
   if (found_inf && !scaler_->enabled()) {
     scaler_->unscale(named);  // disabled: divides by nothing, records the names
@@ -245,6 +257,9 @@ bool Trainer::train_step() {
   m.optimizer_seconds = now_seconds() - topt;
   opt_span.reset();
   ++step_;
+  // The next step's batches, fetched and uploaded while the device runs this step's update.
+  if (step_ < max_steps_) feed_->prefetch(accum);
+  if (empty_cache_every_ > 0 && step_ % empty_cache_every_ == 0) empty_device_cache(device_);
   m.skipped_total = skipped_;
   m.step_seconds = now_seconds() - t0;
   m.throughput = static_cast<double>(m.targets) / std::max(m.step_seconds, 1e-9);
@@ -253,7 +268,7 @@ bool Trainer::train_step() {
   if (par_->distributed())
     for (const auto& [dim, t] : dist::comm_ledger().by_dimension())
       m.comm.push_back({dim, t.ops, static_cast<double>(t.bytes), t.wire_bytes, t.seconds});
-  const MemoryStats mem = Allocator::cpu().stats();
+  const MemoryStats mem = device_memory_stats(device_);
   for (int t = 0; t < kNumMemTags; ++t)
     m.memory.push_back({mem_tag_name(static_cast<MemTag>(t)), static_cast<int64_t>(mem.current[t]), static_cast<int64_t>(mem.peak[t])});
   finish_step_records(m, periodic);
@@ -368,7 +383,9 @@ void Trainer::memory_report(const StepMetrics& m) {
   o << std::fixed << std::setprecision(1) << "memory (peak during step " << m.step << ", " << dtype_name(precision_)
     << "): activations " << peak_mib("activation") << " MiB, parameters " << peak_mib("parameter") << " MiB, gradients "
     << peak_mib("gradient") << " MiB, optimizer state " << peak_mib("optimizer_state") << " MiB, workspace "
-    << peak_mib("workspace") << " MiB\n";
+    << peak_mib("workspace") << " MiB";
+  if (const std::string note = device_memory_note(device_); !note.empty()) o << "; " << note;
+  o << "\n";
   if (tty_) out_("\n");
   out_(o.str());
 }

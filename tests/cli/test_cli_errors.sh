@@ -27,6 +27,10 @@ expect_error device-cuda-no-gpu 1 "trainer.device|cuda:0 was asked for, but this
 expect_error device-cuda7 1 "cuda:7 was asked for, but this" "$ATHANOR" train "$WORK/ok.yaml" trainer.device=cuda:7 "out_dir=$WORK/runs_dev"
 expect_error device-malformed 1 "key 'trainer.device' is 'gpu', which is not a device|cuda:N" \
   "$ATHANOR" train "$WORK/ok.yaml" trainer.device=gpu "out_dir=$WORK/runs_dev"
+# The issue's command on a machine without a GPU: the same error, before the corpus is read.
+expect_error device-gpt-char-no-gpu 1 "trainer.device|cuda:0 was asked for, but this|hint:" \
+  "$ATHANOR" train "$(dirname "${BASH_SOURCE[0]}")/../../examples/gpt-char.yaml" trainer.device=cuda "out_dir=$WORK/runs_dev" \
+  "data.cache_dir=$WORK/runs_dev/cache"
 if [[ -e "$WORK/runs_dev" ]]; then echo "FAIL device errors: a run directory was made before the error"; failures=$((failures + 1)); fi
 # athanor ops: the cuda column ("yes"/"-", the 6th) follows the registry's CUDA slot: linear
 # has a CUDA kernel in a CUDA build, exp has none in any build.

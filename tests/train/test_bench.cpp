@@ -118,7 +118,8 @@ TEST(Bench, TimesExactlyTheRequestedStepsAndDerivesItsStatistics) {
                       "achieved_gflops", "peak_gflops", "peak_source", "gemm_gflops", "mfu", "gemm_efficiency",
                       "minor_faults_per_step", "major_faults_per_step", "thread_minor_faults_per_step",
                       "system_allocs_per_step", "system_frees_per_step", "final_loss", "phase_ms", "peak_bytes",
-                      "reserved_bytes"}));
+                      "reserved_bytes", "device"}));
+  EXPECT_EQ(ordered["device"], "cpu");  // trainer.device: the memory figures are that device's allocator's
   // Strings are escaped (a name with quotes and a backslash survives the round trip).
   train::BenchResult odd = r;
   odd.name = "a \"quoted\" \\ name\n";

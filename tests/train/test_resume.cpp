@@ -135,6 +135,12 @@ void check_bit_exact_continuation(const std::string& name, const std::vector<std
 
 TEST(Resume, BitExactContinuation) { check_bit_exact_continuation("bitexact", {}); }
 TEST(Resume, BitExactContinuationBf16) { check_bit_exact_continuation("bitexact_bf16", {"trainer.precision=bf16"}); }
+// The next step's batches fetched (and, on cuda, uploaded) during this step: the checkpoints
+// at step 3 and at the signal after step 4 are taken with a prefetched batch in hand, and must
+// record the position of the batch the next step trains on (train/batch_feed.h).
+TEST(Resume, BitExactContinuationWithDevicePrefetch) {
+  check_bit_exact_continuation("bitexact_prefetch", {"data.device_prefetch=on"});
+}
 // f16: scale 2^10 growing ×2 every 3 clean steps, so the split at step 4 falls inside a growth interval.
 TEST(Resume, BitExactContinuationF16) {
   check_bit_exact_continuation("bitexact_f16", {"trainer.precision=f16", "scaler.init_scale=1024", "scaler.growth_interval=3"});

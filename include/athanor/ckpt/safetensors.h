@@ -38,6 +38,9 @@ struct SafetensorsFile {
   const Tensor* find(const std::string& name) const;
 };
 
+// Tensors may live on any device: a device tensor's bytes are copied out a piece (16 MiB) at a
+// time as they are written, so saving a model on a GPU holds no host copy of it (nor of any
+// one tensor); load_safetensors_into uploads into device destinations the same way.
 void save_safetensors(const std::string& path, const NamedTensors& tensors,
                       const std::map<std::string, std::string>& metadata = {});
 SafetensorsFile load_safetensors(const std::string& path);

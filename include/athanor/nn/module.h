@@ -73,6 +73,16 @@ class Module : public std::enable_shared_from_this<Module> {
   // Converts every floating parameter and buffer to `dtype` in place (every
   // handle to them sees the change, as with PyTorch's module.to()); drops grads.
   void to(DType dtype);
+  // Moves every parameter and buffer (and each parameter's .grad) to `device` in place, as
+  // PyTorch's module.to(device): every handle to them sees the device's storage, names, tags,
+  // requires_grad and views are kept, and tensors that share a storage (tied weights) still
+  // share one afterwards. Tensors already on `device` are untouched (on cpu, a cpu model: no
+  // copy at all). Errors before any change when the device does not exist (no GPU, cuda:7,
+  // a build without CUDA). Make the optimizer after the move: its state is created on each
+  // parameter's device, and it keeps the parameters' handles, not their storages.
+  void to(Device device);
+  // The device of the first parameter (or buffer); cpu for a module without tensors.
+  Device device() const;
 
   // The module's name within its parent ("" for a root), and its full path once
   // the tree is built (set by the parent on registration).

@@ -23,6 +23,7 @@ struct BenchOptions {
 
 struct BenchResult {
   std::string name, model_type, precision;
+  std::string device = "cpu";          // trainer.device: where it trained (memory below is that device's)
   std::string unit;                    // "tokens" (language models) or "samples"
   int64_t targets_per_step = 0;        // tokens or samples per optimizer step
   int64_t parameters = 0;

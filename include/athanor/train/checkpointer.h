@@ -32,6 +32,7 @@ namespace athanor::train {
 
 class Task;
 class ParallelContext;
+class BatchFeed;
 
 // The counters a checkpoint keeps besides the tensors.
 struct TrainCounters {
@@ -48,7 +49,7 @@ struct CheckpointParts {
   optim::Optimizer& optim;      // the one in use (dp's or optimizer)
   optim::Scheduler& scheduler;
   GradScaler& scaler;
-  data::DataLoader& loader;
+  BatchFeed& feed;  // the training loader behind it: its position excludes prefetched batches
   const ParallelContext& par;
 };
 

@@ -41,6 +41,11 @@ class StepPipeline {
   virtual ~StepPipeline() = default;
   virtual void forward_backward(const std::vector<data::Batch>& batches, observe::StepMetrics& m) = 0;
   virtual void finish_backward(observe::StepMetrics& m) = 0;
+  // Adds the step's token-weighted loss to m.loss, read back from where the forward left it.
+  // The micro-batch loop keeps each micro-batch's loss on the model's device and reads them
+  // here, once per step, after the trainer's one host sync (the gradient norm): no micro-batch
+  // waits for the device. A pipeline schedule has already added it (the loss crosses ranks).
+  virtual void read_loss(observe::StepMetrics& m) { (void)m; }
   // The last step's per-action clocks on this rank (pipeline schedules; empty otherwise).
   virtual const std::vector<dist::TimelineEvent>& timeline() const;
   // An observer of the next step's first forward (per-layer activation statistics,

@@ -56,6 +56,17 @@
 // pipeline_timeline.json, which the report draws. Evaluation and samples run the stages as a
 // chain; model.safetensors and checkpoints hold the logical model.
 //
+// On a GPU (trainer.device cuda | cuda:N; refused before any work where something does not run
+// there, train/trainer_device.h): the model is moved (nn::Module::to) before the optimizer is
+// made, so its state is created on the device; each step's batches are uploaded by the batch
+// feed (train/batch_feed.h), the next step's while this step's update runs; the micro-batch
+// losses stay on the device and are read back together after the gradient norm, the step's one
+// host sync (the update is guarded by the norm's finiteness); per-layer statistics download
+// what they read on the logged steps only; memory tags and peaks are the device allocator's,
+// and trainer.empty_cache_every gives its cache back. Checkpoints stream device tensors
+// through 16 MiB host pieces (ckpt/safetensors.h). The cpu runs take the same path, with
+// nothing to move.
+//
 // The Trainer in parts, each a concept of its own: the parallel context (parallel_context.h:
 // the mesh, groups, logical <-> local tensors), the step pipeline (step_pipeline.h: the
 // micro-batch loop or a pipeline schedule), the checkpointer (checkpointer.h) and the run
@@ -96,6 +107,7 @@ class ProcessGroup;
 namespace athanor::train {
 
 class StepObserver;  // train/step_observer.h: per-layer, activation and input statistics
+class BatchFeed;     // train/batch_feed.h: the step's batches on the trainer's device
 
 // The records of a run (include/athanor/observe/metrics.h); the old train:: names stay valid.
 using StepMetrics = observe::StepMetrics;
@@ -200,6 +212,8 @@ class Trainer {
   const std::vector<EvalMetrics>& evals() const { return evals_; }
   const std::vector<observe::HealthEvent>& health_events() const { return health_; }
   DType precision() const { return precision_; }       // f32, bf16 or f16 (compute dtype of the forward)
+  // trainer.device: where the model, its gradients, the optimizer state and the batches live.
+  Device device() const { return device_; }
   const GradScaler& scaler() const { return *scaler_; }  // enabled only for f16
   double lr_factor() const { return lr_factor_; }        // cumulative rollback lr multiplier
   double peak_flops() const { return peak_flops_; }      // FLOP/s used for MFU: the hardware's peak (0 = unknown)
@@ -247,6 +261,9 @@ class Trainer {
   std::unique_ptr<data::Tokenizer> tokenizer_;
   std::shared_ptr<data::Dataset> train_set_, val_set_;
   std::unique_ptr<data::DataLoader> train_loader_;
+  std::unique_ptr<BatchFeed> feed_;             // train_loader_'s batches on device_ (after it)
+  Device device_;                                // trainer.device
+  int64_t empty_cache_every_ = 0;                // trainer.empty_cache_every
   std::unique_ptr<dist::DataParallel> dp_;      // before scheduler_: destroyed after it
   std::unique_ptr<optim::Optimizer> optimizer_; // the optimizer without data parallel
   optim::Optimizer* optim_ = nullptr;           // optimizer_ or dp_'s
