@@ -138,7 +138,9 @@ Manifest read_manifest(const std::string& dir) {
     ATH_CHECK(j.value("format", "") == "athanor-checkpoint", "checkpoint", "'", p.string(), "' is not an athanor manifest");
     m.step = j.at("step").get<int64_t>();
     for (const auto& e : j.at("files")) {
-      ManifestEntry me{e.at("name").get<std::string>(), e.at("bytes").get<uint64_t>()};
+      ManifestEntry me;
+      me.name = e.at("name").get<std::string>();
+      me.bytes = e.at("bytes").get<uint64_t>();
       for (Checksum c : {Checksum::xxh3_128, Checksum::sha256})
         if (e.contains(checksum_name(c))) me.algorithm = checksum_name(c), me.checksum = e.at(checksum_name(c)).get<std::string>();
       ATH_CHECK(!me.checksum.empty(), "checkpoint", "'", p.string(), "' gives no checksum (xxh3_128 or sha256) for '",
