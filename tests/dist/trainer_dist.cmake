@@ -149,7 +149,8 @@ elseif(SCENARIO STREQUAL "llama_par")
   # parallelism through `athanor train`, 6 AdamW steps with clipping, f32: tp 2 with sequence
   # parallelism and tp 2 x pp 2 (1F1B) with ZeRO-1 == 1 process (the loss at every step
   # within 1e-5, grad norms and weights within rtol 1e-4, atol 2e-5: equal()); the tp 2 x pp 2
-  # run's step-3 checkpoint resumed in the same layout == the uninterrupted run, bit for bit;
+  # run's step-3 checkpoint resumed in the same layout == the uninterrupted run, bit for bit,
+  # and by one process == it (equal()); its export to HF imports back as the run's weights;
   # splits the ranks cannot make are refused before any work. (Every schedule's AdamW steps,
   # MHA/MQA, ZeRO-3 are checked against one process in tests/dist/test_llama_parallel.cpp.)
   file(WRITE ${DIR}/tiny.yaml "seed: 7
@@ -176,6 +177,20 @@ observe: {tensorboard: false, report: false, peak_gflops: 1.0}
   endif()
   check(compare_loss ${DIR}/runs/resumed ${DIR}/runs/full 0)
   check(compare ${DIR}/runs/resumed ${DIR}/runs/full 0 0)
+  # The same checkpoint in another layout: resumed by one process (the shards merged to the
+  # 1-process names), and exported to Hugging Face's layout as whole tensors.
+  file(COPY ${DIR}/runs/full/ DESTINATION ${DIR}/runs/at1)
+  file(REMOVE_RECURSE ${DIR}/runs/at1/checkpoints/step-000006 ${DIR}/runs/at1/model.safetensors)
+  file(WRITE ${DIR}/runs/at1/checkpoints/latest "step-000003\n")
+  run(at1 1proc trainer.batch_size=8 resume=auto ${_u})
+  equal(at1 full)
+  execute_process(COMMAND ${CLI} export-hf ${DIR}/runs/full ${DIR}/hf --checkpoint ${DIR}/runs/full/checkpoints/step-000006
+                  RESULT_VARIABLE _rc1 OUTPUT_VARIABLE _out ERROR_VARIABLE _err)
+  execute_process(COMMAND ${CLI} import-hf ${DIR}/hf ${DIR}/reimported.safetensors RESULT_VARIABLE _rc2 OUTPUT_VARIABLE _out2 ERROR_VARIABLE _err2)
+  if(NOT _rc1 EQUAL 0 OR NOT _rc2 EQUAL 0 OR NOT _out2 MATCHES "Llama, 39 tensors")
+    message(FATAL_ERROR "export-hf / import-hf of the tp 2 x pp 2 Llama failed:\n${_out}${_err}${_out2}${_err2}")
+  endif()
+  check(compare_weights ${DIR}/reimported.safetensors ${DIR}/runs/full/model.safetensors 0 0)
   expect_error("model.n_kv_head \\(3\\) and dist.tp \\(2\\) do not divide one another.*multi-query attention.*hint:" 2
                dist.tp=2 model.n_head=6 model.n_kv_head=3 model.n_embd=48)
   expect_error("model.intermediate_size \\(66\\) is not divisible by dist.tp \\(4\\).*hint:" 4 dist.tp=4 model.intermediate_size=66)
