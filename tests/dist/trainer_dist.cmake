@@ -164,6 +164,14 @@ observe: {tensorboard: false, report: false, peak_gflops: 1.0}
   run(ref 1proc trainer.batch_size=8)
   run(tp2 2 trainer.batch_size=8 dist.tp=2 dist.sequence_parallel=true)
   equal(tp2 ref)
+  # Its tp bytes per step are the GPT's theory (tp_trainer.cmake "traffic"): q, k and v read one
+  # all-gathered input (and regather it once), as the GPT's fused c_attn. Per micro-batch
+  # (B 8, T 32, d 32, L 4, f32) (4 L + 2) reduce-scatters and (4 L + 2) + (2 L + 1) all-gathers
+  # of B·T·d, the loss's 3 of B·T; per step the grad norm (8 bytes) and the RMSNorms' gradients
+  # summed over tp ((2 L + 1)·d).
+  math(EXPR _act "8 * 32 * 32 * 4")
+  math(EXPR _tp "2 * ((4 * 4 + 2 + 4 * 4 + 2 + 2 * 4 + 1) * ${_act} + 3 * 8 * 32 * 4) + 8 + (2 * 4 + 1) * 32 * 4")
+  check(traffic ${DIR}/runs/tp2 tp ${_tp})
   set(_u checkpoint.every=3 checkpoint.keep_last=0)
   run(full 4 trainer.batch_size=8 dist.tp=2 dist.pp=2 dist.zero_stage=1 ${_u})
   equal(full ref)
