@@ -1,7 +1,7 @@
 # Data-parallel training through `athanor train` under mpirun (real processes), checked
 # against independent 1-process runs on the same global batches by test_trainer_dist.
 #   cmake -DMPIEXEC=… -DMPIFLAGS=… -DCLI=<athanor> -DCHECK=<test_trainer_dist> -DCORPUS=<text file>
-#         -DDIR=<scratch dir> -DSCENARIO=sgd|zero|zero3|zero3_mlp|llama|reshard|zero3_reshard|kill|errors -P trainer_dist.cmake
+#         -DDIR=<scratch dir> -DSCENARIO=sgd|zero|zero3|zero3_mlp|llama|llama_par|reshard|zero3_reshard|kill|errors -P trainer_dist.cmake
 # Tiny GPT (2 layers, 32 wide, 32 tokens), global micro-batch 8 × accum 2, gradient clipping
 # (and SGD without).
 # Tolerance: rtol 1e-4, atol 2e-5 on losses, grad norms and every weight (f32; the ranks' sum
