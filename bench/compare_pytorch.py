@@ -135,6 +135,8 @@ def main():
     ap.add_argument("--steps", type=int, default=10)
     ap.add_argument("--warmup", type=int, default=3)
     ap.add_argument("--threads", type=int, default=2)
+    ap.add_argument("--skip-default", action="store_true",
+                    help="leave out torch-default (the ratio that matters is against torch-tuned; default PyTorch is the slowest run)")
     ap.add_argument("--quick", action="store_true", help="2 repeats of 3 steps after 2 warm-up steps (tiny GPT and MLP by default)")
     ap.add_argument("--athanor", default=os.path.join(ROOT, "build", "apps", "athanor", "athanor"))
     ap.add_argument("--tuned-capability", default=None,
@@ -157,7 +159,8 @@ def main():
     if args.tuned_capability is None:
         args.tuned_capability = "avx512" if "avx512f" in cpu_flags() else "avx2"
     envs = environments(args.threads, args.tuned_capability, args.emulate)
-    engines = ENGINES + (["athanor-env"] if args.athanor_env else [])
+    engines = [e for e in ENGINES if not (args.skip_default and e == "torch-default")]
+    engines += ["athanor-env"] if args.athanor_env else []
 
     raw, rows = [], []
     for name in args.configs:
@@ -197,9 +200,13 @@ def main():
     print("|---|---|---|---|---|---|---|---|---|---|" + ("---|---|" if args.athanor_env else ""))
     for name, precision, runs in rows:
         def cell(e):
+            if not runs.get(e):
+                return "not run"
             m, lo, hi = spread([r["throughput"] for r in runs[e]])
             return f"{fmt_rate(m)} [{fmt_rate(lo)}–{fmt_rate(hi)}]"
         def ratio(a, b):
+            if not runs.get(a) or not runs.get(b):
+                return "not run"
             m, lo, hi = spread([x["throughput"] / y["throughput"] for x, y in zip(runs[a], runs[b])])
             return f"{m:.2f}× [{lo:.2f}–{hi:.2f}]"
         peaks = [peak_of[precision] or r["peak_gflops"] for r in runs["athanor"]]

@@ -14,6 +14,7 @@
 
 #include "athanor/core/error.h"
 #include "ckpt/safetensors_write.h"
+#include "ckpt/staged_file_writer.h"
 
 namespace athanor::ckpt {
 namespace {
@@ -51,16 +52,6 @@ bool from_st_dtype(const std::string& s, StDtype& out) {
   return true;
 }
 
-void write_all(int fd, const void* data, size_t n, const std::string& path) {
-  const char* p = static_cast<const char*>(data);
-  while (n > 0) {
-    const ssize_t w = ::write(fd, p, n);
-    if (w < 0 && errno == EINTR) continue;
-    ATH_CHECK(w > 0, "save_safetensors", path, ": write failed: ", std::strerror(errno), Hint{"check free disk space and permissions"});
-    p += w;
-    n -= static_cast<size_t>(w);
-  }
-}
 }  // namespace
 
 const Tensor* SafetensorsFile::find(const std::string& name) const {
@@ -94,38 +85,27 @@ uint64_t write_safetensors(const std::string& path, const NamedTensors& tensors,
   const uint64_t len = text.size();
 
   const std::string tmp = path + ".tmp";
-  const int fd = ::open(tmp.c_str(), O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0644);
-  ATH_CHECK(fd >= 0, "save_safetensors", tmp, ": cannot create: ", std::strerror(errno), Hint{"check that the directory exists and is writable"});
-  // Every byte written also goes to the sink (a checksum), in the order of the file. Large
-  // files go out in chunks whose writeback starts as soon as each is written, so the disk
-  // works while the next chunk is copied and hashed, and the closing fsync waits only for
-  // the tail (one fsync after the whole file leaves the disk idle until then).
-  constexpr size_t kChunk = size_t{32} << 20;
-  uint64_t written = 0, flushed = 0;
-  auto put = [&](const void* p, size_t n) {
-    const char* c = static_cast<const char*>(p);
-    while (n > 0) {
-      const size_t k = std::min(n, kChunk - static_cast<size_t>(written % kChunk));
-      write_all(fd, c, k, tmp);
-      if (sink) sink(c, k);
-      written += k, c += k, n -= k;
-      if (written - flushed >= kChunk) {
-        ::sync_file_range(fd, static_cast<off64_t>(flushed), static_cast<off64_t>(written - flushed), SYNC_FILE_RANGE_WRITE);
-        flushed = written;
-      }
-    }
-  };
+  // Every byte written also goes to the sink (a checksum), in the order of the file, a
+  // piece at a time so that the sink reads what the writer has just brought into cache.
   try {
+    StagedFileWriter out(tmp, "save_safetensors");
+    constexpr size_t kPiece = size_t{1} << 20;
+    auto put = [&](const void* p, size_t n) {
+      for (const char* c = static_cast<const char*>(p); n > 0;) {
+        const size_t k = std::min(n, kPiece);
+        out.write(c, k);
+        if (sink) sink(c, k);
+        c += k, n -= k;
+      }
+    };
     put(&len, 8);
     put(text.data(), text.size());
     for (const Tensor& t : data) put(t.raw_data(), t.nbytes());
-    ATH_CHECK(::fsync(fd) == 0, "save_safetensors", tmp, ": fsync failed: ", std::strerror(errno));
+    out.finish();
   } catch (...) {
-    ::close(fd);
     ::unlink(tmp.c_str());
     throw;
   }
-  ::close(fd);
   ATH_CHECK(::rename(tmp.c_str(), path.c_str()) == 0, "save_safetensors", "cannot rename ", tmp, " to ", path, ": ", std::strerror(errno));
   return 8 + len + offset;
 }
