@@ -19,9 +19,8 @@
 namespace athanor::dist {
 
 TensorParallelGPT::TensorParallelGPT(nn::GPTConfig c, GroupPtr tp, TensorParallelOptions o)
-    : config_(c), tp_(std::move(tp)), options_(o) {
+    : TensorParallelLM("TensorParallelGPT", std::move(tp), o, c.vocab_size, c.block_size), config_(c) {
   const char* op = "TensorParallelGPT";
-  ATH_CHECK(tp_ != nullptr, op, "got no tensor-parallel group", Hint{"pass a DeviceMesh's tp() group"});
   const int t = tp_->size();
   ATH_CHECK(c.n_layer > 0 && c.n_head > 0 && c.n_embd > 0 && c.block_size > 0 && c.vocab_size > 0, op,
             "n_layer, n_head, n_embd, block_size and vocab_size must all be > 0");
@@ -59,17 +58,6 @@ TensorParallelGPT::TensorParallelGPT(nn::GPTConfig c, GroupPtr tp, TensorParalle
 
 int64_t TensorParallelGPT::padded_vocab() const { return wte_->padded; }
 
-bool TensorParallelGPT::use_sequence_parallel(int64_t T) const {
-  if (!options_.sequence_parallel || tp_->size() == 1) return false;
-  if (T % tp_->size() == 0) return true;
-  // Without gradients the plain tensor-parallel path computes the same function (generation
-  // feeds any length); training with a length the sequence cannot be split into is an error.
-  ATH_CHECK(!grad_enabled(), "TensorParallelGPT", "sequence parallelism splits the sequence across tp = ", tp_->size(),
-            " ranks, but this batch has T = ", T, " tokens",
-            Hint{"train on sequences whose length is a multiple of dist.tp (model.block_size)"});
-  return false;
-}
-
 Tensor TensorParallelGPT::hidden(const Tensor& ids, bool sp) {
   auto scope = enter();
   ATH_CHECK(ids.dim() == 2, "GPT", "expected token ids [B, T], got ", ids.describe());
@@ -90,43 +78,7 @@ Tensor TensorParallelGPT::hidden(const Tensor& ids, bool sp) {
   return ln_f_->forward(x);
 }
 
-Tensor TensorParallelGPT::logits(const Tensor& ids) {
-  const bool sp = use_sequence_parallel(ids.dim() == 2 ? ids.size(1) : 0);
-  Tensor x = hidden(ids, sp);
-  return tp_logits(x, wte_->weight, sp, options_.regather, tp_);
-}
-
-Tensor TensorParallelGPT::loss(const Tensor& ids, const Tensor& targets, Reduction reduction) {
-  Tensor l = logits(ids);
-  return vocab_parallel_cross_entropy(reshape(l, {-1, l.size(-1)}), reshape(targets, {-1}), config_.vocab_size, tp_, -100,
-                                      reduction);
-}
-
-std::vector<int32_t> TensorParallelGPT::generate(const std::vector<int32_t>& prompt, int64_t max_new_tokens, double temperature,
-                                                 int64_t top_k, Generator& gen) {
-  const int64_t V = config_.vocab_size;
-  return nn::generate_tokens(*this, prompt, max_new_tokens, temperature, V, config_.block_size,
-                             [&](const std::vector<int64_t>& ctx) {
-                               const int64_t T = static_cast<int64_t>(ctx.size());
-                               Tensor x = hidden(from_vector(ctx, {1, T}), false);
-                               Tensor last = make_view(x, {1, config_.n_embd}, {config_.n_embd, 1},
-                                                       x.storage_offset() + (T - 1) * config_.n_embd);
-                               // Every rank's vocabulary columns of the last position, gathered: V values, not B·T·V.
-                               Tensor all = all_gather_along(linear(last, wte_->weight), *tp_, -1);
-                               std::vector<double> row = all.to_vector();
-                               row.resize(static_cast<size_t>(V));  // drop the padding columns
-                               return nn::sample_token(std::move(row), temperature, top_k, gen);
-                             });
-}
-
-int64_t TensorParallelGPT::logical_parameters_count() const {
-  int64_t n = 0;
-  for (auto& [name, p] : named_parameters()) {
-    const ShardSpec s = spec_of(specs_, name);
-    n += shape_numel(logical_shape(p.sizes(), s));
-  }
-  return n;
-}
+const Tensor& TensorParallelGPT::head_weight() const { return wte_->weight; }  // tied
 
 double TensorParallelGPT::flops_per_token(int64_t T) const {
   const double N = static_cast<double>(logical_parameters_count());
@@ -138,23 +90,6 @@ std::vector<std::string> TensorParallelGPT::shard_units() const {
   std::vector<std::string> out;
   for (int64_t i = 0; i < config_.n_layer; ++i) out.push_back("transformer.h." + std::to_string(i));
   return out;
-}
-
-nn::StateDict TensorParallelGPT::logical_state_dict() {
-  nn::StateDict out;
-  for (auto& [name, t] : state_dict()) out.emplace_back(name, gather_shards(t, spec_of(specs_, name), *tp_));
-  return out;
-}
-
-void TensorParallelGPT::load_logical_state_dict(const nn::StateDict& state) {
-  nn::StateDict local;
-  for (auto& [name, t] : state) local.emplace_back(name, shard_of(t, spec_of(specs_, name), name));
-  load_state_dict(local, /*strict=*/true);
-}
-
-ShardSpec optimizer_state_spec(const ShardSpecs& specs, const std::string& key) {
-  const auto dot = key.find('.');
-  return dot == std::string::npos ? ShardSpec{} : spec_of(specs, key.substr(dot + 1));
 }
 
 }  // namespace athanor::dist

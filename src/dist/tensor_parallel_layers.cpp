@@ -59,23 +59,25 @@ ShardSpecs collect_shard_specs(nn::Module& root) {
 // ---- ColumnParallelLinear
 
 ColumnParallelLinear::ColumnParallelLinear(int64_t in, int64_t out, GroupPtr tp_, Options o)
-    : in_features(in), out_features(out), tp(std::move(tp_)), options(o) {
+    : in_features(in), out_features(out), padded_out(out), tp(std::move(tp_)), options(o) {
   const char* layer = "ColumnParallelLinear";
   const int t = tp_size(tp, layer);
-  ATH_CHECK(in > 0 && out > 0 && o.parts >= 1, layer, "in_features (", in, "), out_features (", out, ") and parts (", o.parts,
-            ") must be > 0");
-  ATH_CHECK(out % o.parts == 0 && (out / o.parts) % t == 0, layer, "out_features ", out, " (", o.parts,
+  ATH_CHECK(in > 0 && out > 0 && o.parts >= 1 && o.pad_multiple >= 1, layer, "in_features (", in, "), out_features (", out,
+            "), parts (", o.parts, ") and pad_multiple (", o.pad_multiple, ") must be > 0");
+  ATH_CHECK(o.pad_multiple == 1 || o.parts == 1, layer, "padding (pad_multiple ", o.pad_multiple, ") needs parts 1, got ", o.parts);
+  if (o.pad_multiple > 1) padded_out = VocabParallelEmbedding::padded_size(out, t, o.pad_multiple);
+  ATH_CHECK(out % o.parts == 0 && (padded_out / o.parts) % t == 0, layer, "out_features ", out, " (", o.parts,
             " part(s) of ", out / o.parts, ") cannot be split evenly across tp = ", t, " ranks",
             Hint{"choose sizes divisible by dist.tp (for GPT: n_head divisible by dist.tp)"});
   // nn::Linear's init: U(±1/sqrt(in)) for the weight, then the bias, from the same generator.
   const double bound = 1.0 / std::sqrt(static_cast<double>(in));
-  const ShardSpec ws = split_spec(0, o.parts, out, out, tp);
+  const ShardSpec ws = split_spec(0, o.parts, out, padded_out, tp);
   weight = register_parameter("weight", drawn_shard({out, in}, ws, false, bound));
   if (o.bias) bias = register_parameter("bias", drawn_shard({out}, ws, false, bound));
 }
 
 ShardSpecs ColumnParallelLinear::local_shard_specs() const {
-  ShardSpecs s{{"weight", split_spec(0, options.parts, out_features, out_features, tp)}};
+  ShardSpecs s{{"weight", split_spec(0, options.parts, out_features, padded_out, tp)}};
   if (bias.defined()) s["bias"] = s["weight"];
   return s;
 }

@@ -157,18 +157,25 @@ bool same_tensor_data(const Tensor& a, const Tensor& b) {
 }
 }  // namespace
 
-Tensor sequence_parallel_linear(const Tensor& x_local, const Tensor& weight, const Tensor& bias, const GroupPtr& tp,
-                                int64_t dim, bool regather) {
-  // Cast first (autocast would cast the gathered tensor inside linear): the gathered tensor is
-  // then the one linear saves, and the all-gather moves GEMM-dtype bytes.
-  const Tensor x = autocast_input(x_local, "linear");
+Tensor sequence_parallel_apply(const Tensor& x_local, const GroupPtr& tp, int64_t dim, bool regather, const char* autocast_op,
+                               const std::function<Tensor(const Tensor&)>& op) {
+  // Cast first (autocast would cast the gathered tensor inside the op): the gathered tensor is
+  // then the one the op saves, and the all-gather moves GEMM-dtype bytes.
+  const Tensor x = autocast_input(x_local, autocast_op);
   const Tensor full = gather_from_sequence_parallel_region(x, tp, dim, /*grad_reduce_scatter=*/true);
-  if (!regather || tp->size() == 1 || !grad_enabled()) return linear(full, weight, bias);
+  if (!regather || tp->size() == 1 || !grad_enabled()) return op(full);
+  std::shared_ptr<RegatherPack> pack;  // one for every save of `full`: one all-gather in backward
   SavedTensorHooks hooks([&](const Tensor& t) -> std::shared_ptr<SavedTensorPack> {
     if (!same_tensor_data(t, full)) return nullptr;
-    return std::make_shared<RegatherPack>(x, tp, dim);
+    if (!pack) pack = std::make_shared<RegatherPack>(x, tp, dim);
+    return pack;
   });
-  return linear(full, weight, bias);
+  return op(full);
+}
+
+Tensor sequence_parallel_linear(const Tensor& x_local, const Tensor& weight, const Tensor& bias, const GroupPtr& tp,
+                                int64_t dim, bool regather) {
+  return sequence_parallel_apply(x_local, tp, dim, regather, "linear", [&](const Tensor& full) { return linear(full, weight, bias); });
 }
 
 }  // namespace athanor::dist

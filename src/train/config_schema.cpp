@@ -165,12 +165,12 @@ const std::vector<ConfigKey>& config_schema() {
        "dist.backend=auto|mpi"},
 
       {"dist.tp", int64_t{1},
-       "tensor-parallel size (Megatron style; gpt only): each layer's weights, its attention heads and the vocabulary are split "
-       "across this many consecutive ranks; the data-parallel size is world / (tp x pp)",
+       "tensor-parallel size (Megatron style; gpt, llama): each layer's weights, its attention heads (a llama's by kv-head "
+       "group) and the vocabulary are split across this many consecutive ranks; the data-parallel size is world / (tp x pp)",
        "dist.backend=auto|mpi"},
       {"dist.pp", int64_t{1},
-       "pipeline-parallel stages (gpt only): the model's blocks are split in order across this many ranks (the embedding on the "
-       "first, ln_f and the head on the last, the tied embedding on both); micro-batches are trainer.accum_steps",
+       "pipeline-parallel stages (gpt, llama): the model's blocks are split in order across this many ranks (the embedding on "
+       "the first, the final norm and the head on the last, a tied embedding on both); micro-batches are trainer.accum_steps",
        "dist.backend=auto|mpi"},
       {"dist.pp_schedule", std::string("1f1b"),
        "with dist.pp > 1: gpipe (all forwards, then all backwards), 1f1b (PipeDream-Flush), interleaved (Megatron's interleaved "

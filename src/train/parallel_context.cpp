@@ -13,11 +13,11 @@
 #include <nlohmann/json.hpp>
 
 #include "athanor/dist/device_mesh.h"
-#include "athanor/dist/pipeline_gpt.h"
+#include "athanor/dist/pipeline_lm.h"
 #include "athanor/dist/pipeline_schedule.h"
 #include "athanor/dist/process_group.h"
 #include "athanor/dist/sampler.h"
-#include "athanor/dist/tensor_parallel_gpt.h"
+#include "athanor/dist/tensor_parallel_lm.h"
 #include "athanor/ops.h"
 
 namespace athanor::train {
@@ -45,10 +45,10 @@ void ParallelContext::check_config(const Config& c) {
   ATH_CHECK(c.get_int("dist.vocab_pad_multiple") >= 1, "config", "dist.vocab_pad_multiple must be >= 1, got ",
             c.get_int("dist.vocab_pad_multiple"), Hint{"128 pads the vocabulary to a multiple of 128 x tp; 1 = no padding"});
   const std::string& type = c.get_string("model.type");
+  const bool lm = type == "gpt" || type == "llama";
   if (pp > 1) {
-    ATH_CHECK(type == "gpt", "config", "dist.pp ", pp, " is not supported for model.type ", type,
-              type == "llama" ? ": pipeline parallelism is built for the GPT only (dist::PipelineGPT), not yet for the Llama"
-                              : ": pipeline parallelism splits a GPT's transformer blocks across stages",
+    ATH_CHECK(lm, "config", "dist.pp ", pp, " is not supported for model.type ", type,
+              ": pipeline parallelism splits a language model's (gpt, llama) decoder blocks across stages",
               Hint{"set dist.pp: 1 and train the " + type + " data-parallel (mpirun -np N)"});
     const int64_t stage = c.get_int("dist.zero_stage");
     ATH_CHECK(stage <= 1, "config", "dist.zero_stage ", stage, " with dist.pp ", pp,
@@ -70,10 +70,9 @@ void ParallelContext::check_config(const Config& c) {
               Hint{"set dist.pp > 1, or remove dist.pp_layers"});
   }
   if (tp == 1) return;
-  ATH_CHECK(type == "gpt", "config", "dist.tp ", tp, " is not supported for model.type ", type,
-            type == "llama" ? ": tensor parallelism is built for the GPT only (a Llama's split by kv-head group is not)"
-                            : ": tensor parallelism splits a GPT's attention heads, MLP and vocabulary across ranks, and the " + type +
-                                  " is not built from such layers",
+  ATH_CHECK(lm, "config", "dist.tp ", tp, " is not supported for model.type ", type,
+            ": tensor parallelism splits a language model's (gpt, llama) attention heads, MLP and vocabulary across ranks, and the " +
+                type + " is not built from such layers",
             Hint{"set dist.tp: 1 and train the " + type + " data-parallel (mpirun -np N, dist.zero_stage 0-" +
                  std::string(type == "convnet" ? "2" : "3") + ")"});
   const std::string& opt = c.get_string("optimizer.type");
@@ -85,6 +84,21 @@ void ParallelContext::check_config(const Config& c) {
   ATH_CHECK(H % tp == 0, "config", "model.n_head (", H, ") is not divisible by dist.tp (", tp,
             "): the attention heads are split across the tensor-parallel ranks",
             Hint{"choose dist.tp dividing n_head, or n_head a multiple of dist.tp"});
+  if (type == "llama") {
+    // The Llama's kv heads and MLP are split too (dist::check_tensor_parallel_llama says the same
+    // when the model is built; here the keys are named before any process starts work).
+    const int64_t Hkv = c.get_int("model.n_kv_head") == 0 ? H : c.get_int("model.n_kv_head");
+    ATH_CHECK(Hkv > 0 && (Hkv % tp == 0 || tp % Hkv == 0), "config", "model.n_kv_head (", Hkv, ") and dist.tp (", tp,
+              ") do not divide one another: each tensor-parallel rank holds n_kv_head / tp key/value heads and the query heads "
+              "of their groups; with fewer kv heads than ranks (multi-query attention: n_kv_head 1) each rank holds a replica of "
+              "the one kv head its query heads read, which needs dist.tp a multiple of n_kv_head",
+              Hint{"choose dist.tp dividing n_kv_head or a multiple of it that divides n_head"});
+    int64_t I = c.get_int("model.intermediate_size");
+    if (I == 0) I = (8 * c.get_int("model.n_embd") / 3 + 63) / 64 * 64;  // train::llama_config's default
+    ATH_CHECK(I % tp == 0, "config", "model.intermediate_size (", I, ") is not divisible by dist.tp (", tp,
+              "): the MLP's gate_proj / up_proj rows and down_proj columns are split across the tensor-parallel ranks",
+              Hint{"choose intermediate_size a multiple of dist.tp (0 picks a multiple of 64), or another dist.tp"});
+  }
   if (c.get_bool("dist.sequence_parallel"))
     ATH_CHECK(c.get_int("model.block_size") % tp == 0, "config", "dist.sequence_parallel splits the sequence across tp: model.block_size (",
               c.get_int("model.block_size"), ") is not divisible by dist.tp (", tp, ")",
@@ -195,8 +209,8 @@ void ParallelContext::bind_model(nn::Module& model) {
   bound_ = true;
   held_.clear();
   for (auto& [n, t] : model.state_dict()) held_.insert(n);
-  if (auto* t = dynamic_cast<dist::TensorParallelGPT*>(&model)) specs_ = t->shard_specs();
-  if (auto* p = dynamic_cast<dist::PipelineGPT*>(&model)) {
+  if (auto* t = dynamic_cast<dist::TensorParallelLM*>(&model)) specs_ = t->shard_specs();
+  if (auto* p = dynamic_cast<dist::PipelineLM*>(&model)) {
     specs_ = p->shard_specs();
     for (auto& n : p->duplicate_parameters()) duplicates_.insert(n);
   }

@@ -7,7 +7,7 @@
 
 #include "athanor/core/allocator.h"
 #include "athanor/core/rng.h"
-#include "athanor/dist/pipeline_gpt.h"
+#include "athanor/dist/pipeline_lm.h"
 #include "athanor/dist/process_group.h"
 #include "athanor/dist/zero.h"
 #include "athanor/observe/profiler.h"
@@ -93,10 +93,10 @@ class MicroBatchLoop final : public StepPipeline {
 class PipelineSchedule final : public StepPipeline {
  public:
   PipelineSchedule(StepParts p, const ParallelContext& par, dist::ScheduleKind kind, int m, int v)
-      : p_(p), par_(par), model_(dynamic_cast<dist::PipelineGPT*>(&p.task.module())),
+      : p_(p), par_(par), model_(dynamic_cast<dist::PipelineLM*>(&p.task.module())),
         executor_(par.pp_group(), kind, m, v), theory_(dist::theoretical_bubble(kind, par.pp_size(), m, v)) {
-    ATH_CHECK(model_ != nullptr, "trainer", "a pipeline schedule needs the GPT split into stages (dist::PipelineGPT)",
-              Hint{"let the trainer build the model (model.type gpt) with dist.pp > 1"});
+    ATH_CHECK(model_ != nullptr, "trainer", "a pipeline schedule needs the model split into stages (dist::PipelineLM)",
+              Hint{"let the trainer build the model (model.type gpt or llama) with dist.pp > 1"});
   }
 
   void forward_backward(const std::vector<data::Batch>& batches, observe::StepMetrics& m) override {
@@ -164,7 +164,7 @@ class PipelineSchedule final : public StepPipeline {
  private:
   StepParts p_;
   const ParallelContext& par_;
-  dist::PipelineGPT* model_;
+  dist::PipelineLM* model_;
   dist::PipelineExecutor executor_;
   double theory_;
   std::vector<dist::TimelineEvent> timeline_;

@@ -4,8 +4,10 @@
 #include "athanor/autograd/grad_mode.h"
 #include "athanor/dist/device_mesh.h"
 #include "athanor/dist/pipeline_gpt.h"
+#include "athanor/dist/pipeline_llama.h"
 #include "athanor/dist/tensor_parallel_mappings.h"
 #include "athanor/dist/tensor_parallel_gpt.h"
+#include "athanor/dist/tensor_parallel_llama.h"
 #include "athanor/nn/convnet.h"
 #include "athanor/nn/gpt.h"
 #include "athanor/nn/llama.h"
@@ -75,17 +77,14 @@ class LanguageModelTask : public Task {
   std::shared_ptr<Model> model_;
 };
 
-// The GPT split across a tensor-parallel group: the loss never gathers the logits.
+// The GPT or the Llama split across a tensor-parallel group: the loss never gathers the logits.
 class TensorParallelLanguageModelTask : public Task {
  public:
-  explicit TensorParallelLanguageModelTask(std::shared_ptr<dist::TensorParallelGPT> m) : model_(std::move(m)) {}
+  explicit TensorParallelLanguageModelTask(std::shared_ptr<dist::TensorParallelLM> m) : model_(std::move(m)) {}
   // This rank's share of the model FLOPs (MFU is per process): every matmul is split across tp.
   double train_flops(const data::Batch& b) const override {
-    const auto& g = model_->config();
     const double tokens = static_cast<double>(b.input.numel());
-    const double per_token = 6.0 * static_cast<double>(model_->logical_parameters_count()) +
-                             12.0 * static_cast<double>(g.n_layer * g.n_embd * b.input.size(-1));
-    return per_token * tokens / static_cast<double>(model_->tp()->size());
+    return model_->flops_per_token(b.input.size(-1)) * tokens / static_cast<double>(model_->tp()->size());
   }
   nn::Module& module() override { return *model_; }
   Tensor loss(const data::Batch& b) override { return model_->loss(b.input, b.target); }
@@ -100,16 +99,16 @@ class TensorParallelLanguageModelTask : public Task {
   }
 
  private:
-  std::shared_ptr<dist::TensorParallelGPT> model_;
+  std::shared_ptr<dist::TensorParallelLM> model_;
 };
-// This rank's pipeline stages of the GPT. Training runs through the pipeline schedule
+// This rank's pipeline stages of the GPT or the Llama. Training runs through the pipeline schedule
 // (step_pipeline.h); evaluation and generation run the stages as a chain: each rank runs its
 // chunks in pipeline order, receiving each chunk's input from the previous virtual stage and
 // sending its output to the next (blocking transfers, with the pp group's timeout); the last
 // stage's result is broadcast to every stage.
 class PipelineLanguageModelTask : public Task {
  public:
-  PipelineLanguageModelTask(std::shared_ptr<dist::PipelineGPT> m, dist::GroupPtr pp) : model_(std::move(m)), pp_(std::move(pp)) {}
+  PipelineLanguageModelTask(std::shared_ptr<dist::PipelineLM> m, dist::GroupPtr pp) : model_(std::move(m)), pp_(std::move(pp)) {}
   // This rank's share of the model FLOPs (MFU is per process).
   double train_flops(const data::Batch& b) const override {
     return model_->flops_per_token(b.input.size(-1)) * static_cast<double>(b.input.numel());
@@ -130,8 +129,7 @@ class PipelineLanguageModelTask : public Task {
   bool is_language_model() const override { return true; }
   std::vector<int32_t> generate(const std::vector<int32_t>& prompt, int64_t tokens, double temperature, int64_t top_k,
                                 Generator& gen) override {
-    const auto& c = model_->config();
-    return nn::generate_tokens(*model_, prompt, tokens, temperature, c.vocab_size, c.block_size,
+    return nn::generate_tokens(*model_, prompt, tokens, temperature, model_->vocab_size(), model_->block_size(),
                                [&](const std::vector<int64_t>& ctx) {
                                  const int64_t T = static_cast<int64_t>(ctx.size());
                                  // Defined on the last stage only: [1, T, V/tp].
@@ -143,7 +141,7 @@ class PipelineLanguageModelTask : public Task {
                                    // Every tp rank's vocabulary columns of the last position: V values, not T·V.
                                    Tensor all = dist::all_gather_along(last.contiguous(), *model_->tp(), -1);
                                    std::vector<double> row = all.to_vector();
-                                   row.resize(static_cast<size_t>(c.vocab_size));  // drop the padding columns
+                                   row.resize(static_cast<size_t>(model_->vocab_size()));  // drop the padding columns
                                    next.data_ptr<int64_t>()[0] = nn::sample_token(std::move(row), temperature, top_k, gen);
                                  } else {
                                    (void)gen.reserve(1);  // the draw sample_token makes: every stage's generator stays alike
@@ -183,7 +181,7 @@ class PipelineLanguageModelTask : public Task {
     return result;
   }
   static constexpr int kTag = 30000;  // apart from the training schedule's tags
-  std::shared_ptr<dist::PipelineGPT> model_;
+  std::shared_ptr<dist::PipelineLM> model_;
   dist::GroupPtr pp_;
 };
 }  // namespace
@@ -267,33 +265,31 @@ std::unique_ptr<Task> make_task(const Config& c, const dist::DeviceMesh* mesh) {
             Hint{"set data.type: text"});
   ATH_CHECK(c.get_int("model.vocab_size") > 0, "config", "model.vocab_size is not known",
             Hint{"it is taken from the tokenizer when the data is loaded; set it explicitly to build the model alone"});
-  if (type == "llama") {
-    // ParallelContext::check_config refuses tp/pp > 1 for llama before any work; a caller that
-    // builds the task itself gets the same answer here.
-    ATH_CHECK(!mesh || (mesh->tp_size() == 1 && mesh->pp_size() == 1), "config", c.source(),
-              ": model.type llama supports data parallelism only (dist.tp and dist.pp must be 1)",
-              Hint{"train the llama data-parallel: mpirun -np N with dist.zero_stage 0-3"});
-    return std::make_unique<LanguageModelTask<nn::Llama>>(std::make_shared<nn::Llama>(llama_config(c)));
-  }
-  if (mesh && mesh->pp_size() > 1) {
+  const bool llama = type == "llama";
+  if (mesh && (mesh->pp_size() > 1 || mesh->tp_size() > 1)) {
     dist::TensorParallelOptions o;
     o.sequence_parallel = c.get_bool("dist.sequence_parallel");
     o.regather = c.get_bool("dist.sequence_parallel_regather");
     // Without tensor parallelism the vocabulary needs no padding (it would only add lm_head work).
     o.vocab_pad_multiple = mesh->tp_size() > 1 ? c.get_int("dist.vocab_pad_multiple") : 1;
-    dist::PipelineLayout layout(c.get_int("model.n_layer"), mesh->pp_size(), static_cast<int>(c.get_int("dist.virtual_stages")),
-                                c.get_int_list("dist.pp_layers"));
-    auto model = std::make_shared<dist::PipelineGPT>(gpt_config(c), layout, mesh->pp_index(), mesh->tp(), o,
-                                                     dist::make_embedding_group(*mesh));
-    return std::make_unique<PipelineLanguageModelTask>(std::move(model), mesh->pp());
+    if (mesh->pp_size() > 1) {
+      dist::PipelineLayout layout(c.get_int("model.n_layer"), mesh->pp_size(), static_cast<int>(c.get_int("dist.virtual_stages")),
+                                  c.get_int_list("dist.pp_layers"));
+      std::shared_ptr<dist::PipelineLM> model;
+      if (llama)
+        model = std::make_shared<dist::PipelineLlama>(llama_config(c), layout, mesh->pp_index(), mesh->tp(), o,
+                                                      dist::make_embedding_group(*mesh));
+      else
+        model = std::make_shared<dist::PipelineGPT>(gpt_config(c), layout, mesh->pp_index(), mesh->tp(), o,
+                                                    dist::make_embedding_group(*mesh));
+      return std::make_unique<PipelineLanguageModelTask>(std::move(model), mesh->pp());
+    }
+    std::shared_ptr<dist::TensorParallelLM> model;
+    if (llama) model = std::make_shared<dist::TensorParallelLlama>(llama_config(c), mesh->tp(), o);
+    else model = std::make_shared<dist::TensorParallelGPT>(gpt_config(c), mesh->tp(), o);
+    return std::make_unique<TensorParallelLanguageModelTask>(std::move(model));
   }
-  if (mesh && mesh->tp_size() > 1) {
-    dist::TensorParallelOptions o;
-    o.sequence_parallel = c.get_bool("dist.sequence_parallel");
-    o.regather = c.get_bool("dist.sequence_parallel_regather");
-    o.vocab_pad_multiple = c.get_int("dist.vocab_pad_multiple");
-    return std::make_unique<TensorParallelLanguageModelTask>(std::make_shared<dist::TensorParallelGPT>(gpt_config(c), mesh->tp(), o));
-  }
+  if (llama) return std::make_unique<LanguageModelTask<nn::Llama>>(std::make_shared<nn::Llama>(llama_config(c)));
   return std::make_unique<LanguageModelTask<nn::GPT>>(std::make_shared<nn::GPT>(gpt_config(c)));
 }
 

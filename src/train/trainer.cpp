@@ -20,9 +20,9 @@
 #include "athanor/data/corpus.h"
 #include "athanor/data/token_shard.h"
 #include "athanor/dist/device_mesh.h"
-#include "athanor/dist/pipeline_gpt.h"
+#include "athanor/dist/pipeline_lm.h"
 #include "athanor/dist/sync_batch_norm.h"
-#include "athanor/dist/tensor_parallel_gpt.h"
+#include "athanor/dist/tensor_parallel_lm.h"
 #include "athanor/dist/zero.h"
 #include "athanor/nn/convnet.h"
 #include "athanor/nn/gpt.h"
@@ -248,7 +248,7 @@ void Trainer::init(bool /*write_run_files: in write_files_*/) {
     resolved += "# tensor parallel: tp " + std::to_string(par_->tp_size()) + " x dp " + std::to_string(par_->dp_size()) +
                 " (ranks tp-fastest), sequence parallel " + (c.get_bool("dist.sequence_parallel") ? "on" : "off") + "\n";
   if (par_->pp_size() > 1) {
-    const auto* pm = dynamic_cast<const dist::PipelineGPT*>(&task_->module());
+    const auto* pm = dynamic_cast<const dist::PipelineLM*>(&task_->module());
     resolved += "# pipeline parallel: " + par_->describe() + ", schedule " + c.get_string("dist.pp_schedule") + ", " +
                 std::to_string(c.get_int("trainer.accum_steps")) + " micro-batches, " + (pm ? pm->layout().describe() : "") + "\n";
   }
@@ -270,7 +270,7 @@ namespace {
 std::vector<std::string> zero3_units(nn::Module& m) {
   if (auto* gpt = dynamic_cast<nn::GPT*>(&m)) return gpt->shard_units();
   if (auto* llama = dynamic_cast<nn::Llama*>(&m)) return llama->shard_units();
-  if (auto* tpg = dynamic_cast<dist::TensorParallelGPT*>(&m)) return tpg->shard_units();
+  if (auto* tpg = dynamic_cast<dist::TensorParallelLM*>(&m)) return tpg->shard_units();
   if (auto* mlp = dynamic_cast<nn::MLP*>(&m)) return mlp->shard_units();
   ATH_CHECK(dynamic_cast<nn::ConvNet*>(&m) == nullptr, "config",
             "dist.zero_stage 3 is not supported for model.type convnet: its layers are not called through "
@@ -543,8 +543,8 @@ void Trainer::fit() {
     out_(o.str());
   }
   if (const std::string note = bf16_speed_note(); !note.empty()) out_("warning: " + note);
-  const auto* tpm = dynamic_cast<const dist::TensorParallelGPT*>(&task_->module());
-  const auto* ppm = dynamic_cast<const dist::PipelineGPT*>(&task_->module());
+  const auto* tpm = dynamic_cast<const dist::TensorParallelLM*>(&task_->module());
+  const auto* ppm = dynamic_cast<const dist::PipelineLM*>(&task_->module());
   const int64_t logical = tpm ? tpm->logical_parameters_count() : ppm ? ppm->logical_parameters_count() : 0;
   out_("training " + task_->module().local_name() +
        (logical ? std::to_string(logical) + " parameters (" + std::to_string(task_->module().parameters_count()) + " on rank 0, " +

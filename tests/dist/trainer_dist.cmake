@@ -1,7 +1,7 @@
 # Data-parallel training through `athanor train` under mpirun (real processes), checked
 # against independent 1-process runs on the same global batches by test_trainer_dist.
 #   cmake -DMPIEXEC=… -DMPIFLAGS=… -DCLI=<athanor> -DCHECK=<test_trainer_dist> -DCORPUS=<text file>
-#         -DDIR=<scratch dir> -DSCENARIO=sgd|zero|zero3|zero3_mlp|llama|reshard|zero3_reshard|kill|errors -P trainer_dist.cmake
+#         -DDIR=<scratch dir> -DSCENARIO=sgd|zero|zero3|zero3_mlp|llama|llama_par|reshard|zero3_reshard|kill|errors -P trainer_dist.cmake
 # Tiny GPT (2 layers, 32 wide, 32 tokens), global micro-batch 8 × accum 2, gradient clipping
 # (and SGD without).
 # Tolerance: rtol 1e-4, atol 2e-5 on losses, grad norms and every weight (f32; the ranks' sum
@@ -116,7 +116,7 @@ observe: {tensorboard: false, report: false, peak_gflops: 1.0}
 elseif(SCENARIO STREQUAL "llama")
   # The Llama (GQA, RoPE, SwiGLU, untied head; dropout 0) under DDP and ZeRO 1/2/3 with 2 ranks
   # == 1 process; ZeRO-3 shards its layers model.layers.<i> (also with gradient checkpointing);
-  # the ZeRO-3 run samples the 1-process text; tensor and pipeline parallelism are refused.
+  # the ZeRO-3 run samples the 1-process text. (Tensor and pipeline parallelism: llama_par.)
   file(WRITE ${DIR}/llama.yaml "seed: 7
 model: {type: llama, n_layer: 2, n_head: 4, n_kv_head: 2, n_embd: 32, intermediate_size: 64, block_size: 32}
 data: {type: text, corpus: ${DIR}/corpus.txt, tokenizer: byte, cache_dir: ${DIR}/data, num_workers: 0, val_fraction: 0.1}
@@ -144,13 +144,72 @@ observe: {tensorboard: false, report: false, peak_gflops: 1.0}
   if(NOT _z3_sample STREQUAL _ref_sample)
     message(FATAL_ERROR "the ZeRO-3 Llama sampled other text than 1 process:\n${_z3_sample}\nvs\n${_ref_sample}")
   endif()
-  foreach(layout "dist.tp=2" "dist.pp=2")
-    execute_process(COMMAND ${MPIEXEC} ${_flags} -np 2 ${CLI} train ${DIR}/llama.yaml out_dir=${DIR}/runs name=bad_llama ${layout}
-                    RESULT_VARIABLE _rc OUTPUT_VARIABLE _out ERROR_VARIABLE _err TIMEOUT 120)
-    if(_rc EQUAL 0 OR NOT "${_out}${_err}" MATCHES "is not supported for model.type llama.*data-parallel")
-      message(FATAL_ERROR "expected the llama with ${layout} to be refused, got exit ${_rc}:\n${_out}${_err}")
+elseif(SCENARIO STREQUAL "llama_par")
+  # The Llama (GQA: 4 heads, 2 kv heads; 4 layers; untied head) under tensor and pipeline
+  # parallelism through `athanor train`, 6 AdamW steps with clipping, f32: tp 2 with sequence
+  # parallelism and tp 2 x pp 2 (1F1B) with ZeRO-1 == 1 process (the loss at every step
+  # within 1e-5, grad norms and weights within rtol 1e-4, atol 2e-5: equal()); the tp 2 x pp 2
+  # run's step-3 checkpoint resumed in the same layout == the uninterrupted run, bit for bit,
+  # and by one process == it (equal()); its export to HF imports back as the run's weights;
+  # splits the ranks cannot make are refused before any work. (Every schedule's AdamW steps,
+  # MHA/MQA, ZeRO-3 are checked against one process in tests/dist/test_llama_parallel.cpp.)
+  file(WRITE ${DIR}/tiny.yaml "seed: 7
+model: {type: llama, n_layer: 4, n_head: 4, n_kv_head: 2, n_embd: 32, intermediate_size: 64, block_size: 32}
+data: {type: text, corpus: ${DIR}/corpus.txt, tokenizer: byte, cache_dir: ${DIR}/data, num_workers: 0, val_fraction: 0.1}
+optimizer: {type: adamw, lr: 2.0e-3, weight_decay: 0.1, grad_clip: 0.5}
+schedule: {decay: constant}
+trainer: {max_steps: 6, accum_steps: 2, eval_every: 0, eval_batches: 2, log_every: 1, sample_tokens: 8}
+observe: {tensorboard: false, report: false, peak_gflops: 1.0}
+")
+  run(ref 1proc trainer.batch_size=8)
+  run(tp2 2 trainer.batch_size=8 dist.tp=2 dist.sequence_parallel=true)
+  equal(tp2 ref)
+  # Its tp bytes per step are the GPT's theory (tp_trainer.cmake "traffic"): q, k and v read one
+  # all-gathered input (and regather it once), as the GPT's fused c_attn. Per micro-batch
+  # (B 8, T 32, d 32, L 4, f32) (4 L + 2) reduce-scatters and (4 L + 2) + (2 L + 1) all-gathers
+  # of B·T·d, the loss's 3 of B·T; per step the grad norm (8 bytes) and the RMSNorms' gradients
+  # summed over tp ((2 L + 1)·d).
+  math(EXPR _act "8 * 32 * 32 * 4")
+  math(EXPR _tp "2 * ((4 * 4 + 2 + 4 * 4 + 2 + 2 * 4 + 1) * ${_act} + 3 * 8 * 32 * 4) + 8 + (2 * 4 + 1) * 32 * 4")
+  check(traffic ${DIR}/runs/tp2 tp ${_tp})
+  set(_u checkpoint.every=3 checkpoint.keep_last=0)
+  run(full 4 trainer.batch_size=8 dist.tp=2 dist.pp=2 dist.zero_stage=1 ${_u})
+  equal(full ref)
+  # Generation through the tp ranks' vocabulary shards and the pipeline's stages: one process's text.
+  final_sample(ref _ref_sample)
+  foreach(r tp2 full)
+    final_sample(${r} _sample)
+    if(NOT _sample STREQUAL _ref_sample)
+      message(FATAL_ERROR "the Llama run ${r} sampled other text than 1 process:\n${_sample}\nvs\n${_ref_sample}")
     endif()
   endforeach()
+  file(COPY ${DIR}/runs/full/ DESTINATION ${DIR}/runs/resumed)
+  file(REMOVE_RECURSE ${DIR}/runs/resumed/checkpoints/step-000006 ${DIR}/runs/resumed/model.safetensors)
+  file(WRITE ${DIR}/runs/resumed/checkpoints/latest "step-000003\n")
+  run(resumed 4 trainer.batch_size=8 dist.tp=2 dist.pp=2 dist.zero_stage=1 resume=auto ${_u})
+  file(READ ${DIR}/runs/resumed.out _o)
+  if(NOT _o MATCHES "resumed from [^\n]*step-000003 at step 3")
+    message(FATAL_ERROR "the tp 2 x pp 2 Llama did not resume from step 3:\n${_o}")
+  endif()
+  check(compare_loss ${DIR}/runs/resumed ${DIR}/runs/full 0)
+  check(compare ${DIR}/runs/resumed ${DIR}/runs/full 0 0)
+  # The same checkpoint in another layout: resumed by one process (the shards merged to the
+  # 1-process names), and exported to Hugging Face's layout as whole tensors.
+  file(COPY ${DIR}/runs/full/ DESTINATION ${DIR}/runs/at1)
+  file(REMOVE_RECURSE ${DIR}/runs/at1/checkpoints/step-000006 ${DIR}/runs/at1/model.safetensors)
+  file(WRITE ${DIR}/runs/at1/checkpoints/latest "step-000003\n")
+  run(at1 1proc trainer.batch_size=8 resume=auto ${_u})
+  equal(at1 full)
+  execute_process(COMMAND ${CLI} export-hf ${DIR}/runs/full ${DIR}/hf --checkpoint ${DIR}/runs/full/checkpoints/step-000006
+                  RESULT_VARIABLE _rc1 OUTPUT_VARIABLE _out ERROR_VARIABLE _err)
+  execute_process(COMMAND ${CLI} import-hf ${DIR}/hf ${DIR}/reimported.safetensors RESULT_VARIABLE _rc2 OUTPUT_VARIABLE _out2 ERROR_VARIABLE _err2)
+  if(NOT _rc1 EQUAL 0 OR NOT _rc2 EQUAL 0 OR NOT _out2 MATCHES "Llama, 39 tensors")
+    message(FATAL_ERROR "export-hf / import-hf of the tp 2 x pp 2 Llama failed:\n${_out}${_err}${_out2}${_err2}")
+  endif()
+  check(compare_weights ${DIR}/reimported.safetensors ${DIR}/runs/full/model.safetensors 0 0)
+  expect_error("model.n_kv_head \\(3\\) and dist.tp \\(2\\) do not divide one another.*multi-query attention.*hint:" 2
+               dist.tp=2 model.n_head=6 model.n_kv_head=3 model.n_embd=48)
+  expect_error("model.intermediate_size \\(66\\) is not divisible by dist.tp \\(4\\).*hint:" 4 dist.tp=4 model.intermediate_size=66)
 elseif(SCENARIO STREQUAL "zero3_reshard")
   # Checkpoints keep the 1-process names at every stage (each rank writes its shard), so they
   # reshard through the trainer:

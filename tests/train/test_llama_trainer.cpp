@@ -107,12 +107,14 @@ TEST(LlamaTrainer, BadKeysAreClearErrorsBeforeAnyWork) {
   EXPECT_NE(e.find("'model.bias' does not apply when model.type is 'llama'"), std::string::npos) << e;
   e = err("model: {type: gpt, n_kv_head: 2}");  // Llama's key on a GPT
   EXPECT_NE(e.find("'model.n_kv_head' does not apply when model.type is 'gpt'"), std::string::npos) << e;
-  e = err(base + "}", {"dist.tp=2"});
-  EXPECT_NE(e.find("dist.tp 2 is not supported for model.type llama"), std::string::npos) << e;
-  EXPECT_NE(e.find("data-parallel"), std::string::npos) << e;
-  e = err(base + "}", {"dist.pp=2"});
-  EXPECT_NE(e.find("dist.pp 2 is not supported for model.type llama"), std::string::npos) << e;
-  EXPECT_NE(e.find("data-parallel"), std::string::npos) << e;
+  // Tensor parallelism splits the kv heads and the MLP (dist::TensorParallelLlama): what tp
+  // cannot split is refused with the keys named (tests/dist/test_llama_parallel.cpp trains it).
+  e = err(base + ", n_head: 6, n_kv_head: 3, n_embd: 48}", {"dist.tp=2"});
+  EXPECT_NE(e.find("model.n_kv_head (3) and dist.tp (2) do not divide one another"), std::string::npos) << e;
+  EXPECT_NE(e.find("hint:"), std::string::npos) << e;
+  e = err(base + ", intermediate_size: 33}", {"dist.tp=2"});
+  EXPECT_NE(e.find("model.intermediate_size (33) is not divisible by dist.tp (2)"), std::string::npos) << e;
+  EXPECT_NO_THROW(check(base + ", n_kv_head: 1}", {"dist.tp=2"}));  // MQA: the kv head is replicated
 }
 
 TEST(LlamaTrainer, Bf16AndF16TrainATinyLlama) {

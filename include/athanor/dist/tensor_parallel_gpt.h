@@ -40,64 +40,36 @@
 #include "athanor/core/rng.h"
 #include "athanor/dist/shard_spec.h"
 #include "athanor/dist/tensor_parallel_layers.h"
+#include "athanor/dist/tensor_parallel_lm.h"
 #include "athanor/nn/gpt.h"
 #include "athanor/ops/loss.h"
 
 namespace athanor::dist {
 
-struct TensorParallelOptions {
-  bool sequence_parallel = false;
-  int64_t vocab_pad_multiple = 128;  // vocabulary padded to a multiple of this × tp (1 = no padding)
-  bool regather = true;              // sequence parallel: column-parallel inputs kept as slices (see above)
-};
-
 class TPBlock;
 
-class TensorParallelGPT : public nn::Module {
+class TensorParallelGPT : public TensorParallelLM {
  public:
   TensorParallelGPT(nn::GPTConfig config, GroupPtr tp, TensorParallelOptions options = {});
-  // This rank's vocabulary columns of the logits, [B, T, padded_vocab / tp]; the padding
-  // columns (rows of wte past the vocabulary) are excluded by the loss.
-  Tensor logits(const Tensor& ids);
-  // Next-token cross-entropy over the unpadded vocabulary (ignore_index -100).
-  Tensor loss(const Tensor& ids, const Tensor& targets, Reduction reduction = Reduction::mean);
-  // As nn::GPT::generate; every rank of the tp group calls it (collectives) and gets the same tokens.
-  std::vector<int32_t> generate(const std::vector<int32_t>& prompt, int64_t max_new_tokens, double temperature = 1.0,
-                                int64_t top_k = 0, Generator& gen = default_generator());
+  // logits, loss, generate, shard_specs, logical_state_dict …: TensorParallelLM's.
 
   const nn::GPTConfig& config() const { return config_; }
-  const TensorParallelOptions& options() const { return options_; }
-  const GroupPtr& tp() const { return tp_; }
-  // How every parameter maps onto the logical (1-process) one; under the model's parameter names.
-  const ShardSpecs& shard_specs() const { return specs_; }
   int64_t padded_vocab() const;
-  // The 1-process model's parameter count and FLOPs per token (nn::GPT's formula).
-  int64_t logical_parameters_count() const;
-  double flops_per_token(int64_t seq_len) const;
-  std::vector<std::string> shard_units() const;  // "transformer.h.<i>" (ZeRO-3 units)
-
-  // The logical state dict (1-process names and shapes) from every rank's shards: a collective over tp.
-  nn::StateDict logical_state_dict();
-  // Loads a logical state dict (any tp layout saved it): each rank copies its shard. Strict.
-  void load_logical_state_dict(const nn::StateDict& state);
+  // nn::GPT's FLOPs per token (6 N + 12 L d T) over the logical parameters.
+  double flops_per_token(int64_t seq_len) const override;
+  std::vector<std::string> shard_units() const override;  // "transformer.h.<i>" (ZeRO-3 units)
 
  private:
-  Tensor hidden(const Tensor& ids, bool sequence_parallel);  // ln_f's output (a sequence slice when parallel)
-  bool use_sequence_parallel(int64_t T) const;
+  Tensor hidden(const Tensor& ids, bool sequence_parallel) override;  // ln_f's output (a sequence slice when parallel)
+  const Tensor& head_weight() const override;
   nn::GPTConfig config_;
-  GroupPtr tp_;
-  TensorParallelOptions options_;
   std::shared_ptr<nn::Module> transformer_;
   std::shared_ptr<VocabParallelEmbedding> wte_;
   std::shared_ptr<nn::Embedding> wpe_;
   std::shared_ptr<nn::Dropout> drop_;
   std::vector<std::shared_ptr<TPBlock>> blocks_;
   std::shared_ptr<nn::LayerNorm> ln_f_;
-  ShardSpecs specs_;
   std::shared_ptr<bool> sp_;  // whether the forward in progress is sequence-parallel (the blocks read it)
 };
-
-// ShardSpecs of nn-style names for an optimizer-state key "<state>.<param>" (the parameter's).
-ShardSpec optimizer_state_spec(const ShardSpecs& specs, const std::string& key);
 
 }  // namespace athanor::dist

@@ -54,12 +54,15 @@ class ColumnParallelLinear : public nn::UnaryModule, public ShardedModule {
     int64_t sequence_dim = 1;
     bool regather = true;            // sequence parallel: keep only the slice for backward (sequence_parallel_linear)
     bool gather_output = false;      // all-gather the output columns (y is then the full [.., out])
+    // out_features padded to a multiple of pad_multiple·tp (a vocabulary-parallel lm_head, as
+    // VocabParallelEmbedding pads its rows); the padding rows are zero. 1 = no padding. parts 1 only.
+    int64_t pad_multiple = 1;
   };
   ColumnParallelLinear(int64_t in_features, int64_t out_features, GroupPtr tp, Options options);
   Tensor forward(const Tensor& x) override;
   ShardSpecs local_shard_specs() const override;
-  Tensor weight, bias;  // [out/tp, in], [out/tp]
-  int64_t in_features, out_features;
+  Tensor weight, bias;  // [padded_out/tp, in], [padded_out/tp]
+  int64_t in_features, out_features, padded_out;
   GroupPtr tp;
   Options options;
 };

@@ -23,6 +23,7 @@
 //
 // With a group of one rank every function returns its input (no node, no collective).
 // Tensors may be any floating dtype (bf16/f16 reductions are done in f32, process_group.h).
+#include <functional>
 #include <memory>
 
 #include "athanor/core/tensor.h"
@@ -59,5 +60,13 @@ Tensor split_along(const Tensor& x, ProcessGroup& g, int64_t dim);           // 
 // regather = false keeps the gathered input instead (no extra all-gather, T rows kept).
 Tensor sequence_parallel_linear(const Tensor& x_local, const Tensor& weight, const Tensor& bias, const GroupPtr& tp,
                                 int64_t dim, bool regather = true);
+// The same for any column-parallel consumer of the gathered input (several linears reading
+// one input, as a Llama's q|k|v projections; a fused op such as swiglu): op(full) runs on the
+// all-gathered input (cast first as autocast would cast it for `autocast_op`), and with
+// regather every tensor op saves that is the gathered input keeps this rank's slice instead,
+// all-gathered once again in backward however many ops saved it. The gradient of the gathered
+// input, summed over its consumers, is reduce-scattered once.
+Tensor sequence_parallel_apply(const Tensor& x_local, const GroupPtr& tp, int64_t dim, bool regather, const char* autocast_op,
+                               const std::function<Tensor(const Tensor& full)>& op);
 
 }  // namespace athanor::dist

@@ -68,7 +68,7 @@ struct StepParts {
 };
 
 std::unique_ptr<StepPipeline> make_micro_batch_loop(StepParts parts);
-// The task's module must be a dist::PipelineGPT. Errors (schedule, micro-batches) before any work.
+// The task's module must be a dist::PipelineLM (dist::PipelineGPT or dist::PipelineLlama). Errors (schedule, micro-batches) before any work.
 std::unique_ptr<StepPipeline> make_pipeline_schedule(StepParts parts, const ParallelContext& par, dist::ScheduleKind kind,
                                                      int micro_batches, int virtual_stages);
 
