@@ -200,7 +200,7 @@ std::vector<int32_t> Llama::generate(const std::vector<int32_t>& prompt, int64_t
   return generate_tokens(*this, prompt, max_new_tokens, temperature, V, config_.block_size,
                          [&](const std::vector<int64_t>& ctx) {
                            const int64_t T = static_cast<int64_t>(ctx.size());
-                           return sample_last_position(forward(from_vector(ctx, {1, T})), temperature, top_k, gen);
+                           return sample_last_position(forward(from_vector(ctx, {1, T}).to(device())), temperature, top_k, gen);
                          });
 }
 

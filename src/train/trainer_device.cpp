@@ -45,11 +45,6 @@ std::string cuda_training_gaps(const train::Config& c) {
     gaps.push_back("the " + opt + " optimizer's step (adamw, adam and sgd run on cuda)");
   if (c.get_float("optimizer.clip_value") > 0)
     gaps.push_back("optimizer.clip_value (clipping by value has no device pass; optimizer.grad_clip clips by norm on cuda)");
-  if (const std::string prec = c.get_string("trainer.precision"); prec != "f32")
-    gaps.push_back("trainer.precision " + prec + " (autocast over f32 master weights; use f32)");
-  // The Llama's sampling (after training, and every trainer.sample_every) builds its context
-  // tensor on the cpu (nn::Llama::generate), which its cuda parameters refuse.
-  if (c.get_string("model.type") == "llama") gaps.push_back("sampling text from a llama (nn::Llama::generate's context is made on the cpu)");
   // Collectives over CUDA tensors need NCCL (DESIGN.md "Distributed"); only MPI over host
   // tensors exists.
   int launched = 0;
