@@ -16,3 +16,10 @@ if(TARGET athanor_cli)
   add_test(NAME plan.cli COMMAND bash ${CMAKE_CURRENT_LIST_DIR}/test_plan_cli.sh $<TARGET_FILE:athanor_cli>)
   set_tests_properties(plan.cli PROPERTIES LABELS plan TIMEOUT 180)
 endif()
+
+# The Llama: a single-process run's measured peak against the prediction (f32, bf16) and its
+# bad inputs from the command line (a few seconds).
+if(TARGET athanor_cli)
+  add_test(NAME plan.llama_cli COMMAND bash ${CMAKE_CURRENT_LIST_DIR}/test_plan_llama.sh $<TARGET_FILE:athanor_cli>)
+  set_tests_properties(plan.llama_cli PROPERTIES LABELS plan TIMEOUT 120)
+endif()
