@@ -268,8 +268,8 @@ StageMemory stage_memory(const TrainSpec& spec, const Layout& l, int stage) {
   r.activation_per_micro_batch = per_mb;
   r.activations = per_mb * n;
 
-  // Workspace of a backward: the larger of the logits' gradient (f32, last stage) and a block's
-  // temporaries (c_fc's 4h-wide gradient and an h-wide one, f32), which come one after the
+  // Workspace of a backward: the larger of the logits' gradient (last stage) and a block's
+  // temporaries (GPT: c_fc's 4h-wide gradient and an h-wide one, f32), which come one after the
   // other; under recompute, plus the intermediates of the one block being recomputed.
   // The Llama's widest moment is swiglu's backward: the gradient of its output, its dg and du
   // (I/t each, in the dtype swiglu ran in: 16-bit under autocast) and the two h-wide input
