@@ -11,8 +11,11 @@
 # R times (default 3) in R rounds, every round running all configurations once, in an order
 # rotated from round to round (a burst of load from elsewhere falls on different configurations
 # each time); a run's time is the median of its steps after the first two (warm-up), the
-# configuration's the median of its R runs. Steps over twice their run's median are reported as
-# outliers (counted, not dropped: the median already ignores them).
+# configuration's the median of its R runs. Each round first probes the CPU cluster afresh and
+# predicts every configuration with that probe (the load moves between rounds; predictions and
+# runs of a round see the same), and a configuration's predicted step is the median of its
+# rounds'. Steps over twice their run's median are reported as outliers (counted, not dropped:
+# the median already ignores them).
 # Prints a markdown table and the ranking's Spearman rho; --assert exits 1 when any rank's
 # predicted peak is off by more than 10% in any run.
 set -u
@@ -124,17 +127,27 @@ print(json.dumps({"name": name, "round": int(rnd), "step": med, "steps": kept,
 EOF
 }
 
-# The predictions first (the CPU cluster is probed once, on the first), then the rounds.
-for entry in "${SELECTED[@]}"; do
-  IFS='|' read -r name np overrides <<< "$entry"
-  # shellcheck disable=SC2086
-  "$CLI" plan "$(base_of "$name")" $overrides --cluster cpu --evaluate --world "$np" --json > "$WORK/$name.plan.json" 2> "$WORK/$name.plan.err"
-  rc=$?
-  if [ $rc -ne 0 ] && [ $rc -ne 2 ]; then echo "plan $name failed:"; cat "$WORK/$name.plan.err"; exit 1; fi
-done
+# Each round: the CPU cluster probed afresh (the first `athanor plan` of the round runs the
+# mpirun probe), every configuration predicted with it, then every configuration run. The
+# predictions and the runs of a round see the same load; a configuration's predicted step is the
+# median of its rounds' predictions, as its measured step is the median of its runs.
+predict_round() {
+  local round=$1 entry name np overrides rc
+  rm -f "$XDG_CACHE_HOME/athanor/cpu-cluster.yaml"
+  for entry in "${SELECTED[@]}"; do
+    IFS='|' read -r name np overrides <<< "$entry"
+    # shellcheck disable=SC2086
+    "$CLI" plan "$(base_of "$name")" $overrides --cluster cpu --evaluate --world "$np" --json > "$WORK/$name.plan.r$round.json" 2> "$WORK/$name.plan.err"
+    rc=$?
+    if [ $rc -ne 0 ] && [ $rc -ne 2 ]; then echo "plan $name failed:"; cat "$WORK/$name.plan.err"; exit 1; fi
+  done
+  mkdir -p "$WORK/probes"
+  cp "$XDG_CACHE_HOME/athanor/cpu-cluster.yaml" "$WORK/probes/r$round.yaml"
+}
 n=${#SELECTED[@]}
 for ((round = 0; round < REPEATS; round++)); do
   echo "round $((round + 1)) of $REPEATS ($(cut -d' ' -f1-3 /proc/loadavg) load)" >&2
+  predict_round "$round"
   for ((k = 0; k < n; k++)); do
     # Rotated by a third of the list each round.
     IFS='|' read -r name np overrides <<< "${SELECTED[$(( (k + round * (n / 3 + 1)) % n ))]}"
@@ -142,9 +155,11 @@ for ((round = 0; round < REPEATS; round++)); do
   done
 done
 
-# The CPU cluster the predictions used (its probe's α and rank slowdown), for the record.
-echo "cpu cluster (measured by athanor plan):"
-grep -E "efficiency|latency|slowdown|cores|comm_probe" "$WORK/cache/athanor/cpu-cluster.yaml" | tr '\n' ';'; echo
+# The CPU cluster each round's predictions used (its probe's α and rank slowdown), for the record.
+for ((round = 0; round < REPEATS; round++)); do
+  echo "cpu cluster of round $((round + 1)) (measured by athanor plan):"
+  grep -E "efficiency|latency|slowdown|cores|comm_probe" "$WORK/probes/r$round.yaml" | tr '\n' ';'; echo
+done
 printf '%s\n' "${SELECTED[@]}" > "$WORK/selected.txt"
 python3 - "$WORK" "$ASSERT" "$REPEATS" <<'EOF'
 import json, statistics, sys
@@ -154,14 +169,16 @@ runs = {}
 for l in open(f"{work}/runs.jsonl"):
     r = json.loads(l)
     runs.setdefault(r["name"], []).append(r)
-print(f"\n| config | np | layout | rank (dp,tp,pp) | predicted | measured ({repeats} runs) | worst error | predicted step | measured step (median of {repeats}; runs) |")
+print(f"\n| config | np | layout | rank (dp,tp,pp) | predicted | measured ({repeats} runs) | worst error | predicted step (median of {repeats} probes; rounds) | measured step (median of {repeats}; runs) |")
 print("|---|---|---|---|---|---|---|---|---|")
 errs, steps, outliers = [], {}, []
 for name, np_, _ in configs:
-    plan = json.load(open(f"{work}/{name}.plan.json"))
     rs = sorted(runs[name], key=lambda r: r["round"])
+    plans = [json.load(open(f"{work}/{name}.plan.r{r['round']}.json")) for r in rs]
+    plan = plans[0]  # the memory prediction does not depend on the probe
     step = statistics.median(r["step"] for r in rs)
-    steps[name] = (plan["step_s"], step)
+    predicted_step = statistics.median(p["step_s"] for p in plans)
+    steps[name] = (predicted_step, step)
     for r in rs:
         if r["outliers"]:
             outliers.append("%s round %d: %d of %d steps over 2x the run's median %.1f ms (%s ms)" % (
@@ -174,12 +191,13 @@ for name, np_, _ in configs:
         worst = max(run_errs, key=abs)
         errs.append((name, first["rank"], worst))
         per_run = ", ".join("%.1f" % (1000 * r["step"]) for r in rs)
+        per_pred = ", ".join("%.1f" % (1000 * p["step_s"]) for p in plans)
         lo, hi = min(meas) / 1048576, max(meas) / 1048576
         m_txt = f"{lo:.2f} MiB" if hi - lo < 0.005 else f"{lo:.2f}-{hi:.2f} MiB"
         cats = " ".join(f"{c}={first['peak'][c]/1048576:.2f}/{st[c]/1048576:.2f}"
                         for c in ("parameter", "gradient", "optimizer_state", "activation", "workspace", "packed_weights"))
         print(f"| {name} | {np_} | {plan['layout']} | {first['rank']} ({first['dp']},{first['tp']},{first['pp']}) | {pred/1048576:.2f} MiB | "
-              f"{m_txt} | {100*worst:+.1f}% | {plan['step_s']*1000:.1f} ms | {step*1000:.1f} ms ("
+              f"{m_txt} | {100*worst:+.1f}% | {predicted_step*1000:.1f} ms ({per_pred}) | {step*1000:.1f} ms ("
               f"{per_run}) |  <!-- measured/predicted MiB: {cats} -->")
 worst = max(errs, key=lambda e: abs(e[2]))
 misses = [e for e in errs if abs(e[2]) > 0.10]
