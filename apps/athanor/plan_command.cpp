@@ -24,6 +24,7 @@
 #include "athanor/ops/linalg.h"
 #include "athanor/plan/search.h"
 #include "athanor/train/config.h"
+#include "athanor/train/trainer.h"
 #include "command_registry.h"
 
 namespace athanor::cli {
@@ -38,22 +39,30 @@ struct PlanArgs {
   int steps = 4;
 };
 
-// The plain values the planner needs, from a training config (only GPTs are planned).
+// The plain values the planner needs, from a training config (GPTs and Llamas are planned).
 plan::TrainSpec spec_from_config(const train::Config& c) {
-  ATH_CHECK(c.get_string("model.type") == "gpt", "plan", c.source(), ": model.type is ", c.get_string("model.type"),
-            ": athanor plan lays out GPTs (the only model with tensor and pipeline parallelism)",
-            Hint{"use a GPT config, e.g. examples/gpt2-124m.yaml"});
-  plan::TrainSpec s;
-  s.model.name = c.get_string("name").empty() ? c.source() : c.get_string("name");
-  s.model.n_layer = c.get_int("model.n_layer");
-  s.model.n_head = c.get_int("model.n_head");
-  s.model.n_embd = c.get_int("model.n_embd");
-  s.model.seq = c.get_int("model.block_size");
-  s.model.bias = c.get_bool("model.bias");
-  s.model.dropout = c.get_float("model.dropout");
+  const std::string type = c.get_string("model.type");
+  ATH_CHECK(type == "gpt" || type == "llama", "plan", c.source(), ": model.type is ", type,
+            ": athanor plan lays out the transformer language models (gpt, llama)",
+            Hint{"use a GPT or Llama config, e.g. examples/gpt2-124m.yaml or examples/llama-char.yaml"});
+  const std::string name = c.get_string("name").empty() ? c.source() : c.get_string("name");
   int64_t vocab = c.get_int("model.vocab_size");
   if (vocab == 0) vocab = c.get_string("data.type") == "text" && c.get_string("data.tokenizer") == "gpt2" ? 50257 : 256;
-  s.model.vocab = vocab;
+  plan::TrainSpec s;
+  if (type == "llama") {
+    nn::LlamaConfig lc = train::llama_config(c);  // the trainer's reading of the keys (defaults included)
+    lc.vocab_size = vocab;
+    s.model = plan::llama_model(lc, name);
+  } else {
+    s.model.name = name;
+    s.model.n_layer = c.get_int("model.n_layer");
+    s.model.n_head = c.get_int("model.n_head");
+    s.model.n_embd = c.get_int("model.n_embd");
+    s.model.seq = c.get_int("model.block_size");
+    s.model.bias = c.get_bool("model.bias");
+    s.model.dropout = c.get_float("model.dropout");
+    s.model.vocab = vocab;
+  }
   plan::check_model(s.model);
   s.precision = plan::parse_precision(c.get_string("trainer.precision"));
   s.optimizer = c.get_string("optimizer.type");
@@ -198,8 +207,9 @@ int run_plan(const PlanArgs& a) {
   plan::Cluster cluster = plan::load_cluster(a.cluster, a.nodes);
   if (cluster.shared_compute && spec.precision != plan::Precision::f32) {
     // This CPU: the low-precision efficiency at the model's own GEMM shape (a micro-batch's tokens
-    // by the MLP's h × 4h), relative to the f32 efficiency the cluster holds.
-    const double speedup = plan::lowp_gemm_speedup(spec.micro_batch * spec.model.seq, spec.model.n_embd, 4 * spec.model.n_embd);
+    // by the MLP's h × 4h, or the Llama's h × intermediate), relative to the f32 efficiency the cluster holds.
+    const int64_t mlp = spec.model.llama() ? spec.model.intermediate : 4 * spec.model.n_embd;
+    const double speedup = plan::lowp_gemm_speedup(spec.micro_batch * spec.model.seq, spec.model.n_embd, mlp);
     cluster.efficiency_lowp = std::min(1.0, cluster.efficiency * speedup * cluster.peak(plan::Precision::f32) / cluster.peak(spec.precision));
   }
   spec.packed_weights = spec.packed_weights && cluster.shared_compute;  // GEMM-layout copies are the CPU kernels'
@@ -299,7 +309,7 @@ const bool registered_probe = register_command(
      [](CLI::App&) { return [] { return run_comm_probe(); }; }});
 
 const bool registered = register_command(
-    {"plan", "Plan the parallel layout (dp x tp x pp, ZeRO, micro-batch, recompute) of a GPT config on a cluster",
+    {"plan", "Plan the parallel layout (dp x tp x pp, ZeRO, micro-batch, recompute) of a GPT or Llama config on a cluster",
      [](CLI::App& sub) {
        auto a = std::make_shared<PlanArgs>();
        sub.add_option("config", a->config, "training config (YAML)")->required();

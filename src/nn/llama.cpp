@@ -210,11 +210,17 @@ std::vector<std::string> Llama::shard_units() const {
   return out;
 }
 
-double Llama::flops_per_token(int64_t T) const {
-  double n = static_cast<double>(parameters_count());
-  if (!config_.tie_embeddings) n -= static_cast<double>(embed_tokens_->weight.numel());  // a lookup, not a GEMM
-  const double L = static_cast<double>(config_.n_layer), H = static_cast<double>(config_.n_head),
-               hd = static_cast<double>(config_.head_dim());
+double Llama::flops_per_token(int64_t T) const { return llama_flops_per_token(config_, T); }
+
+double llama_flops_per_token(const LlamaConfig& c, int64_t T) {
+  // 6 x the parameters that are GEMM weights, counted from the config: per layer q and o (d x d),
+  // k and v (d x n_kv_head hd), gate, up and down (d x intermediate) and the two RMSNorm weights,
+  // then the final norm and the head (lm_head, or embed_tokens when tied; embed_tokens is a
+  // lookup otherwise). tests/plan checks it against a built Llama's parameters.
+  const double d = static_cast<double>(c.n_embd), kv = static_cast<double>(c.n_kv_head * c.head_dim()),
+               I = static_cast<double>(c.intermediate_size), L = static_cast<double>(c.n_layer);
+  const double n = L * (2 * d * d + 2 * d * kv + 3 * d * I + 2 * d) + d + static_cast<double>(c.vocab_size) * d;
+  const double H = static_cast<double>(c.n_head), hd = static_cast<double>(c.head_dim());
   return 6.0 * n + 12.0 * L * H * hd * static_cast<double>(T);
 }
 

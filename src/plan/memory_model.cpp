@@ -34,12 +34,14 @@ double vocab_rows(const TrainSpec& s, int tp) {
   return static_cast<double>((s.model.vocab + q - 1) / q * q) / tp;
 }
 
-// One block's parameters on a tensor-parallel rank: the column-parallel c_attn and c_fc and
-// the row-parallel projections split their weights; the row-parallel biases and the
-// LayerNorms are replicated.
+// One block's parameters on a tensor-parallel rank: the column-parallel Linears (GPT's c_attn
+// and c_fc, the Llama's q/k/v, gate and up) and the row-parallel projections split their
+// weights; the row-parallel biases and the norms are replicated.
 double block_params_tp(const ModelSpec& m, int tp) {
   const double h = static_cast<double>(m.n_embd);
-  const double weights = 12 * h * h / tp;
+  double weights = 0;
+  for (const BlockLinear& b : m.block_linears(tp)) weights += b.out * b.in;
+  if (m.llama()) return weights + 2 * h;  // no biases; two RMSNorm weights
   const double biases = m.bias ? (3 * h + 4 * h) / tp + 2 * h : 0;
   const double norms = m.bias ? 4 * h : 2 * h;
   return weights + biases + norms;
@@ -57,6 +59,37 @@ double packed_bytes(Precision p, double M, double out, double in, bool forward) 
   return cpu::gemm_prefers_packed_b(bf16, false, m, i, o) ? static_cast<double>(cpu::packed_layout(bf16, o, i).bytes()) : 0;
 }
 
+// What nn::Llama's decoder layer saves (rms_norm: its input and rstd; each Linear and swiglu its
+// input; rope nothing; scaled_dot_product_attention q, k, v as it reads them (the transposed
+// views in place), its output (o_proj's input: the transpose back is a view) and the log-sum-exp;
+// swiglu also its two GEMMs' outputs g and u). Under autocast q_proj, k_proj and v_proj each cast
+// the f32 RMSNorm output themselves (rms_norm offers no low-precision copy, unlike layer_norm), so
+// three 16-bit copies of it are kept; swiglu casts its input once.
+std::vector<SavedTensor> llama_activation_tensors(const TrainSpec& spec, const Layout& l, bool recompute) {
+  const ModelSpec& m = spec.model;
+  const double h = static_cast<double>(m.n_embd), t = l.tp, lp = lowp_bytes(spec.precision);
+  const double kv = static_cast<double>(m.kv_heads() * m.head_dim()), I = static_cast<double>(m.intermediate);
+  const bool autocast = spec.precision != Precision::f32;
+  std::vector<SavedTensor> v;
+  auto add = [&](const std::string& what, double elements, double bytes_per) { v.push_back({what, elements, elements * bytes_per}); };
+  add("layer input (residual stream, f32; input_layernorm's input)", h, 4);
+  if (recompute) return v;  // checkpoint(): everything else is recomputed in backward
+  add("input_layernorm rstd (f32)", 1, 4);
+  if (autocast) add("input_layernorm output, cast by q_proj, k_proj and v_proj each", 3 * h, lp);
+  else add("input_layernorm output (q/k/v_proj's input)", h, lp);
+  add("q after RoPE (attention's input)", h / t, lp);
+  add("k after RoPE (attention's input)", kv / t, lp);
+  add("v (v_proj's output; attention's input)", kv / t, lp);
+  add("attention output (o_proj's input)", h / t, lp);
+  add("attention log-sum-exp (f32, per query head)", static_cast<double>(m.n_head) / t, 4);
+  add("residual after attention (f32; post_attention_layernorm's input)", h, 4);
+  add("post_attention_layernorm rstd (f32)", 1, 4);
+  add("post_attention_layernorm output (swiglu's input)", h, lp);
+  add("gate and up (swiglu's x W_gate^T, x W_up^T)", 2 * I / t, lp);
+  add("swiglu output (down_proj's input)", I / t, lp);
+  return v;
+}
+
 }  // namespace
 
 std::vector<SavedTensor> activation_tensors(const TrainSpec& spec, const Layout& l) {
@@ -71,6 +104,7 @@ std::vector<SavedTensor> activation_tensors(const TrainSpec& spec, const Layout&
   const double seq_share = l.sequence_parallel ? 1.0 / t : 1.0;
   std::vector<SavedTensor> v;
   auto add = [&](const std::string& what, double elements, double bytes_per) { v.push_back({what, elements, elements * bytes_per}); };
+  if (m.llama()) return llama_activation_tensors(spec, l, recompute);
   // The block's input: the f32 residual stream, saved by ln_1 (for block 0 the embeddings' sum).
   add("block input (residual stream, f32; ln_1's input)", h * seq_share, 4);
   if (recompute) return v;  // checkpoint(): everything else is recomputed in backward
@@ -143,8 +177,10 @@ StageMemory stage_memory(const TrainSpec& spec, const Layout& l, int stage) {
   const double blocks = static_cast<double>(r.layers) * block_params_tp(m, l.tp);
   const double vrows = vocab_rows(spec, l.tp);
   double rest = 0;
-  if (first) rest += (vrows + static_cast<double>(m.seq)) * h;
-  if (last) rest += m.final_norm_params() + (first ? 0 : vrows * h);
+  // The Llama has no position embedding; an untied lm_head is its own weight on the last stage,
+  // a tied one a copy of the embedding there when the stages differ.
+  if (first) rest += (vrows + (m.llama() ? 0.0 : static_cast<double>(m.seq))) * h;
+  if (last) rest += m.final_norm_params() + (first && m.tie_embeddings ? 0 : vrows * h);
   r.params_count = blocks + rest;
 
   // ZeRO-3 shards only the blocks; a block is gathered whole around its forward and backward.
@@ -163,12 +199,13 @@ StageMemory stage_memory(const TrainSpec& spec, const Layout& l, int stage) {
   //  - an op packs a weight itself when it sees it twice at one version: ZeRO-3's recompute
   //    runs each gathered block's forward twice, so f32 blocks keep their x·Wᵀ copies.
   if (spec.packed_weights) {
-    const double t = l.tp, M = tokens;
+    const double M = tokens;
     const Precision p = spec.precision;
-    const double block_fwd = packed_bytes(p, M, 3 * h / t, h, true) + packed_bytes(p, M, h, h / t, true) +
-                             packed_bytes(p, M, 4 * h / t, h, true) + packed_bytes(p, M, h, 4 * h / t, true);
-    const double block = block_fwd + packed_bytes(p, M, 3 * h / t, h, false) + packed_bytes(p, M, h, h / t, false) +
-                         packed_bytes(p, M, 4 * h / t, h, false) + packed_bytes(p, M, h, 4 * h / t, false);
+    double block_fwd = 0, block = 0;
+    for (const BlockLinear& b : m.block_linears(l.tp)) {
+      block_fwd += packed_bytes(p, M, b.out, b.in, true);
+      block += packed_bytes(p, M, b.out, b.in, true) + packed_bytes(p, M, b.out, b.in, false);
+    }
     const double head = last ? packed_bytes(p, M, vrows, h, true) + packed_bytes(p, M, vrows, h, false) : 0;
     const double layers = static_cast<double>(r.layers);
     const bool sharded = l.zero >= 1 && dp > 1;
@@ -223,14 +260,24 @@ StageMemory stage_memory(const TrainSpec& spec, const Layout& l, int stage) {
   // A stage's output is kept for its backward (dist/pipeline_executor.cpp); on the last stage it
   // is ln_f's input, counted below.
   if (!last) per_mb += tokens * h * seq_share * 4;
-  if (last) per_mb += tokens * (h * seq_share * 4 + 8 + h * lp + vrows * 4);
+  // The last: the final norm's input and statistics (LayerNorm mean and rstd, RMSNorm rstd), the
+  // head's input, and what cross-entropy (or its vocabulary-parallel twin) saves: the logits in
+  // their own dtype (under autocast it reads the 16-bit logits directly) and f32 row statistics.
+  const double head_acts = tokens * (h * seq_share * 4 + (m.llama() ? 4 : 8) + h * lp + vrows * lp + 8);
+  if (last) per_mb += head_acts;
   r.activation_per_micro_batch = per_mb;
   r.activations = per_mb * n;
 
-  // Workspace of a backward: the larger of the logits' gradient (f32, last stage) and a block's
-  // temporaries (c_fc's 4h-wide gradient and an h-wide one, f32), which come one after the
+  // Workspace of a backward: the larger of the logits' gradient (last stage) and a block's
+  // temporaries (GPT: c_fc's 4h-wide gradient and an h-wide one, f32), which come one after the
   // other; under recompute, plus the intermediates of the one block being recomputed.
-  double ws = std::max(tokens * 5 * h / l.tp * 4, last ? tokens * vrows * 4 : 0.0);
+  // The Llama's widest moment is swiglu's backward: the gradient of its output, its dg and du
+  // (I/t each, in the dtype swiglu ran in: 16-bit under autocast) and the two h-wide input
+  // gradients it sums.
+  const double block_ws = m.llama() ? tokens * (3 * static_cast<double>(m.intermediate) / l.tp * lp + 2 * h * 4) : tokens * 5 * h / l.tp * 4;
+  // The backward's first moment holds every saved tensor and the logits' gradient (in their
+  // dtype); by the time it reaches the last block, the head's saved tensors are gone.
+  double ws = last ? std::max(tokens * vrows * lp, block_ws - head_acts) : block_ws;
   if (l.recompute || l.zero == 3) {
     Layout full = l;
     full.recompute = false;
@@ -242,8 +289,9 @@ StageMemory stage_memory(const TrainSpec& spec, const Layout& l, int stage) {
   // mlp.c_proj h per token and layer; the head's V/t on the last stage). The worst moment of
   // forwarded-and-not-done micro-batches and deferred ones comes from the schedule itself.
   if (l.pp > 1 && l.schedule == Schedule::zb_h1) {
-    const double t = l.tp;
-    const double deferred = tokens * 4 * (static_cast<double>(r.layers) * (7 * h / t + 2 * h) + (last ? vrows : 0));
+    double outs = 0;  // per token and layer: every Linear's output width on this rank
+    for (const BlockLinear& b : m.block_linears(l.tp)) outs += b.out;
+    const double deferred = tokens * 4 * (static_cast<double>(r.layers) * outs + (last ? vrows : 0));
     const int mm = static_cast<int>(std::min<int64_t>(l.accum, 4 * l.pp));  // the pattern repeats past the warm-up
     int live = 0, pending = 0;
     double worst = -1, worst_live = 0, worst_pending = 0;

@@ -44,7 +44,7 @@ double category(const StageMemory& s, const std::string& name) {
 std::vector<Layout> enumerate(const TrainSpec& spec, int world, int64_t global_batch, const Cluster& c) {
   const ModelSpec& m = spec.model;
   std::vector<Layout> out;
-  for (int tp : divisors(m.n_head, world)) {
+  for (int tp : divisors(m.tp_heads(), world)) {
     for (int pp : divisors(m.n_layer, world / tp)) {
       if (world % (tp * pp) != 0) continue;
       const int dp = world / (tp * pp);
@@ -125,7 +125,7 @@ PlanResult search(const TrainSpec& spec, const Cluster& c, const SearchOptions& 
   const auto layouts = enumerate(spec, world, r.global_batch, c);
   r.enumerated = layouts.size();
   ATH_CHECK(!layouts.empty(), "plan", "no layout of ", world, " devices divides the model and the global batch ", r.global_batch,
-            " (n_head ", spec.model.n_head, ", n_layer ", spec.model.n_layer, ")",
+            " (", spec.model.llama() ? "n_kv_head " : "n_head ", spec.model.tp_heads(), ", n_layer ", spec.model.n_layer, ")",
             Hint{"choose --global-batch a multiple of the device count, or --nodes so that the devices divide it"});
   std::vector<Candidate> all;
   all.reserve(layouts.size());
@@ -262,16 +262,21 @@ std::string format_memory(const TrainSpec& spec, const Candidate& cand) {
   for (const auto& t : activation_tensors(spec, l))
     o << "    " << std::setw(10) << format_bytes(t.bytes * static_cast<double>(l.micro_batch * spec.model.seq)) << " " << t.what << "\n";
   const Korthikanti k = korthikanti_bytes_per_layer(spec.model, l.micro_batch, l.tp);
-  o << "  Korthikanti et al. (16-bit, sbh(34 + 5as/h)): " << format_bytes(k.none) << " without parallelism; tp " << l.tp << ": "
+  o << "  Korthikanti et al. (16-bit, sbh(34 + 5as/h)" << (spec.model.llama() ? ", a GPT block's formula" : "") << "): " << format_bytes(k.none) << " without parallelism; tp " << l.tp << ": "
     << format_bytes(k.tp) << "; tp + sp: " << format_bytes(k.tp_sp) << "; full recompute: " << format_bytes(k.recompute) << "\n";
   return o.str();
 }
 
 std::string format_plan(const TrainSpec& spec, const Cluster& c, const PlanResult& r) {
   std::ostringstream o;
-  o << spec.model.name << ": " << std::fixed << std::setprecision(1) << spec.model.total_params() / 1e6 << "M parameters ("
-    << spec.model.n_layer << " layers, " << spec.model.n_head << " heads, width " << spec.model.n_embd << ", seq " << spec.model.seq
-    << ", vocab " << spec.model.vocab << "), " << precision_name(spec.precision) << ", " << spec.optimizer << "\n";
+  const ModelSpec& m = spec.model;
+  o << m.name << ": " << family_name(m.family) << ", " << std::fixed << std::setprecision(1) << m.total_params() / 1e6
+    << "M parameters (" << m.n_layer << " layers, " << m.n_head << " heads";
+  if (m.llama())
+    o << " sharing " << m.kv_heads() << " key/value heads, SwiGLU width " << m.intermediate << ", "
+      << (m.tie_embeddings ? "tied" : "untied") << " lm_head";
+  o << ", width " << m.n_embd << ", seq " << m.seq << ", vocab " << m.vocab << "), " << precision_name(spec.precision) << ", "
+    << spec.optimizer << "\n";
   o << "cluster: " << c.name << ", " << c.nodes << " x " << c.devices_per_node << " devices of " << format_bytes(c.memory_bytes) << ", "
     << std::setprecision(1) << c.peak(spec.precision) / 1e12 << " TFLOP/s " << precision_name(spec.precision) << " peak at "
     << std::setprecision(0) << c.efficiency_for(spec.precision) * 100 << "% efficiency; links " << std::setprecision(1) << c.intra.bytes_per_s / 1e9

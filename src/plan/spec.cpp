@@ -41,14 +41,64 @@ Schedule parse_schedule(const std::string& s) {
   ATH_FAIL("plan", "unknown pipeline schedule '", s, "'", Hint{"dist.pp_schedule is one of gpipe, 1f1b, interleaved, zb-h1"});
 }
 
+const char* family_name(Family f) { return f == Family::llama ? "llama" : "gpt"; }
+
+std::vector<BlockLinear> ModelSpec::block_linears(int tp) const {
+  const double h = static_cast<double>(n_embd), t = tp;
+  if (llama()) {
+    const double kv = static_cast<double>(kv_heads() * head_dim()), I = static_cast<double>(intermediate);
+    // nn::Llama: q/k/v and gate/up column-parallel (by key/value-head group), o and down row-parallel.
+    return {{"q_proj", h / t, h, true},         {"k_proj", kv / t, h, true},  {"v_proj", kv / t, h, true},
+            {"o_proj", h, h / t, false},        {"gate_proj", I / t, h, true}, {"up_proj", I / t, h, true},
+            {"down_proj", h, I / t, false}};
+  }
+  // nn::GPT: c_attn and c_fc column-parallel, the two projections row-parallel.
+  return {{"c_attn", 3 * h / t, h, true}, {"attn.c_proj", h, h / t, false}, {"c_fc", 4 * h / t, h, true},
+          {"mlp.c_proj", h, 4 * h / t, false}};
+}
+
 // nn::GPT's block: ln_1 (2h), c_attn (3h² + 3h), c_proj (h² + h), ln_2 (2h), c_fc (4h² + 4h), mlp.c_proj (4h² + h).
+// nn::Llama's: the seven Linears without biases and two RMSNorm weights (h each).
 int64_t ModelSpec::block_params() const {
   const int64_t h = n_embd;
+  if (llama()) {
+    const int64_t kv = kv_heads() * head_dim();
+    return 2 * h * h + 2 * h * kv + 3 * h * intermediate + 2 * h;
+  }
   return 12 * h * h + (bias ? 13 * h : 2 * h);  // without biases, only the LayerNorms' weights
 }
-int64_t ModelSpec::embedding_params() const { return (vocab + seq) * n_embd; }
-int64_t ModelSpec::final_norm_params() const { return bias ? 2 * n_embd : n_embd; }
-int64_t ModelSpec::total_params() const { return n_layer * block_params() + embedding_params() + final_norm_params(); }
+int64_t ModelSpec::embedding_params() const { return llama() ? vocab * n_embd : (vocab + seq) * n_embd; }
+int64_t ModelSpec::final_norm_params() const { return bias && !llama() ? 2 * n_embd : n_embd; }
+int64_t ModelSpec::head_params() const { return tie_embeddings ? 0 : vocab * n_embd; }
+int64_t ModelSpec::total_params() const {
+  return n_layer * block_params() + embedding_params() + final_norm_params() + head_params();
+}
+
+ModelSpec llama_model(const nn::LlamaConfig& c, const std::string& name) {
+  ModelSpec m;
+  m.name = name;
+  m.family = Family::llama;
+  m.n_layer = c.n_layer, m.n_head = c.n_head, m.n_kv_head = c.n_kv_head, m.n_embd = c.n_embd;
+  m.intermediate = c.intermediate_size;
+  m.seq = c.block_size;
+  m.vocab = c.vocab_size;
+  m.bias = false;
+  m.dropout = c.dropout;
+  m.tie_embeddings = c.tie_embeddings;
+  m.rope_theta = c.rope_theta, m.rms_norm_eps = c.rms_norm_eps;
+  return m;
+}
+
+nn::LlamaConfig llama_config(const ModelSpec& m) {
+  nn::LlamaConfig c;
+  c.vocab_size = m.vocab, c.n_layer = m.n_layer, c.n_head = m.n_head, c.n_kv_head = m.kv_heads(), c.n_embd = m.n_embd;
+  c.intermediate_size = m.intermediate;
+  c.block_size = m.seq;
+  c.tie_embeddings = m.tie_embeddings;
+  c.dropout = m.dropout;
+  c.rope_theta = m.rope_theta, c.rms_norm_eps = m.rms_norm_eps;
+  return c;
+}
 
 int TrainSpec::optimizer_states() const {
   if (optimizer == "adam" || optimizer == "adamw" || optimizer == "lamb") return 2;
@@ -76,6 +126,12 @@ std::string layout_problem(const TrainSpec& spec, const Layout& l) {
   std::ostringstream o;
   if (l.dp < 1 || l.tp < 1 || l.pp < 1 || l.virtual_stages < 1 || l.micro_batch < 1 || l.accum < 1) {
     o << "every layout size must be >= 1 (" << l.str() << ")";
+  } else if (m.llama() && m.kv_heads() % l.tp != 0) {
+    o << "n_kv_head " << m.kv_heads() << " does not divide by tp " << l.tp
+      << " (the Llama is split by key/value-head group: each tensor-parallel rank holds n_kv_head / tp key/value heads "
+         "and their query heads)";
+  } else if (m.llama() && l.sequence_parallel) {
+    o << "sequence parallelism is built for the GPT only, not for the Llama";
   } else if (m.n_head % l.tp != 0) {
     o << "n_head " << m.n_head << " does not divide by tp " << l.tp << " (the heads are split across the tensor-parallel ranks)";
   } else if (m.n_layer % (static_cast<int64_t>(l.pp) * l.virtual_stages) != 0) {
@@ -103,8 +159,9 @@ std::string layout_problem(const TrainSpec& spec, const Layout& l) {
 void check_layout(const TrainSpec& spec, const Layout& l) {
   const std::string p = layout_problem(spec, l);
   ATH_CHECK(p.empty(), "plan", "the layout ", l.str(), " does not fit the model: ", p,
-            Hint{"choose tp dividing model.n_head, pp (x dist.virtual_stages) dividing model.n_layer; `athanor plan` "
-                 "without a fixed layout searches only the layouts that divide"});
+            Hint{std::string("choose tp dividing ") + (spec.model.llama() ? "model.n_kv_head" : "model.n_head") +
+                 ", pp (x dist.virtual_stages) dividing model.n_layer; `athanor plan` without a fixed layout searches "
+                 "only the layouts that divide"});
 }
 
 void check_model(const ModelSpec& m) {
@@ -114,6 +171,12 @@ void check_model(const ModelSpec& m) {
             Hint{"set them in the config's model section"});
   ATH_CHECK(m.n_embd % m.n_head == 0, "plan", "model.n_embd (", m.n_embd, ") does not divide by model.n_head (", m.n_head,
             "): every head gets n_embd / n_head channels", Hint{"choose n_embd a multiple of n_head"});
+  if (m.llama()) {
+    // nn::Llama's own rules (n_kv_head divides n_head, an even head dim, ...): one definition.
+    const std::string problem = nn::llama_config_problem(llama_config(m));
+    ATH_CHECK(problem.empty(), "plan", "model.type llama: ", problem, " (keys model.<name>)",
+              Hint{"e.g. n_embd 768, n_head 12, n_kv_head 4, intermediate_size 2048"});
+  }
 }
 
 }  // namespace athanor::plan

@@ -8,13 +8,8 @@ namespace athanor::plan {
 
 namespace {
 
-// The GEMM parameters (blocks' Linear weights and the tied head) and attention, per token:
-// forward 2 flops per weight and 4·h·s per layer for QKᵀ and PV (causal: counted whole, as
-// PaLM does); backward twice the forward.
-double matmul_params(const ModelSpec& m) {
-  const double h = static_cast<double>(m.n_embd);
-  return static_cast<double>(m.n_layer) * 12 * h * h + static_cast<double>(m.vocab) * h;
-}
+// The head's GEMM per token of a step (forward 2 flops per weight, backward twice that).
+double head_flops(const ModelSpec& m) { return 6.0 * static_cast<double>(m.vocab) * static_cast<double>(m.n_embd); }
 
 // A ring collective over n ranks: `factor` × bytes on the wire per rank, `hops` latencies of α.
 double ring(double bytes, int n, double factor, double hops, const Link& link, double alpha) {
@@ -25,7 +20,14 @@ double ring(double bytes, int n, double factor, double hops, const Link& link, d
 }  // namespace
 
 double model_flops_per_token(const ModelSpec& m) {
-  return 6 * matmul_params(m) + 12.0 * static_cast<double>(m.n_layer * m.n_embd * m.seq);
+  // The Llama's is nn's own definition (nn::Llama::flops_per_token), not a copy of it.
+  if (m.llama()) return nn::llama_flops_per_token(llama_config(m), m.seq);
+  // GPT: the GEMM weights (blocks' Linears and the tied head) and attention, per token: forward 2
+  // flops per weight and 4·h·s per layer for QKᵀ and PV (causal: counted whole, as PaLM does);
+  // backward twice the forward.
+  const double h = static_cast<double>(m.n_embd);
+  const double matmul = static_cast<double>(m.n_layer) * 12 * h * h + static_cast<double>(m.vocab) * h;
+  return 6 * matmul + 12.0 * static_cast<double>(m.n_layer * m.n_embd * m.seq);
 }
 
 StepTime step_time(const TrainSpec& spec, const Layout& l, const Cluster& c) {
@@ -36,9 +38,11 @@ StepTime step_time(const TrainSpec& spec, const Layout& l, const Cluster& c) {
   const double layers_stage = static_cast<double>(m.n_layer) / l.pp;
   const double lp = spec.precision == Precision::f32 ? 4.0 : 2.0;
 
-  // Compute of one micro-batch on one rank of the busiest stage (the last holds the head too).
-  const double fwd_layer = (2 * 12 * h * h + 4 * h * s) * tokens_mb / l.tp;
-  const double fwd_head = 2 * static_cast<double>(m.vocab) * h * tokens_mb / l.tp;
+  // Compute of one micro-batch on one rank of the busiest stage (the last holds the head too): the
+  // model's FLOPs per token split into the head's GEMM and equal layers, a third of each forward.
+  const double per_layer = (model_flops_per_token(m) - head_flops(m)) / static_cast<double>(m.n_layer);
+  const double fwd_layer = per_layer / 3 * tokens_mb / l.tp;
+  const double fwd_head = head_flops(m) / 3 * tokens_mb / l.tp;
   const double fwd = layers_stage * fwd_layer + fwd_head;
   const double flops_mb = 3 * fwd + (l.recompute || l.zero == 3 ? layers_stage * fwd_layer : 0);  // ZeRO-3 recomputes its blocks
   const int ranks_on_node = std::min(l.world(), c.devices_per_node);
@@ -69,7 +73,8 @@ StepTime step_time(const TrainSpec& spec, const Layout& l, const Cluster& c) {
 
   // Data parallel: the stage's f32 gradients once per step, in DDP's buckets (each its own
   // all-reduce, so its own latencies).
-  const double psi = static_cast<double>(m.n_layer) / l.pp * 12 * h * h / l.tp + static_cast<double>(m.vocab) * h / l.tp;
+  const double psi = (static_cast<double>(m.n_layer) / l.pp * static_cast<double>(m.block_params()) +
+                     static_cast<double>(m.vocab) * h * (m.tie_embeddings ? 1 : 2)) / l.tp;
   const double bucket_bytes = (spec.bucket_mb > 0 ? spec.bucket_mb : 25.0) * 1048576.0;
   const double buckets = std::max(1.0, std::ceil(4 * psi / bucket_bytes));
   double dp = ring(4 * psi, l.dp, 2.0 * (l.dp - 1) / l.dp, buckets * 2.0 * (l.dp - 1), dp_link, alpha(dp_link));

@@ -75,4 +75,8 @@ class Llama : public Module {
 // report them in their own terms.
 std::string llama_config_problem(const LlamaConfig& config);
 
+// Model FLOPs per token of a training step of a Llama of this config, without building it (the
+// planner sizes models no machine here holds): Llama::flops_per_token's one definition.
+double llama_flops_per_token(const LlamaConfig& config, int64_t seq_len);
+
 }  // namespace athanor::nn

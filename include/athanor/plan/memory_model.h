@@ -7,7 +7,7 @@
 //    precision; under bf16/f16 the GEMM weights also get a 16-bit copy (2 B, tagged
 //    parameter). ZeRO shards on the dp dimension: stage 1 the states, stage 2 also the
 //    gradients, stage 3 also the blocks' weights (embeddings and final norm stay whole);
-//  - activations: what athanor's GPT block saves for backward, tensor by tensor (see
+//  - activations: what athanor's GPT block or Llama decoder layer saves for backward, tensor by tensor (see
 //    activation_tensors), × the micro-batches the pipeline schedule keeps in flight;
 //  - workspace: the backward's transient gradients of the largest block and of the logits;
 //  - derived copies (the GEMM-layout packed weights) and communication buffers (DDP's
@@ -38,9 +38,11 @@ struct SavedTensor {
   double bytes;         // per token, of this rank
 };
 // The tensors athanor's GPT block saves (ops' save() calls: LayerNorm its input, mean and rstd;
-// Linear its input; attention qkv, output and log-sum-exp; gelu_linear its input; dropout its
-// mask), for this rank under tp / sequence parallelism, at the layout's precision. Under
-// recompute a block keeps only its input.
+// Linear its input; attention qkv, output and log-sum-exp; gelu_linear its input; dropout no
+// mask), or the Llama's decoder layer (RMSNorm its input and rstd; q/k/v_proj their input, cast
+// by each under autocast; attention q and k after RoPE, v, output and log-sum-exp; swiglu its
+// input, gate and up; down_proj its input), for this rank under tp / sequence parallelism, at
+// the layout's precision. Under recompute a block keeps only its input.
 std::vector<SavedTensor> activation_tensors(const TrainSpec& spec, const Layout& l);
 double activation_bytes_per_layer(const TrainSpec& spec, const Layout& l);  // one micro-batch, this rank
 // Korthikanti et al. 2022, bytes per layer of one micro-batch in 16-bit training:

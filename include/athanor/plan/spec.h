@@ -5,6 +5,9 @@
 // layer sits below train), so a plan can be made for a model no machine here holds.
 #include <cstdint>
 #include <string>
+#include <vector>
+
+#include "athanor/nn/llama.h"
 
 namespace athanor::plan {
 
@@ -12,21 +15,56 @@ enum class Precision { f32, bf16, f16 };
 const char* precision_name(Precision p);
 Precision parse_precision(const std::string& s);  // "f32" | "bf16" | "f16"; an Error otherwise
 
-// A GPT (athanor's nn::GPT: pre-LayerNorm blocks, fused qkv, GELU MLP of width 4h,
-// tied embedding, learned positions).
+enum class Family { gpt, llama };
+const char* family_name(Family f);
+
+// One Linear of a transformer block, as a tensor-parallel rank holds it: [out, in] (nn::Linear's
+// layout), and whether it is column-parallel (out split over tp) or row-parallel (in split).
+struct BlockLinear {
+  const char* name;
+  double out, in;  // this rank's
+  bool column;
+};
+
+// The model, of one of two families:
+//  - gpt: athanor's nn::GPT (pre-LayerNorm blocks, fused qkv, GELU MLP of width 4h, tied
+//    embedding, learned positions);
+//  - llama: nn::Llama (pre-RMSNorm blocks without biases, RoPE, separate q/k/v projections with
+//    n_kv_head key/value heads (GQA), a SwiGLU MLP of width `intermediate`, lm_head tied to
+//    embed_tokens or not). Tensor parallelism splits it by key/value-head group (tp divides
+//    n_kv_head: each rank holds n_kv_head / tp of them and their query heads).
 struct ModelSpec {
   std::string name = "gpt";
   int64_t n_layer = 0, n_head = 0, n_embd = 0;
   int64_t seq = 0;    // tokens per sample (model.block_size)
   int64_t vocab = 0;  // before tensor-parallel padding
-  bool bias = true;
+  bool bias = true;   // gpt only (the Llama has none)
   double dropout = 0.0;
-  // Parameters of one transformer block, of the embeddings (wte + wpe) and of the final LayerNorm.
+  Family family = Family::gpt;
+  int64_t n_kv_head = 0;     // llama: key/value heads (0 = n_head)
+  int64_t intermediate = 0;  // llama: SwiGLU width
+  bool tie_embeddings = true;  // gpt: always; llama: model.tie_embeddings
+  double rope_theta = 10000.0, rms_norm_eps = 1e-5;  // llama: carried into its nn::LlamaConfig
+
+  bool llama() const { return family == Family::llama; }
+  int64_t kv_heads() const { return n_kv_head > 0 ? n_kv_head : n_head; }
+  int64_t head_dim() const { return n_embd / n_head; }
+  // The heads tensor parallelism splits: gpt n_head, llama n_kv_head (by group).
+  int64_t tp_heads() const { return llama() ? kv_heads() : n_head; }
+  // The block's Linears on one of tp ranks (the head excluded).
+  std::vector<BlockLinear> block_linears(int tp) const;
+  // Parameters of one transformer block, of the embeddings (GPT: wte + wpe; Llama: embed_tokens),
+  // of the final norm and of an untied head (Llama's lm_head; 0 when tied).
   int64_t block_params() const;
   int64_t embedding_params() const;
   int64_t final_norm_params() const;
-  int64_t total_params() const;  // the tied head counted once
+  int64_t head_params() const;
+  int64_t total_params() const;  // a tied head counted once
 };
+
+// The Llama of an nn::LlamaConfig (seq = its block_size), and back (for nn's definitions).
+ModelSpec llama_model(const nn::LlamaConfig& c, const std::string& name);
+nn::LlamaConfig llama_config(const ModelSpec& m);
 
 struct TrainSpec {
   ModelSpec model;
@@ -66,7 +104,8 @@ struct Layout {
 std::string layout_problem(const TrainSpec& spec, const Layout& l);
 // The same, as an athanor::Error with a hint (for a layout the user named).
 void check_layout(const TrainSpec& spec, const Layout& l);
-// Checks the model itself (positive sizes, heads divide the width): an Error naming the key.
+// Checks the model itself (positive sizes, heads divide the width; a Llama also by nn's own
+// rules): an Error naming the key.
 void check_model(const ModelSpec& m);
 
 }  // namespace athanor::plan

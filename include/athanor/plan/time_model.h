@@ -3,7 +3,8 @@
 // collective and group, the pipeline bubble of the schedule. The assumptions, stated:
 //
 //  - compute = FLOPs ÷ (peak × efficiency); FLOPs are PaLM's 6N per token plus 12·L·h·s for
-//    attention, + one more forward (2N + 4·L·h·s) under recompute. On a node whose devices share
+//    attention (the Llama's: nn::llama_flops_per_token, its one definition), split into the
+//    head's GEMM and equal layers, + one more forward of the layers under recompute. On a node whose devices share
 //    the cores (this CPU), a rank's rate is the node's over the ranks on it;
 //  - a ring collective over n ranks moves 2(n−1)/n of the buffer per rank (all-reduce) or
 //    (n−1)/n (reduce-scatter, all-gather), with 2(n−1) (resp. n−1) latencies;
@@ -38,7 +39,7 @@ struct StepTime {
   double model_flops = 0;  // per step, whole model, without recompute (MFU's numerator)
 };
 
-double model_flops_per_token(const ModelSpec& m);  // 6N + 12·L·h·s (PaLM appendix B)
+double model_flops_per_token(const ModelSpec& m);  // 6N + 12·L·h·s (PaLM appendix B); a Llama's from nn
 StepTime step_time(const TrainSpec& spec, const Layout& l, const Cluster& c);
 
 }  // namespace athanor::plan
