@@ -68,7 +68,7 @@ double packed_bytes(Precision p, double M, double out, double in, bool forward) 
 std::vector<SavedTensor> llama_activation_tensors(const TrainSpec& spec, const Layout& l, bool recompute) {
   const ModelSpec& m = spec.model;
   const double h = static_cast<double>(m.n_embd), t = l.tp, lp = lowp_bytes(spec.precision);
-  const double kv = static_cast<double>(m.kv_heads() * m.head_dim()), I = static_cast<double>(m.intermediate);
+  const double kv = m.kv_width_per_rank(l.tp), I = static_cast<double>(m.intermediate);
   const bool autocast = spec.precision != Precision::f32;
   std::vector<SavedTensor> v;
   auto add = [&](const std::string& what, double elements, double bytes_per) { v.push_back({what, elements, elements * bytes_per}); };
@@ -78,8 +78,8 @@ std::vector<SavedTensor> llama_activation_tensors(const TrainSpec& spec, const L
   if (autocast) add("input_layernorm output, cast by q_proj, k_proj and v_proj each", 3 * h, lp);
   else add("input_layernorm output (q/k/v_proj's input)", h, lp);
   add("q after RoPE (attention's input)", h / t, lp);
-  add("k after RoPE (attention's input)", kv / t, lp);
-  add("v (v_proj's output; attention's input)", kv / t, lp);
+  add("k after RoPE (attention's input)", kv, lp);
+  add("v (v_proj's output; attention's input)", kv, lp);
   add("attention output (o_proj's input)", h / t, lp);
   add("attention log-sum-exp (f32, per query head)", static_cast<double>(m.n_head) / t, 4);
   add("residual after attention (f32; post_attention_layernorm's input)", h, 4);

@@ -125,7 +125,8 @@ PlanResult search(const TrainSpec& spec, const Cluster& c, const SearchOptions& 
   const auto layouts = enumerate(spec, world, r.global_batch, c);
   r.enumerated = layouts.size();
   ATH_CHECK(!layouts.empty(), "plan", "no layout of ", world, " devices divides the model and the global batch ", r.global_batch,
-            " (", spec.model.llama() ? "n_kv_head " : "n_head ", spec.model.tp_heads(), ", n_layer ", spec.model.n_layer, ")",
+            " (n_head ", spec.model.tp_heads(), spec.model.llama() ? ", n_kv_head " + std::to_string(spec.model.kv_heads()) : std::string(),
+            ", n_layer ", spec.model.n_layer, ")",
             Hint{"choose --global-batch a multiple of the device count, or --nodes so that the devices divide it"});
   std::vector<Candidate> all;
   all.reserve(layouts.size());

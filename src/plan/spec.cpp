@@ -46,9 +46,9 @@ const char* family_name(Family f) { return f == Family::llama ? "llama" : "gpt";
 std::vector<BlockLinear> ModelSpec::block_linears(int tp) const {
   const double h = static_cast<double>(n_embd), t = tp;
   if (llama()) {
-    const double kv = static_cast<double>(kv_heads() * head_dim()), I = static_cast<double>(intermediate);
+    const double kv = kv_width_per_rank(tp), I = static_cast<double>(intermediate);
     // nn::Llama: q/k/v and gate/up column-parallel (by key/value-head group), o and down row-parallel.
-    return {{"q_proj", h / t, h, true},         {"k_proj", kv / t, h, true},  {"v_proj", kv / t, h, true},
+    return {{"q_proj", h / t, h, true},         {"k_proj", kv, h, true},  {"v_proj", kv, h, true},
             {"o_proj", h, h / t, false},        {"gate_proj", I / t, h, true}, {"up_proj", I / t, h, true},
             {"down_proj", h, I / t, false}};
   }
@@ -126,12 +126,16 @@ std::string layout_problem(const TrainSpec& spec, const Layout& l) {
   std::ostringstream o;
   if (l.dp < 1 || l.tp < 1 || l.pp < 1 || l.virtual_stages < 1 || l.micro_batch < 1 || l.accum < 1) {
     o << "every layout size must be >= 1 (" << l.str() << ")";
-  } else if (m.llama() && m.kv_heads() % l.tp != 0) {
-    o << "n_kv_head " << m.kv_heads() << " does not divide by tp " << l.tp
-      << " (the Llama is split by key/value-head group: each tensor-parallel rank holds n_kv_head / tp key/value heads "
-         "and their query heads)";
+  } else if (m.llama() && m.kv_heads() % l.tp != 0 && l.tp % m.kv_heads() != 0) {
+    o << "n_kv_head " << m.kv_heads() << " and tp " << l.tp
+      << " do not divide one another (the Llama is split by key/value-head group: each tensor-parallel rank holds "
+         "n_kv_head / tp key/value heads and their query heads, or one replicated key/value head when tp is a multiple "
+         "of n_kv_head)";
+  } else if (m.llama() && m.intermediate % l.tp != 0) {
+    o << "intermediate_size " << m.intermediate << " does not divide by tp " << l.tp
+      << " (gate_proj/up_proj rows and down_proj columns are split across the tensor-parallel ranks)";
   } else if (m.llama() && l.sequence_parallel) {
-    o << "sequence parallelism is built for the GPT only, not for the Llama";
+    o << "the planner does not model the Llama's sequence parallelism yet (athanor trains it; plan without it)";
   } else if (m.n_head % l.tp != 0) {
     o << "n_head " << m.n_head << " does not divide by tp " << l.tp << " (the heads are split across the tensor-parallel ranks)";
   } else if (m.n_layer % (static_cast<int64_t>(l.pp) * l.virtual_stages) != 0) {
@@ -159,7 +163,7 @@ std::string layout_problem(const TrainSpec& spec, const Layout& l) {
 void check_layout(const TrainSpec& spec, const Layout& l) {
   const std::string p = layout_problem(spec, l);
   ATH_CHECK(p.empty(), "plan", "the layout ", l.str(), " does not fit the model: ", p,
-            Hint{std::string("choose tp dividing ") + (spec.model.llama() ? "model.n_kv_head" : "model.n_head") +
+            Hint{std::string("choose tp dividing ") + (spec.model.llama() ? "model.n_kv_head (or a multiple of it dividing model.n_head)" : "model.n_head") +
                  ", pp (x dist.virtual_stages) dividing model.n_layer; `athanor plan` without a fixed layout searches "
                  "only the layouts that divide"});
 }

@@ -3,6 +3,7 @@
 // group) in the layout check and the search, and the bad inputs.
 #include <gtest/gtest.h>
 
+#include <set>
 #include <string>
 
 #include "athanor/core/error.h"
@@ -89,19 +90,26 @@ TrainSpec llama_spec(int64_t n_head, int64_t n_kv_head) {
 TEST(PlanLlama, TensorParallelismMustDivideTheKeyValueHeads) {
   const TrainSpec s = llama_spec(12, 2);
   Layout l;
-  l.tp = 4;  // divides n_head 12, not n_kv_head 2
+  l.tp = 3;  // divides n_head 12; neither divides nor is a multiple of n_kv_head 2
   try {
     check_layout(s, l);
     FAIL() << "no error";
   } catch (const Error& e) {
     const std::string msg = e.what();
-    EXPECT_NE(msg.find("n_kv_head 2 does not divide by tp 4"), std::string::npos) << msg;
+    EXPECT_NE(msg.find("n_kv_head 2 and tp 3 do not divide one another"), std::string::npos) << msg;
     EXPECT_NE(e.hint().find("model.n_kv_head"), std::string::npos) << e.hint();
   }
+  // tp 4, a multiple of n_kv_head 2: each rank holds one replicated key/value head, as
+  // dist::TensorParallelLlama does (Megatron's rule): k_proj/v_proj keep head_dim rows.
+  l.tp = 4;
+  EXPECT_NO_THROW(check_layout(s, l));
+  EXPECT_DOUBLE_EQ(s.model.kv_width_per_rank(4), 128);
+  EXPECT_DOUBLE_EQ(s.model.kv_width_per_rank(2), 128);
+  EXPECT_DOUBLE_EQ(s.model.kv_width_per_rank(1), 256);
   l.tp = 2;
   EXPECT_NO_THROW(check_layout(s, l));
   l.sequence_parallel = true;
-  EXPECT_NE(layout_problem(s, l).find("not for the Llama"), std::string::npos) << layout_problem(s, l);
+  EXPECT_NE(layout_problem(s, l).find("does not model the Llama's sequence parallelism"), std::string::npos) << layout_problem(s, l);
   // A tp rank holds its key/value-head group's q, k, v, gate and up columns and o, down rows.
   l.sequence_parallel = false;
   const double h = 1536, kv = 2 * 128, I = 4096;
@@ -114,7 +122,8 @@ TEST(PlanLlama, TensorParallelismMustDivideTheKeyValueHeads) {
 }
 
 TEST(PlanLlama, TheSearchOffersOnlyTensorParallelismByKeyValueGroup) {
-  // n_head 12 but 2 key/value heads on 8-device nodes: tp 1 or 2, never 4.
+  // n_head 12 but 2 key/value heads on 8-device nodes: tp 1, 2 or 4 (one replicated key/value
+  // head per rank), never 3 (neither divides the other) or 8 (does not divide n_head).
   TrainSpec s = llama_spec(12, 2);
   const Cluster c = load_cluster("h100-sxm-80gb", 1);
   SearchOptions o;
@@ -123,11 +132,10 @@ TEST(PlanLlama, TheSearchOffersOnlyTensorParallelismByKeyValueGroup) {
   o.prune_with_tree = false;
   const PlanResult r = search(s, c, o);
   ASSERT_FALSE(r.ranked.empty());
-  for (const auto& cand : r.ranked) EXPECT_EQ(2 % cand.layout.tp, 0) << cand.layout.str();
-  for (const auto& cand : r.rejected) EXPECT_EQ(2 % cand.layout.tp, 0) << cand.layout.str();
-  bool tp2 = false;
-  for (const auto& cand : r.ranked) tp2 |= cand.layout.tp == 2;
-  EXPECT_TRUE(tp2);
+  std::set<int> tps;
+  for (const auto* list : {&r.ranked, &r.rejected})
+    for (const auto& cand : *list) tps.insert(cand.layout.tp);
+  EXPECT_EQ(tps, (std::set<int>{1, 2, 4}));
 }
 
 TEST(PlanLlama, AnInconsistentLlamaIsRefusedByNnsRules) {

@@ -45,11 +45,11 @@ sys.exit(0 if abs(err) <= 0.10 else 1)
 PY
 done
 
-expect_error llama-tp-does-not-divide-kv-heads 1 "n_kv_head 2 does not divide by tp 4|key/value-head group|hint: choose tp dividing model.n_kv_head" \
-  "$ATHANOR" plan "$WORK/llama.yaml" --cluster "$WORK/here.yaml" --evaluate --world 4 dist.tp=4
+expect_error llama-tp-does-not-divide-kv-heads 1 "n_kv_head 2 and tp 3 do not divide one another|key/value-head group|hint: choose tp dividing model.n_kv_head" \
+  "$ATHANOR" plan "$WORK/llama.yaml" --cluster "$WORK/here.yaml" --evaluate --world 3 dist.tp=3
 expect_error llama-kv-heads-do-not-divide-heads 1 "n_kv_head (3) must divide n_head (4)" \
   "$ATHANOR" plan "$WORK/llama.yaml" --cluster "$WORK/here.yaml" model.n_kv_head=3
-expect_error llama-sequence-parallel 1 "sequence parallelism is built for the GPT only, not for the Llama" \
+expect_error llama-sequence-parallel 1 "does not model the Llama's sequence parallelism" \
   "$ATHANOR" plan "$WORK/llama.yaml" --cluster "$WORK/here.yaml" --evaluate --world 2 dist.tp=2 dist.sequence_parallel=true
 expect_error llama-plan 0 "tiny-llama: llama|sharing 2 key/value heads|best: dp" \
   "$ATHANOR" plan "$WORK/llama.yaml" --cluster "$WORK/here.yaml"

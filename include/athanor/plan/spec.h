@@ -49,8 +49,13 @@ struct ModelSpec {
   bool llama() const { return family == Family::llama; }
   int64_t kv_heads() const { return n_kv_head > 0 ? n_kv_head : n_head; }
   int64_t head_dim() const { return n_embd / n_head; }
-  // The heads tensor parallelism splits: gpt n_head, llama n_kv_head (by group).
-  int64_t tp_heads() const { return llama() ? kv_heads() : n_head; }
+  // The heads tensor parallelism splits: n_head (a Llama's key/value heads follow their groups).
+  int64_t tp_heads() const { return n_head; }
+  // A Llama's key/value width on one of tp ranks: n_kv_head / tp heads, or one replicated head
+  // when tp is a multiple of n_kv_head (dist::TensorParallelLlama, Megatron's rule for MQA).
+  double kv_width_per_rank(int tp) const {
+    return kv_heads() % tp == 0 ? static_cast<double>(kv_heads() / tp * head_dim()) : static_cast<double>(head_dim());
+  }
   // The block's Linears on one of tp ranks (the head excluded).
   std::vector<BlockLinear> block_linears(int tp) const;
   // Parameters of one transformer block, of the embeddings (GPT: wte + wpe; Llama: embed_tokens),
