@@ -5,6 +5,7 @@
 
 #include "athanor/core/error.h"
 #include "backend/cuda/conv.h"
+#include "backend/cuda/float_access.cuh"
 #include "backend/cuda/runtime.h"
 
 namespace athanor::cuda {
@@ -15,20 +16,6 @@ unsigned grid_for(int64_t n) {
   const int64_t b = (n + kThreads - 1) / kThreads;
   return static_cast<unsigned>(b < 65536 * 8 ? b : 65536 * 8);
 }
-__device__ __forceinline__ float load(const void* p, DType dt, int64_t i) {
-  switch (dt) {
-    case DType::bf16: return __bfloat162float(static_cast<const __nv_bfloat16*>(p)[i]);
-    case DType::f16: return __half2float(static_cast<const __half*>(p)[i]);
-    default: return static_cast<const float*>(p)[i];
-  }
-}
-__device__ __forceinline__ void store(void* p, DType dt, int64_t i, float v) {
-  switch (dt) {
-    case DType::bf16: static_cast<__nv_bfloat16*>(p)[i] = __float2bfloat16_rn(v); break;
-    case DType::f16: static_cast<__half*>(p)[i] = __float2half_rn(v); break;
-    default: static_cast<float*>(p)[i] = v; break;
-  }
-}
 #define ATH_GRID_LOOP(i, n) \
   for (int64_t i = blockIdx.x * static_cast<int64_t>(blockDim.x) + threadIdx.x; i < (n); i += static_cast<int64_t>(gridDim.x) * blockDim.x)
 
@@ -37,7 +24,7 @@ __global__ void im2col_kernel(const void* x, DType dt, ConvGeom g, int64_t C_tot
   ATH_GRID_LOOP(i, total) {
     const int64_t p = i / K, k = i % K;
     const int64_t src = im2col_source(g, C_total, c0, p, k);
-    store(cols, dt, i, src < 0 ? 0.0f : load(x, dt, src));
+    store_from_f32(cols, dt, i, src < 0 ? 0.0f : load_as_f32(x, dt, src));
   }
 }
 
@@ -47,7 +34,7 @@ __global__ void col2im_kernel(const float* dcols, ConvGeom g, int64_t C_total, i
     const int64_t iw = i % g.W, ih = (i / g.W) % g.H, c = (i / (g.W * g.H)) % g.C, n = i / (g.W * g.H * g.C);
     float acc = 0.0f;
     col2im_sources(g, n, c, ih, iw, [&](int64_t p, int64_t k) { acc += dcols[p * K + k]; });
-    store(dx, dt, ((n * C_total + c0 + c) * g.H + ih) * g.W + iw, acc);
+    store_from_f32(dx, dt, ((n * C_total + c0 + c) * g.H + ih) * g.W + iw, acc);
   }
 }
 
@@ -61,10 +48,10 @@ __global__ void maxpool_fwd_kernel(const void* x, DType dt, ConvGeom g, void* y,
     int64_t arg = -1;
     for (int64_t ih = h0; ih < h1; ++ih)
       for (int64_t iw = w0; iw < w1; ++iw) {
-        const float v = load(x, dt, pl * g.H * g.W + ih * g.W + iw);
+        const float v = load_as_f32(x, dt, pl * g.H * g.W + ih * g.W + iw);
         if (v > best || (isnan(v) && !isnan(best)) || arg < 0) best = v, arg = ih * g.W + iw;
       }
-    store(y, dt, i, best);
+    store_from_f32(y, dt, i, best);
     idx[i] = arg;
   }
 }
@@ -75,9 +62,9 @@ __global__ void maxpool_bwd_kernel(const void* dy, const int64_t* idx, DType dt,
     const int64_t pl = i / HW, ih = (i % HW) / g.W, iw = i % g.W, me = ih * g.W + iw;
     float acc = 0.0f;
     pool_windows_of(g, ih, iw, [&](int64_t o) {
-      if (idx[pl * P + o] == me) acc += load(dy, dt, pl * P + o);
+      if (idx[pl * P + o] == me) acc += load_as_f32(dy, dt, pl * P + o);
     });
-    store(dx, dt, i, acc);
+    store_from_f32(dx, dt, i, acc);
   }
 }
 

@@ -6,6 +6,7 @@
 #include "athanor/core/error.h"
 #include "backend/cuda/philox.cuh"
 #include "backend/cuda/pointwise.h"
+#include "backend/cuda/float_access.cuh"
 #include "backend/cuda/runtime.h"
 
 namespace athanor::cuda {
@@ -16,20 +17,6 @@ constexpr float kSqrt2OverPi = 0.7978845608028654f;
 constexpr float kInvSqrt2 = 0.7071067811865476f;
 constexpr float kInvSqrt2Pi = 0.3989422804014327f;
 
-__device__ __forceinline__ float load(const void* p, DType dt, int64_t i) {
-  switch (dt) {
-    case DType::bf16: return __bfloat162float(static_cast<const __nv_bfloat16*>(p)[i]);
-    case DType::f16: return __half2float(static_cast<const __half*>(p)[i]);
-    default: return static_cast<const float*>(p)[i];
-  }
-}
-__device__ __forceinline__ void store(void* p, DType dt, int64_t i, float v) {
-  switch (dt) {
-    case DType::bf16: static_cast<__nv_bfloat16*>(p)[i] = __float2bfloat16_rn(v); break;
-    case DType::f16: static_cast<__half*>(p)[i] = __float2half_rn(v); break;
-    default: static_cast<float*>(p)[i] = v; break;
-  }
-}
 __device__ __forceinline__ float sigmoid(float v) { return 1.0f / (1.0f + expf(-v)); }
 
 __device__ float apply(const PointwiseArgs& a, const float* v, int64_t i) {
@@ -92,9 +79,9 @@ __global__ void pointwise_kernel(const PointwiseArgs a, int64_t n) {
     for (int k = 0; k < 3; ++k) {
       if (k >= a.n_in) break;
       const PointwiseOperand& o = a.in[k];
-      v[k] = load(o.data, o.dtype, o.contiguous ? i : strided_offset(i, a.sizes, o.strides, a.ndim));
+      v[k] = load_as_f32(o.data, o.dtype, o.contiguous ? i : strided_offset(i, a.sizes, o.strides, a.ndim));
     }
-    store(a.out, a.out_dtype, i, apply(a, v, i));
+    store_from_f32(a.out, a.out_dtype, i, apply(a, v, i));
   }
 }
 

@@ -5,25 +5,12 @@
 
 #include "athanor/core/error.h"
 #include "backend/cuda/rope.h"
+#include "backend/cuda/float_access.cuh"
 #include "backend/cuda/runtime.h"
 
 namespace athanor::cuda {
 
 namespace {
-__device__ __forceinline__ float load(const void* p, DType dt, int64_t i) {
-  switch (dt) {
-    case DType::bf16: return __bfloat162float(static_cast<const __nv_bfloat16*>(p)[i]);
-    case DType::f16: return __half2float(static_cast<const __half*>(p)[i]);
-    default: return static_cast<const float*>(p)[i];
-  }
-}
-__device__ __forceinline__ void store(void* p, DType dt, int64_t i, float v) {
-  switch (dt) {
-    case DType::bf16: static_cast<__nv_bfloat16*>(p)[i] = __float2bfloat16_rn(v); break;
-    case DType::f16: static_cast<__half*>(p)[i] = __float2half_rn(v); break;
-    default: static_cast<float*>(p)[i] = v; break;
-  }
-}
 
 // One thread per pair (row, i < D/2); rows are (b, t, h) in row-major order.
 __global__ void rope_kernel(const RopeArgs a, int64_t pairs) {
@@ -33,10 +20,10 @@ __global__ void rope_kernel(const RopeArgs a, int64_t pairs) {
     const int64_t i = p % half, row = p / half;
     const int64_t h = row % a.H, t = (row / a.H) % a.T, b = row / (a.H * a.T);
     const int64_t base = b * a.sb + t * a.st + h * a.sh;
-    const float x1 = load(a.x, a.dtype, base + i * a.sd), x2 = load(a.x, a.dtype, base + (i + half) * a.sd);
+    const float x1 = load_as_f32(a.x, a.dtype, base + i * a.sd), x2 = load_as_f32(a.x, a.dtype, base + (i + half) * a.sd);
     const float c = a.cos[t * half + i], s = a.sign > 0 ? a.sin[t * half + i] : -a.sin[t * half + i];
-    store(a.out, a.dtype, row * a.D + i, x1 * c - x2 * s);
-    store(a.out, a.dtype, row * a.D + i + half, x2 * c + x1 * s);
+    store_from_f32(a.out, a.dtype, row * a.D + i, x1 * c - x2 * s);
+    store_from_f32(a.out, a.dtype, row * a.D + i + half, x2 * c + x1 * s);
   }
 }
 }  // namespace
