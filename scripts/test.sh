@@ -77,7 +77,7 @@ if [[ -n "$LABELS" ]]; then
   IFS=',' read -r -a label_list <<<"$LABELS"
   for l in "${label_list[@]}"; do
     case "$l" in
-      dist) TARGETS+=(athanor_tests_dist athanor_tests_zero athanor_tests_tp athanor_tests_pipeline athanor_tests_sync_batch_norm
+      dist) TARGETS+=(athanor_tests_dist athanor_tests_zero athanor_tests_tp athanor_tests_pipeline athanor_tests_llama_parallel athanor_tests_sync_batch_norm
                   athanor_tests_trainer_dist athanor_cli) ;;
       fuzz) TARGETS+=(athanor_fuzz_safetensors) ;;
       cli|train|observe|slow) TARGETS+=("athanor_tests_$l" athanor_cli) ;;
