@@ -241,7 +241,8 @@ PlanResult search(const TrainSpec& spec, const Cluster& c, const SearchOptions& 
       o << (b.recompute ? "recompute" : "") << (b.recompute && b.sequence_parallel ? " + " : "")
         << (b.sequence_parallel ? "sequence parallelism" : "");
     else
-      o << "neither recompute nor sequence parallelism is needed";
+      o << (spec.model.llama() ? "recompute is not needed (the plan does not model the Llama's sequence parallelism)"
+                               : "neither recompute nor sequence parallelism is needed");
     r.tree.push_back(o.str());
   }
   return r;
