@@ -206,14 +206,19 @@ std::vector<int32_t> generate_tokens(Module& model, const std::vector<int32_t>& 
   return out;
 }
 
+std::vector<int32_t> generate_from_logits(Module& model, const std::vector<int32_t>& prompt, int64_t max_new_tokens,
+                                          double temperature, int64_t top_k, int64_t vocab_size, int64_t block_size,
+                                          Generator& gen, const std::function<Tensor(const Tensor& ids)>& forward) {
+  return generate_tokens(model, prompt, max_new_tokens, temperature, vocab_size, block_size, [&](const std::vector<int64_t>& ctx) {
+    const int64_t T = static_cast<int64_t>(ctx.size());
+    return sample_last_position(forward(from_vector(ctx, {1, T}).to(model.device())), temperature, top_k, gen);
+  });
+}
+
 std::vector<int32_t> GPT::generate(const std::vector<int32_t>& prompt, int64_t max_new_tokens, double temperature,
                                    int64_t top_k, Generator& gen) {
-  const int64_t V = config_.vocab_size;
-  return generate_tokens(*this, prompt, max_new_tokens, temperature, V, config_.block_size,
-                         [&](const std::vector<int64_t>& ctx) {
-                           const int64_t T = static_cast<int64_t>(ctx.size());
-                           return sample_last_position(forward(from_vector(ctx, {1, T}).to(device())), temperature, top_k, gen);
-                         });
+  return generate_from_logits(*this, prompt, max_new_tokens, temperature, top_k, config_.vocab_size, config_.block_size, gen,
+                              [this](const Tensor& ids) { return forward(ids); });
 }
 
 std::vector<std::string> GPT::shard_units() const {

@@ -14,7 +14,7 @@
 #include <sstream>
 
 #include "athanor/autograd/checkpoint.h"
-#include "athanor/nn/gpt.h"  // sample_token, generate_tokens: the generation loop every LM shares
+#include "athanor/nn/gpt.h"  // generate_from_logits: the generation loop every LM shares
 #include "athanor/ops.h"
 #include "athanor/ops/rope.h"
 #include "athanor/ops/swiglu.h"
@@ -196,12 +196,8 @@ Tensor Llama::loss(const Tensor& ids, const Tensor& targets) {
 
 std::vector<int32_t> Llama::generate(const std::vector<int32_t>& prompt, int64_t max_new_tokens, double temperature,
                                      int64_t top_k, Generator& gen) {
-  const int64_t V = config_.vocab_size;
-  return generate_tokens(*this, prompt, max_new_tokens, temperature, V, config_.block_size,
-                         [&](const std::vector<int64_t>& ctx) {
-                           const int64_t T = static_cast<int64_t>(ctx.size());
-                           return sample_last_position(forward(from_vector(ctx, {1, T}).to(device())), temperature, top_k, gen);
-                         });
+  return generate_from_logits(*this, prompt, max_new_tokens, temperature, top_k, config_.vocab_size, config_.block_size, gen,
+                              [this](const Tensor& ids) { return forward(ids); });
 }
 
 std::vector<std::string> Llama::shard_units() const {

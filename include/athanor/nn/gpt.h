@@ -40,6 +40,11 @@ int32_t sample_last_position(const Tensor& logits, double temperature, int64_t t
 std::vector<int32_t> generate_tokens(Module& model, const std::vector<int32_t>& prompt, int64_t max_new_tokens,
                                      double temperature, int64_t vocab_size, int64_t block_size,
                                      const std::function<int32_t(const std::vector<int64_t>& context)>& next_token);
+// generate_tokens for a model whose forward maps [1, T] token ids to [1, T, V] logits: the
+// context is made on the model's device and the next token sampled from the last position.
+std::vector<int32_t> generate_from_logits(Module& model, const std::vector<int32_t>& prompt, int64_t max_new_tokens,
+                                          double temperature, int64_t top_k, int64_t vocab_size, int64_t block_size,
+                                          Generator& gen, const std::function<Tensor(const Tensor& ids)>& forward);
 
 class GPT : public Module {
  public:
