@@ -5,27 +5,14 @@
 
 #include "athanor/core/convert.h"
 #include "athanor/core/error.h"
+#include "athanor/core/philox.h"
 
 namespace athanor {
 
+// The rounds are athanor/core/philox.h's, the kernels' too (backend/cuda/philox.cuh).
 std::array<uint32_t, 4> philox4x32(uint64_t seed, uint64_t counter, uint64_t stream) {
-  constexpr uint32_t M0 = 0xD2511F53u, M1 = 0xCD9E8D57u;  // multipliers
-  constexpr uint32_t W0 = 0x9E3779B9u, W1 = 0xBB67AE85u;  // Weyl key increments
-  uint32_t c0 = static_cast<uint32_t>(counter), c1 = static_cast<uint32_t>(counter >> 32);
-  uint32_t c2 = static_cast<uint32_t>(stream), c3 = static_cast<uint32_t>(stream >> 32);
-  uint32_t k0 = static_cast<uint32_t>(seed), k1 = static_cast<uint32_t>(seed >> 32);
-  for (int r = 0; r < 10; ++r) {
-    const uint64_t p0 = static_cast<uint64_t>(M0) * c0, p1 = static_cast<uint64_t>(M1) * c2;
-    const uint32_t hi0 = static_cast<uint32_t>(p0 >> 32), lo0 = static_cast<uint32_t>(p0);
-    const uint32_t hi1 = static_cast<uint32_t>(p1 >> 32), lo1 = static_cast<uint32_t>(p1);
-    c0 = hi1 ^ c1 ^ k0;
-    c1 = lo1;
-    c2 = hi0 ^ c3 ^ k1;
-    c3 = lo0;
-    k0 += W0;
-    k1 += W1;
-  }
-  return {c0, c1, c2, c3};
+  const PhiloxBlock b = philox4x32_block(seed, counter, stream);
+  return {b.w[0], b.w[1], b.w[2], b.w[3]};
 }
 
 void Generator::manual_seed(uint64_t seed) {
