@@ -18,6 +18,16 @@ std::shared_ptr<Storage> Storage::allocate(std::size_t nbytes, MemTag tag, Devic
   return s;
 }
 
+std::shared_ptr<Storage> Storage::allocate_upload(std::size_t nbytes, MemTag tag, Device device) {
+  if (device.is_cpu()) return allocate(nbytes, tag, device);
+  std::shared_ptr<Storage> s(new Storage());
+  s->data_ = require_device_hooks(device, "allocate").allocate_upload(device.index, nbytes, tag);
+  s->nbytes_ = nbytes;
+  s->device_ = device;
+  s->tag_ = tag;
+  return s;  // freed by the hooks' deallocate, as allocate's
+}
+
 std::shared_ptr<Storage> Storage::wrap(void* data, std::size_t nbytes, std::function<void(void*)> release, Device device) {
   std::shared_ptr<Storage> s(new Storage());
   s->data_ = data;

@@ -1,6 +1,7 @@
 // Tensor's differentiable convenience methods, forwarding to the functional ops.
 #include "athanor/autograd/function.h"
 #include "athanor/core/device_hooks.h"
+#include "athanor/core/storage.h"
 #include "athanor/core/tensor.h"
 #include "athanor/ops/reduction.h"
 #include "athanor/ops/shape.h"
@@ -13,7 +14,19 @@ Tensor Tensor::to(DType dt) const { return cast(*this, dt); }
 Tensor Tensor::to(Device device) const {
   if (device == this->device()) return *this;
   if (!device.is_cpu()) require_device_hooks(device, "to");  // no GPU, cuda:7: before any work
-  Tensor out = empty(sizes(), TensorOptions(dtype()).with_device(device).with_tag(storage()->tag()));
+  Tensor out;
+  if (this->device().is_cpu()) {
+    // An upload: into memory of the device's copy stream (Storage::allocate_upload), so the
+    // copy overlaps the compute still queued (the trainer's prefetch of the next batch).
+    auto impl = std::make_shared<TensorImpl>();
+    impl->storage = Storage::allocate_upload(static_cast<std::size_t>(numel()) * dtype_size(dtype()), storage()->tag(), device);
+    impl->sizes = sizes();
+    impl->strides = contiguous_strides(sizes());
+    impl->dtype = dtype();
+    out = Tensor(std::move(impl));
+  } else {
+    out = empty(sizes(), TensorOptions(dtype()).with_device(device).with_tag(storage()->tag()));
+  }
   copy_into(out, *this);
   const Device from = this->device();
   return record("to", {*this}, out, [from](const Node&, const Grads& g) { return Grads{g[0].to(from)}; });

@@ -38,6 +38,7 @@ std::string device_memory_note(Device d) {
 void synchronize_device(Device d) {
   if (d.is_cpu()) return;
   cuda::DeviceGuard g(d.index);
+  cuda::note_host_sync(d.index);
   ATH_CUDA(cudaStreamSynchronize(cuda::compute_stream(d.index)));
 }
 

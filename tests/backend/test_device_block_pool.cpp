@@ -4,8 +4,10 @@
 // checked without a GPU.
 #include <gtest/gtest.h>
 
+#include <algorithm>
 #include <cstdlib>
 #include <map>
+#include <vector>
 
 #include "athanor/core/error.h"
 #include "backend/cuda/block_pool.h"
@@ -41,7 +43,38 @@ struct FakeDevice {
     };
     r.describe_device = [this] { return std::to_string(capacity - used) + " B free of " + std::to_string(capacity); };
     r.device_name = "fake:0";
+    // Streams as counters: an event recorded on stream s completes once s has passed its
+    // position then (advance(s)); wait_event runs the stream up to it (counted).
+    r.record_event = [this](cuda::StreamId s) -> void* {
+      events.push_back({s, queued[s]});
+      ++live_events;
+      return reinterpret_cast<void*>(events.size());  // 1-based
+    };
+    r.event_done = [this](void* e) { return done(e); };
+    r.wait_event = [this](void* e) {
+      ++waits;
+      const Event& ev = events.at(reinterpret_cast<std::size_t>(e) - 1);
+      passed[ev.stream] = std::max(passed[ev.stream], ev.at);
+    };
+    r.release_event = [this](void* e) {
+      EXPECT_TRUE(done(e)) << "an event given back before it completed";
+      --live_events;
+    };
     return r;
+  }
+  struct Event {
+    cuda::StreamId stream;
+    int at;
+  };
+  std::vector<Event> events;
+  std::map<cuda::StreamId, int> queued, passed;  // work queued on / completed by each stream
+  int live_events = 0, waits = 0;
+  void enqueue(cuda::StreamId s) { ++queued[s]; }   // a kernel queued on s
+  void advance(cuda::StreamId s) { passed[s] = queued[s]; }  // s has run everything queued
+  bool done(void* e) const {
+    const Event& ev = events.at(reinterpret_cast<std::size_t>(e) - 1);
+    auto it = passed.find(ev.stream);
+    return (it == passed.end() ? 0 : it->second) >= ev.at;
   }
 };
 }  // namespace
@@ -206,4 +239,81 @@ TEST(DeviceBlockPool, LimitAndBadFree) {
   EXPECT_THROW(pool.allocate(2 * MiB, MemTag::activation), Error);
   int x = 0;
   EXPECT_THROW(pool.deallocate(&x), Error);
+}
+
+// An upload's block belongs to the copy stream (1) and is read by the compute stream (2):
+// freed, it is reused by the next upload only once the compute stream has run every kernel
+// queued before the free (record_stream), never earlier, and without any wait.
+TEST(DeviceBlockPool, RecordStreamDefersReuseUntilTheOtherStreamPasses) {
+  FakeDevice dev{64 * MiB};
+  BlockPool pool(dev.raw());
+  constexpr cuda::StreamId copy = 1, compute = 2;
+  void* a = pool.allocate(64 * 1024, MemTag::activation, copy);
+  pool.record_stream(a, compute);
+  pool.record_stream(a, compute);  // once is enough
+  pool.record_stream(a, copy);     // its own stream: nothing to record
+  EXPECT_EQ(pool.stream_of(a, 0), copy);
+  EXPECT_EQ(pool.stream_of(static_cast<char*>(a) + 512, 99), 99u) << "not the start of a block";
+  dev.enqueue(compute);  // the step's kernels reading the batch
+  const auto in_use = pool.stats().current_total;
+  pool.deallocate(a);
+  EXPECT_EQ(pool.stats().current_total, in_use - 64 * 1024) << "freed bytes leave the in-use count at once";
+  EXPECT_EQ(pool.pending_blocks(), 1u);
+  EXPECT_EQ(dev.events.size(), 1u) << "one event, on the compute stream only";
+  EXPECT_EQ(dev.events[0].stream, compute);
+  // The compute stream has not passed the free: the next upload gets other memory.
+  void* b = pool.allocate(64 * 1024, MemTag::activation, copy);
+  EXPECT_NE(b, a);
+  EXPECT_EQ(pool.pending_blocks(), 1u);
+  EXPECT_EQ(dev.waits, 0) << "reuse is decided by queries, never by a wait";
+  dev.advance(compute);
+  void* c = pool.allocate(64 * 1024, MemTag::activation, copy);
+  EXPECT_EQ(c, a) << "once the compute stream passed the free, the block is reused";
+  EXPECT_EQ(pool.pending_blocks(), 0u);
+  EXPECT_EQ(dev.live_events, 0) << "the event was given back";
+  // A block of the compute stream never serves the copy stream, pending or not.
+  void* k = pool.allocate(64 * 1024, MemTag::activation, compute);
+  pool.deallocate(k);
+  void* d = pool.allocate(64 * 1024, MemTag::activation, copy);
+  EXPECT_NE(d, k);
+  for (void* p : {b, c, d}) pool.deallocate(p);
+  EXPECT_EQ(pool.pending_blocks(), 0u) << "blocks without other streams free at once";
+}
+
+// A pending block neither merges with its free neighbours nor lets its segment go until its
+// events complete; near out of memory the pool waits for them instead of failing.
+TEST(DeviceBlockPool, PendingBlocksKeepTheirSegmentAndAreWaitedForBeforeOutOfMemory) {
+  FakeDevice dev{16 * MiB};
+  BlockPool pool(dev.raw());
+  constexpr cuda::StreamId copy = 1, compute = 2;
+  void* big = pool.allocate(12 * MiB, MemTag::activation, copy);
+  pool.record_stream(big, compute);
+  dev.enqueue(compute);
+  pool.deallocate(big);
+  pool.empty_cache();  // its event has not completed: the segment stays
+  EXPECT_EQ(pool.segments(), 1u);
+  EXPECT_EQ(pool.cached_bytes(), 0u) << "a pending block is not cached (not reusable) yet";
+  EXPECT_EQ(dev.waits, 0);
+  // 8 MiB on the compute stream does not fit beside the pending 12 MiB segment: the pool
+  // waits for the compute stream's event, releases the segment and retries.
+  void* x = pool.allocate(8 * MiB, MemTag::activation, compute);
+  EXPECT_NE(x, nullptr);
+  EXPECT_EQ(dev.waits, 1);
+  EXPECT_EQ(dev.frees, 1);
+  EXPECT_EQ(pool.pending_blocks(), 0u);
+  EXPECT_EQ(dev.live_events, 0);
+  pool.deallocate(x);
+  // Destroying a pool with pending blocks gives their events back.
+  {
+    FakeDevice d2{16 * MiB};
+    {
+      BlockPool p2(d2.raw());
+      void* y = p2.allocate(1000, MemTag::activation, copy);
+      p2.record_stream(y, compute);
+      p2.deallocate(y);
+      d2.advance(compute);  // (release_event checks completion)
+    }
+    EXPECT_EQ(d2.live_events, 0);
+    EXPECT_EQ(d2.used, 0u);
+  }
 }

@@ -8,7 +8,13 @@
 //  - with no hooks installed for a device type, every use of that device is an Error given
 //    before any work: "this build has no CUDA" (a CPU-only build) — never a null call;
 //  - copies and fills are stream-ordered on the device's compute stream: a kernel queued
-//    after them sees their result, and a host read (copy_to_host) waits for them.
+//    after them sees their result, and a host read (copy_to_host) waits for them;
+//  - an upload into memory from allocate_upload waits for no queued compute (the memory is
+//    the copy stream's, its reuse ordered after its last use on the compute stream), so the
+//    next batch's copy overlaps the step still running; into other memory it waits for the
+//    compute queued before it (that memory may have been freed by work still queued);
+//  - host_syncs(index) counts every host synchronisation with the device: each copy_to_host
+//    and each stream/event/device synchronize the backend makes.
 #include <atomic>
 #include <cstddef>
 #include <cstdint>
@@ -33,6 +39,9 @@ class DeviceHooks {
   // Throws (naming `op`) unless device `index` exists: no device, or past the last one.
   virtual void check_device(int index, const char* op) = 0;
   virtual void* allocate(int index, std::size_t nbytes, MemTag tag) = 0;
+  // Memory that copy_to_device will fill from the host and the compute stream then use
+  // (Tensor::to(device) from the cpu). Released by deallocate.
+  virtual void* allocate_upload(int index, std::size_t nbytes, MemTag tag) { return allocate(index, nbytes, tag); }
   virtual void deallocate(int index, void* ptr) = 0;
   virtual void retag(int index, void* ptr, MemTag to) = 0;
   // nbytes from host memory to the device, through pinned staging on the copy stream,
@@ -50,6 +59,15 @@ class DeviceHooks {
   virtual void fill(const StridedRegion& dst, double value, int index) = 0;
   // acc += g, elementwise, both contiguous of n elements of `dtype` (gradient accumulation).
   virtual void add_into(void* acc, const void* g, DType dtype, int64_t n, int index, const char* op) = 0;
+  // The host synchronisations with device `index` so far (see the invariants).
+  virtual std::uint64_t host_syncs(int /*index*/) const { return 0; }
+  // Timing marks for the profiler's device times: record_mark records a timing event on the
+  // device's compute stream now (0: not supported) and never waits; mark_elapsed_ns(a, b) is
+  // the device time from a to b, waiting for b (call it when reporting, never per op: a
+  // counted host sync); release_mark gives a mark back for reuse.
+  virtual std::uint64_t record_mark(int /*index*/) { return 0; }
+  virtual int64_t mark_elapsed_ns(std::uint64_t /*a*/, std::uint64_t /*b*/) { return -1; }
+  virtual void release_mark(std::uint64_t /*m*/) {}
 };
 
 // The hooks of a device type (null: none installed). Installing replaces the previous ones;

@@ -19,6 +19,9 @@ class Storage {
  public:
   // Owned memory from the tagged allocator.
   static std::shared_ptr<Storage> allocate(std::size_t nbytes, MemTag tag, Device device = Device::cpu());
+  // Owned device memory that an upload will fill (DeviceHooks::allocate_upload): on cuda it
+  // belongs to the copy stream, so the copy into it waits for no compute. The cpu's is allocate's.
+  static std::shared_ptr<Storage> allocate_upload(std::size_t nbytes, MemTag tag, Device device);
   // Memory owned elsewhere (a memory-mapped file, a caller's buffer); `release`
   // runs when the last tensor viewing it goes away. Not counted under any tag.
   static std::shared_ptr<Storage> wrap(void* data, std::size_t nbytes, std::function<void(void*)> release,

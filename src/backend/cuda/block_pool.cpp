@@ -28,6 +28,9 @@ bool BlockPool::BySize::operator()(const Block* a, const Block* b) const {
 BlockPool::BlockPool(RawMemory raw) : raw_(std::move(raw)) {}
 
 BlockPool::~BlockPool() {
+  for (const Pending& pd : pending_)
+    for (void* e : pd.events)
+      if (raw_.release_event) raw_.release_event(e);
   for (auto& [base, head] : segment_heads_) {
     std::size_t seg = 0;
     for (Block* b = head; b;) {
@@ -69,7 +72,9 @@ BlockPool::Block* BlockPool::new_segment_locked(std::size_t size, bool small, St
   const std::size_t seg = small ? kSmallSegment : size;
   void* p = raw_.allocate(seg);
   if (!p) {
-    // Cached segments of any stream may be what stands in the way: give them back, once.
+    // Cached segments of any stream may be what stands in the way: give them back, once
+    // (the pending blocks too, after waiting for their streams: near out of memory only).
+    process_pending_locked(/*wait=*/true);
     release_free_segments_locked();
     p = raw_.allocate(seg);
     if (!p) return nullptr;
@@ -98,6 +103,7 @@ void* BlockPool::allocate(std::size_t nbytes, MemTag tag, StreamId stream) {
              mem_tag_name(tag), ") would pass the limit of ", bytes_str(limit_), "\n", oom_message_locked(nbytes, tag),
              Hint{"lower the batch size or sequence length, turn on activation checkpointing, or raise the limit"});
   }
+  if (!pending_.empty()) process_pending_locked(/*wait=*/false);
   Block* b = find_free_locked(size, small, stream);
   if (b) {
     ++stats_.cache_hits;
@@ -134,6 +140,17 @@ void BlockPool::deallocate(void* ptr) {
   const int t = static_cast<int>(b->tag);
   stats_.current[t] -= b->requested;
   stats_.current_total -= b->requested;
+  if (!b->uses.empty()) {  // used on other streams: reusable once each has passed this point
+    Pending pd{b, {}};
+    for (StreamId s : b->uses) pd.events.push_back(raw_.record_event(s));
+    b->uses.clear();
+    pending_.push_back(std::move(pd));  // still marked allocated: no neighbour merges with it
+    return;
+  }
+  free_block_locked(b);
+}
+
+void BlockPool::free_block_locked(Block* b) {
   b->allocated = false;
   FreeSet& set = b->small ? free_small_ : free_large_;
   // Coalesce with free neighbours (same segment, hence same stream and pool).
@@ -153,6 +170,56 @@ void BlockPool::deallocate(void* ptr) {
     delete n;
   }
   set.insert(b);
+}
+
+void BlockPool::process_pending_locked(bool wait) {
+  std::size_t kept = 0;
+  for (std::size_t i = 0; i < pending_.size(); ++i) {
+    Pending& pd = pending_[i];
+    bool done = true;
+    for (void* e : pd.events) {
+      if (wait) raw_.wait_event(e);
+      else if (!raw_.event_done(e)) {
+        done = false;
+        break;
+      }
+    }
+    if (!done) {
+      if (kept != i) pending_[kept] = std::move(pd);
+      ++kept;
+      continue;
+    }
+    for (void* e : pd.events) raw_.release_event(e);
+    free_block_locked(pd.block);
+  }
+  pending_.resize(kept);
+}
+
+void BlockPool::record_stream(void* ptr, StreamId stream) {
+  std::lock_guard<std::mutex> l(mu_);
+  auto it = live_.find(ptr);
+  ATH_CHECK(it != live_.end(), "cuda allocator", raw_.device_name,
+            ": record_stream of a pointer this allocator did not give out",
+            Hint{"this is a bug in athanor; please report it"});
+  Block* b = it->second;
+  ATH_CHECK(raw_.record_event && raw_.event_done && raw_.wait_event && raw_.release_event, "cuda allocator",
+            raw_.device_name, ": record_stream needs the raw memory's event functions",
+            Hint{"this is a bug in athanor; please report it"});
+  if (stream == b->stream) return;
+  for (StreamId s : b->uses)
+    if (s == stream) return;
+  b->uses.push_back(stream);
+}
+
+StreamId BlockPool::stream_of(const void* ptr, StreamId none) const {
+  std::lock_guard<std::mutex> l(mu_);
+  auto it = live_.find(const_cast<void*>(ptr));
+  return it == live_.end() ? none : it->second->stream;
+}
+
+std::size_t BlockPool::pending_blocks() const {
+  std::lock_guard<std::mutex> l(mu_);
+  return pending_.size();
 }
 
 void BlockPool::retag(void* ptr, MemTag to) {
@@ -192,6 +259,7 @@ void BlockPool::release_free_segments_locked() {
 
 void BlockPool::empty_cache() {
   std::lock_guard<std::mutex> l(mu_);
+  process_pending_locked(/*wait=*/false);
   release_free_segments_locked();
 }
 

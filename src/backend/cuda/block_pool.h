@@ -11,6 +11,12 @@
 //  - a segment belongs to the stream it was first allocated for, and its blocks are reused
 //    only by requests on that stream: a block freed on a stream is free "in stream order"
 //    (every later kernel on that stream runs after the last use), so no event is needed;
+//  - a block also used on other streams (record_stream: an upload's block belongs to the
+//    copy stream and is read by the compute stream) is, when freed, pending: an event is
+//    recorded on each of those streams then, and the block joins its stream's free blocks
+//    only once every event has completed (queried without blocking at the next allocate;
+//    waited for only before an out-of-memory error). PyTorch's record_stream rule: the
+//    reuse is ordered after the last use on every stream that used it;
 //  - a freed block merges with its free neighbours in the same segment, so a segment
 //    whose blocks are all free is one block again and can be released whole;
 //  - the raw allocator is called only when no cached block fits; when it fails, every
@@ -25,6 +31,7 @@
 #include <set>
 #include <string>
 #include <unordered_map>
+#include <vector>
 
 #include "athanor/core/allocator.h"
 
@@ -37,6 +44,13 @@ struct RawMemory {
   std::function<void(void*, std::size_t)> release;
   std::function<std::string()> describe_device;       // e.g. "cuda:0: 1.2 GiB free of 80 GiB"
   std::string device_name = "device";                 // for messages: "cuda:0"
+  // Events (cudaEvent_t in device_allocator.cpp, a fake in the tests): one recorded on a
+  // stream now; whether it has completed (never blocks); waiting for it (blocks); giving it
+  // back. Needed only by record_stream's blocks.
+  std::function<void*(StreamId)> record_event;
+  std::function<bool(void*)> event_done;
+  std::function<void(void*)> wait_event;
+  std::function<void(void*)> release_event;
 };
 
 class BlockPool {
@@ -59,6 +73,12 @@ class BlockPool {
   // Throws athanor::Error (op "cuda allocator") when the memory cannot be had.
   void* allocate(std::size_t nbytes, MemTag tag, StreamId stream = 0);
   void deallocate(void* ptr);  // ptr must come from allocate(); nullptr is ignored
+  // The block `ptr` (from allocate()) is also used by work on `stream`: its reuse after
+  // deallocate() waits until `stream` has passed the point where it was freed.
+  void record_stream(void* ptr, StreamId stream);
+  // The stream a live block was allocated for; `none` when ptr is not the start of one.
+  StreamId stream_of(const void* ptr, StreamId none) const;
+  std::size_t pending_blocks() const;  // freed, waiting for another stream's events
   void retag(void* ptr, MemTag to);
   // An upper bound on bytes in use (0: none), as Allocator::set_limit on the CPU.
   void set_limit(std::size_t bytes);
@@ -68,7 +88,9 @@ class BlockPool {
   std::size_t largest_cached_block() const;
   std::size_t cached_bytes() const;  // free bytes inside reserved segments
   std::size_t segments() const;
-  void empty_cache();                // releases every segment that is wholly free
+  // Releases every segment that is wholly free (pending blocks whose events are done first;
+  // the caller has waited for the device when it wants them all).
+  void empty_cache();
   std::string oom_message(std::size_t nbytes, MemTag tag) const;
 
  private:
@@ -82,6 +104,11 @@ class BlockPool {
     MemTag tag = MemTag::other;
     Block* prev = nullptr;  // neighbours inside the same segment
     Block* next = nullptr;
+    std::vector<StreamId> uses;  // other streams that used it (record_stream)
+  };
+  struct Pending {
+    Block* block;
+    std::vector<void*> events;  // one per stream in the block's uses, recorded at deallocate
   };
   struct BySize {
     bool operator()(const Block* a, const Block* b) const;
@@ -91,6 +118,9 @@ class BlockPool {
   Block* find_free_locked(std::size_t size, bool small, StreamId stream);
   Block* new_segment_locked(std::size_t size, bool small, StreamId stream);
   void release_free_segments_locked();
+  void free_block_locked(Block* b);
+  // Blocks whose events have all completed join the free sets (wait: block on them first).
+  void process_pending_locked(bool wait);
   std::string oom_message_locked(std::size_t nbytes, MemTag tag) const;
 
   RawMemory raw_;
@@ -98,6 +128,7 @@ class BlockPool {
   FreeSet free_small_, free_large_;
   std::unordered_map<void*, Block*> live_;  // allocated blocks by pointer
   std::map<char*, Block*> segment_heads_;   // first block of every segment
+  std::vector<Pending> pending_;            // freed, used on other streams: not yet reusable
   MemoryStats stats_;
   std::size_t limit_ = 0;
   std::size_t n_segments_ = 0;

@@ -69,6 +69,7 @@ void check_device_errors_now(int index) {
   DeviceGuard g(index);
   const cudaStream_t cs = compute_stream(index);
   fetch_device_errors(index, cs);
+  note_host_sync(index);
   ATH_CUDA(cudaStreamSynchronize(cs));
   raise_device_errors(index);
 }

@@ -1,6 +1,7 @@
 #include "backend/cuda/runtime.h"
 
 #include <array>
+#include <atomic>
 #include <cstdio>
 #include <mutex>
 
@@ -157,6 +158,15 @@ Streams& streams(int index) {
 
 cudaStream_t compute_stream(int index) { return streams(index).compute; }
 cudaStream_t copy_stream(int index) { return streams(index).copy; }
+
+namespace {
+std::atomic<std::uint64_t>& sync_counter(int index) {
+  static std::array<std::atomic<std::uint64_t>, 64> all{};
+  return all.at(static_cast<std::size_t>(index));
+}
+}  // namespace
+void note_host_sync(int index) { sync_counter(index).fetch_add(1, std::memory_order_relaxed); }
+std::uint64_t host_sync_count(int index) { return sync_counter(index).load(std::memory_order_relaxed); }
 
 DeviceGuard::DeviceGuard(int index) {
   ATH_CUDA(cudaGetDevice(&prev_));

@@ -14,6 +14,7 @@
 #include <cuda_runtime_api.h>
 
 #include <cstddef>
+#include <cstdint>
 #include <string>
 
 namespace athanor::cuda {
@@ -48,6 +49,12 @@ MemInfo mem_info(int index);
 
 cudaStream_t compute_stream(int index);
 cudaStream_t copy_stream(int index);
+
+// The host synchronisations with cuda:index so far: every device-to-host copy and every
+// stream, event or device synchronize the backend makes counts one (note_host_sync at each).
+// A training step that logs nothing makes none (tests/gpu/test_gpu_train_sync.cpp).
+void note_host_sync(int index);
+std::uint64_t host_sync_count(int index);
 
 // Makes `index` the current device for the scope (restores the previous one).
 class DeviceGuard {
