@@ -22,6 +22,15 @@
 //    duration minus the time of everything recorded inside it on its thread.
 // Self times of all events on a thread sum to the thread's profiled time, which
 // is what the table's "%" column divides by.
+//  - device time (set_device(cuda:i) on the thread that runs the step): every op, node and
+//    span of that thread also records a timing event on the device's compute stream at its
+//    begin and end (core/device_hooks.h: record_mark; never a wait). The pairs are resolved
+//    lazily, when rows(), table() or a trace asks (one wait for the device then, never one
+//    per op): an event's device time is the device time between its two marks, i.e. the
+//    work it queued plus any idle gap while the device waited for the host; its device self
+//    time excludes the events nested in it, so device self times sum to the device time the
+//    profiled thread covered. The table shows both beside the host times; the Chrome trace
+//    adds a "GPU cuda:i" track with the same events at their device times.
 //
 // Cost: when off, every hook is an atomic load, a virtual call and a predictable branch
 // (no clock read). When on, an op, a span or a node costs two steady_clock reads, plus a
@@ -36,6 +45,8 @@
 #include <cstdint>
 #include <string>
 #include <vector>
+
+#include "athanor/core/device.h"
 
 namespace athanor::observe {
 
@@ -68,6 +79,19 @@ struct ProfileRow {
   int64_t calls = 0;
   int64_t total_ns = 0;
   int64_t self_ns = 0;
+  // Device time (set_device): the events of this row that recorded device marks.
+  int64_t device_calls = 0;
+  int64_t device_total_ns = 0;
+  int64_t device_self_ns = 0;
+};
+
+// One event's interval on the device (set_device), for the trace's GPU track.
+struct DeviceProfileEvent {
+  std::string name;
+  std::string category;
+  int device = 0;
+  int64_t begin_ns = 0;  // on the profiler's clock: the first mark's host time + device time since it
+  int64_t dur_ns = 0;
 };
 
 class Profiler {
@@ -78,6 +102,10 @@ class Profiler {
   void stop();
   static bool enabled() { return detail::g_profiler_on.load(std::memory_order_relaxed); }
   void reset();  // forgets everything recorded (keeps the on/off state)
+  // The calling thread's ops, nodes and spans also time the device's work from now on
+  // (a cpu device, the default, turns it off). A build or device without timing marks
+  // records none (the device columns stay empty).
+  void set_device(Device device);
 
   static int64_t now_ns();  // steady clock, since the profiler's origin
 
@@ -88,6 +116,9 @@ class Profiler {
   std::string table(size_t max_rows = 40) const;
   // Sum of all self times = the profiled wall time, per thread, summed over threads.
   int64_t profiled_ns() const;
+  // The sum of the device self times (0 without device timing).
+  int64_t device_profiled_ns() const;
+  std::vector<DeviceProfileEvent> device_events() const;
   // Events kept for the trace (capped at max_trace_events(); aggregates are always complete).
   std::vector<ProfileEvent> events() const;
   size_t dropped_events() const;
