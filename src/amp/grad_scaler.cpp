@@ -132,7 +132,17 @@ int64_t GradScaler::skipped_steps() const {
   return skipped_steps_;
 }
 
+// Counts a call made from outside (the forms call each other: only the outermost counts).
+struct GradScaler::Entry {
+  GradScaler& s;
+  Entry(GradScaler& scaler, int64_t GradScalerCalls::*which) : s(scaler) {
+    if (s.depth_++ == 0) ++(s.calls_.*which);
+  }
+  ~Entry() { --s.depth_; }
+};
+
 Tensor GradScaler::unscale_async(const NamedTensors& named_params) {
+  const Entry entry(*this, &GradScalerCalls::unscale_async);
   ATH_CHECK(!unscaled_, "GradScaler.unscale", "unscale() was already called since the last update()",
             Hint{"call unscale() once per optimizer step (before clipping), then update(found_inf)"});
   // The CUDA gradients go to one multi-tensor kernel; CPU ones (if any) through the host path.
@@ -168,6 +178,7 @@ Tensor GradScaler::unscale_async(const NamedTensors& named_params) {
 }
 
 bool GradScaler::unscale(const NamedTensors& named_params) {
+  const Entry entry(*this, &GradScalerCalls::unscale);
   for (const auto& [name, p] : named_params)  // CUDA gradients: the device path, then its flag read here
     if (p.defined() && p.grad().defined() && !p.grad().device().is_cpu()) return unscale_async(named_params).item<double>() != 0.0;
   ATH_CHECK(!unscaled_, "GradScaler.unscale", "unscale() was already called since the last update()",
@@ -186,6 +197,7 @@ bool GradScaler::unscale(const NamedTensors& named_params) {
 }
 
 bool GradScaler::unscale(const std::vector<Tensor>& params) {
+  const Entry entry(*this, &GradScalerCalls::unscale);
   NamedTensors named;
   named.reserve(params.size());
   for (size_t i = 0; i < params.size(); ++i)
@@ -195,6 +207,7 @@ bool GradScaler::unscale(const std::vector<Tensor>& params) {
 }
 
 void GradScaler::update(const Tensor& found_inf) {
+  const Entry entry(*this, &GradScalerCalls::update_tensor);
   ATH_CHECK(found_inf.defined() && found_inf.numel() == 1, "GradScaler.update", "found_inf must be one element, got ",
             found_inf.defined() ? found_inf.describe() : std::string("undefined"));
   if (found_inf.device().is_cpu() && !dev_scale_.defined()) {
@@ -209,6 +222,7 @@ void GradScaler::update(const Tensor& found_inf) {
 }
 
 void GradScaler::update(bool found_inf) {
+  const Entry entry(*this, &GradScalerCalls::update_bool);
   if (dev_scale_.defined()) {  // the scale lives on the device: update it there
     update(full({}, found_inf ? 1.0 : 0.0, TensorOptions(DType::f32).with_device(dev_scale_.device())));
     return;

@@ -83,7 +83,14 @@ Tensor BatchNorm::forward(const Tensor& x) {
   }
   ATH_CHECK(x.size(1) == weight.size(0), op, "input has ", x.size(1), " channels (dim 1) but the layer has ", weight.size(0),
             "; input ", x.describe(), Hint{"the layer's num_features must equal the channel count (dim 1) of its input"});
-  if (is_training()) num_batches_tracked.fill_(static_cast<double>(num_batches_tracked.item<int64_t>() + 1));
+  if (is_training()) {
+    // Counted on the host: reading the device buffer each forward would stall the step.
+    if (tracked_impl_ != num_batches_tracked.impl() || tracked_version_ != num_batches_tracked.version())
+      tracked_ = num_batches_tracked.item<int64_t>();
+    num_batches_tracked.fill_(static_cast<double>(++tracked_));
+    tracked_impl_ = num_batches_tracked.impl();
+    tracked_version_ = num_batches_tracked.version();
+  }
   if (is_training() && reduce_stats_) return forward_reduced_stats(x);
   return batch_norm(x, running_mean, running_var, weight, bias, is_training(), momentum, eps);
 }

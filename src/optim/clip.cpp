@@ -127,6 +127,14 @@ double grad_norm(const std::vector<Tensor>& params) {
   return std::sqrt(total);
 }
 
+Tensor grad_sum_squares_on_device(const std::vector<Tensor>& params) {
+  const auto d = device_grads(params, "grad_norm");
+  ATH_CHECK(d.has_value(), "grad_norm", "no gradient on a CUDA device",
+            Hint{"grad_sum_squares_on_device is the device form of grad_norm; use grad_norm for CPU gradients"});
+  std::vector<const float*> data(d->data.begin(), d->data.end());
+  return detail::sum_squares_tensor_on_device(d->device, data, d->sizes);
+}
+
 double clip_coefficient(double norm, double max_norm) {
   if (!std::isfinite(norm)) return 1.0;
   return std::min(1.0, max_norm / (norm + 1e-6));

@@ -18,6 +18,8 @@ struct AdamDeviceWork {
   float *m, *v;
   int64_t n;
   cpu::AdamConsts k;
+  double lr = 0;           // the group's (the step guard computes the bias corrections from it)
+  double* step = nullptr;  // the step guard's step count of this parameter (f64, on the device)
 };
 struct SgdDeviceWork {
   float* w;
@@ -25,11 +27,30 @@ struct SgdDeviceWork {
   float* b;  // momentum buffer, or null
   int64_t n;
   cpu::SgdConsts k;
+  double* step = nullptr;  // as in AdamDeviceWork
+};
+// The step guard (Optimizer::set_device_guard): skip (f32, 1 = skip) and the gradient scale
+// (f64) on the device, read by the kernels instead of the host's decision and constants.
+struct DeviceStepGuard {
+  const float* skip = nullptr;
+  const double* grad_scale = nullptr;
 };
 // One launch per run of consecutive tensors with equal constants (one per parameter group
-// and step count in practice). Asynchronous on the device's compute stream.
-void adam_on_device(int device, const std::vector<AdamDeviceWork>& work);
-void sgd_on_device(int device, const std::vector<SgdDeviceWork>& work);
+// and step count in practice). Asynchronous on the device's compute stream. With a guard,
+// each work item's `step` must be set; the counts advance (unless skipped) after the update.
+void adam_on_device(int device, const std::vector<AdamDeviceWork>& work, const DeviceStepGuard* guard = nullptr,
+                    double beta1 = 0, double beta2 = 0);
+void sgd_on_device(int device, const std::vector<SgdDeviceWork>& work, const DeviceStepGuard* guard = nullptr);
+// *steps[i] += 1 unless *skip (the optimizer's total count with the parameters').
+void advance_steps_on_device(int device, const std::vector<double*>& steps, const float* skip);
+// Σ g² as above, left on the device: a 1-element f64 tensor (no host read).
+Tensor sum_squares_tensor_on_device(int device, const std::vector<const float*>& grads, const std::vector<int64_t>& sizes);
+// The trainer's skip decision on the device (backend/cuda/amp.h: step_guard): from Σ g²
+// (sum_squares_tensor_on_device), GradScaler's found_inf and the step's loss (f32, 1 element;
+// either may be undefined) into skip (f32, 1 element) and out (f64 [3]: the clip coefficient
+// to fold, the norm, the skipped-step count it adds to).
+void step_guard_on_device(const Tensor& sumsq, const Tensor& found_inf, const Tensor& loss, double max_norm,
+                          const Tensor& skip, const Tensor& out);
 // Σ g² over the f32 gradients (device pointers) in f64, in a fixed order; reads back the one
 // double (the step's single host sync, for the norm the caller returns and logs).
 double sum_squares_on_device(int device, const std::vector<const float*>& grads, const std::vector<int64_t>& sizes);

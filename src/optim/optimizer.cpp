@@ -7,6 +7,7 @@
 #include "athanor/core/error.h"
 #include "athanor/ops/autocast.h"
 #include "ops/packed_weights.h"
+#include "optim/device_update.h"
 #include "optim/fused_update.h"
 
 namespace athanor::optim {
@@ -154,7 +155,71 @@ NamedTensors Optimizer::state_tensors() const {
   return out;
 }
 
+int64_t Optimizer::steps() const {
+  pull_device_steps();
+  return steps_;
+}
+
+void Optimizer::set_device_guard(const Tensor& skip, const Tensor& grad_scale) {
+  if (!skip.defined()) {
+    pull_device_steps();
+    device_steps_.clear();
+    guard_skip_ = Tensor();
+    guard_scale_ = Tensor();
+    return;
+  }
+  ATH_CHECK(steps_on_cuda(), "optimizer", "the ", name(), " optimizer has no device step guard",
+            Hint{"the step guard is for adamw, adam and sgd over CUDA parameters"});
+  ATH_CHECK(!skip.device().is_cpu() && skip.dtype() == DType::f32 && skip.numel() == 1 && grad_scale.defined() &&
+                grad_scale.device() == skip.device() && grad_scale.dtype() == DType::f64 && grad_scale.numel() == 1 &&
+                skip.is_contiguous() && grad_scale.is_contiguous(),
+            "optimizer", "the device step guard takes skip (f32, 1 element) and grad_scale (f64, 1 element) on one CUDA "
+            "device, got ", skip.describe(), " and ", grad_scale.defined() ? grad_scale.describe() : std::string("undefined"),
+            Hint{"make them with optim::detail::step_guard_on_device's outputs"});
+  guard_skip_ = skip;
+  guard_scale_ = grad_scale;
+}
+
+const float* Optimizer::guard_skip() const {
+  return guard_skip_.defined() ? static_cast<const float*>(guard_skip_.device_data()) : nullptr;
+}
+const double* Optimizer::guard_grad_scale() const {
+  return guard_scale_.defined() ? static_cast<const double*>(guard_scale_.device_data()) : nullptr;
+}
+
+double* Optimizer::device_step(const std::string& name, const Tensor& like) {
+  if (!guard_skip_.defined() || like.device().is_cpu()) return nullptr;
+  ATH_CHECK(like.device() == guard_skip_.device(), "optimizer", "parameter '", name, "' is on ", like.device().str(),
+            " but the step guard on ", guard_skip_.device().str(), Hint{"one device per optimizer"});
+  Tensor& t = device_steps_[name];
+  if (!t.defined())
+    t = full({1}, static_cast<double>(param_steps_[name]),
+             TensorOptions(DType::f64).with_device(like.device()).with_tag(MemTag::other));
+  double* p = static_cast<double*>(t.device_data());
+  stepped_.push_back(p);
+  return p;
+}
+
+void Optimizer::advance_device_steps(int device) {
+  if (!guard_skip_.defined()) return;
+  Tensor& total = device_steps_[""];
+  if (!total.defined())
+    total = full({1}, static_cast<double>(steps_), TensorOptions(DType::f64).with_device(guard_skip_.device()).with_tag(MemTag::other));
+  stepped_.push_back(static_cast<double*>(total.device_data()));
+  detail::advance_steps_on_device(device, stepped_, guard_skip());
+  stepped_.clear();
+}
+
+void Optimizer::pull_device_steps() const {
+  for (const auto& [name, t] : device_steps_) {
+    const auto n = static_cast<int64_t>(t.item<double>());
+    if (name.empty()) steps_ = n;
+    else param_steps_[name] = n;
+  }
+}
+
 std::map<std::string, double> Optimizer::state_scalars() const {
+  pull_device_steps();
   std::map<std::string, double> out{{"steps", static_cast<double>(steps_)}};
   for (const auto& [name, n] : param_steps_) out["step." + name] = static_cast<double>(n);
   for (const auto& g : groups_) out["lr." + g.name] = g.lr;
@@ -189,6 +254,8 @@ void Optimizer::load_state(const NamedTensors& tensors, const std::map<std::stri
       for (auto& g : groups_)
         if (g.name == k.substr(3)) g.lr = v;
   }
+  for (auto& [name, t] : device_steps_)  // a guarded optimizer counts on the device
+    t.fill_(static_cast<double>(name.empty() ? steps_ : param_steps_[name]));
 }
 
 }  // namespace athanor::optim

@@ -59,6 +59,7 @@ class SGD final : public Optimizer {
     // f32 parameters in one multi-tensor pass (see over_all_chunks), f64 ones per tensor.
     work_.clear(), sizes_.clear(), published_.clear(), device_work_.clear();
     for_each_param([&](ParamGroup& g, const std::string& name, Tensor& p, const Tensor& grad) {
+      double* dstep = device_step(name, p);  // guarded: the count on the device decides `first`
       const bool first = param_step(name)++ == 0;
       Tensor buf = o_.momentum != 0 ? state(name, "momentum_buffer", p) : Tensor();
       if (p.dtype() == DType::f32) {
@@ -67,7 +68,7 @@ class SGD final : public Optimizer {
                                   static_cast<float>(o_.momentum), 1.0f - damp, o_.nesterov, first, grad_scale()};
         if (!p.device().is_cpu()) {  // the device's multi-tensor pass (after the loop)
           device_work_.push_back({static_cast<float*>(p.device_data()), static_cast<const float*>(grad.device_data()),
-                                  buf.defined() ? static_cast<float*>(buf.device_data()) : nullptr, p.numel(), k});
+                                  buf.defined() ? static_cast<float*>(buf.device_data()) : nullptr, p.numel(), k, dstep});
           device_ = p.device().index;
           return;
         }
@@ -91,7 +92,11 @@ class SGD final : public Optimizer {
       detail::sgd_f32(w.w + begin, w.g + begin, w.b ? w.b + begin : nullptr, end - begin, w.k,
                       w.copy ? w.copy + begin * csize : nullptr, cd);
     });
-    if (!device_work_.empty()) detail::sgd_on_device(device_, device_work_);
+    if (!device_work_.empty()) {
+      const detail::DeviceStepGuard guard{guard_skip(), guard_grad_scale()};
+      detail::sgd_on_device(device_, device_work_, guard.skip ? &guard : nullptr);
+      advance_device_steps(device_);
+    }
     for (const auto& [name, p] : published_) publish_copy(*name, p);
     refresh_packed_weights();
     ++steps_;
@@ -183,6 +188,7 @@ class Adam final : public Optimizer {
     // (gradchecks, tests) keep a loop per tensor.
     work_.clear(), sizes_.clear(), published_.clear(), device_work_.clear();
     for_each_param([&](ParamGroup& g, const std::string& name, Tensor& p, const Tensor& grad) {
+      double* dstep = device_step(name, p);  // guarded: the bias corrections come from the device's count
       const int64_t t = ++param_step(name);
       Tensor m = state(name, "exp_avg", p), v = state(name, "exp_avg_sq", p);
       const double bc1 = 1.0 - std::pow(o_.beta1, static_cast<double>(t));  // bias corrections
@@ -196,7 +202,8 @@ class Adam final : public Optimizer {
                                    grad_scale()};
         if (!p.device().is_cpu()) {  // the device's multi-tensor pass (after the loop)
           device_work_.push_back({static_cast<float*>(p.device_data()), static_cast<const float*>(grad.device_data()),
-                                  static_cast<float*>(m.device_data()), static_cast<float*>(v.device_data()), p.numel(), k});
+                                  static_cast<float*>(m.device_data()), static_cast<float*>(v.device_data()), p.numel(), k,
+                                  g.lr, dstep});
           device_ = p.device().index;
           return;
         }
@@ -226,7 +233,11 @@ class Adam final : public Optimizer {
       detail::adam_f32(w.w + begin, w.g + begin, w.m + begin, w.v + begin, end - begin, w.k,
                        w.copy ? w.copy + begin * csize : nullptr, cd);
     });
-    if (!device_work_.empty()) detail::adam_on_device(device_, device_work_);
+    if (!device_work_.empty()) {
+      const detail::DeviceStepGuard guard{guard_skip(), guard_grad_scale()};
+      detail::adam_on_device(device_, device_work_, guard.skip ? &guard : nullptr, o_.beta1, o_.beta2);
+      advance_device_steps(device_);
+    }
     for (const auto& [name, p] : published_) publish_copy(*name, p);
     refresh_packed_weights();
     ++steps_;

@@ -38,6 +38,7 @@ LrFindResult lr_find(const Config& config, const LrFindOptions& o, const std::fu
   c.set("trainer.eval_every", int64_t{0});
   c.set("health.nonfinite_policy", std::string("skip"));  // a non-finite loss ends the test, not the program
   c.set("health.diagnose_nonfinite", false);
+  c.set("trainer.log_every", int64_t{1});  // each step's loss is read (a GPU step reads it only when logged)
   c.set("observe.layer_stats", false);
   c.set("resume", std::string("off"));
   LrFindResult r;

@@ -75,6 +75,16 @@ class MicroBatchLoop final : public StepPipeline {
     losses_.clear();
   }
 
+  Tensor loss_on_device() const override {
+    NoGradGuard ng;
+    Tensor total;
+    for (const auto& [loss, weight] : losses_) {
+      Tensor t = mul(loss.dtype() == DType::f32 ? loss : loss.to(DType::f32), weight);
+      total = total.defined() ? add(total, t) : t;
+    }
+    return total.defined() ? total.reshape({1}) : total;
+  }
+
   void finish_backward(observe::StepMetrics& m) override {
     if (!p_.dp) return;
     const double tc = now_seconds();

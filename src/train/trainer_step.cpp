@@ -9,6 +9,7 @@
 #include <filesystem>
 #include <fstream>
 #include <iomanip>
+#include <limits>
 #include <map>
 #include <mutex>
 #include <optional>
@@ -28,6 +29,7 @@
 #include "athanor/train/trainer.h"
 #include "backend/cpu/cpu_peak.h"
 #include "backend/cpu/isa.h"
+#include "optim/device_update.h"
 #include "train/batch_feed.h"
 #include "train/device_runtime.h"
 #include "train/step_observer.h"
@@ -127,7 +129,6 @@ bool Trainer::train_step() {
   StepMetrics m;
   m.step = step_ + 1;
   m.lr = scheduler_->lr();
-  m.loss_scale = scaler_->enabled() ? scaler_->get_scale() : 0;
 
   // The step's micro-batches first (the loss weights need the total target count): on the
   // device already when the previous step prefetched them (batch_feed.h).
@@ -152,6 +153,15 @@ bool Trainer::train_step() {
   const bool whole_layers = par_->tp_size() == 1 && par_->pp_size() == 1;
   const bool stats = write_files_ && whole_layers &&
                      (step_observer_->stats_step(m.step, max_steps_) || config_.get_bool("observe.layer_norms"));
+  // One GPU, no parallelism, an optimizer with CUDA kernels: the update is guarded on the
+  // device and only a logged step reads anything back (guarded_update, below).
+  const bool guarded = !device_.is_cpu() && !dp_ && whole_layers && par_->pp_size() == 1 && optimizer_ &&
+                       (optimizer_->name() == "adamw" || optimizer_->name() == "adam" || optimizer_->name() == "sgd") &&
+                       config_.get_float("optimizer.clip_value") <= 0 && nonfinite_policy() != "rollback";
+  const bool read_back = !guarded || periodic || stats;
+  step_deferred_ = !read_back;
+  if (!guarded && optimizer_ && optimizer_->device_guarded()) optimizer_->set_device_guard(Tensor(), Tensor());
+  m.loss_scale = scaler_->enabled() && read_back ? scaler_->get_scale() : 0;  // the scale this step's backward uses
   activations_out_ = stats ? &m.activations : nullptr;
   observe_window_ = stats || (write_files_ && whole_layers && step_observer_->dead_window_step(m.step, max_steps_));
   if (observe_window_) step_pipeline_->observe_next_first_forward(step_observer_->observer(activations_out_));
@@ -172,77 +182,91 @@ bool Trainer::train_step() {
   const auto named = model.named_parameters();
   std::vector<Tensor> params;
   for (const auto& [n, p] : named) params.push_back(p);
-  // f16: unscale first (clipping needs true gradients). bf16/f32: the (finite) gradient norm
-  // below is the check; only a non-finite step pays a pass to name the bad parameters.
-  bool found_inf = false;
-  if (scaler_->enabled()) {
-    found_inf = scaler_->unscale(named);
-    m.nonfinite_params = scaler_->nonfinite_params();
-  }
-  // Pre-clip per-layer norms; the weights are kept to measure this step's update.
-  if (stats) step_observer_->before_update(named, m, /*keep_weights=*/true, step_observer_->histogram_step(m.step, max_steps_));
-  if (!whole_layers && config_.get_bool("observe.layer_norms")) {  // every rank: tensor parallelism sums over tp
-    for (const auto& [n, p] : named)
-      m.layers.push_back({n, p.grad().defined() ? l2_norm(p.grad()) : 0.0, l2_norm(p)});
-    if (const auto* specs = par_->tp_specs()) {  // a shard's norm is part of its logical tensor's: sum the squares over tp
-      std::vector<double> sq;
-      for (size_t i = 0; i < named.size(); ++i) {
-        const bool sharded = dist::spec_of(*specs, named[i].first).sharded();
-        sq.push_back(sharded ? m.layers[i].grad_norm * m.layers[i].grad_norm : 0.0);
-        sq.push_back(sharded ? m.layers[i].param_norm * m.layers[i].param_norm : 0.0);
-      }
-      Tensor t = from_vector(sq, {static_cast<int64_t>(sq.size())}, TensorOptions(DType::f64));
-      par_->tp_group()->all_reduce(t);
-      const std::vector<double> total = t.to_vector();
-      for (size_t i = 0; i < named.size(); ++i)
-        if (dist::spec_of(*specs, named[i].first).sharded()) {
-          m.layers[i].grad_norm = std::sqrt(total[2 * i]);
-          m.layers[i].param_norm = std::sqrt(total[2 * i + 1]);
-        }
-    }
-  }
-  const double clip = config_.get_float("optimizer.grad_clip");
-  if (!found_inf && config_.get_float("optimizer.clip_value") > 0)
-    optim::clip_grad_value(params, config_.get_float("optimizer.clip_value"));
-  // Without data parallelism the clip coefficient is folded into the optimizer's update
-  // (scale_grads_in_next_step, below): the same bits, one pass over the gradients fewer.
-  // Spans inside "optimizer": where its time goes (the MLP's SGD step: the update ~3/4, the
-  // gradient norm ~1/4; both wait on lines the backward left in the other core's cache).
-  {
-    observe::ProfileSpan span("grad_norm");
-    if (dp_) m.grad_norm = clip > 0 ? dp_->clip_grad_norm(clip) : dp_->grad_norm();  // global norm over all shards
-    else m.grad_norm = optim::grad_norm(params);
-  }
-  // The step's host sync: the norm above waited for the device (the update is guarded by it).
-  // The loss, kept on the device through the step, is read now, with nothing left to wait for.
-  if (!dp_) step_pipeline_->read_loss(m);
-  m.loss_nonfinite = !std::isfinite(m.loss);
-  found_inf = any_rank(found_inf || m.loss_nonfinite);  // every rank takes the same branch
-  found_inf = found_inf || !std::isfinite(m.grad_norm);
-  if (found_inf && !scaler_->enabled()) {
-    scaler_->unscale(named);  // disabled: divides by nothing, records the names
-    m.nonfinite_params = scaler_->nonfinite_params();
-  }
-  m.grad_norm_clipped = clip > 0 && m.grad_norm > clip ? clip : m.grad_norm;
-  // An exploding step gets per-layer norms too, to name the layer (the gradients are
-  // still unclipped without data parallelism).
-  if (!stats && write_files_ && !dp_ && config_.get_bool("observe.layer_stats") && health_monitor_->wants_layer_detail(m.grad_norm))
-    step_observer_->before_update(named, m, /*keep_weights=*/false, /*histograms=*/false);
-
   bool rolled_back = false;
   auto zero_grad = [&] { dp_ ? dp_->zero_grad() : optimizer_->zero_grad(); };
-  if (!found_inf) {
-    if (const double coef = optim::clip_coefficient(m.grad_norm, clip); !dp_ && clip > 0 && coef < 1.0)
-      optimizer_->scale_grads_in_next_step(coef);
-    observe::ProfileSpan span("optimizer_step");
-    if (dp_) dp_->step();  // owned parameters, then (ZeRO >= 1) all-gathered
-    else optimizer_->step();
-    scaler_->update(false);
+  if (guarded) {
+    rolled_back = guarded_update(batches, rng_at_start, m, named, params, read_back, stats);
   } else {
-    m.skipped = true;
-    ++skipped_;
-    scaler_->update(true);
-    rolled_back = handle_nonfinite(batches, rng_at_start, m);  // may throw (policy stop)
+    // f16: unscale first (clipping needs true gradients). bf16/f32: the (finite) gradient norm
+    // below is the check; only a non-finite step pays a pass to name the bad parameters.
+    // The scaler's no-sync forms, as the guarded step uses them: on the CPU reading their flag
+    // costs nothing; with data parallelism on a GPU it is the read the branch below needs anyway.
+    bool found_inf = false;
+    Tensor found;
+    if (scaler_->enabled()) {
+      found = scaler_->unscale_async(named);
+      found_inf = found.item<double>() != 0.0;
+      m.nonfinite_params = scaler_->nonfinite_params();
+    }
+    // Pre-clip per-layer norms; the weights are kept to measure this step's update.
+    if (stats) step_observer_->before_update(named, m, /*keep_weights=*/true, step_observer_->histogram_step(m.step, max_steps_));
+    if (!whole_layers && config_.get_bool("observe.layer_norms")) {  // every rank: tensor parallelism sums over tp
+      for (const auto& [n, p] : named)
+        m.layers.push_back({n, p.grad().defined() ? l2_norm(p.grad()) : 0.0, l2_norm(p)});
+      if (const auto* specs = par_->tp_specs()) {  // a shard's norm is part of its logical tensor's: sum the squares over tp
+        std::vector<double> sq;
+        for (size_t i = 0; i < named.size(); ++i) {
+          const bool sharded = dist::spec_of(*specs, named[i].first).sharded();
+          sq.push_back(sharded ? m.layers[i].grad_norm * m.layers[i].grad_norm : 0.0);
+          sq.push_back(sharded ? m.layers[i].param_norm * m.layers[i].param_norm : 0.0);
+        }
+        Tensor t = from_vector(sq, {static_cast<int64_t>(sq.size())}, TensorOptions(DType::f64));
+        par_->tp_group()->all_reduce(t);
+        const std::vector<double> total = t.to_vector();
+        for (size_t i = 0; i < named.size(); ++i)
+          if (dist::spec_of(*specs, named[i].first).sharded()) {
+            m.layers[i].grad_norm = std::sqrt(total[2 * i]);
+            m.layers[i].param_norm = std::sqrt(total[2 * i + 1]);
+          }
+      }
+    }
+    const double clip = config_.get_float("optimizer.grad_clip");
+    if (!found_inf && config_.get_float("optimizer.clip_value") > 0)
+      optim::clip_grad_value(params, config_.get_float("optimizer.clip_value"));
+    // Without data parallelism the clip coefficient is folded into the optimizer's update
+    // (scale_grads_in_next_step, below): the same bits, one pass over the gradients fewer.
+    // Spans inside "optimizer": where its time goes (the MLP's SGD step: the update ~3/4, the
+    // gradient norm ~1/4; both wait on lines the backward left in the other core's cache).
+    {
+      observe::ProfileSpan span("grad_norm");
+      if (dp_) m.grad_norm = clip > 0 ? dp_->clip_grad_norm(clip) : dp_->grad_norm();  // global norm over all shards
+      else m.grad_norm = optim::grad_norm(params);
+    }
+    // The step's host sync: the norm above waited for the device (the update is guarded by it).
+    // The loss, kept on the device through the step, is read now, with nothing left to wait for.
+    if (!dp_) step_pipeline_->read_loss(m);
+    m.loss_nonfinite = !std::isfinite(m.loss);
+    found_inf = any_rank(found_inf || m.loss_nonfinite);  // every rank takes the same branch
+    found_inf = found_inf || !std::isfinite(m.grad_norm);
+    if (found_inf && !scaler_->enabled()) {
+      scaler_->unscale(named);  // disabled: divides by nothing, records the names
+      m.nonfinite_params = scaler_->nonfinite_params();
+    }
+    m.grad_norm_clipped = clip > 0 && m.grad_norm > clip ? clip : m.grad_norm;
+    // An exploding step gets per-layer norms too, to name the layer (the gradients are
+    // still unclipped without data parallelism).
+    if (!stats && write_files_ && !dp_ && config_.get_bool("observe.layer_stats") && health_monitor_->wants_layer_detail(m.grad_norm))
+      step_observer_->before_update(named, m, /*keep_weights=*/false, /*histograms=*/false);
+
+    if (!found_inf) {
+      if (const double coef = optim::clip_coefficient(m.grad_norm, clip); !dp_ && clip > 0 && coef < 1.0)
+        optimizer_->scale_grads_in_next_step(coef);
+      observe::ProfileSpan span("optimizer_step");
+      if (dp_) dp_->step();  // owned parameters, then (ZeRO >= 1) all-gathered
+      else optimizer_->step();
+      if (found.defined()) scaler_->update(found);  // 0: no gradient overflowed
+      else scaler_->update(false);
+    } else {
+      m.skipped = true;
+      ++skipped_;
+      if (found.defined()) {  // a non-finite loss or norm backs off too
+        if (found.item<double>() == 0.0) found.fill_(1.0);
+        scaler_->update(found);
+      } else {
+        scaler_->update(true);
+      }
+      rolled_back = handle_nonfinite(batches, rng_at_start, m);  // may throw (policy stop)
+    }
   }
   if (rolled_back) {  // the state is the checkpoint's now: this step never happened
     zero_grad();
@@ -277,8 +301,9 @@ bool Trainer::train_step() {
   history_.back().histograms.clear();  // TensorBoard's; the history keeps the scalars
   log_step(m);
   if (!memory_reported_) memory_report(m);
-  // The batch's sample ids go into an event's details; formatted only when one fires.
-  for (auto& e : health_monitor_->check(m)) {
+  // The batch's sample ids go into an event's details; formatted only when one fires. A
+  // guarded step that read nothing back (guarded_update) has nothing to check.
+  for (auto& e : step_deferred_ ? std::vector<observe::HealthEvent>{} : health_monitor_->check(m)) {
     // The non-finite policy already reported this step's skip.
     if (!health_.empty() && health_.back().step == e.step && health_.back().kind == e.kind) continue;
     // Events about this one step name its samples (a bad batch can cause them).
@@ -297,8 +322,91 @@ bool Trainer::train_step() {
     write_pipeline_timeline(m.step);
   write_rank_memory(mem, m.step == max_steps_);
   for (auto& cb : callbacks_) cb->on_step(m);
-  for (auto& s : sinks_) s->on_step(m);
+  if (!step_deferred_)  // a guarded step's loss and norm are on the device (guarded_update): TensorBoard skips it
+    for (auto& s : sinks_) s->on_step(m);
   return true;
+}
+
+// The update on one GPU with no host read (DESIGN.md "GPUs": a step issues no host
+// synchronisation). The CPU's decision (trainer_step above: skip on a non-finite loss, grad
+// norm or f16 overflow; clip by norm folded into the update) is made on the device
+// (optim::detail::step_guard_on_device) and consumed there by the optimizer's kernels
+// (Optimizer::set_device_guard): a skipped step changes no weight, state or step count, as on
+// the CPU. GradScaler runs its no-sync forms (unscale_async, update(found_inf)) and backs off
+// on the same decision. Only a logged step (read_back) reads the loss, the norm and the
+// flags. So on the steps between two logged ones the host does not know the loss, the norm
+// or whether the step was skipped: the skipped-step count (skipped_steps(), metrics'
+// skipped_total), the health checks and the non-finite policy lag to the next logged step,
+// which reports the skips since the last one (health.nonfinite_policy=stop stops there: the
+// skipped steps changed nothing but the schedule and the data position). Only a skipped
+// logged step is diagnosed (its batches are at hand). Returns whether the state was rolled
+// back (never: rollback keeps the per-step read, see train_step).
+bool Trainer::guarded_update(const std::vector<data::Batch>& batches, const GeneratorState& rng_at_start,
+                             StepMetrics& m, const optim::NamedTensors& named, const std::vector<Tensor>& params,
+                             bool read_back, bool stats) {
+  Tensor found;  // f16: GradScaler's overflow flag, on the device
+  if (scaler_->enabled()) found = scaler_->unscale_async(named);
+  if (stats) step_observer_->before_update(named, m, /*keep_weights=*/true, step_observer_->histogram_step(m.step, max_steps_));
+  const double clip = config_.get_float("optimizer.grad_clip");
+  Tensor sumsq;
+  {
+    observe::ProfileSpan span("grad_norm");
+    sumsq = optim::grad_sum_squares_on_device(params);
+  }
+  if (!guard_skip_.defined() || guard_skip_.device() != device_) {
+    guard_skip_ = zeros({1}, TensorOptions(DType::f32).with_device(device_).with_tag(MemTag::other));
+    guard_out_ = zeros({3}, TensorOptions(DType::f64).with_device(device_).with_tag(MemTag::other));
+    guard_skipped_read_ = 0;
+  }
+  if (!optimizer_->device_guarded()) optimizer_->set_device_guard(guard_skip_, make_view(guard_out_, {1}, {1}, 0));
+  optim::detail::step_guard_on_device(sumsq, found, step_pipeline_->loss_on_device(), clip, guard_skip_, guard_out_);
+  {
+    observe::ProfileSpan span("optimizer_step");
+    optimizer_->step();  // a no-op on the device when guard_skip_ says so
+  }
+  if (scaler_->enabled()) scaler_->update(guard_skip_);
+  if (!read_back) {  // nothing is known on the host: see above
+    m.loss = m.grad_norm = m.grad_norm_clipped = std::numeric_limits<double>::quiet_NaN();
+    return false;
+  }
+  // The logged step's reads: the guard's record (which waits for the whole step), then the
+  // flag and the losses, with nothing left to wait for.
+  const std::vector<double> out = guard_out_.to_vector();
+  const bool skipped_now = guard_skip_.item<double>() != 0.0;
+  step_pipeline_->read_loss(m);
+  m.loss_nonfinite = !std::isfinite(m.loss);
+  m.grad_norm = out[1];
+  m.grad_norm_clipped = clip > 0 && m.grad_norm > clip ? clip : m.grad_norm;
+  const auto skipped_total = static_cast<int64_t>(out[2]);
+  const int64_t earlier = skipped_total - guard_skipped_read_ - (skipped_now ? 1 : 0);  // unlogged steps skipped
+  guard_skipped_read_ = skipped_total;
+  skipped_ += earlier;
+  if (earlier > 0) {
+    observe::HealthEvent e;
+    e.step = m.step;
+    e.kind = "skipped_step";
+    e.severity = "warning";
+    e.message = std::to_string(earlier) + " step(s) before step " + std::to_string(m.step) +
+                " (since the last logged one) had a non-finite loss or gradients and were skipped on the device";
+    e.suggestions = {"set trainer.log_every=1 to find the step (the GPU step reads its flags only on logged steps)"};
+    emit_health(e);
+    if (!scaler_->enabled() && nonfinite_policy() == "stop")
+      ATH_FAIL("trainer", e.message, Hint{"lower optimizer.lr, add warmup or optimizer.grad_clip, set "
+                                          "health.nonfinite_policy=skip, or trainer.log_every=1 to stop at the step itself"});
+  }
+  if (skipped_now && !scaler_->enabled()) {
+    scaler_->unscale(named);  // disabled: divides by nothing, records the names
+    m.nonfinite_params = scaler_->nonfinite_params();
+    scaler_->update(true);
+  } else if (scaler_->enabled() && skipped_now) {
+    m.nonfinite_params = scaler_->nonfinite_params();
+  }
+  if (!stats && write_files_ && config_.get_bool("observe.layer_stats") && health_monitor_->wants_layer_detail(m.grad_norm))
+    step_observer_->before_update(named, m, /*keep_weights=*/false, /*histograms=*/false);  // after the update: post-step
+  if (!skipped_now) return false;
+  m.skipped = true;
+  ++skipped_;
+  return handle_nonfinite(batches, rng_at_start, m);  // may throw (policy stop)
 }
 
 void Trainer::profile_window(int64_t step, bool at_start) {
@@ -307,6 +415,7 @@ void Trainer::profile_window(int64_t step, bool at_start) {
   auto& prof = observe::Profiler::instance();
   if (at_start && step == first) {
     prof.reset();
+    prof.set_device(device_);  // on cuda: each op's device time too (CUDA events, resolved by table())
     prof.start();
   } else if (!at_start && (step == last || (step == max_steps_ && step >= first && step < last))) {
     prof.stop();
@@ -391,6 +500,7 @@ void Trainer::memory_report(const StepMetrics& m) {
 }
 
 void Trainer::log_step(const StepMetrics& m) {
+  if (step_deferred_) return;  // its loss and norm are still on the device (guarded_update)
   const int64_t every = std::max<int64_t>(1, config_.get_int("trainer.log_every"));
   const bool periodic = m.step % every == 0 || m.step == max_steps_ || m.step == 1;
   if (write_files_ && (periodic || m.skipped)) files_->append_metrics(observe::to_json(m));

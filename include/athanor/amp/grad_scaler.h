@@ -46,6 +46,10 @@ struct GradScalerOptions {
   double max_scale = 16777216.0 * 16777216.0;  // 2^48
 };
 
+struct GradScalerCalls {
+  int64_t unscale = 0, unscale_async = 0, update_bool = 0, update_tensor = 0;
+};
+
 class GradScaler {
  public:
   using NamedTensors = std::vector<std::pair<std::string, Tensor>>;
@@ -83,6 +87,10 @@ class GradScaler {
   bool last_step_skipped() const;
   int64_t skipped_steps() const;
 
+  // How often each form was called from outside (a form calling another counts once): the
+  // trainer's step must use the no-sync forms (tests/train).
+  const GradScalerCalls& calls() const { return calls_; }
+
   // {"scale", "growth_tracker"} as 0-D f64 tensors (safetensors-compatible keys).
   NamedTensors state_dict() const;
   void load_state_dict(const NamedTensors& state);
@@ -103,6 +111,9 @@ class GradScaler {
   // Device state: scale (0-d f32), counters (f64 [2]: growth tracker, skipped steps), and what
   // is read back lazily: the last loss, found_inf and per-gradient flags with their names.
   Tensor dev_scale_, dev_counters_;
+  struct Entry;
+  GradScalerCalls calls_;
+  int depth_ = 0;
   mutable Tensor pending_loss_, pending_found_, pending_flags_;
   mutable std::vector<std::string> pending_names_;
 };

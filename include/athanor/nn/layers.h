@@ -83,6 +83,12 @@ class BatchNorm : public UnaryModule {
  private:
   Tensor forward_reduced_stats(const Tensor& x);  // training with reduce_stats_
   BatchStatsReducer reduce_stats_;
+  // num_batches_tracked's value as this layer last wrote it, with the tensor and version it
+  // wrote: a forward on a device counts with a fill (no host read) unless something else
+  // wrote the buffer since (a checkpoint load, Module::to), which is read once.
+  int64_t tracked_ = 0;
+  const void* tracked_impl_ = nullptr;
+  uint64_t tracked_version_ = 0;
 };
 std::shared_ptr<BatchNorm> BatchNorm1d(int64_t num_features, double eps = 1e-5, double momentum = 0.1);
 std::shared_ptr<BatchNorm> BatchNorm2d(int64_t num_features, double eps = 1e-5, double momentum = 0.1);

@@ -52,7 +52,19 @@ class Optimizer {
   void scale_grads_in_next_step(double coef);
   std::vector<ParamGroup>& param_groups() { return groups_; }
   const std::vector<ParamGroup>& param_groups() const { return groups_; }
-  int64_t steps() const { return steps_; }
+  int64_t steps() const;  // a guarded step's count is the device's (read back: a host sync)
+
+  // The step guarded on the device (CUDA parameters: the trainer's step with no host read).
+  // From now on step() takes the decision and the clip coefficient from the device: `skip`
+  // (f32, 1 element, 1 = skip) and `grad_scale` (f64, 1 element: the gradient scale to fold
+  // in, 1 = none), both written by work queued before step() (optim/device_update.h:
+  // step_guard_on_device). A skipped step leaves the weights, the state and the step counts
+  // (the optimizer's and each parameter's) unchanged on the device, exactly as the CPU's
+  // skipped step (no step() call); the counts live on the device then, and steps() and
+  // state_scalars() read them back. Only Adam, AdamW and SGD (the optimizers with CUDA
+  // kernels) take it; undefined tensors turn it off (reading the counts back).
+  void set_device_guard(const Tensor& skip, const Tensor& grad_scale);
+  bool device_guarded() const { return guard_skip_.defined(); }
 
   // State under logical names "<state>.<param name>" (f32 tensors), and scalars.
   NamedTensors state_tensors() const;
@@ -83,7 +95,7 @@ class Optimizer {
   // Calls fn(group, name, param, grad) for every parameter with a gradient; checks dtypes.
   void for_each_param(const std::function<void(ParamGroup&, const std::string&, Tensor&, const Tensor&)>& fn);
   std::vector<ParamGroup> groups_;
-  int64_t steps_ = 0;
+  mutable int64_t steps_ = 0;  // mutable: refreshed from the device's count when read (device guard)
 
   // Low-precision copies (see enable_low_precision_copies): the buffer that receives
   // parameter `name`'s copy (allocated on first use), or null when copies are off or
@@ -104,14 +116,27 @@ class Optimizer {
   // values: the packed weight copies that GEMMs asked for (src/ops/packed_weights.h)
   // are rewritten from them.
   void refresh_packed_weights();
+  // With a device guard: parameter `name`'s step count on the device (f64, made from the
+  // host's count on first use), queued to advance after this step's update unless skipped;
+  // null without a guard. Call it before the host count's increment.
+  double* device_step(const std::string& name, const Tensor& like);
+  const float* guard_skip() const;
+  const double* guard_grad_scale() const;
+  // Queues this step's advance of the device counts (the parameters' and the total) on
+  // `device`; call it after the update kernels, before ++steps_. Nothing without a guard.
+  void advance_device_steps(int device);
 
  private:
+  void pull_device_steps() const;  // the device counts into steps_ / param_steps_ (a host read)
+  Tensor guard_skip_, guard_scale_;
+  std::map<std::string, Tensor> device_steps_;  // "" : the optimizer's total
+  std::vector<double*> stepped_;                // this step's parameter counters
   DType copy_dtype_ = DType::f32;
   double grad_scale_ = 1.0;
   std::map<std::string, Tensor> copies_;  // param -> its low-precision copy
   std::vector<Tensor> written_;           // refresh_packed_weights' list, capacity kept
   std::map<std::string, std::map<std::string, Tensor>> state_;  // param -> state name -> tensor
-  std::map<std::string, int64_t> param_steps_;
+  mutable std::map<std::string, int64_t> param_steps_;
 };
 
 struct SgdOptions { double momentum = 0, dampening = 0; bool nesterov = false; };

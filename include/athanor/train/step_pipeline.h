@@ -46,6 +46,10 @@ class StepPipeline {
   // here, once per step, after the trainer's one host sync (the gradient norm): no micro-batch
   // waits for the device. A pipeline schedule has already added it (the loss crosses ranks).
   virtual void read_loss(observe::StepMetrics& m) { (void)m; }
+  // The same sum left on the model's device, as a 1-element f32 tensor, without reading
+  // anything (the guarded step's non-finite check; read_loss still reads the exact sum).
+  // Undefined where the loss is not kept (a pipeline schedule).
+  virtual Tensor loss_on_device() const { return Tensor(); }
   // The last step's per-action clocks on this rank (pipeline schedules; empty otherwise).
   virtual const std::vector<dist::TimelineEvent>& timeline() const;
   // An observer of the next step's first forward (per-layer activation statistics,

@@ -13,6 +13,13 @@
 //   scaler.update(found_inf); scheduler.step(); zero_grad()   (the schedule counts step attempts)
 //
 // so no user can get the order wrong. Parameters, gradients and optimizer state stay f32.
+//
+// On one GPU (trainer.device cuda, no dp/tp/pp, adamw/adam/sgd) the decision above is made on
+// the device and consumed there by the optimizer's kernels (trainer_step.cpp: guarded_update),
+// so a step that is not logged makes no host synchronisation: its loss and grad norm stay on
+// the device (NaN in its StepMetrics, which callbacks still receive; sinks and the health
+// checks skip it), and the skipped-step count and the non-finite policy lag to the next
+// logged step. health.nonfinite_policy=rollback keeps the per-step read.
 // It builds the model (or takes a Task), data, optimizer and schedule from a Config,
 // evaluates periodically, samples text from GPTs, and writes <out_dir>/<name>/config.yaml
 // (resolved), metrics.jsonl and health.jsonl (observe/metrics.h), TensorBoard events,
@@ -317,6 +324,14 @@ class Trainer {
   double start_time_ = 0;
   bool tty_ = false;
   double last_redraw_ = 0;  // when a terminal's progress line was last drawn
+  // The step guarded on the device (trainer_step.cpp, guarded_update): skip (f32 [1]) and
+  // (clip coefficient, grad norm, skipped steps) (f64 [3]) written on the device each step;
+  // the skipped count as last read; whether this step's metrics were left on the device.
+  Tensor guard_skip_, guard_out_;
+  int64_t guard_skipped_read_ = 0;
+  bool step_deferred_ = false;
+  bool guarded_update(const std::vector<data::Batch>& batches, const GeneratorState& rng_at_start, StepMetrics& m,
+                      const optim::NamedTensors& named, const std::vector<Tensor>& params, bool read_back, bool stats);
   bool run_files_ = true;    // the run has files (checkpoints are collectives: every rank takes part)
   bool write_files_ = true;  // this process writes them (run_files_ and rank 0)
 };

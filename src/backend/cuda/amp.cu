@@ -78,7 +78,22 @@ __global__ void update_kernel(float* scale, double* counters, const float* found
   }
   *scale = static_cast<float>(s);
 }
+__global__ void step_guard_kernel(const double* sumsq, const float* found_inf, const float* loss, double max_norm,
+                                  float* skip, double* out) {
+  const double norm = sqrt(*sumsq);
+  const bool bad = !isfinite(norm) || (found_inf && *found_inf != 0.0f) || (loss && !isfinite(*loss));
+  *skip = bad ? 1.0f : 0.0f;
+  out[0] = max_norm > 0 && isfinite(norm) ? fmin(1.0, max_norm / (norm + 1e-6)) : 1.0;
+  out[1] = norm;
+  out[2] += bad ? 1.0 : 0.0;
+}
 }  // namespace
+
+void step_guard(const double* sumsq, const float* found_inf, const float* loss, double max_norm, float* skip,
+                double* out, cudaStream_t stream) {
+  step_guard_kernel<<<1, 1, 0, stream>>>(sumsq, found_inf, loss, max_norm, skip, out);
+  ATH_CUDA_LAUNCHED("step_guard_kernel");
+}
 
 void unscale_multi_tensor(void* const* g, const DType* dtypes, const int64_t* n, int n_tensors, const float* scale,
                           float* found_inf, int32_t* flags, cudaStream_t stream) {

@@ -33,4 +33,12 @@ struct ScaleUpdate {
 // found_inf (f32, 0 or 1), all on the device.
 void update_scale(float* scale, double* counters, const float* found_inf, const ScaleUpdate& u, cudaStream_t stream);
 
+// The trainer's skip decision on the device (the CPU's: src/train/trainer_step.cpp), one
+// thread: norm = sqrt(*sumsq); skip = 1 when norm or *loss is not finite or *found_inf != 0
+// (found_inf, loss may be null); grad_scale = the clip coefficient min(1, max_norm / (norm +
+// 1e-6)) for max_norm > 0 and a finite norm (optim::clip_coefficient), else 1. Writes
+// *skip (f32 0/1), out[0] = grad_scale, out[1] = norm, out[2] += skip (the skipped steps).
+void step_guard(const double* sumsq, const float* found_inf, const float* loss, double max_norm, float* skip,
+                double* out, cudaStream_t stream);
+
 }  // namespace athanor::cuda

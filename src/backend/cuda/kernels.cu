@@ -246,6 +246,7 @@ struct TensorTable {
   const float* g[kMaxTensors];
   float* s1[kMaxTensors];
   float* s2[kMaxTensors];
+  double* step[kMaxTensors];  // the step guard's per-tensor step counts (null without a guard)
   int64_t n[kMaxTensors];
   int64_t first_block[kMaxTensors + 1];
   int count;
@@ -264,8 +265,19 @@ __device__ float scaled_grad(float g, double grad_scale, bool scale) {
 
 // cpu/optimizer_update.cpp's scalar loop; products and sums rounded one by one (__f*_rn),
 // fmaf where the CPU fuses, so the bits are the CPU's.
-__global__ void adam_kernel(TensorTable t, AdamArgs k, bool scale) {
+// With a step guard (kernels.h: StepGuard) the skip, the gradient scale and the bias
+// corrections come from the device, computed as the CPU's Adam::step computes them.
+__global__ void adam_kernel(TensorTable t, AdamArgs k, bool scale, StepGuard guard) {
   const int ti = find_tensor(t, blockIdx.x);
+  if (guard.skip) {
+    if (*guard.skip != 0.0f) return;
+    const double st = *t.step[ti] + 1.0;
+    const double bc1 = 1.0 - pow(guard.beta1, st), bc2 = 1.0 - pow(guard.beta2, st);
+    k.step_size = static_cast<float>(guard.lr / bc1);
+    k.inv_sqrt_bc2 = static_cast<float>(1.0 / sqrt(bc2));
+    k.grad_scale = *guard.grad_scale;
+    scale = k.grad_scale != 1.0;
+  }
   const int64_t base = (blockIdx.x - t.first_block[ti]) * static_cast<int64_t>(kChunk);
   const int64_t end = min(base + kChunk, t.n[ti]);
   float *w = t.a[ti], *m = t.s1[ti], *v = t.s2[ti];
@@ -286,8 +298,14 @@ __global__ void adam_kernel(TensorTable t, AdamArgs k, bool scale) {
 }
 
 // d = g + wd w; b = first ? d : momentum b + (1 - dampening) d; d = nesterov ? d + momentum b : b; w -= lr d
-__global__ void sgd_kernel(TensorTable t, SgdArgs k, bool scale) {
+__global__ void sgd_kernel(TensorTable t, SgdArgs k, bool scale, StepGuard guard) {
   const int ti = find_tensor(t, blockIdx.x);
+  if (guard.skip) {
+    if (*guard.skip != 0.0f) return;
+    k.first = *t.step[ti] == 0.0;
+    k.grad_scale = *guard.grad_scale;
+    scale = k.grad_scale != 1.0;
+  }
   const int64_t base = (blockIdx.x - t.first_block[ti]) * static_cast<int64_t>(kChunk);
   const int64_t end = min(base + kChunk, t.n[ti]);
   float *w = t.a[ti], *b = t.s1[ti];
@@ -301,6 +319,16 @@ __global__ void sgd_kernel(TensorTable t, SgdArgs k, bool scale) {
     }
     w[i] = fmaf(-d, k.lr, w[i]);
   }
+}
+
+struct StepTable {
+  double* step[kMaxTensors];
+  int count;
+};
+__global__ void advance_steps_kernel(StepTable t, const float* skip) {
+  if (*skip != 0.0f) return;
+  const int i = threadIdx.x;
+  if (i < t.count) *t.step[i] += 1.0;
 }
 
 __global__ void sum_squares_kernel(TensorTable t, double* partial, bool square) {
@@ -455,7 +483,10 @@ void dropout_apply(const float* x, float* y, int64_t n, uint64_t seed, uint64_t 
 }
 
 void adam_multi_tensor(float* const* w, const float* const* g, float* const* m, float* const* v, const int64_t* n,
-                       int n_tensors, const AdamArgs& a, cudaStream_t stream) {
+                       int n_tensors, const AdamArgs& a, cudaStream_t stream, const StepGuard& guard,
+                       double* const* steps) {
+  ATH_CHECK(!guard.skip || (guard.grad_scale && steps), "adam", "a step guard needs its gradient scale and step counts",
+            Hint{"this is a bug in athanor; please report it"});
   for_tensor_groups(
       n_tensors, n,
       [&](TensorTable& t, int j, int i) {
@@ -463,26 +494,40 @@ void adam_multi_tensor(float* const* w, const float* const* g, float* const* m, 
         t.g[j] = g[i];
         t.s1[j] = m[i];
         t.s2[j] = v[i];
+        t.step[j] = steps ? steps[i] : nullptr;
       },
       [&](const TensorTable& t, int64_t blocks, int) {
-        adam_kernel<<<static_cast<unsigned>(blocks), 256, 0, stream>>>(t, a, a.grad_scale != 1.0);
+        adam_kernel<<<static_cast<unsigned>(blocks), 256, 0, stream>>>(t, a, a.grad_scale != 1.0, guard);
         ATH_CUDA_LAUNCHED("adam_kernel");
       });
 }
 
 void sgd_multi_tensor(float* const* w, const float* const* g, float* const* b, const int64_t* n, int n_tensors,
-                      const SgdArgs& a, cudaStream_t stream) {
+                      const SgdArgs& a, cudaStream_t stream, const StepGuard& guard, double* const* steps) {
+  ATH_CHECK(!guard.skip || (guard.grad_scale && steps), "sgd", "a step guard needs its gradient scale and step counts",
+            Hint{"this is a bug in athanor; please report it"});
   for_tensor_groups(
       n_tensors, n,
       [&](TensorTable& t, int j, int i) {
         t.a[j] = w[i];
         t.g[j] = g[i];
         t.s1[j] = b ? b[i] : nullptr;
+        t.step[j] = steps ? steps[i] : nullptr;
       },
       [&](const TensorTable& t, int64_t blocks, int) {
-        sgd_kernel<<<static_cast<unsigned>(blocks), 256, 0, stream>>>(t, a, a.grad_scale != 1.0);
+        sgd_kernel<<<static_cast<unsigned>(blocks), 256, 0, stream>>>(t, a, a.grad_scale != 1.0, guard);
         ATH_CUDA_LAUNCHED("sgd_kernel");
       });
+}
+
+void advance_steps(double* const* steps, int n, const float* skip, cudaStream_t stream) {
+  for (int start = 0; start < n; start += kMaxTensors) {
+    StepTable t{};
+    t.count = std::min(kMaxTensors, n - start);
+    for (int j = 0; j < t.count; ++j) t.step[j] = steps[start + j];
+    advance_steps_kernel<<<1, kMaxTensors, 0, stream>>>(t, skip);
+    ATH_CUDA_LAUNCHED("advance_steps_kernel");
+  }
 }
 
 int64_t sum_squares_scratch(int64_t total_elements) {

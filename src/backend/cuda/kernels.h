@@ -58,15 +58,31 @@ struct AdamArgs {
   bool l2;
   double grad_scale = 1.0;
 };
+// The step guard of a step with no host read (optim/device_update.h, the trainer on cuda):
+// with `skip` set, the update kernels read on the device whether to skip (*skip != 0: they
+// write nothing, the step counts stay: the CPU's skipped step), the gradient scale to fold
+// (*grad_scale: the clip coefficient, 1 = none) and each tensor's step count (steps[i], f64:
+// the updates applied so far), from which Adam's bias corrections (from lr, beta1, beta2 in
+// f64, the CPU's formula) and SGD's first-step seeding are computed. Null skip: the
+// constants as given (the host decided).
+struct StepGuard {
+  const float* skip = nullptr;
+  const double* grad_scale = nullptr;
+  double lr = 0, beta1 = 0, beta2 = 0;
+};
 void adam_multi_tensor(float* const* w, const float* const* g, float* const* m, float* const* v, const int64_t* n,
-                       int n_tensors, const AdamArgs& a, cudaStream_t stream);
+                       int n_tensors, const AdamArgs& a, cudaStream_t stream, const StepGuard& guard = {},
+                       double* const* steps = nullptr);
 struct SgdArgs {
   float lr, wd, momentum, one_minus_dampening;
   bool nesterov, first;
   double grad_scale = 1.0;
 };
 void sgd_multi_tensor(float* const* w, const float* const* g, float* const* b, const int64_t* n, int n_tensors,
-                      const SgdArgs& a, cudaStream_t stream);
+                      const SgdArgs& a, cudaStream_t stream, const StepGuard& guard = {}, double* const* steps = nullptr);
+// *steps[i] += 1 for each of the n counters unless *skip != 0 (queued after the update
+// kernels that read them).
+void advance_steps(double* const* steps, int n, const float* skip, cudaStream_t stream);
 
 // Σ x² over several tensors in f64, in a fixed order (blocks of fixed size, then one block
 // sums the partials in index order): `out` is one double on the device. `scratch` holds
