@@ -38,6 +38,7 @@ every raw result. The GPU machine's Python has torch and numpy but no PyYAML: th
 read by a small reader of the two-level YAML in bench/configs (PyYAML when present).
 """
 import argparse
+import gc
 import json
 import math
 import os
@@ -238,23 +239,26 @@ def torch_worker(args):
         return isinstance(e, getattr(torch.cuda, "OutOfMemoryError", RuntimeError)) and "out of memory" in str(e)
 
     # 1. the batch: one eager step at each candidate, largest first.
-    batch, built = None, None
+    batch = None
     for b in args.batches:
+        failed = None
         try:
-            built = build_torch(cfg, args.device, b, use_sdpa)
-            model, opt, data, flops, clip, nparams = built
-            step_fn = make_step(torch, model, model, opt, clip, precision, cuda)
-            step_fn(data[0])
+            model, opt, data, flops, clip, nparams = build_torch(cfg, args.device, b, use_sdpa)
+            make_step(torch, model, model, opt, clip, precision, cuda)(data[0])
             sync()
             batch = b
-            break
         except Exception as e:  # noqa: BLE001 (an OOM is any of torch's error classes across versions)
             if not oom(e):
                 raise
-            built = model = opt = data = step_fn = None
-            if cuda:
-                torch.cuda.empty_cache()
-            emit({"event": "probe", "batch": b, "fits": False, "error": str(e).splitlines()[0][:300]})
+            failed = str(e).splitlines()[0][:300]
+        if batch is not None:
+            break
+        # Outside the except block: its traceback holds the failed step's tensors until it ends.
+        model = opt = data = None
+        gc.collect()
+        if cuda:
+            torch.cuda.empty_cache()
+        emit({"event": "probe", "batch": b, "fits": False, "error": failed})
     if batch is None:
         emit({"event": "error", "error": f"no batch of {args.batches} fits"})
         return 1
@@ -367,7 +371,7 @@ def athanor_batch(args, cfg_path, overrides, budget):
     """The largest of --batches whose `athanor bench` step runs (an OOM moves to the next)."""
     tried = []
     for b in args.batches:
-        r = run_athanor(args, cfg_path, overrides, b, 1, 1, min(args.timeout, max(budget.left(), 1)))
+        r = run_athanor(args, cfg_path, overrides, b, 1, 0, min(args.timeout, max(budget.left(), 1)))
         if "error" not in r:
             return b, tried
         tried.append({"batch": b, "error": r["error"][-400:]})
