@@ -380,13 +380,14 @@ def athanor_batch(args, cfg_path, overrides, budget):
     return None, tried
 
 
-def compare_config(args, name, budget):
+def compare_config(args, name, budget, rec, save=lambda: None):
+    """Fills `rec` (already in the results), calling save() after each repeat."""
     cfg_path = os.path.join(ROOT, "bench", "configs", name + ".yaml") if not name.endswith(".yaml") else name
     if not os.path.exists(cfg_path):
         raise SystemExit(f"no config {cfg_path}")
     overrides = list(args.set) + (TINY if args.tiny else []) + [f"trainer.device={args.device}"]
     cfg = load_config(cfg_path, overrides)
-    rec = {"config": name, "device": args.device, "overrides": overrides, "repeats": []}
+    rec.update({"config": name, "device": args.device, "overrides": overrides, "repeats": []})
     t_cfg = time.time()
 
     b_a, tried = athanor_batch(args, cfg_path, overrides, budget)
@@ -451,6 +452,7 @@ def compare_config(args, name, budget):
                     pair["athanor"] = r
             rec["repeats"].append(pair)
             rec["rep_s"] = time.time() - r0
+            save()  # a run killed later (the caller's hard timeout) keeps this repeat
             a, t = pair["athanor"], pair["torch"]
             log(f"[{name} B={B} repeat {rep + 1}/{args.repeats}] athanor {a['throughput']:,.0f} tok/s "
                 f"({a['median_ms']:.1f} ms/step), {t['engine']} {t['throughput']:,.0f} tok/s ({t['median_ms']:.1f} ms/step): "
@@ -525,8 +527,9 @@ def table(results, peak_tflops=H100_BF16_TFLOPS):
             f"| {r[0]:.2f}× [{r[1]:.2f}–{r[2]:.2f}] | {a['median_ms'][0]:.1f} / {t['median_ms'][0]:.1f} "
             f"| {100 * a['mfu']:.1f}% / {100 * t['mfu']:.1f}% | {gib(a['peak_bytes'])} / {gib(t['peak_bytes'])} "
             f"| {rec.get('torch_compile_s', 0):.0f} |")
-        if rec.get("stopped"):
-            lines.append(f"  ({rec['config']}: {rec['stopped']})")
+        for why in ("stopped", "error"):  # repeats that ran before the budget or a failure ended the config
+            if rec.get(why):
+                lines.append(f"  ({rec['config']}, {why}: {rec[why]})")
     return "\n".join(lines)
 
 
@@ -585,13 +588,17 @@ def main():
             results["configs"].append({"config": name, "repeats": [], "stopped": f"budget: {budget.left():.0f} s left"})
             log(f"[{name}] skipped: {budget.left():.0f} s of the budget left")
             continue
-        rec = compare_config(args, name, budget)
+        rec = {"config": name, "repeats": []}
         results["configs"].append(rec)
+
+        def save():
+            if args.out:
+                with open(args.out, "w") as f:
+                    json.dump(results, f, indent=1)
+        compare_config(args, name, budget, rec, save)
         if rec.get("error"):
             log(f"[{name}] FAILED: {rec['error']}")
-        if args.out:  # after every config: a later one that runs out of time keeps the earlier
-            with open(args.out, "w") as f:
-                json.dump(results, f, indent=1)
+        save()
     print(table(results, args.peak_tflops))
     return 1 if any(r.get("error") for r in results["configs"]) else 0
 
