@@ -13,3 +13,11 @@ if(TARGET athanor_cli)
   set_tests_properties(bench.compare_pytorch_gpu PROPERTIES LABELS bench TIMEOUT 300
                        ENVIRONMENT "OMP_NUM_THREADS=2;OMP_WAIT_POLICY=PASSIVE")
 endif()
+# The CPU f32 loss curve the GPU's bf16 curve is held to (tests/gpu/test_gpu_loss_curve.cpp) is
+# still this build's: its first 3 steps re-run on the CPU (gpt2-124M, ~40 s here; label slow).
+if(TARGET athanor_cli)
+  add_test(NAME bench.loss_curve_fixture
+           COMMAND ${ATHANOR_SYSTEM_PYTHON3} ${CMAKE_CURRENT_LIST_DIR}/loss_curve_fixture.py check $<TARGET_FILE:athanor_cli> 3)
+  set_tests_properties(bench.loss_curve_fixture PROPERTIES LABELS slow TIMEOUT 600 RUN_SERIAL TRUE
+                       ENVIRONMENT "OMP_NUM_THREADS=2;OMP_WAIT_POLICY=PASSIVE")
+endif()
