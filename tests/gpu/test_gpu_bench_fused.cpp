@@ -1,12 +1,14 @@
 // The fused kernels of issue 22, each against the CPU reference and the unfused CUDA path:
-//  - cuBLASLt's dgelu epilogue: (A B) ⊙ gelu_tanh'(aux) against a double reference, f32 and bf16;
-//    with A B = 1 the epilogue's own derivative shows: tanh-GELU's, not erf-GELU's (they differ
-//    by 1% of gelu'(x) near x = -2, four bf16 half-ulps);
-//  - cuBLASLt's bias_grad (BGRADB) epilogue: A^T B with Σ_k over A's rows, f32, bf16 and bf16
+//  - cuBLASLt's dgelu epilogue: (A B) ⊙ gelu_tanh'(aux) against a double reference in bf16
+//    (the ops use the epilogues for 16-bit operands only); with A B = 1 the epilogue's own
+//    derivative shows, and it must be tanh-GELU's rather than erf-GELU's (closer to the first
+//    over [-3, 3]: they differ by up to 8.7e-4, near x = -2) within bf16's rounding plus a fast
+//    tanh's error;
+//  - cuBLASLt's bias_grad (BGRADB) epilogue: A^T B with Σ_k over A's rows, bf16, and bf16
 //    operands with f32 C (the f32-master gradient);
 //  - the ops that use them: gelu_linear's and linear's gradients with the epilogues on, off,
-//    and on the CPU, in f32 and under bf16 autocast, at a width cuBLASLt takes (64) and one it
-//    declines (36: dgelu needs a multiple of 8, the unfused path runs);
+//    and on the CPU, in f32 (never fused: the exact mode) and under bf16 autocast, at a width
+//    cuBLASLt takes (64) and one it declines (36: dgelu needs a multiple of 8, the unfused path runs);
 //  - the fused classifier: cross_entropy's gradient written over the logits when the model
 //    dropped them: the same gradients as the unfused path and the CPU, the step's peak device
 //    memory lower by the [N, C] logits' bytes; not in place when the caller keeps its logits
@@ -14,6 +16,7 @@
 //  - the one-read forward (online softmax) on rows with -inf logits, large offsets, label
 //    smoothing and ignored targets, against the CPU.
 #include <cmath>
+#include <numbers>
 #include <optional>
 #include <vector>
 
@@ -32,6 +35,9 @@ using namespace athanor::gpu_test;
 
 namespace {
 
+double gelu_erf_grad(double x) {
+  return 0.5 * (1.0 + std::erf(x / std::sqrt(2.0))) + x * std::exp(-0.5 * x * x) / std::sqrt(2.0 * std::numbers::pi);
+}
 double gelu_tanh_grad(double x) {
   const double k = 0.7978845608028654, c = 0.044715;
   const double t = std::tanh(k * (x + c * x * x * x));
@@ -81,32 +87,36 @@ void check_dgelu(DType dt, int64_t M, int64_t N, int64_t K, bool identity, doubl
     X[0] = -2.02f;  // where tanh-GELU's and erf-GELU's derivatives differ most
   }
   A = rounded<H>(A), B = rounded<H>(B), X = rounded<H>(X);
-  std::vector<double> want(M * N);
+  std::vector<double> want(M * N), erf_want(M * N);
   for (int64_t i = 0; i < M; ++i)
     for (int64_t j = 0; j < N; ++j) {
       double s = 0;
       for (int64_t k = 0; k < K; ++k) s += static_cast<double>(A[i * K + k]) * B[k * N + j];
       want[i * N + j] = s * gelu_tanh_grad(X[i * N + j]);
+      erf_want[i * N + j] = s * gelu_erf_grad(X[i * N + j]);
     }
   DeviceBuffer<H> a(as<H>(A)), b(as<H>(B)), x(as<H>(X)), c(static_cast<std::size_t>(M * N));
   cuda::GemmArgs g;
   g.dtype = dt, g.m = M, g.n = N, g.k = K, g.a = a.ptr, g.b = b.ptr, g.c = c.ptr, g.aux = x.ptr, g.aux_ld = N;
   g.epilogue = cuda::GemmEpilogue::dgelu;
-  const bool ran = cuda::try_gemm(g, 0, stream());
-  if (dt == DType::f32 && !ran) {
-    std::cout << "[fused] cuBLASLt declines dgelu in f32 at M=" << M << " N=" << N << " K=" << K << " (the op runs unfused)\n";
-    return;
+  ASSERT_TRUE(cuda::try_gemm(g, 0, stream())) << "cuBLASLt declined dgelu in " << dtype_name(dt)
+                                              << ": gelu_linear's backward runs unfused";
+  const std::vector<double> got = to_double(c.host());
+  EXPECT_TRUE(all_close(got, want, atol, rtol));
+  if (identity) {  // which GELU: the squared distance to each derivative over the 4096 points
+    double to_tanh = 0, to_erf = 0;
+    for (std::size_t i = 0; i < got.size(); ++i)
+      to_tanh += (got[i] - want[i]) * (got[i] - want[i]), to_erf += (got[i] - erf_want[i]) * (got[i] - erf_want[i]);
+    EXPECT_LT(to_tanh, to_erf) << "cuBLASLt's dgelu is closer to erf-GELU's derivative than to tanh-GELU's (the ops' GELU)";
   }
-  ASSERT_TRUE(ran) << "cuBLASLt declined dgelu in " << dtype_name(dt) << ": gelu_linear's backward runs unfused";
-  EXPECT_TRUE(all_close(to_double(c.host()), want, atol, rtol));
 }
 
 TEST(GpuFused, DgeluEpilogueIsTanhGeluGradientTimesTheProduct) {
   ATH_REQUIRE_GPU();
-  check_dgelu<float>(DType::f32, 48, 64, 40, false, 1e-5, 1e-6);
-  check_dgelu<float>(DType::f32, 32, 64, 32, true, 1e-6, 1e-7);
-  check_dgelu<bfloat16>(DType::bf16, 64, 96, 80, false, 8e-3, 4e-3);
-  check_dgelu<bfloat16>(DType::bf16, 64, 64, 64, true, 4e-3, 1e-6);  // one rounding of gelu'(x): 2^-9 relative
+  // Tolerances: bf16's rounding of the result (2^-9 relative, 8e-3 asked) plus, absolute, what a
+  // fast tanh in the epilogue may cost (~1e-3 of gelu'(x) near x = -2, times |A B|).
+  check_dgelu<bfloat16>(DType::bf16, 64, 96, 80, false, 8e-3, 1.5e-2);
+  check_dgelu<bfloat16>(DType::bf16, 64, 64, 64, true, 8e-3, 2e-3);  // C = gelu'(x) rounded once
   // GPT-2's c_proj shape at 256 tokens: M = 256, in = 3072, out = 768.
   check_dgelu<bfloat16>(DType::bf16, 256, 3072, 768, false, 8e-3, 2e-2);
 }
@@ -144,12 +154,7 @@ void check_bias_grad(DType dt, bool c_f32, int64_t out, int64_t in, int64_t M, d
   g.dtype = dt, g.trans_a = true, g.m = out, g.n = in, g.k = M, g.a = a.ptr, g.b = b.ptr, g.c = c.ptr, g.bias = bias.ptr;
   g.epilogue = cuda::GemmEpilogue::bias_grad;
   g.c_f32 = c_f32;
-  const bool ran = cuda::try_gemm(g, 0, stream());
-  if (dt == DType::f32 && !ran) {
-    std::cout << "[fused] cuBLASLt declines bias_grad in f32 (linear's db runs as column sums)\n";
-    return;
-  }
-  ASSERT_TRUE(ran) << "cuBLASLt declined bias_grad: linear's db runs as separate column sums";
+  ASSERT_TRUE(cuda::try_gemm(g, 0, stream())) << "cuBLASLt declined bias_grad: linear's db runs as separate column sums";
   EXPECT_TRUE(all_close(to_double(c.host()), dw, rtol * scale, rtol));
   double bscale = 0;
   for (double v : db) bscale = std::max(bscale, std::abs(v));
@@ -158,7 +163,6 @@ void check_bias_grad(DType dt, bool c_f32, int64_t out, int64_t in, int64_t M, d
 
 TEST(GpuFused, BiasGradEpilogueSumsTheRowsOfTheGradient) {
   ATH_REQUIRE_GPU();
-  check_bias_grad<float, float>(DType::f32, false, 48, 40, 96, 1e-5);
   check_bias_grad<bfloat16, bfloat16>(DType::bf16, false, 64, 32, 128, 1e-2);
   check_bias_grad<bfloat16, float>(DType::bf16, true, 64, 32, 128, 1e-4);  // the f32-master dW and db
   check_bias_grad<bfloat16, float>(DType::bf16, true, 768, 3072, 256, 1e-4);  // GPT-2's c_fc at 256 tokens
@@ -266,7 +270,7 @@ ClassifierRun classifier(Device d, DType dt, int64_t N, int64_t C, int64_t D, bo
 TEST(GpuFused, ClassifierWritesTheLogitsGradientInPlaceAndSavesItsBytes) {
   ATH_REQUIRE_GPU();
   FusedSwitches restore;
-  const int64_t N = 256, C = 4096, D = 8;  // the logits dominate: N C against W's C D
+  const int64_t N = 512, C = 4096, D = 8;  // the logits dominate: N C against W's C D and h's N D
   for (DType dt : {DType::f32, DType::bf16}) {
     SCOPED_TRACE(dtype_name(dt));
     const double tol = dt == DType::f32 ? 1e-5 : 2e-2;
@@ -284,10 +288,10 @@ TEST(GpuFused, ClassifierWritesTheLogitsGradientInPlaceAndSavesItsBytes) {
     EXPECT_LE(max_rel(fused.dh, cpu.dh), tol);
     EXPECT_LE(max_rel(fused.dw, cpu.dw), tol);
     // Without the [N, C] gradient buffer the backward's peak drops by its bytes, less what the
-    // lm_head-like backward allocates beside the logits later (dW [C, D], dh [N, D]).
+    // linear's backward allocates while the gradient (in the logits' place) is still alive: dW
+    // [C, D] and dh [N, D], and their .grad copies, ~7% of the logits here; 90% is asked.
     const std::size_t logits_bytes = static_cast<std::size_t>(N * C) * dtype_size(dt);
-    const std::size_t later = static_cast<std::size_t>((C * D + N * D) * dtype_size(dt));
-    EXPECT_GE(unfused.peak, fused.peak + logits_bytes - later)
+    EXPECT_GE(static_cast<double>(unfused.peak) - static_cast<double>(fused.peak), 0.9 * static_cast<double>(logits_bytes))
         << "peak over backward: unfused " << unfused.peak << " B, fused " << fused.peak << " B, logits " << logits_bytes << " B";
   }
 }
@@ -304,7 +308,9 @@ TEST(GpuFused, ClassifierLeavesKeptLogitsAndRetainedGraphsAlone) {
   EXPECT_EQ(kept.dh, base.dh);
   // retain_graph: the first backward may not consume the logits; the second (freeing) one may.
   const ClassifierRun twice = classifier(Device::cuda(0), DType::f32, N, C, D, false, /*twice=*/true);
-  for (std::size_t i = 0; i < base.dh.size(); ++i) ASSERT_NEAR(twice.dh[i], 2 * base.dh[i], 1e-6 * std::abs(base.dh[i]) + 1e-9) << i;
+  std::vector<double> doubled = base.dh;
+  for (double& v : doubled) v *= 2;
+  EXPECT_LE(max_rel(twice.dh, doubled), 1e-5);
 }
 
 TEST(GpuFused, OneReadForwardMatchesTheCpuOnHardRows) {

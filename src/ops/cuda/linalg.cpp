@@ -10,7 +10,8 @@
 // Under bf16 autocast over f32 master weights (OpDef::f32_master) the GEMMs read the bf16
 // copies and dW, db come out in f32 (cuBLASLt writing its f32 accumulators), as on the CPU.
 // gelu_linear and linear_relu: see their sections below.
-// The backward epilogues (issue 22; cuda::fused_epilogues_enabled, where cuBLASLt offers them):
+// The backward epilogues (issue 22; cuda::fused_epilogues_enabled, 16-bit operands only: f32
+// stays the exact mode the CPU parity checks rely on; where cuBLASLt offers them):
 // dW = g^T x computes db = Σ_rows g in the same GEMM (bias_grad: one read of g fewer, one
 // launch fewer; f32 accumulation in the GEMM instead of the f64 column sums), and gelu_linear's
 // dx = (g W) ⊙ gelu'(x) is one GEMM (dgelu: no f32 [M, in] intermediate written and read
@@ -111,7 +112,7 @@ void linear_grads(const Tensor& dz, int64_t in, const Tensor& w, H&& h_for_dw, b
     if (out * in > 0) {
       if (M == 0) {
         dw->zero_();
-      } else if (db && cuda::fused_epilogues_enabled()) {
+      } else if (db && dt != DType::f32 && cuda::fused_epilogues_enabled()) {
         // dW and db from one read of dz: bias_grad's db[o] = Σ_rows dz[:, o] (op(A) = dz^T).
         *db = device_empty({out}, pdt, dz.device());
         const Tensor h = h_for_dw();
@@ -194,7 +195,8 @@ std::vector<Tensor> gelu_linear_cuda(OpCall& c) {
 // cuBLASLt declines (then nothing was written).
 bool gelu_linear_dx_fused(const Tensor& gy, const Tensor& w, const Tensor& x, Tensor* dx) {
   const int64_t out = gy.size(-1), in = x.size(-1), M = out == 0 ? 0 : gy.numel() / out;
-  if (!cuda::fused_epilogues_enabled() || x.dtype() != gy.dtype() || w.dtype() != gy.dtype() || M == 0 || in == 0 || out == 0)
+  if (!cuda::fused_epilogues_enabled() || gy.dtype() == DType::f32 || x.dtype() != gy.dtype() || w.dtype() != gy.dtype() ||
+      M == 0 || in == 0 || out == 0)
     return false;
   const int dev = gy.device().index;
   Tensor r = device_empty(x.sizes(), x.dtype(), x.device());
