@@ -19,12 +19,13 @@ run each block under torch.utils.checkpoint (non-reentrant). Random token ids ar
 device before timing (athanor's loader prefetches on worker threads: neither side times data).
 
 Per config:
- 1. the micro-batch: athanor tries --batches (64, 32, 16) largest first (`athanor bench` of one
-    step), then PyTorch from athanor's largest down with one eager step (eager holds at least
-    the compiled graph's activations); both engines then run at the largest both fit;
- 2. one PyTorch worker process compiles the model and warms up (the compile time is reported,
-    never timed, and counts against the caller's budget: --budget-s), then stays alive holding
-    only its weights and optimizer state (its cache emptied) while athanor runs;
+ 1. one PyTorch worker process builds the model and its AdamW state and holds them (what it
+    holds while athanor runs: its weights, optimizer state and CUDA context, its cache emptied);
+ 2. the micro-batch: beside that, athanor tries --batches (64, 32, 16) largest first (`athanor
+    bench` of one step), then PyTorch from athanor's largest down with one eager step (eager
+    holds at least the compiled graph's activations); both engines run at the largest both fit;
+    the worker then compiles and warms up (the compile time is reported, never timed, and counts
+    against the caller's budget: --budget-s);
  3. --repeats paired repeats, the order rotating between them: each engine times --steps steps
     after --warmup warm-up steps (athanor: `athanor bench CONFIG trainer.batch_size=B --json`,
     a fresh process each repeat; PyTorch: the same worker), each step ended by a device sync;
@@ -119,7 +120,8 @@ def load_config(path, overrides=()):
 
 # ---- the PyTorch model (athanor's nn::GPT) -------------------------------------------------
 
-def build_torch(cfg, device, batch, use_sdpa):
+def build_torch(cfg, device, use_sdpa):
+    """The model and its AdamW; make_data() makes a batch's token ids."""
     import torch
     import torch.nn as nn
     import torch.nn.functional as F
@@ -200,12 +202,17 @@ def build_torch(cfg, device, batch, use_sdpa):
     kw = {"fused": True} if device.startswith("cuda") else {}
     opt = torch.optim.AdamW(groups, lr=float(o.get("lr", 1e-3)), betas=(float(o.get("beta1", 0.9)), float(o.get("beta2", 0.999))),
                             eps=float(o.get("eps", 1e-8)), **kw)
-    g = torch.Generator(device="cpu").manual_seed(int(cfg.get("seed", 0)))
-    data = [(torch.randint(0, V, (batch, T), generator=g).to(device), torch.randint(0, V, (batch, T), generator=g).to(device))
-            for _ in range(4)]
     n_flop = sum(p.numel() for n, p in named if not n.startswith("wpe"))
-    flops = (6.0 * n_flop + 12.0 * L * d * T) * batch * T  # as athanor's training_flops_per_step
-    return model, opt, data, flops, float(o.get("grad_clip", 0.0)), sum(p.numel() for _, p in named)
+    flops_per_token = 6.0 * n_flop + 12.0 * L * d * T  # as athanor's training_flops_per_step
+    return model, opt, flops_per_token, float(o.get("grad_clip", 0.0)), sum(p.numel() for _, p in named)
+
+
+def make_data(torch, cfg, device, batch):
+    """4 batches of random token ids and targets, on the device (made before any timing)."""
+    T, V = int(cfg["model"]["block_size"]), int(cfg["model"]["vocab_size"])
+    g = torch.Generator(device="cpu").manual_seed(int(cfg.get("seed", 0)))
+    return [(torch.randint(0, V, (batch, T), generator=g).to(device), torch.randint(0, V, (batch, T), generator=g).to(device))
+            for _ in range(4)]
 
 
 # ---- the PyTorch worker (a subprocess: it holds the GPU between its repeats) --------------
@@ -235,16 +242,36 @@ def torch_worker(args):
     compile_ok = cuda and hasattr(torch, "compile") and not args.no_compile
     sync = torch.cuda.synchronize if cuda else (lambda: None)
 
-    def oom(e):
-        return isinstance(e, getattr(torch.cuda, "OutOfMemoryError", RuntimeError)) and "out of memory" in str(e)
+    def oom(e):  # torch.cuda.OutOfMemoryError is a RuntimeError
+        return isinstance(e, RuntimeError) and "out of memory" in str(e)
 
-    # 1. the batch: one eager step at each candidate, largest first.
-    batch = None
-    for b in args.batches:
+    # The unit test's stand-in for a GPU's limit (tests/bench): an out-of-memory above this batch.
+    fake_limit = int(os.environ.get("COMPARE_GPU_TEST_OOM_ABOVE", "0"))
+
+    # 0. resident: the model, its AdamW state (one eager step of batch 1 makes it) and the CUDA
+    # context, what this process holds while athanor runs; athanor's batch probe runs beside it.
+    model, opt, flops_per_token, clip, nparams = build_torch(cfg, args.device, use_sdpa)
+    eager = make_step(torch, model, model, opt, clip, precision, cuda)
+    eager(make_data(torch, cfg, args.device, 1)[0])
+    sync()
+    if cuda:
+        torch.cuda.empty_cache()
+    emit({"event": "resident", "bytes": torch.cuda.memory_allocated() if cuda else 0})
+    line = sys.stdin.readline().split()
+    if not line or line[0] != "probe":
+        return 0
+    candidates = [int(b) for b in line[1:]]
+
+    # 1. the batch: one eager step at each candidate, largest first (eager holds at least the
+    # compiled graph's activations).
+    batch, data = None, None
+    for b in candidates:
         failed = None
         try:
-            model, opt, data, flops, clip, nparams = build_torch(cfg, args.device, b, use_sdpa)
-            make_step(torch, model, model, opt, clip, precision, cuda)(data[0])
+            if fake_limit and b > fake_limit:
+                raise RuntimeError(f"out of memory (simulated above batch {fake_limit}: COMPARE_GPU_TEST_OOM_ABOVE)")
+            data = make_data(torch, cfg, args.device, b)
+            eager(data[0])
             sync()
             batch = b
         except Exception as e:  # noqa: BLE001 (an OOM is any of torch's error classes across versions)
@@ -254,15 +281,17 @@ def torch_worker(args):
         if batch is not None:
             break
         # Outside the except block: its traceback holds the failed step's tensors until it ends.
-        model = opt = data = None
+        data = None
+        opt.zero_grad(set_to_none=True)
         gc.collect()
         if cuda:
             torch.cuda.empty_cache()
         emit({"event": "probe", "batch": b, "fits": False, "error": failed})
     if batch is None:
-        emit({"event": "error", "error": f"no batch of {args.batches} fits"})
+        emit({"event": "error", "error": f"no batch of {candidates} fits"})
         return 1
     emit({"event": "probe", "batch": batch, "fits": True})
+    flops = flops_per_token * batch * int(cfg["model"]["block_size"])
 
     # 2. compile and warm up: never timed, reported.
     t0 = time.perf_counter()
@@ -390,15 +419,8 @@ def compare_config(args, name, budget, rec, save=lambda: None):
     rec.update({"config": name, "device": args.device, "overrides": overrides, "repeats": []})
     t_cfg = time.time()
 
-    b_a, tried = athanor_batch(args, cfg_path, overrides, budget)
-    rec["athanor_probe"] = tried
-    if b_a is None:
-        rec["error"] = "athanor: no batch fits" + (f" (last: {tried[-1]['error'][-300:]})" if tried else "")
-        return rec
-    log(f"[{name}] athanor fits batch {b_a}")
     worker_cmd = [sys.executable, os.path.abspath(__file__), "--worker", "--config", cfg_path, "--device", args.device,
-                  "--steps", str(args.steps), "--warmup", str(args.warmup),
-                  "--batches", *[str(b) for b in args.batches if b <= b_a]]
+                  "--steps", str(args.steps), "--warmup", str(args.warmup)]
     for o in overrides:
         worker_cmd += ["--set", o]
     if args.no_compile:
@@ -410,7 +432,7 @@ def compare_config(args, name, budget, rec, save=lambda: None):
             if not line.startswith("{"):
                 continue
             ev = json.loads(line)
-            if ev.get("event") == "probe":
+            if ev.get("event") == "probe" and want != "probe":
                 rec.setdefault("torch_probe", []).append(ev)
                 continue
             if ev.get("event") in (want, "error"):
@@ -418,6 +440,21 @@ def compare_config(args, name, budget, rec, save=lambda: None):
         return {"event": "error", "error": f"the PyTorch worker exited (code {w.wait()})"}
 
     try:
+        # PyTorch's resident weights and optimizer state first, so that athanor's batch probe
+        # sees the memory its timed runs will see (they run beside them).
+        resident = read_event("resident")
+        if resident.get("event") != "resident":
+            rec["error"] = "torch: " + resident["error"]
+            return rec
+        rec["torch_resident_bytes"] = resident["bytes"]
+        b_a, tried = athanor_batch(args, cfg_path, overrides, budget)
+        rec["athanor_probe"] = tried
+        if b_a is None:
+            rec["error"] = "athanor: no batch fits" + (f" (last: {tried[-1]['error'][-300:]})" if tried else "")
+            return rec
+        log(f"[{name}] athanor fits batch {b_a} (beside PyTorch's resident {resident['bytes'] / 2**30:.1f} GiB)")
+        w.stdin.write("probe " + " ".join(str(b) for b in args.batches if b <= b_a) + "\n")
+        w.stdin.flush()
         ready = read_event("ready")
         if ready.get("event") != "ready":
             rec["error"] = "torch: " + ready["error"]

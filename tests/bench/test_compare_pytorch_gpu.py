@@ -138,11 +138,41 @@ class Table(unittest.TestCase):
             os.unlink(f.name)
 
 
+def require_torch(test):
+    probe = subprocess.run([sys.executable, "-c", "import torch"], capture_output=True)
+    if probe.returncode != 0:
+        test.skipTest(f"{sys.executable} has no torch (Debian's python3-torch is for /usr/bin/python3)")
+
+
 class CpuSmoke(unittest.TestCase):
+    def test_the_batch_is_the_largest_both_engines_fit(self):
+        require_torch(self)
+        with tempfile.TemporaryDirectory() as d:
+            # athanor "runs out of memory" above batch 2 (a wrapper saying what the device
+            # allocator says), PyTorch above batch 1: both must run at 1.
+            wrapper = os.path.join(d, "athanor")
+            with open(wrapper, "w") as f:
+                f.write("#!/bin/sh\n"
+                        "for a in \"$@\"; do case \"$a\" in trainer.batch_size=[3-9]*|trainer.batch_size=[1-9][0-9]*)\n"
+                        "  echo 'athanor::Error in cuda allocator: cuda:0 out of memory: a request of 1 GiB' >&2; exit 1;; esac; done\n"
+                        f"exec {CLI} \"$@\"\n")
+            os.chmod(wrapper, 0o755)
+            out = os.path.join(d, "r.json")
+            p = subprocess.run([sys.executable, SCRIPT, "--device", "cpu", "--tiny", "--batches", "4", "2", "1", "--repeats", "1",
+                                "--steps", "2", "--warmup", "1", "--athanor", wrapper, "--out", out],
+                               capture_output=True, text=True, timeout=240,
+                               env=dict(os.environ, OMP_NUM_THREADS="2", COMPARE_GPU_TEST_OOM_ABOVE="1"))
+            self.assertEqual(p.returncode, 0, p.stdout + p.stderr)
+            with open(out) as fh:
+                rec = json.load(fh)["configs"][0]
+        self.assertEqual([t["batch"] for t in rec["athanor_probe"]], [4])  # 4 failed, 2 ran
+        self.assertEqual([(e["batch"], e["fits"]) for e in rec["torch_probe"]], [(2, False), (1, True)])
+        self.assertEqual(rec["batch"], 1)
+        self.assertEqual(rec["repeats"][0]["athanor"]["targets_per_step"], 32)
+        self.assertEqual(rec["repeats"][0]["torch"]["targets_per_step"], 32)
+
     def test_both_engines_run_two_paired_repeats_on_the_cpu(self):
-        probe = subprocess.run([sys.executable, "-c", "import torch"], capture_output=True)
-        if probe.returncode != 0:
-            self.skipTest(f"{sys.executable} has no torch (Debian's python3-torch is for /usr/bin/python3)")
+        require_torch(self)
         with tempfile.TemporaryDirectory() as d:
             out = os.path.join(d, "r.json")
             p = subprocess.run([sys.executable, SCRIPT, "--device", "cpu", "--tiny", "--batches", "4", "2", "--repeats", "2",
