@@ -1,7 +1,8 @@
 // Issue 22's loss-curve check: GPT-2 124M under bf16 autocast on cuda, 200 steps on the Brown
 // corpus with the GPT-2 tokenizer, tracks the CPU's f32 curve of the same config within 2% at
-// every logged step (trainer.log_every = 10: steps 1, 10, 20, ..., 200). The batch is one sequence of 128 tokens so that
-// the CPU side is affordable: its curve is test_gpu_loss_curve_cpu_f32.h, written by
+// every logged step (trainer.log_every = 10: steps 1, 10, 20, ..., 200). The batch is one
+// sequence of 128 tokens so that the CPU side is affordable: its curve is
+// test_gpu_loss_curve_cpu_f32.h, written by
 // tests/bench/loss_curve_fixture.py from `athanor train` on the CPU and re-checked against this
 // build's CPU run by that script's `check` (ctest bench.loss_curve_fixture, label slow).
 //
