@@ -290,7 +290,7 @@ TEST(GpuFused, ClassifierWritesTheLogitsGradientInPlaceAndSavesItsBytes) {
     cuda::set_fused_classifier(true);
     const ClassifierRun fused = classifier(Device::cuda(0), dt, N, C, D);
     EXPECT_EQ(fused.loss, unfused.loss);  // the forward is the same kernel either way
-    EXPECT_LE(max_rel(fused.loss, cpu.loss), dt == DType::f32 ? 1e-6 : 1e-2);
+    EXPECT_LE(max_rel(fused.loss, cpu.loss), dt == DType::f32 ? 1e-5 : 1e-2);
     // The same kernel writes the same values, only elsewhere (the GEMMs after it may pick
     // another algorithm for another address's alignment: not asked to be bitwise).
     EXPECT_LE(max_rel(fused.dh, unfused.dh), 1e-6);
