@@ -415,8 +415,9 @@ def compare_config(args, name, budget, rec, save=lambda: None):
     if not os.path.exists(cfg_path):
         raise SystemExit(f"no config {cfg_path}")
     overrides = list(args.set) + (TINY if args.tiny else []) + [f"trainer.device={args.device}"]
-    cfg = load_config(cfg_path, overrides)
-    rec.update({"config": name, "device": args.device, "overrides": overrides, "repeats": []})
+    m = load_config(cfg_path, overrides)["model"]  # read here too: a bad file fails before any engine starts
+    rec.update({"config": name, "device": args.device, "overrides": overrides, "repeats": [],
+                "model": {k: m.get(k) for k in ("n_layer", "n_embd", "n_head", "block_size", "vocab_size", "gradient_checkpointing")}})
     t_cfg = time.time()
 
     worker_cmd = [sys.executable, os.path.abspath(__file__), "--worker", "--config", cfg_path, "--device", args.device,
