@@ -4,6 +4,8 @@
 //    step counts read on the device, match the CPU optimizer step for step (a finite step
 //    with clipping folded in, a NaN step skipped — weights, moments and step counts
 //    unchanged — then a step with the bias correction of t = 2);
+//  - embedding validates its ids on the device: an out-of-range id costs no host read at the
+//    call and is raised (naming the id and its position) at the next read from the device;
 //  - the Trainer on cuda with log_every > max_steps: 0 host syncs (cuda::host_sync_count:
 //    every device-to-host copy and every synchronize) in each unlogged step, in f32, bf16 and
 //    f16 (GradScaler's no-sync forms), and the same final weights, bit for bit, as the run
@@ -184,4 +186,26 @@ TEST(GpuTrainSync, UnloggedStepsMakeNoHostSync) {
     for (size_t i = 0; i < w.size(); ++i)
       EXPECT_TRUE(w[i] == logged_every_step[i]) << prec << ": tensor " << i << " differs from the run that reads every step";
   }
+}
+
+TEST(GpuTrainSync, EmbeddingIdsAreValidatedOnTheDeviceWithoutAHostRead) {
+  ATH_REQUIRE_GPU();
+  const Tensor table = from_vector(gpu_test::random_vector(10 * 4, 3), {10, 4}).cuda();
+  const Tensor good = from_vector(std::vector<int64_t>{1, 9, 0, 3}, {2, 2}).cuda();
+  const Tensor bad = from_vector(std::vector<int64_t>{1, 9, 12, 3}, {2, 2}).cuda();
+  const Tensor want = embedding(table.cpu(), good.cpu());
+  const std::uint64_t before = cuda::host_sync_count(0);
+  const Tensor out = embedding(table, good);
+  Tensor wrong;
+  EXPECT_NO_THROW(wrong = embedding(table, bad)) << "the check must not read the ids at the call";
+  EXPECT_EQ(cuda::host_sync_count(0), before) << "embedding read something back";
+  try {
+    (void)wrong.cpu();
+    FAIL() << "the out-of-range id was not reported at the read";
+  } catch (const Error& e) {
+    const std::string m = e.what();
+    EXPECT_NE(m.find("id 12 at (flat) position 2"), std::string::npos) << m;
+    EXPECT_NE(m.find("table of 10 rows"), std::string::npos) << m;
+  }
+  EXPECT_EQ(out.cpu().to_vector(), want.to_vector()) << "the error is reported once; good ids give the table's rows";
 }

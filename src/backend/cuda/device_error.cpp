@@ -59,6 +59,12 @@ void raise_device_errors(int index) {
                " and reported at this read from the device (the row was left out of the loss)",
                Hint{"check the label preprocessing and that the model's output size matches the number of classes; "
                     "anomaly mode raises it at the cross_entropy call itself"});
+    case DeviceErrorCode::embedding_id_out_of_range:
+      ATH_FAIL("embedding", "id ", r.b, " at (flat) position ", r.a, " of the ids is out of range for an embedding table of ",
+               r.c, " rows; found on cuda:", index, " and reported at this read from the device (the row was left zero)",
+               Hint{"ids must be in [0, " + std::to_string(r.c) +
+                    "); check that the tokenizer's vocabulary size matches num_embeddings; anomaly mode raises it at "
+                    "the embedding call itself"});
     default: ATH_FAIL("cuda", "a kernel on cuda:", index, " reported error code ", r.code);
   }
 }

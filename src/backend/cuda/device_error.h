@@ -16,12 +16,13 @@
 
 namespace athanor::cuda {
 
-enum class DeviceErrorCode : int32_t { none = 0, target_out_of_range = 1 };
+enum class DeviceErrorCode : int32_t { none = 0, target_out_of_range = 1, embedding_id_out_of_range = 2 };
 
 struct DeviceErrorRecord {
   int32_t code = 0;
   int32_t pad = 0;
-  int64_t a = 0, b = 0, c = 0;  // target_out_of_range: position, value, number of classes
+  int64_t a = 0, b = 0, c = 0;  // target_out_of_range: position, value, number of classes;
+                                // embedding_id_out_of_range: position (flat), id, number of rows
 };
 
 // cuda:index's record in device memory (for kernels); allocated and zeroed on first use.

@@ -1,14 +1,17 @@
 // CUDA kernel of embedding (an f32 table, i64 ids; src/backend/cuda/elementwise.h).
-// Forward: the ids are validated on the host first (a copy of the ids, not of the table: an
-// out-of-range id is an Error naming it and its position, as on the CPU, never an illegal
-// address later), then out[p, :] = weight[ids[p], :].
+// Forward: out[p, :] = weight[ids[p], :], the ids validated on the device (no host read of
+// the ids in the step): an out-of-range id is recorded (backend/cuda/device_error.h), its row
+// left zero, and raised as an Error naming the id and its position at the next read from the
+// device (the loss's), or at the call itself under anomaly mode, never an illegal address.
 // Backward beside it: grad_weight[v, :] = Σ_{p : ids[p] = v} g[p, :] (0 for padding_idx),
 // deterministic without float atomics (each thread owns a column and adds the rows in p
 // order), as a dense [num, dim] gradient (the CPU's row-sparse emission has no CUDA twin yet).
 #include <string>
 
+#include "athanor/autograd/anomaly.h"
 #include "athanor/autograd/function.h"
 #include "athanor/ops/embedding.h"
+#include "backend/cuda/device_error.h"
 #include "backend/cuda/elementwise.h"
 #include "backend/cuda/runtime.h"
 #include "ops/cuda/cuda_kernels.h"
@@ -39,16 +42,6 @@ std::vector<Tensor> embedding_cuda(OpCall& c) {
     pad = *p < 0 ? *p + num : *p;
   }
   const Tensor ic = cuda_contiguous(ids);
-  const std::vector<double> host_ids = ic.to_vector();  // the validation reads the ids on the host
-  for (std::size_t i = 0; i < host_ids.size(); ++i)
-    if (host_ids[i] < 0 || host_ids[i] >= static_cast<double>(num)) {
-      Shape pos(ids.dim());
-      for (int64_t d = ids.dim() - 1, f = static_cast<int64_t>(i); d >= 0; --d) pos[d] = f % ids.sizes()[d], f /= ids.sizes()[d];
-      ATH_FAIL(op, "id ", static_cast<int64_t>(host_ids[i]), " at position ", shape_str(pos), " of ids ", ids.describe(),
-               " is out of range for an embedding table of ", num, " rows (weight ", weight.describe(), ")",
-               Hint{"ids must be in [0, " + std::to_string(num) +
-                    "); check that the tokenizer's vocabulary size matches num_embeddings"});
-    }
   Shape out_shape = ids.sizes();
   out_shape.push_back(dim);
   Tensor out = empty(out_shape, TensorOptions(DType::f32).with_device(weight.device()));
@@ -57,7 +50,9 @@ std::vector<Tensor> embedding_cuda(OpCall& c) {
   cuda::DeviceGuard g(dev);
   if (out.numel() > 0)
     cuda::embedding_forward(static_cast<const float*>(wc.device_data()), static_cast<const int64_t*>(ic.device_data()),
-                            static_cast<float*>(out.device_data()), ic.numel(), dim, cuda::compute_stream(dev));
+                            static_cast<float*>(out.device_data()), ic.numel(), num, dim, cuda::device_error_record(dev),
+                            cuda::compute_stream(dev));
+  if (anomaly_mode_enabled()) cuda::check_device_errors_now(dev);  // the debugging mode: raised at the call, as on the CPU
   if (c.records()) {
     EmbeddingCudaSaved& s = c.save<EmbeddingCudaSaved>();
     s.ids = save(ic, "ids"), s.num = num, s.dim = dim, s.pad = pad;
@@ -74,7 +69,8 @@ Grads embedding_backward_cuda(const Node& n, const Grads& g, const OpSaved& save
   cuda::DeviceGuard guard(dev);
   if (ids.numel() > 0 && s.dim > 0)
     cuda::embedding_backward(static_cast<const float*>(gy.device_data()), static_cast<const int64_t*>(ids.device_data()),
-                             static_cast<float*>(dw.device_data()), ids.numel(), s.dim, s.pad, cuda::compute_stream(dev));
+                             static_cast<float*>(dw.device_data()), ids.numel(), s.num, s.dim, s.pad,
+                             cuda::compute_stream(dev));
   return {dw, Tensor()};
 }
 
