@@ -78,9 +78,9 @@ TEST(GpuElementwise, EmbeddingForwardAndDeterministicBackward) {
   }
   DeviceBuffer<float> dW(w), dOut(N * D), dDY(dy), dDW(std::vector<float>(V * D, 0.0f));
   DeviceBuffer<int64_t> dIdx(idx);
-  cuda::embedding_forward(dW.ptr, dIdx.ptr, dOut.ptr, N, V, D, cuda::device_error_record(0), stream());
+  cuda::embedding_forward(dW.ptr, DType::f32, dIdx.ptr, dOut.ptr, N, V, D, cuda::device_error_record(0), stream());
   EXPECT_EQ(std::memcmp(dOut.host().data(), out.data(), out.size() * 4), 0);
-  cuda::embedding_backward(dDY.ptr, dIdx.ptr, dDW.ptr, N, V, D, padding, stream());
+  cuda::embedding_backward(dDY.ptr, DType::f32, dIdx.ptr, dDW.ptr, N, V, D, padding, stream());
   const auto got = dDW.host();
   EXPECT_EQ(std::memcmp(got.data(), dw.data(), dw.size() * 4), 0) << "not the token-order sums";
   for (int64_t c = 0; c < D; ++c) EXPECT_EQ(got[padding * D + c], 0.0f);

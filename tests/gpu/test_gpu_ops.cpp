@@ -5,7 +5,7 @@
 //   f16:  |gpu - cpu| <= 4e-3 + 4e-3 |cpu|   (f32 accumulation, a few ulps of 2^-11)
 //   bf16: |gpu - cpu| <= 3e-2 + 2e-2 |cpu|   (f32 accumulation, a few ulps of 2^-8)
 // The inputs keep the case's layout on the device (transposed, strided, broadcast). A case
-// the CUDA kernel does not take yet (embedding's 16-bit tables, 1-D matmul operands) must say
+// the CUDA kernel does not take yet (1-D matmul operands, ...) must say
 // "not yet supported on cuda": it is listed, and every op must still run at least one f32
 // case. The autocast paths (f32 results from 16-bit inputs, f32-master dW) are checked by
 // test_gpu_autocast.cpp on a GPT block.

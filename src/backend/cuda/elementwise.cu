@@ -6,6 +6,7 @@
 #include "athanor/core/error.h"
 #include "backend/cuda/device_error.h"
 #include "backend/cuda/elementwise.h"
+#include "backend/cuda/float_access.cuh"
 #include "backend/cuda/runtime.h"
 
 namespace athanor::cuda {
@@ -69,13 +70,15 @@ __global__ void gelu_bwd_kernel(const float* dy, const float* x, float* dx, int6
 }
 
 // An id outside [0, num) is recorded (device_error.h: the first one wins) and its row left
-// zero, never read out of bounds.
-__global__ void embedding_fwd_kernel(const float* w, const int64_t* idx, float* out, int64_t num, int64_t dim,
+// zero, never read out of bounds. W: an unsigned integer of the element's width (the rows
+// are copied bit for bit, whatever the float dtype).
+template <class W>
+__global__ void embedding_fwd_kernel(const W* w, const int64_t* idx, W* out, int64_t num, int64_t dim,
                                      DeviceErrorRecord* err) {
   const int64_t n = blockIdx.x;
   const int64_t row = idx[n];
   if (row < 0 || row >= num) {
-    for (int64_t c = threadIdx.x; c < dim; c += blockDim.x) out[n * dim + c] = 0.0f;
+    for (int64_t c = threadIdx.x; c < dim; c += blockDim.x) out[n * dim + c] = 0;
     if (threadIdx.x == 0 &&
         atomicCAS(reinterpret_cast<int*>(&err->code), 0, static_cast<int>(DeviceErrorCode::embedding_id_out_of_range)) == 0) {
       err->a = n, err->b = row, err->c = num;
@@ -83,19 +86,20 @@ __global__ void embedding_fwd_kernel(const float* w, const int64_t* idx, float* 
     }
     return;
   }
-  const float* src = w + row * dim;
+  const W* src = w + row * dim;
   for (int64_t c = threadIdx.x; c < dim; c += blockDim.x) out[n * dim + c] = src[c];
 }
-// One thread per column: the tokens in order, so every dW element is a sum in token order.
+// One thread per column: the tokens in order, so every dW element is a sum in token order, in
+// f32 whatever dy's dtype (f32, bf16, f16: read through f32, as the CPU converts it first).
 // Out-of-range ids (recorded by the forward) add nothing.
-__global__ void embedding_bwd_kernel(const float* dy, const int64_t* idx, float* dw, int64_t N, int64_t num, int64_t dim,
-                                     int64_t padding_idx) {
+__global__ void embedding_bwd_kernel(const void* dy, DType dy_dtype, const int64_t* idx, float* dw, int64_t N,
+                                     int64_t num, int64_t dim, int64_t padding_idx) {
   const int64_t c = blockIdx.x * static_cast<int64_t>(blockDim.x) + threadIdx.x;
   if (c >= dim) return;
   for (int64_t n = 0; n < N; ++n) {
     const int64_t row = idx[n];
     if (row == padding_idx || row < 0 || row >= num) continue;
-    dw[row * dim + c] += dy[n * dim + c];
+    dw[row * dim + c] += load_as_f32(dy, dy_dtype, n * dim + c);
   }
 }
 }  // namespace
@@ -138,16 +142,23 @@ void gelu_tanh_backward(const float* dy, const float* x, float* dx, int64_t n, c
   gelu_bwd_kernel<<<blocks_for(n), kThreads, 0, stream>>>(dy, x, dx, n);
   ATH_CUDA_LAUNCHED("gelu_bwd_kernel");
 }
-void embedding_forward(const float* weight, const int64_t* idx, float* out, int64_t N, int64_t num, int64_t dim,
-                       DeviceErrorRecord* err, cudaStream_t stream) {
+void embedding_forward(const void* weight, DType dtype, const int64_t* idx, void* out, int64_t N, int64_t num,
+                       int64_t dim, DeviceErrorRecord* err, cudaStream_t stream) {
   if (N == 0) return;
-  embedding_fwd_kernel<<<static_cast<unsigned>(N), kThreads, 0, stream>>>(weight, idx, out, num, dim, err);
+  ATH_CHECK(dtype == DType::f32 || dtype == DType::bf16 || dtype == DType::f16, "embedding", "a ", dtype_name(dtype),
+            " table on cuda", Hint{"use an f32, bf16 or f16 table"});
+  if (dtype == DType::f32)
+    embedding_fwd_kernel<<<static_cast<unsigned>(N), kThreads, 0, stream>>>(static_cast<const uint32_t*>(weight), idx,
+                                                                             static_cast<uint32_t*>(out), num, dim, err);
+  else
+    embedding_fwd_kernel<<<static_cast<unsigned>(N), kThreads, 0, stream>>>(static_cast<const uint16_t*>(weight), idx,
+                                                                             static_cast<uint16_t*>(out), num, dim, err);
   ATH_CUDA_LAUNCHED("embedding_fwd_kernel");
 }
-void embedding_backward(const float* dy, const int64_t* idx, float* dweight, int64_t N, int64_t num, int64_t dim,
-                        int64_t padding_idx, cudaStream_t stream) {
+void embedding_backward(const void* dy, DType dy_dtype, const int64_t* idx, float* dweight, int64_t N, int64_t num,
+                        int64_t dim, int64_t padding_idx, cudaStream_t stream) {
   if (N == 0) return;
-  embedding_bwd_kernel<<<blocks_for(dim), kThreads, 0, stream>>>(dy, idx, dweight, N, num, dim, padding_idx);
+  embedding_bwd_kernel<<<blocks_for(dim), kThreads, 0, stream>>>(dy, dy_dtype, idx, dweight, N, num, dim, padding_idx);
   ATH_CUDA_LAUNCHED("embedding_bwd_kernel");
 }
 
