@@ -391,6 +391,12 @@ bool ProcessGroup::uses_nccl() const {
 #endif
 }
 
+void ProcessGroup::release_nccl() {
+#if ATHANOR_HAS_NCCL
+  impl_->nccl.reset();
+#endif
+}
+
 std::string ProcessGroup::backend_for(const Tensor& t) const {
   if (t.device().is_cpu()) return "mpi";
   return uses_nccl() ? "nccl" : "mpi (host staging)";

@@ -173,7 +173,16 @@ ParallelContext::ParallelContext(const Config& c) {
   dp_size_ = dp_group_->size();
 }
 
-ParallelContext::~ParallelContext() = default;
+ParallelContext::~ParallelContext() {
+  // The NCCL communicators go with the run, not at exit (by then the CUDA runtime may be gone).
+  if (backend_ != dist::Backend::nccl) return;
+  try {
+    if (mesh_)
+      for (const char* dim : dist::DeviceMesh::kDims) mesh_->group(dim)->release_nccl();
+    if (world_group_) world_group_->release_nccl();
+  } catch (...) {
+  }
+}
 
 Device ParallelContext::bind_device(Device requested, const Config& c) {
   if (!distributed() || requested.is_cpu()) return requested;

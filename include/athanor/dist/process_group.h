@@ -170,6 +170,10 @@ class ProcessGroup {
   // header comment). An Error in a build without NCCL. Idempotent for the same device.
   void init_nccl(int device);
   bool uses_nccl() const;
+  // Destroys the communicator (after its queued work); CUDA tensors then go through MPI with
+  // host staging. For an owner that ends before the process does: a communicator must go
+  // before the CUDA runtime is torn down at exit.
+  void release_nccl();
   // How an operation on t goes: "mpi", "mpi (host staging)" or "nccl".
   std::string backend_for(const Tensor& t) const;
 
