@@ -640,6 +640,28 @@ std::string nccl_version() {
 #endif
 }
 
+namespace {
+// The GPU's UUID ("" when the device does not exist or the build has no CUDA).
+std::string gpu_uuid(Device device) {
+#if ATHANOR_HAS_CUDA
+  if (device.is_cpu() || device.index >= cuda::device_count()) return "";
+  cudaDeviceProp p{};
+  if (cudaGetDeviceProperties(&p, device.index) != cudaSuccess) return "";
+  static const char* hex = "0123456789abcdef";
+  std::string out = "GPU-";
+  for (int i = 0; i < 16; ++i) {
+    const auto b = static_cast<unsigned char>(p.uuid.bytes[i]);
+    out += hex[b >> 4];
+    out += hex[b & 15];
+  }
+  return out;
+#else
+  (void)device;
+  return "";
+#endif
+}
+}  // namespace
+
 Backend resolve_backend(Backend requested, Device device) {
   if (requested == Backend::mpi) return Backend::mpi;
   if (device.is_cpu()) {
@@ -653,15 +675,20 @@ Backend resolve_backend(Backend requested, Device device) {
                    "CUDA tensors then go through MPI with host staging"});
     return Backend::mpi;
   }
-  int gpus = 0;
-#if ATHANOR_HAS_CUDA
-  gpus = cuda::device_count();
-#endif
-  const int procs = is_initialized() ? local_size() : 1;
-  if (procs <= gpus) return Backend::nccl;
-  ATH_CHECK(requested != Backend::nccl, "dist.backend", "nccl needs one GPU per process, and this host runs ", procs,
-            " processes on ", gpus, " GPU(s) (NCCL refuses two ranks on one GPU)",
-            Hint{"start at most one process per GPU, or use dist.backend mpi (host staging) to share a GPU"});
+  // One GPU of its own per process: the GPUs the ranks drive, by UUID (a per-rank
+  // CUDA_VISIBLE_DEVICES makes every process see "cuda:0", on different GPUs), all different.
+  const std::string mine = gpu_uuid(device);
+  const std::vector<std::string> all =
+      is_initialized() ? all_gather_strings(*world(), mine) : std::vector<std::string>{mine};
+  std::string why;
+  for (std::size_t r = 0; r < all.size() && why.empty(); ++r) {
+    if (all[r].empty()) why = "rank " + std::to_string(r) + " has no " + device.str();
+    for (std::size_t q = 0; q < r && why.empty(); ++q)
+      if (all[q] == all[r]) why = "ranks " + std::to_string(q) + " and " + std::to_string(r) + " drive the same GPU (" + all[r] + ")";
+  }
+  if (why.empty()) return Backend::nccl;
+  ATH_CHECK(requested != Backend::nccl, "dist.backend", "nccl needs one GPU of its own per process (NCCL refuses two ranks on one "
+            "GPU), and ", why, Hint{"start at most one process per GPU, or use dist.backend mpi (host staging) to share a GPU"});
   return Backend::mpi;
 }
 

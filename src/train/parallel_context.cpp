@@ -195,13 +195,7 @@ Device ParallelContext::bind_device(Device requested, const Config& c) {
 #endif
   const std::string& name = c.get_string("dist.backend");
   const dist::Backend asked = name == "nccl" ? dist::Backend::nccl : name == "mpi" ? dist::Backend::mpi : dist::Backend::automatic;
-  backend_ = dist::resolve_backend(asked, d);  // the same on every rank of a host
-  // Every rank resolves alike only if every host has as many GPUs per process: agree on NCCL.
-  if (any_rank(backend_ == dist::Backend::mpi)) {
-    ATH_CHECK(asked != dist::Backend::nccl, "dist.backend", "nccl was asked for but some host runs more processes than it has GPUs",
-              Hint{"start at most one process per GPU on every host, or use dist.backend mpi"});
-    backend_ = dist::Backend::mpi;
-  }
+  backend_ = dist::resolve_backend(asked, d);  // the same on every rank (it compares every rank's GPU)
   if (backend_ == dist::Backend::nccl) {
     // One communicator per group, in the same order on every rank (each a collective).
     world_group_->init_nccl(d.index);

@@ -366,7 +366,7 @@ int scenario_nccl_watchdog() {
   Tensor t = ones({256}).cuda();
   g->all_reduce(t);  // #2 (the bootstrap broadcast was #1)
   ATH_CUDA(cudaLaunchHostFunc(
-      cuda::compute_stream(0), [](void*) { std::this_thread::sleep_for(std::chrono::seconds(120)); }, nullptr));
+      cuda::compute_stream(0), [](void*) { std::this_thread::sleep_for(std::chrono::seconds(20)); }, nullptr));
   g->all_reduce(t);  // #3: cannot start
   std::fprintf(stderr, "collective #3 completed although its stream was held\n");
   return 0;

@@ -79,9 +79,11 @@ enum class Backend { automatic, mpi, nccl };
 const char* backend_name(Backend b);  // "auto", "mpi", "nccl"
 bool nccl_built();                    // this build has NCCL (ATHANOR_HAS_NCCL)
 std::string nccl_version();           // the loaded library's ("2.28.9"), "" without NCCL
-// What CUDA tensors on `device` get for `requested` (a collective-free decision, the same on
-// every rank of a host): mpi or nccl. An Error, before any work, for nccl in a build without
-// NCCL, for nccl on CPU tensors, and for nccl with more processes on this host than GPUs.
+// What CUDA tensors on `device` get for `requested`: mpi or nccl, the same on every rank (a
+// collective over the world when it has to look at the GPUs: their UUIDs are compared, so a
+// per-process CUDA_VISIBLE_DEVICES counts as one GPU each). An Error, before any work, for nccl
+// in a build without NCCL, for nccl on CPU tensors, and for nccl where two ranks would share a
+// GPU or one has none.
 Backend resolve_backend(Backend requested, Device device);
 
 class ProcessGroup;
