@@ -295,7 +295,8 @@ run_mpi_tests() {
   mpi_env "$d"
   export OMP_NUM_THREADS=1 ATHANOR_DIST_TIMEOUT_S=3
   mpi_case() {  # name expect np args... (expect: pass, or a regex the aborted run must print)
-    local name=$1 expect=$2 np=$3 left t0 rc o=$out/gpu_dist_$name.log
+    local name=$1 expect=$2 np=$3 left t0 rc o
+    o=$out/gpu_dist_$name.log
     shift 3
     left=$((end - $(date +%s)))
     if ((left <= 0)); then
