@@ -287,7 +287,8 @@ cuda_lib_dirs() {
 # gets what is left of it): NCCL at world size 1 against MPI, two processes sharing the GPU
 # through MPI with host staging (collectives, DDP and ZeRO 1/2/3 against 1 process, a sharded
 # checkpoint written from the GPU), a stopped rank that every rank must name within the
-# collective timeout (3 s), and the NCCL watchdog. One line per case in $2/gpu_dist_status.txt.
+# collective timeout (3 s), the NCCL watchdog, then `athanor train` on 2 ranks (ZeRO-2, cuda).
+# One line per case in $2/gpu_dist_status.txt.
 run_mpi_tests() {
   local d=$1 out=$2
   local status=$out/gpu_dist_status.txt end=$(($(date +%s) + 40))
@@ -304,7 +305,7 @@ run_mpi_tests() {
       return
     fi
     t0=$(date +%s)
-    timeout "$left" mpirun "${MPIRUN_FLAGS[@]}" -np "$np" ./bin/athanor_tests_gpu_dist "$@" >"$o" 2>&1
+    timeout "$left" mpirun "${MPIRUN_FLAGS[@]}" -np "$np" "${mpi_exe:-./bin/athanor_tests_gpu_dist}" "$@" >"$o" 2>&1
     rc=$?
     local took=$(($(date +%s) - t0)) verdict
     if grep -q -E "\[  SKIPPED \]|athanor-gpu-test-skipped" "$o"; then
@@ -327,6 +328,11 @@ run_mpi_tests() {
   if grep -q "nccl_watchdog: passed" "$status" && ! grep -q -E "collective all_reduce #3 on group nccl .* timed out after" "$out/gpu_dist_nccl_watchdog.log"; then
     sed -i 's/^nccl_watchdog: passed.*/nccl_watchdog: failed: the communicator was aborted but the timeout message is missing/' "$status"
   fi
+  # Last, with what is left: `athanor train` itself on 2 processes sharing the GPU (dist.backend
+  # auto picks MPI with host staging), ZeRO-2, 20 steps and the final sharded checkpoint.
+  ATHANOR_DIST_TIMEOUT_S=60 mpi_exe=./bin/athanor mpi_case trainer_dp2_zero2 pass 2 train examples/gpt-char.yaml trainer.device=cuda trainer.max_steps=20 schedule.warmup_steps=5 \
+    trainer.log_every=10 trainer.eval_every=0 trainer.eval_batches=2 trainer.sample_every=0 trainer.sample_tokens=0 trainer.time_limit_s=0 \
+    observe.report=false dist.zero_stage=2 out_dir=/tmp/athanor-gpu-dp2
   return 0
 }
 
