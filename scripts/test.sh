@@ -81,6 +81,7 @@ if [[ -n "$LABELS" ]]; then
                   athanor_tests_trainer_dist athanor_cli) ;;
       fuzz) TARGETS+=(athanor_fuzz_safetensors) ;;
       cli|train|observe|slow) TARGETS+=("athanor_tests_$l" athanor_cli) ;;
+      bench) TARGETS+=(athanor_cli) ;;  # tests/bench: python, reads the CLI
       long) TARGETS+=(athanor_tests_slow athanor_cli) ;;
       core|backend|autograd|ops|amp|nn|optim|data|ckpt|gpu) TARGETS+=("athanor_tests_$l") ;;
       *) echo "test.sh: unknown label '$l'" >&2; exit 2 ;;

@@ -9,6 +9,7 @@
 #include "athanor/autograd/function.h"
 #include "athanor/autograd/grad_mode.h"
 #include "athanor/autograd/node.h"
+#include "athanor/autograd/retain_graph.h"
 #include "athanor/core/error.h"
 #include "athanor/core/observer.h"
 #include "grad_buffer.h"
@@ -138,6 +139,13 @@ struct DeferredWeightGrads::State {
 namespace {
 // Set while an input pass runs, so that a backward nested in it (checkpoint's) defers too.
 thread_local DeferredWeightGrads::State* t_defer = nullptr;
+// backward_retains_graph(): the retain_graph of the backward running on this thread.
+thread_local bool t_retain_graph = false;
+struct RetainScope {
+  bool prev;
+  explicit RetainScope(bool r) : prev(t_retain_graph) { t_retain_graph = r; }
+  ~RetainScope() { t_retain_graph = prev; }
+};
 
 void run_backward(const std::vector<Tensor>& roots, const std::vector<Tensor>& grad_roots, bool retain_graph,
                   DeferredWeightGrads::State* defer) {
@@ -149,6 +157,7 @@ void run_backward(const std::vector<Tensor>& roots, const std::vector<Tensor>& g
     explicit DeferScope(DeferredWeightGrads::State* d) : prev(t_defer) { t_defer = d; }
     ~DeferScope() { t_defer = prev; }
   } defer_scope(defer);
+  RetainScope retain_scope(retain_graph);
 
   Buffers buffers;
   std::vector<std::shared_ptr<Node>> root_nodes;
@@ -279,6 +288,8 @@ void run_backward(const std::vector<Tensor>& roots, const std::vector<Tensor>& g
 }
 }  // namespace
 
+bool backward_retains_graph() { return t_retain_graph; }
+
 void backward(const std::vector<Tensor>& roots, const std::vector<Tensor>& grad_roots, bool retain_graph) {
   run_backward(roots, grad_roots, retain_graph, t_defer);  // nested in an input pass: defer with it
 }
@@ -311,6 +322,7 @@ void DeferredWeightGrads::run() {
   if (!state_) return;
   std::unique_ptr<State> st = std::move(state_);
   NoGradGuard no_grad;
+  RetainScope retain_scope(st->retain_graph);
   Buffers buffers;  // at the weights' accumulators: each runs once, with the sum
   std::vector<std::shared_ptr<Node>> order;
   const bool anomaly = anomaly_mode_enabled();

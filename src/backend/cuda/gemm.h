@@ -2,6 +2,13 @@
 // GEMM on cuBLASLt, row-major like cpu/gemm.h:
 //   C[b] = alpha op(A[b]) op(B[b]) + beta C[b] (+ bias[n] broadcast over rows) (then GELU)
 // with op(A) [m, k], op(B) [k, n], C [m, n], for b < batch at the given element strides.
+// The backward epilogues (issue 22; batch 1, beta 0):
+//   dgelu      C = (op(A) op(B)) ⊙ gelu_tanh'(aux), aux [m, n] row-major with row stride aux_ld
+//              (a multiple of 8, >= n) in C's dtype: gelu_linear's dx = (g W) ⊙ gelu'(x) in one GEMM;
+//   bias_grad  C = op(A) op(B) and bias[i] = Σ_k op(A)[i, k] (i < m) written to `bias` in C's
+//              dtype: a linear's dW = g^T x with db = Σ_rows g from the same read of g.
+// cuBLASLt offers them for some shapes and dtypes only: try_gemm says false (nothing launched)
+// where it has no algorithm, and the caller takes the unfused path.
 //
 // Invariants:
 //  - f32 data computes in f32, with TF32 tensor cores only when `allow_tf32` (the
@@ -22,7 +29,7 @@
 
 namespace athanor::cuda {
 
-enum class GemmEpilogue : uint8_t { none, bias, gelu, bias_gelu, relu, bias_relu };
+enum class GemmEpilogue : uint8_t { none, bias, gelu, bias_gelu, relu, bias_relu, dgelu, bias_grad };
 
 struct GemmArgs {
   DType dtype = DType::f32;
@@ -31,7 +38,9 @@ struct GemmArgs {
   const void* a = nullptr;
   const void* b = nullptr;
   void* c = nullptr;
-  const void* bias = nullptr;  // [n], for the bias epilogues
+  const void* bias = nullptr;  // [n], for the bias epilogues; [m], written, for bias_grad
+  const void* aux = nullptr;   // dgelu: the GELU's input [m, n], row stride aux_ld
+  int64_t aux_ld = 0;
   GemmEpilogue epilogue = GemmEpilogue::none;
   float alpha = 1.0f, beta = 0.0f;
   int64_t batch = 1;
@@ -41,6 +50,13 @@ struct GemmArgs {
 };
 
 void gemm(const GemmArgs& args, int device, cudaStream_t stream);
+// gemm(), or false with nothing launched when cuBLASLt has no algorithm for the epilogue at
+// this shape, dtype and alignment (remembered: the heuristic is asked once per shape).
+bool try_gemm(const GemmArgs& args, int device, cudaStream_t stream);
+// The backward epilogues (dgelu, bias_grad) in the linear ops (src/ops/cuda/linalg.cpp): on
+// unless ATHANOR_CUDA_FUSED_EPILOGUES=0 (the A/B switch; tests set it directly).
+bool fused_epilogues_enabled();
+void set_fused_epilogues(bool on);
 // How many distinct shapes the heuristic cache holds on `device` (tests, profiling).
 std::size_t gemm_cached_plans(int device);
 

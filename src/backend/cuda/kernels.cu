@@ -184,17 +184,25 @@ __global__ void ce_fwd_kernel(const T* logits, const int64_t* target, float* sta
     return;
   }
   const T* xr = logits + n * C;
-  float m = -INFINITY;
-  for (int64_t c = threadIdx.x; c < C; c += blockDim.x) m = fmaxf(m, widen(xr[c]));
-  m = block_max(m, sh);
-  float s = 0, sx = 0;
+  // One read of the row (an online softmax; the fused classifier, issue 22): each thread keeps
+  // its running max mt, the sum st of exp(v - mt) (rescaled when mt grows) and the plain sum of
+  // v (label smoothing's mean); the block then rescales every st to the row's max. A NaN
+  // compares false and reaches st through expf, so the loss is NaN, as before.
+  float mt = -INFINITY, st = 0, sv = 0;
   for (int64_t c = threadIdx.x; c < C; c += blockDim.x) {
     const float v = widen(xr[c]);
-    s += expf(v - m);
-    sx += v - m;
+    if (v > mt) {
+      st = st * expf(mt - v) + 1.0f;  // expf(-inf) = 0 on a thread's first element
+      mt = v;
+    } else if (v != -INFINITY) {  // a masked logit adds nothing (and -inf - -inf would be NaN)
+      st += expf(v - mt);
+    }
+    sv += v;
   }
-  const float logsum = logf(block_sum(s, sh));
-  const float mean_shifted = block_sum(sx, sh) / C;
+  const float m = block_max(mt, sh);
+  // A thread that saw no element (C < blockDim) holds mt = -inf, st = 0: it adds nothing.
+  const float logsum = logf(block_sum(mt == -INFINITY ? 0.0f : st * expf(mt - m), sh));
+  const float mean_shifted = block_sum(sv, sh) / C - m;
   if (threadIdx.x == 0) {
     stats[2 * n] = m;
     stats[2 * n + 1] = logsum;

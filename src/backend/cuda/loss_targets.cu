@@ -1,7 +1,10 @@
 // The kernels of loss_targets.h.
 #include <cuda_runtime.h>
 
+#include <atomic>
 #include <cmath>
+#include <cstdlib>
+#include <cstring>
 
 #include "athanor/core/error.h"
 #include "backend/cuda/loss_targets.h"
@@ -59,5 +62,17 @@ void loss_grad_factor(const float* g, const double* count, bool mean, float* fac
   factor_kernel<<<1, 1, 0, stream>>>(g, count, mean, factor);
   ATH_CUDA_LAUNCHED("loss factor_kernel");
 }
+
+namespace {
+std::atomic<bool>& fused_classifier_flag() {
+  static std::atomic<bool> on{[] {
+    const char* v = std::getenv("ATHANOR_CUDA_FUSED_CLASSIFIER");
+    return !(v && std::strcmp(v, "0") == 0);
+  }()};
+  return on;
+}
+}  // namespace
+bool fused_classifier_enabled() { return fused_classifier_flag().load(std::memory_order_relaxed); }
+void set_fused_classifier(bool on) { fused_classifier_flag().store(on, std::memory_order_relaxed); }
 
 }  // namespace athanor::cuda

@@ -22,4 +22,11 @@ void loss_reduce(const double* sum, const double* count, bool mean, float* out, 
 // factor = g (mean: g (1 / count)): the upstream gradient of a reduced loss per row.
 void loss_grad_factor(const float* g, const double* count, bool mean, float* factor, cudaStream_t stream);
 
+// The fused classifier (issue 22): cross_entropy's backward writes the [N, C] logits gradient
+// over its saved logits when nothing else can see them (src/ops/cuda/loss.cpp), instead of
+// allocating a second N x C buffer. On unless ATHANOR_CUDA_FUSED_CLASSIFIER=0 (the A/B switch;
+// tests set it directly).
+bool fused_classifier_enabled();
+void set_fused_classifier(bool on);
+
 }  // namespace athanor::cuda

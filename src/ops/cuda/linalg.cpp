@@ -10,6 +10,12 @@
 // Under bf16 autocast over f32 master weights (OpDef::f32_master) the GEMMs read the bf16
 // copies and dW, db come out in f32 (cuBLASLt writing its f32 accumulators), as on the CPU.
 // gelu_linear and linear_relu: see their sections below.
+// The backward epilogues (issue 22; cuda::fused_epilogues_enabled, 16-bit operands only: f32
+// stays the exact mode the CPU parity checks rely on; where cuBLASLt offers them):
+// dW = g^T x computes db = Σ_rows g in the same GEMM (bias_grad: one read of g fewer, one
+// launch fewer; f32 accumulation in the GEMM instead of the f64 column sums), and gelu_linear's
+// dx = (g W) ⊙ gelu'(x) is one GEMM (dgelu: no f32 [M, in] intermediate written and read
+// back). Where cuBLASLt declines (a dtype, an odd width) the unfused path runs.
 // matmul: [..., m, k] x [k, n] (leading dims folded into the rows), or [B, m, k] x [B, k, n]
 //   (one strided-batched GEMM); dA = g B^T, dB = A^T g. 1-D operands and broadcast batches:
 //   "not yet supported on cuda".
@@ -100,14 +106,33 @@ void linear_grads(const Tensor& dz, int64_t in, const Tensor& w, H&& h_for_dw, b
     }
   }
   const DType pdt = master ? DType::f32 : dt;
+  bool db_done = false;
   if (dw) {
     *dw = device_empty({out, in}, pdt, dz.device());
     if (out * in > 0) {
-      if (M == 0) dw->zero_();
-      else cuda_gemm(dev, dt, true, false, out, in, M, dz, h_for_dw(), *dw, Tensor(), 1, cuda::GemmEpilogue::none, master);
+      if (M == 0) {
+        dw->zero_();
+      } else if (db && dt != DType::f32 && cuda::fused_epilogues_enabled()) {
+        // dW and db from one read of dz: bias_grad's db[o] = Σ_rows dz[:, o] (op(A) = dz^T).
+        *db = device_empty({out}, pdt, dz.device());
+        const Tensor h = h_for_dw();
+        cuda::GemmArgs ga;
+        ga.dtype = dt, ga.trans_a = true, ga.trans_b = false, ga.m = out, ga.n = in, ga.k = M;
+        ga.a = dz.device_data(), ga.b = h.device_data(), ga.c = dw->device_data(), ga.bias = db->device_data();
+        ga.epilogue = cuda::GemmEpilogue::bias_grad;
+        ga.c_f32 = master && dt != DType::f32;
+        cuda::DeviceGuard guard(dev);
+        db_done = cuda::try_gemm(ga, dev, cuda::compute_stream(dev));
+        if (!db_done) {
+          *db = Tensor();
+          cuda_gemm(dev, dt, true, false, out, in, M, dz, h, *dw, Tensor(), 1, cuda::GemmEpilogue::none, master);
+        }
+      } else {
+        cuda_gemm(dev, dt, true, false, out, in, M, dz, h_for_dw(), *dw, Tensor(), 1, cuda::GemmEpilogue::none, master);
+      }
     }
   }
-  if (db) {  // the column sums, deterministic, in f64 (reduce.h)
+  if (db && !db_done) {  // the column sums, deterministic, in f64 (reduce.h)
     std::vector<int64_t> rows;
     for (int64_t d = 0; d + 1 < dz.dim(); ++d) rows.push_back(d);
     *db = cuda_sum_dims(dz, rows, false, 1.0, pdt);
@@ -165,16 +190,39 @@ std::vector<Tensor> gelu_linear_cuda(OpCall& c) {
   return {y};
 }
 
+// dx = (g W) ⊙ gelu'(x) in one GEMM with cuBLASLt's dgelu epilogue (x as its GELU input, dx
+// in x's dtype, rounded once from the f32 accumulators as the unfused path does); false when
+// cuBLASLt declines (then nothing was written).
+bool gelu_linear_dx_fused(const Tensor& gy, const Tensor& w, const Tensor& x, Tensor* dx) {
+  const int64_t out = gy.size(-1), in = x.size(-1), M = out == 0 ? 0 : gy.numel() / out;
+  if (!cuda::fused_epilogues_enabled() || gy.dtype() == DType::f32 || x.dtype() != gy.dtype() || w.dtype() != gy.dtype() ||
+      M == 0 || in == 0 || out == 0)
+    return false;
+  const int dev = gy.device().index;
+  Tensor r = device_empty(x.sizes(), x.dtype(), x.device());
+  cuda::GemmArgs ga;
+  ga.dtype = gy.dtype(), ga.trans_a = false, ga.trans_b = false, ga.m = M, ga.n = in, ga.k = out;
+  ga.a = gy.device_data(), ga.b = w.device_data(), ga.c = r.device_data();
+  ga.aux = x.device_data(), ga.aux_ld = in;
+  ga.epilogue = cuda::GemmEpilogue::dgelu;
+  cuda::DeviceGuard guard(dev);
+  if (!cuda::try_gemm(ga, dev, cuda::compute_stream(dev))) return false;
+  *dx = r;
+  return true;
+}
+
 Grads gelu_linear_backward_cuda(const Node& n, const Grads& g, const OpSaved& saved) {
   const LinearSaved& s = saved.as<LinearSaved>();
   const Tensor gy = cuda_contiguous(g[0]);
   const Tensor x = s.x.unpack(n);
   const Tensor w = needs_grad(n, 0) ? s.w.unpack(n) : Tensor();
   Grads r(3);
+  const bool dx_fused = needs_grad(n, 0) && gelu_linear_dx_fused(gy, w, x, &r[0]);
   Tensor dh;
   linear_grads(
       gy, x.size(-1), w, [&] { return cuda_pointwise(cuda::PointwiseOp::gelu_tanh, {x}, x.sizes(), x.dtype()); }, s.master, true,
-      needs_grad(n, 0) ? &dh : nullptr, needs_grad(n, 1) ? &r[1] : nullptr, s.has_bias && needs_grad(n, 2) ? &r[2] : nullptr);
+      needs_grad(n, 0) && !dx_fused ? &dh : nullptr, needs_grad(n, 1) ? &r[1] : nullptr,
+      s.has_bias && needs_grad(n, 2) ? &r[2] : nullptr);
   if (dh.defined()) r[0] = cuda_pointwise(cuda::PointwiseOp::gelu_tanh_backward, {dh, x}, x.sizes(), x.dtype());
   return r;
 }

@@ -15,6 +15,15 @@
 // per row, read on the device (g / count for mean, g for sum, g[n] for none), in one pass.
 // 16-bit logits (autocast's lm_head output) are read in place, math in f32, and the gradient
 // is written in their dtype: no f32 copy of the logits is made or kept.
+// The fused classifier (issue 22): the forward reads each row of logits once (an online
+// softmax), and the backward writes the gradient over the saved logits, so the step never
+// holds a second [N, C] buffer (N C times the dtype's size less at the step's peak, the start
+// of backward; bench/RESULTS.md, GPU section, for GPT-2's). It does so only when nothing else
+// can see the logits: the forward saves its own alias of them, and at backward that alias
+// must be the storage's only holder (the model dropped its logits: GPT::loss does), the
+// backward must not keep the graph (retain_graph would read the logits again), and
+// cuda::fused_classifier_enabled(); otherwise the gradient goes to a new buffer, as before.
+// The write bumps the storage's version, so a stale read of the logits raises.
 #include <algorithm>
 #include <cmath>
 #include <limits>
@@ -22,6 +31,7 @@
 
 #include "athanor/autograd/anomaly.h"
 #include "athanor/autograd/function.h"
+#include "athanor/autograd/retain_graph.h"
 #include "athanor/ops/loss.h"
 #include "backend/cuda/kernels.h"
 #include "backend/cuda/loss_targets.h"
@@ -89,7 +99,9 @@ std::vector<Tensor> cross_entropy_cuda(OpCall& c) {
   }
   if (c.records()) {
     CrossEntropyCudaSaved& sv = c.save<CrossEntropyCudaSaved>();
-    sv.logits = save(lc, "logits"), sv.stats = save(stats, "row_stats");
+    // An alias (the same storage, its own handle): at backward, a storage held by this alias
+    // alone is the fused classifier's licence to write the gradient over it.
+    sv.logits = save(lc.detach(), "logits"), sv.stats = save(stats, "row_stats");
     sv.targets = save(ids, "targets"), sv.count = save(acc, "count");
     sv.N = N, sv.C = C, sv.ignore_index = ignore_index, sv.label_smoothing = label_smoothing;
     sv.reduction = reduction;
@@ -104,7 +116,9 @@ Grads cross_entropy_backward_cuda(const Node& nd, const Grads& g, const OpSaved&
   const Tensor lc = s.logits.unpack(nd), stats = s.stats.unpack(nd), t = s.targets.unpack(nd), count = s.count.unpack(nd);
   check_cuda_dtype("cross_entropy backward", g[0], "grad");
   const Tensor gc = cuda_as(g[0], DType::f32);
-  Tensor dx = empty(lc.sizes(), TensorOptions(lc.dtype()).with_device(lc.device()));
+  // lc, the saved alias, and the storage's one holder: nobody else reads these logits again.
+  const bool in_place = cuda::fused_classifier_enabled() && !backward_retains_graph() && lc.storage().use_count() == 1;
+  Tensor dx = in_place ? lc : empty(lc.sizes(), TensorOptions(lc.dtype()).with_device(lc.device()));
   const int dev = lc.device().index;
   cuda::DeviceGuard guard(dev);
   const cudaStream_t cs = cuda::compute_stream(dev);
@@ -122,6 +136,7 @@ Grads cross_entropy_backward_cuda(const Node& nd, const Grads& g, const OpSaved&
                                  s.reduction == Reduction::none ? 1 : 0, dx.device_data(), s.N, s.C, s.ignore_index,
                                  s.label_smoothing, cs);
   }
+  if (in_place) dx.bump_version();  // the logits are gone: a stale unpack of them raises
   return {dx, Tensor()};  // targets are class ids: no gradient
 }
 

@@ -1,0 +1,79 @@
+#!/usr/bin/env bash
+# The GPU benchmark of issue 22 in one device call: athanor against torch.compile on GPT-2.
+#
+#   bash scripts/gpu_bench.sh pack     here: scripts/gpu_check.sh's pack (the same archive carries
+#                                      bench/compare_pytorch_gpu.py, the bench/configs/gpt2-*.yaml
+#                                      and the tokenized Brown shards the configs read)
+#   bash scripts/gpu_bench.sh run      on the GPU machine, from the repository root with gpu_pack/
+#                                      carried: unpack, then bench/compare_pytorch_gpu.py on
+#                                      gpt2-124m-gpu, gpt2-350m-gpu and (when the budget still
+#                                      holds it) gpt2-124m-gpu-ckpt; writes $OUT/gpu_bench.json (the
+#                                      raw results), $OUT/gpu_bench.md (the table for
+#                                      bench/RESULTS.md) and $OUT/gpu_bench.log
+#
+# Budget: one 6-minute device call (360 s). Outside this script: the machine's start (~90 s)
+# and the carried archive (~45 MiB, ~10 s), leaving ~260 s. Inside (estimates, not yet measured
+# on a GPU; the log times each piece so the next session can re-plan):
+#   unpack (xz, ~45 MiB)                                                       ~10 s
+#   per config, compare_pytorch_gpu.py (2 paired repeats of 20 timed steps after 3 warm-up):
+#     athanor batch probe (one step at 64, then 32, 16 on out-of-memory)       ~10-30 s
+#     PyTorch: import + eager batch probe                                       ~15 s
+#     torch.compile of the whole model + warm-up (never timed; counted here)  ~60 s (124M), ~90 s (350M)
+#     each repeat: 20+3 PyTorch steps, one athanor process (start, 23 steps)   ~20-30 s
+#   124M ~130 s, 350M ~170 s: the two fit ~260 s only if the estimates hold, so the script gives
+#   compare_pytorch_gpu.py a budget of GPU_BENCH_BUDGET_S (default 230 s): it starts no repeat
+#   (after a config's first) and no config that the time left cannot hold, and reports what it
+#   skipped; a hard timeout (budget + 20 s) ends it regardless, the configs finished before that
+#   kept in the JSON (written after every config). The ckpt variant runs only with time left.
+# GPU_BENCH_CONFIGS overrides the list (e.g. "gpt2-350m-gpu" for a second call); GPU_BENCH_ARGS adds
+# arguments to compare_pytorch_gpu.py and GPU_BENCH_PYTHON names its interpreter (the plumbing's
+# dry run here: GPU_BENCH_PYTHON=/usr/bin/python3 GPU_BENCH_ARGS="--device cpu --tiny --steps 2
+# --warmup 1 --batches 2").
+set -euo pipefail
+ROOT=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
+# shellcheck source=scripts/gpu_check.sh
+source "$ROOT/scripts/gpu_check.sh"  # cmd_pack, cuda_lib_dirs, ARCHIVE
+
+cmd_run_bench() {
+  local out=${OUT:-$ROOT/gpu_bench_out}
+  mkdir -p "$out"
+  local log=$out/gpu_bench.log json=$out/gpu_bench.json
+  local budget=${GPU_BENCH_BUDGET_S:-230}
+  local configs=${GPU_BENCH_CONFIGS:-gpt2-124m-gpu gpt2-350m-gpu gpt2-124m-gpu-ckpt}
+  local py=${GPU_BENCH_PYTHON:-python3}
+  local work=/tmp/athanor-gpu-bench
+  [[ -f "$ARCHIVE" ]] || { echo "gpu_bench: $ARCHIVE is missing: run 'bash scripts/gpu_bench.sh pack' here and carry gpu_pack" >&2; exit 1; }
+  local t0
+  t0=$(date +%s)
+  rm -rf "$work"
+  mkdir -p "$work"
+  xz -dc "$ARCHIVE" | tar -C "$work" -xf -
+  local d=$work/athanor-gpu
+  export LD_LIBRARY_PATH="$d/lib:$(cuda_lib_dirs)"
+  {
+    echo "== gpu_bench $(date -u +%FT%TZ): unpacked in $(($(date +%s) - t0)) s"
+    nvidia-smi --query-gpu=name,driver_version,memory.total,clocks.max.sm --format=csv,noheader 2>&1 || true
+    "$py" -c 'import sys, torch; print("python", sys.version.split()[0], "torch", torch.__version__, "cuda", torch.version.cuda)' 2>&1 || true
+    "$d/bin/athanor" --version 2>&1 | head -3 || true
+    echo "configs: $configs; budget ${budget} s"
+  } >>"$log"
+  local rc=0
+  # shellcheck disable=SC2086  # the config list splits into arguments
+  timeout $((budget + 20)) "$py" "$d/bench/compare_pytorch_gpu.py" --configs $configs --athanor "$d/bin/athanor" --cwd "$d" \
+    --repeats 2 --steps 20 --warmup 3 --budget-s "$budget" --timeout 90 --out "$json" ${GPU_BENCH_ARGS:-} \
+    >"$out/gpu_bench.md" 2>>"$log" || rc=$?
+  if [[ $rc -eq 124 && -f "$json" ]]; then  # killed: the table of the configs that finished
+    "$py" "$d/bench/compare_pytorch_gpu.py" --table "$json" >"$out/gpu_bench.md" 2>>"$log" || true
+  fi
+  {
+    echo "== exit $rc after $(($(date +%s) - t0)) s"
+    cat "$out/gpu_bench.md"
+  } | tee -a "$log"
+  return $rc
+}
+
+case "${1:-}" in
+  pack) cmd_pack ;;
+  run) cmd_run_bench ;;
+  *) sed -n '2,/^set -euo/{/^#/p}' "${BASH_SOURCE[0]}" | sed 's/^# \{0,1\}//'; exit 2 ;;
+esac
