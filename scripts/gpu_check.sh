@@ -330,10 +330,10 @@ run_mpi_tests() {
     sed -i 's/^nccl_watchdog: passed.*/nccl_watchdog: failed: the communicator was aborted but the timeout message is missing/' "$status"
   fi
   # Last, with what is left: `athanor train` itself on 2 processes sharing the GPU (dist.backend
-  # auto picks MPI with host staging), ZeRO-2, 20 steps and the final sharded checkpoint.
-  ATHANOR_DIST_TIMEOUT_S=60 mpi_exe=./bin/athanor mpi_case trainer_dp2_zero2 pass 2 train examples/gpt-char.yaml trainer.device=cuda trainer.max_steps=20 schedule.warmup_steps=5 \
+  # auto picks MPI with host staging), ZeRO-2, 10 steps and a sharded checkpoint.
+  ATHANOR_DIST_TIMEOUT_S=60 mpi_exe=./bin/athanor mpi_case trainer_dp2_zero2 pass 2 train examples/gpt-char.yaml trainer.device=cuda trainer.max_steps=10 schedule.warmup_steps=3 \
     trainer.log_every=10 trainer.eval_every=0 trainer.eval_batches=2 trainer.sample_every=0 trainer.sample_tokens=0 trainer.time_limit_s=0 \
-    observe.report=false dist.zero_stage=2 checkpoint.every=20 out_dir=/tmp/athanor-gpu-dp2
+    observe.report=false dist.zero_stage=2 checkpoint.every=10 out_dir=/tmp/athanor-gpu-dp2
   return 0
 }
 
