@@ -29,17 +29,19 @@ DistributedDataParallel::DistributedDataParallel(std::shared_ptr<nn::Module> mod
   for (auto& [name, p] : module_->named_parameters())
     if (p.requires_grad()) params_.push_back(Param{name, p});
 
-  // Buckets in reverse registration order, one dtype each, capped in bytes.
+  // Buckets in reverse registration order, one dtype and one device each, capped in bytes. A
+  // bucket's flat buffer lives on its parameters' device (CUDA gradients never leave it).
   const double cap = opts_.bucket_cap_mb * 1024.0 * 1024.0;
   for (int i = static_cast<int>(params_.size()) - 1; i >= 0; --i) {
     Param& p = params_[i];
     const DType dt = p.tensor.dtype();
     const double bytes = static_cast<double>(p.tensor.nbytes());
-    bool fits = !buckets_.empty() && buckets_.back().dtype == dt &&
+    bool fits = !buckets_.empty() && buckets_.back().dtype == dt && buckets_.back().device == p.tensor.device() &&
                 static_cast<double>(buckets_.back().numel * dtype_size(dt)) + bytes <= cap;
     if (!fits) {
       buckets_.emplace_back();
       buckets_.back().dtype = dt;
+      buckets_.back().device = p.tensor.device();
     }
     Bucket& b = buckets_.back();
     p.bucket = static_cast<int>(buckets_.size()) - 1;
@@ -48,7 +50,7 @@ DistributedDataParallel::DistributedDataParallel(std::shared_ptr<nn::Module> mod
     b.params.push_back(i);
   }
   for (auto& b : buckets_) {
-    b.flat = empty({b.numel}, TensorOptions(b.dtype).with_tag(MemTag::gradient));
+    b.flat = empty({b.numel}, TensorOptions(b.dtype).with_device(b.device).with_tag(MemTag::gradient));
     b.pending = static_cast<int>(b.params.size());
   }
   for (int i = 0; i < static_cast<int>(params_.size()); ++i)

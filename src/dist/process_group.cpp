@@ -1,6 +1,8 @@
 // ProcessGroup over an MPI communicator: nonblocking collectives with a
 // per-group sequence number, a ledger, a deadline on every wait, and the
 // timeout diagnosis (see include/athanor/dist/process_group.h for the contract).
+// CUDA tensors go through the group's NCCL communicator when it has one
+// (process_group_nccl.cpp), else through MPI with host staging (here).
 #include "athanor/dist/process_group.h"
 
 #include <mpi.h>
@@ -9,6 +11,7 @@
 #include <array>
 #include <cstdio>
 #include <cstdlib>
+#include <cstring>
 #include <deque>
 #include <functional>
 #include <iomanip>
@@ -20,31 +23,23 @@
 
 #include "athanor/core/error.h"
 #include "athanor/dist/comm_ledger.h"
+#include "dist/process_group_impl.h"
+#if ATHANOR_HAS_CUDA
+#include "backend/cuda/runtime.h"
+#endif
 
 namespace athanor::dist {
 
 namespace {
-
-using Clock = std::chrono::steady_clock;
-
-constexpr int kTagProbe = 7001;   // on a group's diagnosis communicator: "what did you post last?"
-constexpr int kTagReply = 7002;   // answer: {last posted seq, last completed seq, world rank}
-constexpr std::size_t kLedgerCap = 256;
+using detail::Clock;
+using detail::kTagProbe;
+using detail::kTagReply;
 
 bool g_initialized = false;
 bool g_we_initialized = false;
 int g_thread_level = MPI_THREAD_SINGLE;
 std::shared_ptr<ProcessGroup> g_world;
 std::vector<ProcessGroup::Impl*> g_groups;  // live groups: their diagnosis communicators are serviced while waiting
-
-std::chrono::milliseconds default_timeout() {
-  if (const char* s = std::getenv("ATHANOR_DIST_TIMEOUT_S")) {
-    char* end = nullptr;
-    const double v = std::strtod(s, &end);
-    if (end != s && v > 0) return std::chrono::milliseconds(static_cast<int64_t>(v * 1000.0));
-  }
-  return std::chrono::milliseconds(300'000);
-}
 
 std::string call_site(const std::source_location& loc) {
   std::string f = loc.file_name();
@@ -87,57 +82,6 @@ void check_init(const char* op) {
 
 }  // namespace
 
-// ---------------------------------------------------------------------------
-struct ProcessGroup::Impl {
-  MPI_Comm comm = MPI_COMM_NULL;
-  MPI_Comm diag = MPI_COMM_NULL;  // duplicate of comm: timeout probes never mix with user traffic
-  bool owns_comm = false;
-  std::string name;
-  std::string dimension;  // the mesh dimension (DeviceMesh sets it), else the name
-  int rank = 0, size = 1;
-  std::vector<int> world_ranks;
-  std::chrono::milliseconds timeout = default_timeout();
-  uint64_t posted = 0, completed = 0, p2p_posted = 0;
-  std::deque<LedgerEntry> ledger;
-  // outstanding replies to other ranks' probes: buffer + request
-  std::list<std::pair<std::array<int64_t, 3>, MPI_Request>> replies;
-
-  LedgerEntry& add_entry(LedgerEntry e) {
-    ledger.push_back(std::move(e));
-    if (ledger.size() > kLedgerCap) ledger.pop_front();
-    return ledger.back();
-  }
-  void mark_completed(const std::string& op, uint64_t seq, bool p2p, double seconds) {
-    if (!p2p) completed = std::max(completed, seq);
-    for (auto it = ledger.rbegin(); it != ledger.rend(); ++it)
-      if (it->seq == seq && it->op == op) {
-        it->completed = true;
-        it->seconds = seconds;
-        break;
-      }
-  }
-  // Answers every pending probe on this group's diagnosis communicator.
-  void service_probes() {
-    if (diag == MPI_COMM_NULL) return;
-    for (;;) {
-      int flag = 0;
-      MPI_Status st;
-      MPI_Iprobe(MPI_ANY_SOURCE, kTagProbe, diag, &flag, &st);
-      if (!flag) break;
-      int64_t asked = 0;
-      MPI_Recv(&asked, 1, MPI_INT64_T, st.MPI_SOURCE, kTagProbe, diag, MPI_STATUS_IGNORE);
-      replies.push_back({{static_cast<int64_t>(posted), static_cast<int64_t>(completed), world_ranks[rank]}, MPI_REQUEST_NULL});
-      auto& r = replies.back();
-      MPI_Isend(r.first.data(), 3, MPI_INT64_T, st.MPI_SOURCE, kTagReply, diag, &r.second);
-    }
-    for (auto it = replies.begin(); it != replies.end();) {
-      int done = 0;
-      MPI_Test(&it->second, &done, MPI_STATUS_IGNORE);
-      it = done ? replies.erase(it) : std::next(it);
-    }
-  }
-  [[noreturn]] void timeout_abort(const LedgerEntry& e, double waited_s);
-};
 
 namespace {
 void service_all_probes() {
@@ -230,26 +174,16 @@ void ProcessGroup::Impl::timeout_abort(const LedgerEntry& e, double waited_s) {
   std::_Exit(3);
 }
 
-// ---------------------------------------------------------------------------
-struct Work::Impl {
-  ProcessGroup::Impl* g = nullptr;
-  MPI_Request req = MPI_REQUEST_NULL;
-  LedgerEntry entry;
-  bool p2p = false;
-  bool done = false;
-  Clock::time_point posted_at;
-  std::function<void()> finish;  // after the request completed: copy back, divide, …
 
-  void complete() {
-    done = true;
-    entry.completed = true;
-    entry.seconds = std::chrono::duration<double>(Clock::now() - posted_at).count();
-    g->mark_completed(entry.op, entry.seq, p2p, entry.seconds);
-    comm_ledger().record(entry);
-    if (finish) finish();
-    finish = nullptr;  // drops the tensors it kept alive
-  }
-};
+void Work::Impl::complete() {
+  done = true;
+  entry.completed = true;
+  entry.seconds = std::chrono::duration<double>(Clock::now() - posted_at).count();
+  g->mark_completed(entry.op, entry.seq, p2p, entry.seconds);
+  comm_ledger().record(entry);
+  if (finish) finish();
+  finish = nullptr;  // drops the tensors it kept alive
+}
 
 Work::Work(std::unique_ptr<Impl> impl) : impl_(std::move(impl)) {}
 Work::~Work() {
@@ -269,7 +203,8 @@ const std::string& Work::op() const { return impl_->entry.op; }
 bool Work::test() {
   if (impl_->done) return true;
   int flag = 0;
-  check_mpi(MPI_Test(&impl_->req, &flag, MPI_STATUS_IGNORE), "MPI_Test");
+  if (impl_->ready) flag = impl_->ready();
+  else check_mpi(MPI_Test(&impl_->req, &flag, MPI_STATUS_IGNORE), "MPI_Test");
   if (flag) impl_->complete();
   return impl_->done;
 }
@@ -281,12 +216,17 @@ void Work::wait() {
   int spins = 0;
   for (;;) {
     int flag = 0;
-    check_mpi(MPI_Test(&impl_->req, &flag, MPI_STATUS_IGNORE), "MPI_Test");
+    if (impl_->ready) flag = impl_->ready();  // NCCL: the operation's event
+    else check_mpi(MPI_Test(&impl_->req, &flag, MPI_STATUS_IGNORE), "MPI_Test");
     if (flag) break;
     service_all_probes();
     const auto now = Clock::now();
-    if (now > deadline)
+    if (now > deadline) {
+      // The watchdog: an NCCL communicator is aborted first (its kernels would otherwise spin on
+      // the device for ever), then the ranks are probed over MPI as for an MPI collective.
+      if (impl_->on_timeout) impl_->on_timeout();
       impl_->g->timeout_abort(impl_->entry, std::chrono::duration<double>(now - start).count());
+    }
     // spin briefly for latency, then back off (ranks are often oversubscribed on the cores)
     if (++spins < 200) std::this_thread::yield();
     else std::this_thread::sleep_for(std::chrono::microseconds(spins < 2000 ? 20 : 200));
@@ -321,10 +261,14 @@ std::shared_ptr<ProcessGroup> make_group(MPI_Comm comm, std::string name, bool o
 
 bool reducible(DType dt) { return dt != DType::boolean; }
 
-// A contiguous tensor of dtype `dt` holding t's values (t itself when it already is one).
+// A contiguous host tensor of dtype `dt` holding t's values (t itself when it already is
+// one). A CUDA tensor is staged on the host (MPI moves host memory): copy_into downloads it
+// after the work queued on its compute stream (the kernels that wrote it), through the
+// device's pinned staging buffers, and the finish of the operation uploads the result,
+// ordered before the work queued on the compute stream afterwards.
 Tensor staged(const Tensor& t, DType dt, bool copy_values) {
-  if (t.is_contiguous() && t.dtype() == dt) return t;
-  Tensor s = empty(t.sizes(), TensorOptions(dt));
+  if (t.device().is_cpu() && t.is_contiguous() && t.dtype() == dt) return t;
+  Tensor s = empty(t.sizes(), TensorOptions(dt).with_tag(MemTag::workspace));
   if (copy_values) copy_into(s, t);
   return s;
 }
@@ -346,11 +290,32 @@ void divide_by(const Tensor& t, int n) {
 DType reduce_dtype(DType dt) { return is_low_precision(dt) ? DType::f32 : dt; }
 MPI_Op mpi_op(ReduceOp op) { return op == ReduceOp::max ? MPI_MAX : MPI_SUM; }
 
-void check_cpu(const Tensor& t, const char* op) {
-  ATH_CHECK(t.defined(), op, "got an undefined tensor");
-  ATH_CHECK(t.device().is_cpu(), op, "CPU collectives need CPU tensors; got ", t.describe(), " on ", t.device().str(),
-            Hint{"CUDA tensors go through NCCL (not built yet); copy to the CPU first"});
+void check_same_device(const Tensor& a, const Tensor& b, const char* op) {
+  ATH_CHECK(a.device() == b.device(), op, "output ", a.describe(), " is on ", a.device().str(), " and input ", b.describe(),
+            " on ", b.device().str(), Hint{"put both tensors of a collective on one device"});
 }
+
+#if ATHANOR_HAS_NCCL
+// The group's NCCL communicator takes t when t is a CUDA tensor and the group has one.
+bool on_nccl(const ProcessGroup::Impl& g, const Tensor& t, const char* op) {
+  if (!g.nccl || t.device().is_cpu()) return false;
+  ATH_CHECK(t.device().index == g.nccl->device(), op, "group ", g.name, " has its NCCL communicator on cuda:", g.nccl->device(),
+            " but got ", t.describe(), " on ", t.device().str(), Hint{"one process drives one GPU: keep its tensors on that device"});
+  return true;
+}
+#endif
+
+}  // namespace
+
+namespace detail {
+void check_tensor(const Tensor& t, const char* op) {
+  ATH_CHECK(t.defined(), op, "got an undefined tensor");
+  // CPU tensors go through MPI; CUDA tensors through NCCL or MPI with host staging.
+}
+}  // namespace detail
+
+namespace {
+using detail::check_tensor;
 
 }  // namespace
 
@@ -361,6 +326,9 @@ namespace {
 void release_mpi_resources(ProcessGroup::Impl& impl) {
   for (auto& r : impl.replies) MPI_Request_free(&r.second);
   impl.replies.clear();
+#if ATHANOR_HAS_NCCL
+  impl.nccl.reset();  // before MPI_Finalize and before the CUDA runtime goes at exit
+#endif
   if (impl.diag != MPI_COMM_NULL) MPI_Comm_free(&impl.diag);
   if (impl.owns_comm && impl.comm != MPI_COMM_NULL) MPI_Comm_free(&impl.comm);
   impl.diag = impl.comm = MPI_COMM_NULL;
@@ -382,7 +350,56 @@ std::shared_ptr<ProcessGroup> ProcessGroup::split(int color, int key, std::strin
   check_init("ProcessGroup::split");
   MPI_Comm c;
   check_mpi(MPI_Comm_split(impl_->comm, color, key, &c), "MPI_Comm_split");
-  return make_group(c, std::move(name), true);
+  auto g = make_group(c, std::move(name), true);
+#if ATHANOR_HAS_NCCL
+  // Every rank of this group called split, so every rank of the new group reaches this too.
+  if (impl_->nccl) g->init_nccl(impl_->nccl->device());
+#endif
+  return g;
+}
+
+void ProcessGroup::init_nccl(int device) {
+  check_init("ProcessGroup::init_nccl");
+#if ATHANOR_HAS_NCCL
+  if (impl_->nccl) {
+    ATH_CHECK(impl_->nccl->device() == device, "ProcessGroup::init_nccl", "group ", impl_->name,
+              " already has an NCCL communicator on cuda:", impl_->nccl->device(), ", not cuda:", device,
+              Hint{"one process drives one GPU"});
+    return;
+  }
+  cuda::check_device(device, "ProcessGroup::init_nccl");
+  // The bootstrap over MPI: rank 0's unique id, broadcast on this group's communicator (with
+  // the group's timeout and ledger entry, like any collective).
+  cuda::NcclId id{};
+  if (impl_->rank == 0) id = cuda::nccl_unique_id();
+  Tensor bytes = empty({static_cast<int64_t>(id.size())}, TensorOptions(DType::u8).with_tag(MemTag::workspace));
+  std::memcpy(bytes.raw_data(), id.data(), id.size());
+  broadcast(bytes, 0);
+  std::memcpy(id.data(), bytes.raw_data(), id.size());
+  impl_->nccl = std::make_unique<cuda::NcclComm>(id, impl_->size, impl_->rank, device);
+#else
+  ATH_FAIL("ProcessGroup::init_nccl", "group ", impl_->name, ": this build has no NCCL (cuda:", device, " requested)",
+           Hint{"build with CUDA and NCCL (nccl.h and libnccl beside the CUDA toolkit), or use dist.backend mpi (host staging)"});
+#endif
+}
+
+bool ProcessGroup::uses_nccl() const {
+#if ATHANOR_HAS_NCCL
+  return impl_->nccl != nullptr;
+#else
+  return false;
+#endif
+}
+
+void ProcessGroup::release_nccl() {
+#if ATHANOR_HAS_NCCL
+  impl_->nccl.reset();
+#endif
+}
+
+std::string ProcessGroup::backend_for(const Tensor& t) const {
+  if (t.device().is_cpu()) return "mpi";
+  return uses_nccl() ? "nccl" : "mpi (host staging)";
 }
 int ProcessGroup::world_rank_of(int r) const { return impl_->world_ranks.at(r); }
 void ProcessGroup::set_timeout(std::chrono::milliseconds t) { impl_->timeout = t; }
@@ -401,10 +418,10 @@ double wire_bytes(const std::string& op, std::size_t bytes, int n) {
   return n > 1 ? b : 0.0;  // broadcast, send, recv
 }
 
-// Posts one operation: ledger entry, MPI call (which fills the request), Work.
-template <class Post>
-WorkPtr post(ProcessGroup::Impl& g, const char* op, std::size_t bytes, DType dt, int peer, const std::source_location& loc,
-             bool p2p, Post&& post_fn, std::function<void()> finish) {
+}  // namespace
+
+std::unique_ptr<Work::Impl> detail::open_work(ProcessGroup::Impl& g, const char* op, std::size_t bytes, DType dt, int peer,
+                                              const std::source_location& loc, bool p2p) {
   check_init(op);
   auto w = std::make_unique<Work::Impl>();
   w->g = &g;
@@ -422,6 +439,15 @@ WorkPtr post(ProcessGroup::Impl& g, const char* op, std::size_t bytes, DType dt,
   e.call_site = call_site(loc);
   w->entry = g.add_entry(e);
   w->posted_at = Clock::now();
+  return w;
+}
+
+namespace {
+// Posts one operation: ledger entry, MPI call (which fills the request), Work.
+template <class Post>
+WorkPtr post(ProcessGroup::Impl& g, const char* op, std::size_t bytes, DType dt, int peer, const std::source_location& loc,
+             bool p2p, Post&& post_fn, std::function<void()> finish) {
+  auto w = detail::open_work(g, op, bytes, dt, peer, loc, p2p);
   w->finish = std::move(finish);
   check_mpi(post_fn(&w->req), op);
   return std::make_shared<Work>(std::move(w));
@@ -429,8 +455,11 @@ WorkPtr post(ProcessGroup::Impl& g, const char* op, std::size_t bytes, DType dt,
 }  // namespace
 
 WorkPtr ProcessGroup::all_reduce_async(const Tensor& t, ReduceOp op, Loc loc) {
-  check_cpu(t, "all_reduce");
+  check_tensor(t, "all_reduce");
   ATH_CHECK(reducible(t.dtype()), "all_reduce", "cannot reduce a ", dtype_name(t.dtype()), " tensor");
+#if ATHANOR_HAS_NCCL
+  if (on_nccl(*impl_, t, "all_reduce")) return detail::nccl_all_reduce(*impl_, t, op, loc);
+#endif
   Tensor buf = staged(t, reduce_dtype(t.dtype()), true);
   const int n = impl_->size;
   return post(*impl_, "all_reduce", t.nbytes(), t.dtype(), -1, loc, false,
@@ -446,12 +475,16 @@ WorkPtr ProcessGroup::all_reduce_async(const Tensor& t, ReduceOp op, Loc loc) {
 }
 
 WorkPtr ProcessGroup::reduce_scatter_async(const Tensor& out, const Tensor& in, ReduceOp op, Loc loc) {
-  check_cpu(out, "reduce_scatter");
-  check_cpu(in, "reduce_scatter");
+  check_tensor(out, "reduce_scatter");
+  check_tensor(in, "reduce_scatter");
   ATH_CHECK(reducible(in.dtype()), "reduce_scatter", "cannot reduce a ", dtype_name(in.dtype()), " tensor");
   ATH_CHECK(in.dtype() == out.dtype(), "reduce_scatter", "input ", in.describe(), " and output ", out.describe(), " differ in dtype");
   ATH_CHECK(in.numel() == out.numel() * impl_->size, "reduce_scatter", "input ", in.describe(), " must hold group size (",
             impl_->size, ") x output ", out.describe(), " elements");
+  check_same_device(out, in, "reduce_scatter");
+#if ATHANOR_HAS_NCCL
+  if (on_nccl(*impl_, in, "reduce_scatter")) return detail::nccl_reduce_scatter(*impl_, out, in, op, loc);
+#endif
   const DType rd = reduce_dtype(in.dtype());
   Tensor ibuf = staged(in, rd, true), obuf = staged(out, rd, false);
   const int n = impl_->size;
@@ -468,11 +501,15 @@ WorkPtr ProcessGroup::reduce_scatter_async(const Tensor& out, const Tensor& in, 
 }
 
 WorkPtr ProcessGroup::all_gather_async(const Tensor& out, const Tensor& in, Loc loc) {
-  check_cpu(out, "all_gather");
-  check_cpu(in, "all_gather");
+  check_tensor(out, "all_gather");
+  check_tensor(in, "all_gather");
   ATH_CHECK(in.dtype() == out.dtype(), "all_gather", "input ", in.describe(), " and output ", out.describe(), " differ in dtype");
   ATH_CHECK(out.numel() == in.numel() * impl_->size, "all_gather", "output ", out.describe(), " must hold group size (",
             impl_->size, ") x input ", in.describe(), " elements");
+  check_same_device(out, in, "all_gather");
+#if ATHANOR_HAS_NCCL
+  if (on_nccl(*impl_, in, "all_gather")) return detail::nccl_all_gather(*impl_, out, in, loc);
+#endif
   Tensor ibuf = staged(in, in.dtype(), true), obuf = staged(out, out.dtype(), false);
   return post(*impl_, "all_gather", out.nbytes(), in.dtype(), -1, loc, false,
               [&](MPI_Request* r) {
@@ -486,8 +523,11 @@ WorkPtr ProcessGroup::all_gather_async(const Tensor& out, const Tensor& in, Loc 
 }
 
 WorkPtr ProcessGroup::broadcast_async(const Tensor& t, int root, Loc loc) {
-  check_cpu(t, "broadcast");
+  check_tensor(t, "broadcast");
   ATH_CHECK(root >= 0 && root < impl_->size, "broadcast", "root ", root, " is not a rank of group ", impl_->name, " (size ", impl_->size, ")");
+#if ATHANOR_HAS_NCCL
+  if (on_nccl(*impl_, t, "broadcast")) return detail::nccl_broadcast(*impl_, t, root, loc);
+#endif
   Tensor buf = staged(t, t.dtype(), impl_->rank == root);
   return post(*impl_, "broadcast", t.nbytes(), t.dtype(), root, loc, false,
               [&](MPI_Request* r) {
@@ -500,8 +540,11 @@ WorkPtr ProcessGroup::broadcast_async(const Tensor& t, int root, Loc loc) {
 }
 
 WorkPtr ProcessGroup::send_async(const Tensor& t, int dst, int tag, Loc loc) {
-  check_cpu(t, "send");
+  check_tensor(t, "send");
   ATH_CHECK(dst >= 0 && dst < impl_->size && dst != impl_->rank, "send", "bad destination rank ", dst, " in group ", impl_->name);
+#if ATHANOR_HAS_NCCL
+  if (on_nccl(*impl_, t, "send")) return detail::nccl_send(*impl_, t, dst, loc);  // NCCL matches in posting order, not by tag
+#endif
   Tensor buf = staged(t, t.dtype(), true);
   return post(*impl_, "send", t.nbytes(), t.dtype(), dst, loc, true,
               [&](MPI_Request* r) {
@@ -511,8 +554,11 @@ WorkPtr ProcessGroup::send_async(const Tensor& t, int dst, int tag, Loc loc) {
 }
 
 WorkPtr ProcessGroup::recv_async(const Tensor& t, int src, int tag, Loc loc) {
-  check_cpu(t, "recv");
+  check_tensor(t, "recv");
   ATH_CHECK(src >= 0 && src < impl_->size && src != impl_->rank, "recv", "bad source rank ", src, " in group ", impl_->name);
+#if ATHANOR_HAS_NCCL
+  if (on_nccl(*impl_, t, "recv")) return detail::nccl_recv(*impl_, t, src, loc);
+#endif
   Tensor buf = staged(t, t.dtype(), false);
   return post(*impl_, "recv", t.nbytes(), t.dtype(), src, loc, true,
               [&](MPI_Request* r) {
@@ -569,6 +615,83 @@ void finalize() {
   g_initialized = false;
 }
 
+const char* backend_name(Backend b) {
+  switch (b) {
+    case Backend::automatic: return "auto";
+    case Backend::mpi: return "mpi";
+    case Backend::nccl: return "nccl";
+  }
+  return "?";
+}
+
+bool nccl_built() {
+#if ATHANOR_HAS_NCCL
+  return true;
+#else
+  return false;
+#endif
+}
+
+std::string nccl_version() {
+#if ATHANOR_HAS_NCCL
+  return cuda::nccl_version_string();
+#else
+  return "";
+#endif
+}
+
+namespace {
+// The GPU's UUID ("" when the device does not exist or the build has no CUDA).
+std::string gpu_uuid(Device device) {
+#if ATHANOR_HAS_CUDA
+  if (device.is_cpu() || device.index >= cuda::device_count()) return "";
+  cudaDeviceProp p{};
+  if (cudaGetDeviceProperties(&p, device.index) != cudaSuccess) return "";
+  static const char* hex = "0123456789abcdef";
+  std::string out = "GPU-";
+  for (int i = 0; i < 16; ++i) {
+    const auto b = static_cast<unsigned char>(p.uuid.bytes[i]);
+    out += hex[b >> 4];
+    out += hex[b & 15];
+  }
+  return out;
+#else
+  (void)device;
+  return "";
+#endif
+}
+}  // namespace
+
+Backend resolve_backend(Backend requested, Device device) {
+  if (requested == Backend::mpi) return Backend::mpi;
+  if (device.is_cpu()) {
+    ATH_CHECK(requested != Backend::nccl, "dist.backend", "nccl moves CUDA tensors, and this run's tensors are on the CPU",
+              Hint{"use dist.backend mpi (or auto) for CPU training, or trainer.device cuda with nccl"});
+    return Backend::mpi;
+  }
+  if (!nccl_built()) {
+    ATH_CHECK(requested != Backend::nccl, "dist.backend", "nccl was asked for, but this build has no NCCL",
+              Hint{"build with CUDA and NCCL (nccl.h and libnccl beside the CUDA toolkit), or use dist.backend mpi: "
+                   "CUDA tensors then go through MPI with host staging"});
+    return Backend::mpi;
+  }
+  // One GPU of its own per process: the GPUs the ranks drive, by UUID (a per-rank
+  // CUDA_VISIBLE_DEVICES makes every process see "cuda:0", on different GPUs), all different.
+  const std::string mine = gpu_uuid(device);
+  const std::vector<std::string> all =
+      is_initialized() ? all_gather_strings(*world(), mine) : std::vector<std::string>{mine};
+  std::string why;
+  for (std::size_t r = 0; r < all.size() && why.empty(); ++r) {
+    if (all[r].empty()) why = "rank " + std::to_string(r) + " has no " + device.str();
+    for (std::size_t q = 0; q < r && why.empty(); ++q)
+      if (all[q] == all[r]) why = "ranks " + std::to_string(q) + " and " + std::to_string(r) + " drive the same GPU (" + all[r] + ")";
+  }
+  if (why.empty()) return Backend::nccl;
+  ATH_CHECK(requested != Backend::nccl, "dist.backend", "nccl needs one GPU of its own per process (NCCL refuses two ranks on one "
+            "GPU), and ", why, Hint{"start at most one process per GPU, or use dist.backend mpi (host staging) to share a GPU"});
+  return Backend::mpi;
+}
+
 int rank() {
   check_init("dist::rank");
   return g_world->rank();
@@ -586,6 +709,16 @@ int local_rank() {
   MPI_Comm_rank(node, &r);
   MPI_Comm_free(&node);
   return r;
+}
+int local_size() {
+  check_init("dist::local_size");
+  if (const char* s = std::getenv("OMPI_COMM_WORLD_LOCAL_SIZE")) return std::atoi(s);
+  MPI_Comm node;
+  MPI_Comm_split_type(MPI_COMM_WORLD, MPI_COMM_TYPE_SHARED, 0, MPI_INFO_NULL, &node);
+  int n = 1;
+  MPI_Comm_size(node, &n);
+  MPI_Comm_free(&node);
+  return n;
 }
 const char* thread_level_name() {
   switch (g_thread_level) {

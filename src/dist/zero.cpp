@@ -15,6 +15,7 @@
 #include "dist/unused_parameters.h"
 #include "athanor/ops/shape.h"
 #include "athanor/optim/clip.h"
+#include "optim/device_update.h"
 
 namespace athanor::dist {
 
@@ -24,8 +25,17 @@ Tensor view_of(const Tensor& flat, const Tensor& like, int64_t offset) {
   return make_view(flat, like.sizes(), contiguous_strides(like.sizes()), offset);
 }
 
-// Multiplies every element of `g` by `coef` in place, exactly as optim::clip_grad_norm does.
+// Multiplies every element of `g` by `coef` in place, exactly as optim::clip_grad_norm does
+// (on a CUDA gradient: its device pass, queued on the compute stream).
 void scale_in_place(Tensor g, double coef) {
+  if (!g.device().is_cpu()) {
+    ATH_CHECK(g.dtype() == DType::f32 && g.is_contiguous(), "DataParallel.clip_grad_norm",
+              "not yet supported on cuda: clipping the gradient ", g.describe(), " (the device pass scales contiguous f32)",
+              Hint{"keep the master weights in f32 (trainer.precision bf16 autocasts, the parameters stay f32)"});
+    optim::detail::scale_on_device(g.device().index, {static_cast<float*>(g.device_data())}, {g.numel()}, coef);
+    g.bump_version();
+    return;
+  }
   dispatch(g.dtype(), [&]<class T>() {
     if constexpr (is_float_type_v<T>) {
       T* d = static_cast<T*>(g.raw_data());
@@ -83,10 +93,12 @@ DataParallel::DataParallel(std::shared_ptr<nn::Module> module, std::shared_ptr<P
     const double bytes = static_cast<double>(p.tensor.nbytes());
     const int blk = opts_.zero_stage == 3 ? block_of(p.name) : -1;
     const bool fits = !buckets_.empty() && bucket_block.back() == blk && buckets_.back().dtype == dt &&
+                      buckets_.back().device == p.tensor.device() &&
                       (blk >= 0 || static_cast<double>(bucket_bytes.back()) + bytes <= cap);
     if (!fits) {
       buckets_.emplace_back();
       buckets_.back().dtype = dt;
+      buckets_.back().device = p.tensor.device();
       buckets_.back().block = blk >= 0;
       bucket_bytes.push_back(0);
       bucket_block.push_back(blk);
@@ -131,12 +143,18 @@ DataParallel::DataParallel(std::shared_ptr<nn::Module> module, std::shared_ptr<P
 
   if (opts_.zero_stage >= 2) {
     // Only the owned elements are kept: the padding of the segment lives while a bucket is in flight.
-    for (auto& b : buckets_) b.shard = zeros({b.owned}, TensorOptions(b.dtype).with_tag(MemTag::gradient));
+    for (auto& b : buckets_) b.shard = zeros({b.owned}, TensorOptions(b.dtype).with_device(b.device).with_tag(MemTag::gradient));
     for (int i = 0; i < static_cast<int>(params_.size()); ++i)
       params_[i].hook = params_[i].tensor.register_post_accumulate_grad_hook([this, i](Tensor&) { on_grad_ready(i); });
   }
   if (opts_.zero_stage == 3) {
-    released_ = zeros({1}, TensorOptions().with_tag(MemTag::parameter));
+    // On the parameters' device: a released parameter still reads as a tensor of its device.
+    const Device dev = params_.empty() ? Device::cpu() : params_.front().tensor.device();
+    for (const Param& p : params_)
+      ATH_CHECK(p.tensor.device() == dev, "DataParallel", "zero_stage 3 needs every parameter on one device; '",
+                params_.front().name, "' is on ", dev.str(), " and '", p.name, "' on ", p.tensor.device().str(),
+                Hint{"move the whole model to one device (module.to(device)) before wrapping it"});
+    released_ = zeros({1}, TensorOptions().with_device(dev).with_tag(MemTag::parameter));
     for (int bi = 0; bi < static_cast<int>(buckets_.size()); ++bi)
       if (buckets_[bi].block) {
         buckets_[bi].bwd_pending = static_cast<int>(buckets_[bi].params.size());
@@ -250,7 +268,7 @@ void DataParallel::launch(int bi) {
   if (bi >= kMaxInFlight) drain(bi - kMaxInFlight);
   Bucket& b = buckets_[bi];
   const int n = group_->size();
-  b.packed = zeros({b.seg * n}, TensorOptions(b.dtype).with_tag(MemTag::gradient));
+  b.packed = zeros({b.seg * n}, TensorOptions(b.dtype).with_device(b.device).with_tag(MemTag::gradient));
   for (int i : b.params) {
     Param& p = params_[i];
     Tensor g = p.tensor.grad();
@@ -258,7 +276,7 @@ void DataParallel::launch(int bi) {
     copy_into(view_of(b.packed, g, p.owner * b.seg + p.seg_offset), g);
     p.tensor.set_grad(Tensor());  // the full gradient is not kept: the owner gets the reduced one
   }
-  b.received = empty({b.seg}, TensorOptions(b.dtype).with_tag(MemTag::gradient));
+  b.received = empty({b.seg}, TensorOptions(b.dtype).with_device(b.device).with_tag(MemTag::gradient));
   b.work = group_->reduce_scatter_async(b.received, b.packed, ReduceOp::avg);
 }
 
@@ -303,7 +321,7 @@ void DataParallel::sum_sequence_parallel_grads() {
   for (auto& [dt, grads] : by_dtype) {
     int64_t n = 0;
     for (auto& g : grads) n += g.numel();
-    Tensor flat = empty({n}, TensorOptions(dt).with_tag(MemTag::gradient));
+    Tensor flat = empty({n}, TensorOptions(dt).with_device(grads.front().device()).with_tag(MemTag::gradient));
     int64_t off = 0;
     for (auto& g : grads) {
       copy_into(view_of(flat, g, off), g);
@@ -374,8 +392,8 @@ void DataParallel::all_gather_parameters() {
   std::vector<WorkPtr> works;
   for (auto& b : buckets_) {
     if (b.block) continue;  // stage 3: sharded at rest, gathered by its block's forward
-    Tensor in = zeros({b.seg}, TensorOptions(b.dtype).with_tag(MemTag::workspace));
-    Tensor out = empty({b.seg * n}, TensorOptions(b.dtype).with_tag(MemTag::workspace));
+    Tensor in = zeros({b.seg}, TensorOptions(b.dtype).with_device(b.device).with_tag(MemTag::workspace));
+    Tensor out = empty({b.seg * n}, TensorOptions(b.dtype).with_device(b.device).with_tag(MemTag::workspace));
     for (int i : b.params)
       if (params_[i].owner == me) copy_into(view_of(in, params_[i].tensor, params_[i].seg_offset), params_[i].tensor);
     works.push_back(group_->all_gather_async(out, in));
@@ -432,8 +450,11 @@ optim::NamedTensors DataParallel::full_optimizer_state() {
       if (flags.empty() || flags[k * P + i] == 0) continue;
       const std::string key = kind_list[k] + "." + params_[i].name;
       Tensor t;
+      // On the host whatever the optimizer's device (a checkpoint's tensors go to the host anyway,
+      // and every rank of the broadcast must pass a tensor of the same kind: NCCL or MPI).
       if (params_[i].owner == me) {
-        t = by_key.at(key).clone();
+        const Tensor& src = by_key.at(key);
+        t = src.device().is_cpu() ? src.clone() : src.detach().to(Device::cpu());
       } else {
         const DType dt = params_[i].tensor.dtype() == DType::f64 ? DType::f64 : DType::f32;
         t = empty(params_[i].tensor.sizes(), TensorOptions(dt).with_tag(MemTag::optimizer_state));

@@ -122,8 +122,8 @@ void DataParallel::gather_block(int bi) {
   NoGradGuard ng;
   const int n = group_->size(), me = group_->rank();
   // Gathered parameters are parameters: tag them so (per rank: owned + blocks in use).
-  Tensor in = zeros({b.seg}, TensorOptions(b.dtype).with_tag(MemTag::parameter));
-  Tensor out = empty({b.seg * n}, TensorOptions(b.dtype).with_tag(MemTag::parameter));
+  Tensor in = zeros({b.seg}, TensorOptions(b.dtype).with_device(b.device).with_tag(MemTag::parameter));
+  Tensor out = empty({b.seg * n}, TensorOptions(b.dtype).with_device(b.device).with_tag(MemTag::parameter));
   for (int i : b.params)
     if (params_[i].owner == me)
       copy_into(make_view(in, params_[i].tensor.sizes(), contiguous_strides(params_[i].tensor.sizes()),

@@ -147,55 +147,57 @@ const std::vector<ConfigKey>& config_schema() {
       {"health.grad_spike_z", 6.0, "a grad norm this many standard deviations above the window's mean is a spike"},
 
       {"dist.backend", std::string("auto"),
-       "distributed backend: mpi (one process per rank, launched with mpirun/srun), none, or auto = mpi when launched under "
-       "mpirun/srun with more than one process",
-       "", {"auto", "none", "mpi"}},
+       "distributed backend: mpi (one process per rank, launched with mpirun/srun; CUDA tensors through host staging), nccl "
+       "(CUDA tensors over NCCL, bootstrapped over MPI; one GPU per process), none, or auto = distributed when launched under "
+       "mpirun/srun with more than one process, with nccl for CUDA tensors when the build has it and every process has a GPU "
+       "of its own, else mpi",
+       "", {"auto", "none", "mpi", "nccl"}},
       {"dist.zero_stage", int64_t{0},
        "0 = DDP (full optimizer per rank), 1 = optimizer state sharded, 2 = also gradients sharded, 3 = also parameters sharded "
        "(gpt: its blocks transformer.h.<i>; mlp: its Linear layers; not convnet)",
-       "dist.backend=auto|mpi"},
+       "dist.backend=auto|mpi|nccl"},
       {"dist.bucket_mb", 25.0, "gradient bucket size (MiB) of the all-reduce / reduce-scatter overlapped with backward",
-       "dist.backend=auto|mpi"},
+       "dist.backend=auto|mpi|nccl"},
       {"dist.timeout_s", 300.0, "a collective that does not complete within this many seconds aborts every rank, naming it",
-       "dist.backend=auto|mpi"},
+       "dist.backend=auto|mpi|nccl"},
       {"dist.sync_batchnorm", false,
        "BatchNorm layers normalise with the statistics of the whole data-parallel batch (all ranks' rows, as one process on "
        "the global batch) instead of each rank's own rows; costs three small all-reduces per BatchNorm forward and two in "
        "backward (dist::convert_sync_batchnorm)",
-       "dist.backend=auto|mpi"},
+       "dist.backend=auto|mpi|nccl"},
 
       {"dist.tp", int64_t{1},
        "tensor-parallel size (Megatron style; gpt, llama): each layer's weights, its attention heads (a llama's by kv-head "
        "group) and the vocabulary are split across this many consecutive ranks; the data-parallel size is world / (tp x pp)",
-       "dist.backend=auto|mpi"},
+       "dist.backend=auto|mpi|nccl"},
       {"dist.pp", int64_t{1},
        "pipeline-parallel stages (gpt, llama): the model's blocks are split in order across this many ranks (the embedding on "
        "the first, the final norm and the head on the last, a tied embedding on both); micro-batches are trainer.accum_steps",
-       "dist.backend=auto|mpi"},
+       "dist.backend=auto|mpi|nccl"},
       {"dist.pp_schedule", std::string("1f1b"),
        "with dist.pp > 1: gpipe (all forwards, then all backwards), 1f1b (PipeDream-Flush), interleaved (Megatron's interleaved "
        "1F1B over dist.virtual_stages chunks per rank) or zb-h1 (zero-bubble H1: backward split into input and weight passes)",
-       "dist.backend=auto|mpi", {"gpipe", "1f1b", "interleaved", "zb-h1"}},
+       "dist.backend=auto|mpi|nccl", {"gpipe", "1f1b", "interleaved", "zb-h1"}},
       {"dist.virtual_stages", int64_t{1},
        "with dist.pp_schedule interleaved: model chunks per rank (the model goes round the pp ranks this many times; "
        "trainer.accum_steps must be a multiple of dist.pp)",
-       "dist.backend=auto|mpi"},
+       "dist.backend=auto|mpi|nccl"},
       {"dist.pp_layers", std::vector<int64_t>{},
        "with dist.pp > 1: transformer blocks per stage (per virtual stage with interleaved), in order, summing to model.n_layer; "
        "empty = balanced",
-       "dist.backend=auto|mpi"},
+       "dist.backend=auto|mpi|nccl"},
       {"dist.sequence_parallel", false,
        "with dist.tp > 1: LayerNorm, dropout and residual activations hold 1/tp of the sequence on each rank (Korthikanti et "
        "al. 2022); all-gathers and reduce-scatters replace the all-reduces, activation memory per layer drops by tp",
-       "dist.backend=auto|mpi"},
+       "dist.backend=auto|mpi|nccl"},
       {"dist.sequence_parallel_regather", true,
        "with dist.sequence_parallel: keep only each rank's slice of a column-parallel layer's input for backward and "
        "all-gather it again there (Megatron's way: less memory, one more all-gather per such layer)",
-       "dist.backend=auto|mpi"},
+       "dist.backend=auto|mpi|nccl"},
       {"dist.vocab_pad_multiple", int64_t{128},
        "with dist.tp > 1: the vocabulary is padded to a multiple of this x tp rows (padding rows are never used; 1 = no padding, "
        "then the vocabulary size must be divisible by dist.tp)",
-       "dist.backend=auto|mpi"},
+       "dist.backend=auto|mpi|nccl"},
       // Test-only knobs: they break a run on purpose, so the doctor can be checked on a known
       // fault (tests/observe/doctor_catalogue). Never needed in real training.
       {"debug.shuffle_labels", false,

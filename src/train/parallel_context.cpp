@@ -19,6 +19,9 @@
 #include "athanor/dist/sampler.h"
 #include "athanor/dist/tensor_parallel_lm.h"
 #include "athanor/ops.h"
+#if ATHANOR_HAS_CUDA
+#include "backend/cuda/runtime.h"
+#endif
 
 namespace athanor::train {
 namespace {
@@ -40,6 +43,13 @@ bool one_process(const Config& c) {
 
 void ParallelContext::check_config(const Config& c) {
   const int64_t tp = c.get_int("dist.tp"), pp = c.get_int("dist.pp");
+  if (c.get_string("dist.backend") == "nccl") {
+    ATH_CHECK(c.get_string("trainer.device") != "cpu", "config", "dist.backend is nccl but trainer.device is cpu: NCCL moves "
+              "CUDA tensors", Hint{"use dist.backend mpi (or auto) to train on the CPU, or trainer.device cuda"});
+    ATH_CHECK(dist::nccl_built(), "config", "dist.backend is nccl but this build has no NCCL",
+              Hint{"build with CUDA and NCCL (nccl.h and libnccl beside the CUDA toolkit), or use dist.backend mpi: CUDA "
+                   "tensors then go through MPI with host staging"});
+  }
   ATH_CHECK(tp >= 1, "config", "dist.tp must be >= 1, got ", tp, Hint{"1 = no tensor parallelism"});
   ATH_CHECK(pp >= 1, "config", "dist.pp must be >= 1, got ", pp, Hint{"1 = no pipeline parallelism"});
   ATH_CHECK(c.get_int("dist.vocab_pad_multiple") >= 1, "config", "dist.vocab_pad_multiple must be >= 1, got ",
@@ -163,7 +173,37 @@ ParallelContext::ParallelContext(const Config& c) {
   dp_size_ = dp_group_->size();
 }
 
-ParallelContext::~ParallelContext() = default;
+ParallelContext::~ParallelContext() {
+  // The NCCL communicators go with the run, not at exit (by then the CUDA runtime may be gone).
+  if (backend_ != dist::Backend::nccl) return;
+  try {
+    if (mesh_)
+      for (const char* dim : dist::DeviceMesh::kDims) mesh_->group(dim)->release_nccl();
+    if (world_group_) world_group_->release_nccl();
+  } catch (...) {
+  }
+}
+
+Device ParallelContext::bind_device(Device requested, const Config& c) {
+  if (!distributed() || requested.is_cpu()) return requested;
+  Device d = requested;
+#if ATHANOR_HAS_CUDA
+  // trainer.device 'cuda' (no index) in a launch of several processes: each process its own
+  // GPU of the host, by local rank (several processes share one when there are fewer GPUs).
+  if (c.get_string("trainer.device") == "cuda")
+    if (const int gpus = cuda::device_count(); gpus > 0) d = Device::cuda(dist::local_rank() % gpus);
+#endif
+  const std::string& name = c.get_string("dist.backend");
+  const dist::Backend asked = name == "nccl" ? dist::Backend::nccl : name == "mpi" ? dist::Backend::mpi : dist::Backend::automatic;
+  backend_ = dist::resolve_backend(asked, d);  // the same on every rank (it compares every rank's GPU)
+  if (backend_ == dist::Backend::nccl) {
+    // One communicator per group, in the same order on every rank (each a collective).
+    world_group_->init_nccl(d.index);
+    if (mesh_)
+      for (const char* dim : dist::DeviceMesh::kDims) mesh_->group(dim)->init_nccl(d.index);
+  }
+  return d;
+}
 
 std::string ParallelContext::describe() const { return mesh_ ? mesh_->describe() : distributed() ? "dp " + std::to_string(world_) : "1 process"; }
 

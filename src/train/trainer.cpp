@@ -156,6 +156,7 @@ void Trainer::init(bool /*write_run_files: in write_files_*/) {
   // trainer.device (checked before any work): the model moves before the optimizer is made,
   // so its state is created beside each parameter; on cpu nothing moves.
   device_ = parse_trainer_device(c.get_string("trainer.device"));
+  device_ = par_->bind_device(device_, c);  // a launch's processes: their GPUs and the backend (dist.backend)
   task_->module().to(device_);
   const std::string prefetch = c.get_string("data.device_prefetch");
   feed_ = std::make_unique<BatchFeed>(*train_loader_, device_, prefetch == "on" || (prefetch == "auto" && !device_.is_cpu()));

@@ -1,7 +1,6 @@
 // trainer.device: see trainer_device.h.
 #include "train/trainer_device.h"
 
-#include <cstdlib>
 #include <string>
 #include <vector>
 
@@ -45,13 +44,11 @@ std::string cuda_training_gaps(const train::Config& c) {
     gaps.push_back("the " + opt + " optimizer's step (adamw, adam and sgd run on cuda)");
   if (c.get_float("optimizer.clip_value") > 0)
     gaps.push_back("optimizer.clip_value (clipping by value has no device pass; optimizer.grad_clip clips by norm on cuda)");
-  // Collectives over CUDA tensors need NCCL (DESIGN.md "Distributed"); only MPI over host
-  // tensors exists.
-  int launched = 0;
-  for (const char* var : {"OMPI_COMM_WORLD_SIZE", "PMIX_SIZE", "PMI_SIZE", "SLURM_NTASKS"})
-    if (const char* v = std::getenv(var); v && *v && launched == 0) launched = std::atoi(v);
-  if (c.get_int("dist.tp") > 1 || c.get_int("dist.pp") > 1 || (c.get_string("dist.backend") != "none" && launched > 1))
-    gaps.push_back("data, tensor and pipeline parallelism (collectives over CUDA tensors need NCCL; one process per run)");
+  // Data parallelism (DDP, ZeRO 1-3) runs on CUDA tensors, over NCCL or MPI with host staging
+  // (dist.backend); tensor and pipeline parallelism do not yet (their layers' collectives and
+  // the pipeline's transfers have not been run on CUDA tensors).
+  if (c.get_int("dist.tp") > 1 || c.get_int("dist.pp") > 1)
+    gaps.push_back("tensor and pipeline parallelism (dist.tp, dist.pp > 1; data parallelism and ZeRO 1-3 run on cuda)");
   std::string out;
   for (const std::string& g : gaps) out += (out.empty() ? "" : "; ") + g;
   return out;

@@ -22,7 +22,12 @@
 #include "athanor/dist/sampler.h"
 #include "athanor/nn/mlp.h"
 #include "athanor/optim/optimizer.h"
+#include "athanor/train/config.h"
+#include "athanor/train/parallel_context.h"
 #include "test_util.h"
+#if ATHANOR_HAS_CUDA
+#include "backend/cuda/runtime.h"
+#endif
 
 namespace athanor {
 using namespace athanor::testing;
@@ -424,6 +429,51 @@ TEST(DistributedSampler, RanksShareTheEpochDisjointlyAndEqually) {
     EXPECT_NE(s.indices(0), s.indices(1));  // reshuffled per epoch
   }
   EXPECT_THROW(dist::DistributedSampler(data::sequential_sampler(4), n, n), Error);
+}
+
+// The backend of CUDA tensors (dist.backend): what auto picks, and the errors given before any
+// work for what cannot run here.
+TEST(Backend, ResolutionAndItsErrors) {
+  using dist::Backend;
+  EXPECT_EQ(dist::resolve_backend(Backend::mpi, Device::cuda(0)), Backend::mpi);
+  EXPECT_EQ(dist::resolve_backend(Backend::automatic, Device::cpu()), Backend::mpi);
+  std::string msg = error_message([] { dist::resolve_backend(Backend::nccl, Device::cpu()); });
+  EXPECT_NE(msg.find("nccl moves CUDA tensors"), std::string::npos) << msg;
+  EXPECT_NE(msg.find("hint:"), std::string::npos) << msg;
+  int gpus = 0;
+#if ATHANOR_HAS_CUDA
+  gpus = cuda::device_count();
+#endif
+  // Every rank names cuda:0 here: its own GPU only when there is one rank.
+  const bool nccl_fits = dist::nccl_built() && gpus > 0 && W()->size() == 1;
+  EXPECT_EQ(dist::resolve_backend(Backend::automatic, Device::cuda(0)), nccl_fits ? Backend::nccl : Backend::mpi);
+  if (!nccl_fits) {
+    msg = error_message([] { dist::resolve_backend(Backend::nccl, Device::cuda(0)); });
+    EXPECT_NE(msg.find(dist::nccl_built() ? "one GPU of its own per process" : "this build has no NCCL"), std::string::npos) << msg;
+    if (dist::nccl_built()) {
+      EXPECT_NE(msg.find(gpus == 0 ? "rank 0 has no cuda:0" : "ranks 0 and 1 drive the same GPU"), std::string::npos) << msg;
+    }
+  }
+  EXPECT_EQ(std::string(dist::backend_name(Backend::automatic)), "auto");
+  EXPECT_EQ(dist::nccl_version().empty(), !dist::nccl_built());
+  // A group without a communicator: CPU tensors through MPI; no NCCL before init_nccl.
+  EXPECT_FALSE(W()->uses_nccl());
+  EXPECT_EQ(W()->backend_for(ones({1})), "mpi");
+  if (!dist::nccl_built() || gpus == 0) {
+    // Every rank fails alike, before the bootstrap's broadcast (no collective is left dangling).
+    msg = error_message([] { W()->init_nccl(0); });
+    EXPECT_NE(msg.find(dist::nccl_built() ? "cuda" : "this build has no NCCL"), std::string::npos) << msg;
+    EXPECT_FALSE(W()->uses_nccl());
+    W()->barrier();
+  }
+}
+
+TEST(Backend, TrainerRefusesNcclForCpuTraining) {
+  const auto c = train::Config::parse("model: {type: gpt}\n", "gpt.yaml", {"dist.backend=nccl", "trainer.device=cpu"});
+  const std::string msg = error_message([&] { train::ParallelContext::check_config(c); });
+  EXPECT_NE(msg.find("dist.backend is nccl but trainer.device is cpu"), std::string::npos) << msg;
+  const auto bad = error_message([] { train::Config::parse("model: {type: gpt}\n", "gpt.yaml", {"dist.backend=gloo"}); });
+  EXPECT_NE(bad.find("nccl"), std::string::npos) << "the allowed values name nccl: " << bad;
 }
 
 // ---------------------------------------------------------------------------

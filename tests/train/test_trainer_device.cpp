@@ -41,7 +41,10 @@ TEST(TrainerDevice, CudaGapsNameWhatIsMissingForTheConfig) {
   const std::string by_value = cuda_training_gaps(Config::parse("model: {type: gpt}\n", "gpt.yaml", {"optimizer.clip_value=1"}));
   EXPECT_TRUE(has(by_value, "optimizer.clip_value")) << by_value;
   const std::string tp = cuda_training_gaps(Config::parse("model: {type: gpt}\n", "gpt.yaml", {"dist.tp=2"}));
-  EXPECT_TRUE(has(tp, "NCCL")) << tp;
+  EXPECT_TRUE(has(tp, "tensor and pipeline parallelism")) << tp;
+  // Data parallelism and ZeRO are no gap (the launcher's process count is not consulted).
+  const std::string zero = cuda_training_gaps(Config::parse("model: {type: gpt}\n", "gpt.yaml", {"dist.zero_stage=3", "dist.backend=nccl"}));
+  EXPECT_FALSE(has(zero, "parallelism")) << zero;
   // Each family's own ops: all with CUDA kernels in a CUDA build, each one named otherwise.
   const std::string llama = cuda_training_gaps(Config::parse("model: {type: llama}\n", "llama.yaml"));
   EXPECT_EQ(has(llama, "rope"), !cuda_build) << llama;

@@ -12,7 +12,7 @@
 //   }
 //
 // Invariants:
-//  - buckets hold parameters of one dtype, in reverse registration order (the
+//  - buckets hold parameters of one dtype and one device, in reverse registration order (the
 //    order in which backward usually produces their gradients), at most
 //    bucket_cap_mb each (a larger parameter gets a bucket of its own);
 //  - a post-accumulate hook on every parameter marks it ready; when a bucket's
@@ -20,6 +20,11 @@
 //    buffer and an asynchronous all_reduce(avg) is launched. Buckets are
 //    launched strictly in bucket order, so every rank posts the same
 //    collectives in the same order whatever order its hooks fire in;
+//  - on CUDA parameters the flat buffers live on the device: the copy of a bucket's gradients
+//    is queued on the compute stream after the kernels that accumulated them (the hook fires
+//    once they are queued), and the all_reduce is ordered after that copy (NCCL: its
+//    communication stream waits for the compute stream; MPI: the host staging downloads after
+//    it), while the rest of backward keeps the compute stream busy;
 //  - finish() launches what is left, waits, and copies the averaged gradients
 //    back into .grad. A parameter that got no gradient in the step is an Error
 //    naming it (raised before anything of that bucket is launched; ranks that
@@ -85,6 +90,7 @@ class DistributedDataParallel {
   struct Bucket {
     std::vector<int> params;
     DType dtype = DType::f32;
+    Device device = Device::cpu();
     int64_t numel = 0;
     int pending = 0;      // parameters not ready yet in this step
     Tensor flat;

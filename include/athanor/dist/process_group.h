@@ -1,5 +1,5 @@
 #pragma once
-// Multi-process collectives on CPU tensors, over Open MPI.
+// Multi-process collectives over Open MPI, and over NCCL for CUDA tensors.
 //
 // Processes are started by an existing launcher (`mpirun -np N prog`); there
 // is no home-made transport. init_from_mpi() initialises MPI once per process
@@ -35,6 +35,25 @@
 //    so an asynchronous collective advances while this rank waits, tests or
 //    launches another one (DDP tests its pending buckets whenever it launches).
 //
+// CUDA tensors (one interface, two backends; DESIGN.md "Distributed"):
+//  - a group given an NCCL communicator (init_nccl, a collective over the group: rank 0's
+//    ncclGetUniqueId goes out by a broadcast on the group's MPI communicator, then every rank
+//    calls ncclCommInitRank) runs the operations on its CUDA tensors through it, on a
+//    communication stream that waits (an event) for the work queued on the compute stream so
+//    far; bf16/f16 are reduced natively (avg: NCCL's ncclAvg). wait() polls the operation's
+//    event against the same deadline and then orders the compute stream after it; the same
+//    sequence numbers and ledger entries as MPI's. On timeout the watchdog aborts the
+//    communicator (ncclCommAbort) and then probes and aborts as above. Point-to-point
+//    transfers over NCCL are matched in posting order (NCCL has no tags). Groups split off a
+//    group with a communicator get their own;
+//  - otherwise CUDA tensors go through MPI with host staging: the tensor is downloaded (after
+//    the work queued on its compute stream, through the device's pinned staging buffers)
+//    when the operation is posted, MPI runs on the host copy (asynchronously for the _async
+//    forms), and wait() uploads the result, ordered before later work on the compute stream.
+//    This is how several processes share one GPU (NCCL refuses two ranks on one GPU);
+//  - CPU tensors always go through MPI, on a group with a communicator too (control data:
+//    strings, flags, scalars).
+//
 // Threading: MPI_Init_thread asks for MPI_THREAD_MULTIPLE and accepts whatever
 // the library provides (Open MPI 4 built with UCX/ob1 gives MULTIPLE; otherwise
 // FUNNELED or SERIALIZED). athanor itself only calls MPI from the thread that
@@ -54,6 +73,19 @@ namespace athanor::dist {
 enum class ReduceOp { sum, avg, max };
 const char* reduce_op_name(ReduceOp op);
 
+// dist.backend: automatic = NCCL for CUDA tensors when the build has it and every process on
+// this host has a GPU of its own, else MPI with host staging.
+enum class Backend { automatic, mpi, nccl };
+const char* backend_name(Backend b);  // "auto", "mpi", "nccl"
+bool nccl_built();                    // this build has NCCL (ATHANOR_HAS_NCCL)
+std::string nccl_version();           // the loaded library's ("2.28.9"), "" without NCCL
+// What CUDA tensors on `device` get for `requested`: mpi or nccl, the same on every rank (a
+// collective over the world when it has to look at the GPUs: their UUIDs are compared, so a
+// per-process CUDA_VISIBLE_DEVICES counts as one GPU each). An Error, before any work, for nccl
+// in a build without NCCL, for nccl on CPU tensors, and for nccl where two ranks would share a
+// GPU or one has none.
+Backend resolve_backend(Backend requested, Device device);
+
 class ProcessGroup;
 
 // Initialises MPI (idempotent) and returns the world group ("world").
@@ -68,6 +100,7 @@ int world_size();
 // Rank among the processes on this host: OMPI_COMM_WORLD_LOCAL_RANK when set,
 // else the rank in MPI_Comm_split_type(MPI_COMM_TYPE_SHARED).
 int local_rank();
+int local_size();   // processes on this host (OMPI_COMM_WORLD_LOCAL_SIZE, else MPI_COMM_TYPE_SHARED)
 const char* thread_level_name();  // "MPI_THREAD_MULTIPLE", …
 std::shared_ptr<ProcessGroup> world();
 
@@ -135,6 +168,16 @@ class ProcessGroup {
   std::shared_ptr<ProcessGroup> split(int color, int key, std::string name);
   void set_timeout(std::chrono::milliseconds t);
   std::chrono::milliseconds timeout() const;
+  // Gives the group an NCCL communicator on cuda:device (a collective over the group; see the
+  // header comment). An Error in a build without NCCL. Idempotent for the same device.
+  void init_nccl(int device);
+  bool uses_nccl() const;
+  // Destroys the communicator (after its queued work); CUDA tensors then go through MPI with
+  // host staging. For an owner that ends before the process does: a communicator must go
+  // before the CUDA runtime is torn down at exit.
+  void release_nccl();
+  // How an operation on t goes: "mpi", "mpi (host staging)" or "nccl".
+  std::string backend_for(const Tensor& t) const;
 
   using Loc = std::source_location;
   // ---- asynchronous (MPI_I*); the tensors must stay alive until wait()

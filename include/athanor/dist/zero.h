@@ -94,6 +94,12 @@
 // or block whose parameters cannot split evenly over N ranks pays more, e.g. a
 // block of 4 unequal matrices on 4 ranks).
 //
+// Devices: on CUDA parameters every buffer above (flat buckets, packed and received
+// segments, shards, gathered blocks, the all-gather staging) lives on the parameters'
+// device, and the owned shards update there through the device optimizer step; a bucket's
+// collective is ordered after the copies that fill it (DistributedDataParallel's rule), and
+// full_optimizer_state() returns host tensors (a checkpoint's).
+//
 // Memory tags: shard gradient buffers and the transient packed buckets are
 // MemTag::gradient; the all-gather staging buffers of stages 1/2
 // MemTag::workspace; a stage-3 block's gathered parameters MemTag::parameter;
@@ -253,6 +259,7 @@ class DataParallel {
   struct Bucket {
     std::vector<int> params;  // indices into params_, in launch order
     DType dtype = DType::f32;
+    Device device = Device::cpu();  // its parameters' (flat buffers and shards live there)
     int64_t seg = 0;          // S: elements per rank segment
     int pending = 0;
     int64_t owned = 0;        // elements this rank owns in the bucket (packed first in its segment)

@@ -28,6 +28,7 @@
 
 #include "athanor/ckpt/checkpoint.h"
 #include "athanor/data/dataloader.h"
+#include "athanor/dist/process_group.h"
 #include "athanor/dist/shard_spec.h"
 #include "athanor/nn/module.h"
 #include "athanor/train/config.h"
@@ -65,6 +66,13 @@ class ParallelContext {
   const dist::DeviceMesh* mesh() const { return mesh_.get(); }
   std::string describe() const;  // "dp 2 x tp 2 x pp 2 (world 8)", "1 process"
 
+  // The device this rank trains on, and its groups' backend for CUDA tensors (dist.backend;
+  // collectives: every rank calls it once, before the model is wrapped). trainer.device 'cuda'
+  // without an index puts each process of a launch on its own GPU of the host (local rank mod
+  // GPUs); with nccl every group gets a communicator on that device. CPU: unchanged, mpi.
+  Device bind_device(Device requested, const Config& c);
+  dist::Backend backend() const { return backend_; }
+
   // Reductions for metrics (the identity in one process).
   double sum_over_dp(double v) const;        // exact, in rank order: every rank gets the same bits
   double from_last_stage(double v) const;    // the last pipeline stage's value, on every stage
@@ -98,6 +106,7 @@ class ParallelContext {
   std::set<std::string> duplicates_;  // held here, written by another stage
   dist::ShardSpecs specs_;
   bool bound_ = false;
+  dist::Backend backend_ = dist::Backend::mpi;
 };
 
 }  // namespace athanor::train
