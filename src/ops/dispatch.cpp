@@ -68,8 +68,6 @@ Device common_device(const OpDef& op, const std::vector<Tensor>& in) {
   return dev.value_or(Device::cpu());
 }
 
-bool is_lowp(DType d) { return d == DType::bf16 || d == DType::f16; }
-
 // Under bf16 autocast: does the f32-master rule (OpDef::f32_master) apply to this call? Every
 // defined master input is f32 (at least one is defined), and every other floating input runs
 // at bf16 under the category.

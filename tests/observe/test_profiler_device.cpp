@@ -118,7 +118,9 @@ TEST(ProfilerDevice, NestedEventsGetDeviceSelfTimesResolvedLazily) {
     if (e.value("tid", 0) != 1000) continue;
     if (e["ph"] == "M") named = e["args"]["name"] == "GPU cuda:0";
     else ++gpu_events;
-    if (e.value("name", "") == "gemm") EXPECT_DOUBLE_EQ(e["dur"].get<double>(), 0.05);
+    if (e.value("name", "") == "gemm") {
+      EXPECT_DOUBLE_EQ(e["dur"].get<double>(), 0.05);
+    }
   }
   EXPECT_TRUE(named);
   EXPECT_EQ(gpu_events, 3);

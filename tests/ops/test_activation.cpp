@@ -48,13 +48,6 @@ const std::vector<ActCase>& cases() {
   return c;
 }
 
-// f64 leaf in [-4, 4] with no value within 0.05 of 0 (relu's kink).
-Tensor inputs(const Shape& s, uint64_t seed) {
-  std::vector<double> v = uniform64(s, -4, 4, seed, false).to_vector();
-  for (double& e : v)
-    if (std::fabs(e) < 0.05) e = e < 0 ? -0.3 : 0.3;
-  return from_vector(v, s, TensorOptions(DType::f64).with_requires_grad());
-}
 Tensor map(const std::function<double(double)>& f, const Tensor& x) {
   std::vector<double> v = x.to_vector();
   for (double& e : v) e = f(e);

@@ -104,7 +104,7 @@ class BlockPool {
     MemTag tag = MemTag::other;
     Block* prev = nullptr;  // neighbours inside the same segment
     Block* next = nullptr;
-    std::vector<StreamId> uses;  // other streams that used it (record_stream)
+    std::vector<StreamId> uses{};  // other streams that used it (record_stream)
   };
   struct Pending {
     Block* block;
