@@ -78,12 +78,13 @@ if [[ -n "$LABELS" ]]; then
   for l in "${label_list[@]}"; do
     case "$l" in
       dist) TARGETS+=(athanor_tests_dist athanor_tests_zero athanor_tests_tp athanor_tests_pipeline athanor_tests_llama_parallel athanor_tests_sync_batch_norm
-                  athanor_tests_trainer_dist athanor_cli) ;;
+                  athanor_tests_trainer_dist athanor_tests_gpu_dist athanor_cli) ;;
       fuzz) TARGETS+=(athanor_fuzz_safetensors) ;;
       cli|train|observe|slow) TARGETS+=("athanor_tests_$l" athanor_cli) ;;
       bench) TARGETS+=(athanor_cli) ;;  # tests/bench: python, reads the CLI
       long) TARGETS+=(athanor_tests_slow athanor_cli) ;;
-      core|backend|autograd|ops|amp|nn|optim|data|ckpt|gpu) TARGETS+=("athanor_tests_$l") ;;
+      gpu) TARGETS+=(athanor_tests_gpu athanor_tests_gpu_dist) ;;  # gpu_dist: labels gpu;dist (CUDA builds only)
+      core|backend|autograd|ops|amp|nn|optim|data|ckpt) TARGETS+=("athanor_tests_$l") ;;
       *) echo "test.sh: unknown label '$l'" >&2; exit 2 ;;
     esac
     [[ "$l" == backend ]] && TARGETS+=(athanor_cli)  # backend.isa_scan reads the binary
