@@ -357,14 +357,55 @@ cmd_run() {
     ./bin/athanor --version 2>&1 || true
   } >>"$log"
 
-  # 1. The gpu tests (gtest directly: no CMake there).
-  local t0 rc tests_status
+  # 1. The gpu tests (gtest directly: no CMake there), one suite per process, so that a crash
+  # (a CUDA error that aborts, a segfault) loses that suite only; a suite that crashed is rerun
+  # once with CUDA_LAUNCH_BLOCKING=1, so its log names the kernel that failed, not a later call.
+  # The suites share a 120-s limit (each gets at most 60 s of what is left).
+  local t0 rc tests_status suite suites=() crashed=() end_tests
   t0=$(date +%s)
+  end_tests=$((t0 + 120))
+  mapfile -t suites < <(./bin/athanor_tests_gpu --gtest_list_tests 2>/dev/null | sed -n 's/^\([A-Za-z0-9_]*\)\.$/\1/p')
+  mkdir -p "$out/gtest"
   set +e
-  timeout 100 ./bin/athanor_tests_gpu --gtest_output="json:$out/gpu_tests.json" >>"$log" 2>&1
-  rc=$?
+  tests_status=passed
+  for suite in "${suites[@]}"; do
+    local left=$((end_tests - $(date +%s)))
+    ((left > 60)) && left=60
+    if ((left <= 0)); then
+      echo "gpu_check: suite $suite not run (the tests' 120 s were spent)" >>"$log"
+      tests_status="failed: suites not run in the tests' limit"
+      continue
+    fi
+    echo "== suite $suite (limit ${left} s)" >>"$log"
+    timeout "$left" ./bin/athanor_tests_gpu --gtest_filter="$suite.*" --gtest_output="json:$out/gtest/$suite.json" >>"$log" 2>&1
+    rc=$?
+    if ((rc == 124)); then
+      tests_status="failed: a suite timed out"
+      echo "gpu_check: suite $suite timed out after ${left} s" >>"$log"
+    elif ((rc > 1)); then
+      crashed+=("$suite")
+      tests_status="failed: a suite crashed"
+      echo "gpu_check: suite $suite crashed (exit $rc)" >>"$log"
+    elif ((rc == 1)); then
+      [[ $tests_status == passed ]] && tests_status="failed (exit 1)"
+    fi
+  done
+  for suite in "${crashed[@]}"; do
+    echo "== suite $suite again with CUDA_LAUNCH_BLOCKING=1" >>"$log"
+    CUDA_LAUNCH_BLOCKING=1 timeout 30 ./bin/athanor_tests_gpu --gtest_filter="$suite.*" >>"$log" 2>&1
+  done
   set -e
-  tests_status=$([[ $rc -eq 0 ]] && echo passed || ([[ $rc -eq 124 ]] && echo "timed out after 100 s" || echo "failed (exit $rc)"))
+  # One report of every suite's cases (a crashed suite's cases are absent: 'crashed' names it).
+  python3 - "$out/gtest" "$out/gpu_tests.json" "${crashed[*]:-}" <<'PY'
+import glob, json, sys
+suites = []
+for f in sorted(glob.glob(sys.argv[1] + "/*.json")):
+    try:
+        suites += json.load(open(f)).get("testsuites", [])
+    except Exception:
+        pass
+json.dump({"testsuites": suites, "crashed": sys.argv[3].split()}, open(sys.argv[2], "w"))
+PY
   local tests_s=$(($(date +%s) - t0))
 
   # 1b. The attention micro-benchmark: forward+backward TFLOP/s at GPT-2-124M's shape (one JSON
@@ -483,7 +524,7 @@ except Exception as e:
 try:
     r = json.load(open(tests_json))
     cases = [c for s in r.get("testsuites", []) for c in s.get("testsuite", [])]
-    summary["tests"].update(total=len(cases),
+    summary["tests"].update(total=len(cases), crashed_suites=r.get("crashed", []),
                             failed=[c["classname"] + "." + c["name"] for c in cases if c.get("failures")],
                             skipped=[c["classname"] + "." + c["name"] for c in cases if c.get("result") == "SKIPPED"])
 except Exception as e:  # a crash before gtest wrote its file
@@ -494,7 +535,7 @@ try:
 except Exception as e:
     summary["gpu"] = "nvidia-smi: %s" % e
 # On the GPU machine a skipped gpu test means the GPU was not seen: that is a failure.
-summary["ok"] = (tests_status == "passed" and not summary["tests"].get("skipped")
+summary["ok"] = (tests_status == "passed" and not summary["tests"].get("skipped") and not summary["tests"].get("failed")
                  and attn_status == "passed"
                  and train_status.startswith("passed") and bench_status == "passed" and parity_status.startswith("passed")
                  and parity_bf16_status.startswith("passed")
@@ -505,6 +546,33 @@ sys.exit(0 if summary["ok"] else 1)
 EOF
 }
 
+# `all SECONDS` (on the GPU machine): `run`, then scripts/gpu_bench.sh with the time left of
+# SECONDS (default 450), then every file both wrote packed into $OUT/gpu_all.tgz beside the two
+# summaries (a device call brings back 8 files at most; the check alone writes ~20).
+cmd_all() {
+  local total=${1:-450} t0
+  t0=$(date +%s)
+  local final=${OUT:-$ROOT/gpu_all_out} work=/tmp/athanor-gpu-out
+  rm -rf "$work"
+  mkdir -p "$final" "$work/check" "$work/bench"
+  local rc_check=0 rc_bench=skipped
+  OUT=$work/check timeout $((total - 40)) bash "$ROOT/scripts/gpu_check.sh" run >"$work/check/stdout.txt" 2>&1 || rc_check=$?
+  local left=$((total - ($(date +%s) - t0) - 45))
+  if ((left >= 100)); then
+    rc_bench=0
+    OUT=$work/bench GPU_BENCH_BUDGET_S=$left bash "$ROOT/scripts/gpu_bench.sh" run >"$work/bench/stdout.txt" 2>&1 || rc_bench=$?
+  else
+    echo "gpu_check all: no bench (${left} s left of ${total} s)" >"$work/bench/stdout.txt"
+  fi
+  tar -C "$work" -czf "$final/gpu_all.tgz" .
+  cp "$work/check/gpu_check.json" "$final/" 2>/dev/null || true
+  cp "$work/bench/gpu_bench.md" "$work/bench/gpu_bench.json" "$final/" 2>/dev/null || true
+  echo "== check exit $rc_check, bench exit $rc_bench, $(($(date +%s) - t0)) s of $total"
+  cat "$work/check/gpu_check.json" 2>/dev/null || tail -40 "$work/check/stdout.txt"
+  grep -h -E "FAILED|Failure|crashed|timed out|error" "$work/check/gpu_check.log" 2>/dev/null | head -60
+  tail -30 "$work/bench/gpu_bench.log" 2>/dev/null || cat "$work/bench/stdout.txt"
+}
+
 # Sourced (scripts/gpu_bench.sh uses its pack and library lookup): defines the functions only.
 [[ "${BASH_SOURCE[0]}" != "$0" ]] && return 0
 case "${1:-}" in
@@ -512,5 +580,6 @@ case "${1:-}" in
   selftest) cmd_selftest ;;
   _mpirun_isolated) cmd_mpirun_isolated "$2" ;;
   run) cmd_run ;;
+  all) cmd_all "${2:-450}" ;;
   *) sed -n '2,27p' "${BASH_SOURCE[0]}" | sed 's/^# \{0,1\}//'; exit 2 ;;
 esac
