@@ -3,9 +3,10 @@
 // backward (dQ, dK, dV), causal and not, T not a multiple of the tiles, Tq != Tk, head dims 64
 // and 128 and the padded ones (8, 16, 20, 48, 80, 96, 160, 256: run at 32, 64, 128 or 256 with
 // zero columns; 20 in bf16 also takes the scalar loads), f32/bf16/f16, the contiguous,
-// packed-qkv and gapped (row stride not a multiple of 16 bytes: the scalar load path) layouts, grouped-query attention (the CPU runs it on K and V
-// repeated per query head, and dK/dV are summed over each group), a grid that fills the GPU;
-// then bit-identical reruns and the bad-input errors (these run without a GPU too).
+// packed-qkv and gapped (row stride not a multiple of 16 bytes: the scalar load path)
+// layouts, grouped-query attention (the CPU runs it on K and V repeated per query head, and
+// dK/dV are summed over each group), a grid that fills the GPU; then bit-identical reruns,
+// the bad-input errors and the padded head dim choice (these run without a GPU too).
 //
 // Every case also checks bounds: each output buffer starts filled with a sentinel and every
 // element outside the operand's rows (guards around the buffer, the gaps between rows, the

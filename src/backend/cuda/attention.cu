@@ -382,7 +382,8 @@ __global__ void __launch_bounds__(32 * W) attn_bwd_dkdv_kernel(Args<T> a) {
   const int krows = min(Bk, a.Tk - k0);
   load_rows<Dp>(Ks, LD, a.k + b * a.sk.b + hk * a.sk.h + k0 * a.sk.t, a.sk.t, krows, Bk, a.D, a.vec);
   load_rows<Dp>(Vs, LD, a.v + b * a.sv.b + hk * a.sv.h + k0 * a.sv.t, a.sv.t, krows, Bk, a.D, a.vec);
-  for (int i = threadIdx.x; i < Bk * Dp; i += blockDim.x) dKs[(i / Dp) * LDA + i % Dp] = dVs[(i / Dp) * LDA + i % Dp] = 0.0f;
+  for (int i = threadIdx.x; i < Bk * Dp; i += blockDim.x)
+    dKs[(i / Dp) * LDA + i % Dp] = dVs[(i / Dp) * LDA + i % Dp] = 0.0f;
 
   // Causal: query rows below k0 see none of these keys.
   const int qstart = a.causal ? k0 / Bq * Bq : 0;
