@@ -268,7 +268,7 @@ std::vector<OpCase> sdpa_cases(int scale) {
                            case_randn({s, 2, 5, 6}, 17, CaseLayout::transposed12),
                            case_randn({s, 2, 5, 6}, 18, CaseLayout::transposed12)},
                           {true, std::nullopt, true}, call),
-      // Head dim 64, the CUDA kernels' (the cases above are below what they take).
+      // Head dim 64, a tile width of the CUDA kernels (the cases above run there zero-padded to 32).
       make_case<SdpaArgs>("GQA: q [1, 2, 5, 64], k, v [1, 1, 7, 64], dims 1, 2 transposed (head dim 64)",
                           {case_randn({s, 2, 5, 64}, 19, CaseLayout::transposed12),
                            case_randn({s, 1, 7, 64}, 20, CaseLayout::transposed12),

@@ -1,10 +1,12 @@
 // The CUDA flash attention (src/backend/cuda/attention.h) against the CPU kernel
 // (cpu::attention_forward/backward) on the same rounded inputs: forward (O and lse) and
 // backward (dQ, dK, dV), causal and not, T not a multiple of the tiles, Tq != Tk, head dims 64
-// and 128, f32/bf16/f16, the contiguous, packed-qkv and gapped (row stride not a multiple of
-// 16 bytes: the scalar load path) layouts, grouped-query attention (the CPU runs it on K and V
-// repeated per query head, and dK/dV are summed over each group), a grid that fills the GPU;
-// then bit-identical reruns and the bad-input errors (these run without a GPU too).
+// and 128 and the padded ones (8, 16, 20, 48, 80, 96, 160, 256: run at 32, 64, 128 or 256 with
+// zero columns; 20 in bf16 also takes the scalar loads), f32/bf16/f16, the contiguous,
+// packed-qkv and gapped (row stride not a multiple of 16 bytes: the scalar load path)
+// layouts, grouped-query attention (the CPU runs it on K and V repeated per query head, and
+// dK/dV are summed over each group), a grid that fills the GPU; then bit-identical reruns,
+// the bad-input errors and the padded head dim choice (these run without a GPU too).
 //
 // Every case also checks bounds: each output buffer starts filled with a sentinel and every
 // element outside the operand's rows (guards around the buffer, the gaps between rows, the
@@ -19,6 +21,7 @@
 #include <cmath>
 #include <cstring>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include "athanor/core/error.h"
@@ -337,6 +340,81 @@ TEST(GpuAttention, F16FillsTheGpuLlamaLike) {
   check_case<float16>({2, 32, 8, 256, 256, 128, true, Lay::contiguous});
 }
 
+// ---- padded head dims (the kernels run at 32, 64, 128, 256; columns past D are zero) ------
+// GPT-char's 48, the tiny test GPTs' 16, 80/96 of other models, 160 and 256 above 128, 8 and
+// 20 at the small end (20: D * 2 bytes is not a multiple of 16, so bf16 loads are scalar).
+// The bound checks of run_gpu also see that nothing past column D of a row is written (the
+// gapped layout's 3 elements after each row, the neighbouring head's columns when packed).
+TEST(GpuAttention, F32CausalD16Contiguous) {
+  ATH_REQUIRE_GPU();
+  check_case<float>({2, 3, 3, 45, 45, 16, true, Lay::contiguous});
+}
+TEST(GpuAttention, F32NonCausalD48Packed) {
+  ATH_REQUIRE_GPU();
+  check_case<float>({2, 4, 4, 70, 70, 48, false, Lay::packed});
+}
+TEST(GpuAttention, F32CausalD80GappedGqa4to2) {
+  ATH_REQUIRE_GPU();
+  check_case<float>({1, 4, 2, 60, 60, 80, true, Lay::gapped});
+}
+TEST(GpuAttention, F32NonCausalTqNeTkD80Contiguous) {
+  ATH_REQUIRE_GPU();
+  check_case<float>({1, 2, 2, 40, 75, 80, false, Lay::contiguous});
+}
+TEST(GpuAttention, F32CausalD160Gqa2to1) {
+  ATH_REQUIRE_GPU();
+  check_case<float>({1, 2, 1, 50, 50, 160, true, Lay::contiguous});
+}
+TEST(GpuAttention, F32NonCausalD256Packed) {
+  ATH_REQUIRE_GPU();
+  check_case<float>({1, 2, 2, 40, 40, 256, false, Lay::packed});
+}
+TEST(GpuAttention, F32CausalD20Contiguous) {
+  ATH_REQUIRE_GPU();
+  check_case<float>({1, 2, 2, 33, 33, 20, true, Lay::contiguous});
+}
+TEST(GpuAttention, Bf16CausalD48PackedGptChar) {
+  ATH_REQUIRE_GPU();
+  check_case<bfloat16>({2, 4, 4, 100, 100, 48, true, Lay::packed});
+}
+TEST(GpuAttention, Bf16NonCausalTqNeTkD48Contiguous) {
+  ATH_REQUIRE_GPU();
+  check_case<bfloat16>({1, 3, 3, 33, 70, 48, false, Lay::contiguous});
+}
+TEST(GpuAttention, Bf16CausalD16Packed) {
+  ATH_REQUIRE_GPU();
+  check_case<bfloat16>({2, 2, 2, 80, 80, 16, true, Lay::packed});
+}
+TEST(GpuAttention, Bf16NonCausalD16Contiguous) {
+  ATH_REQUIRE_GPU();
+  check_case<bfloat16>({1, 2, 2, 50, 50, 16, false, Lay::contiguous});
+}
+TEST(GpuAttention, Bf16CausalD80Gqa4to2) {
+  ATH_REQUIRE_GPU();
+  check_case<bfloat16>({1, 4, 2, 90, 90, 80, true, Lay::contiguous});
+}
+TEST(GpuAttention, Bf16NonCausalD80Packed) {
+  ATH_REQUIRE_GPU();
+  check_case<bfloat16>({2, 2, 2, 50, 50, 80, false, Lay::packed});
+}
+TEST(GpuAttention, Bf16CausalD256PackedGqa4to2) {
+  ATH_REQUIRE_GPU();
+  check_case<bfloat16>({1, 4, 2, 70, 70, 256, true, Lay::packed});
+}
+TEST(GpuAttention, Bf16NonCausalTqNeTkD160) {
+  ATH_REQUIRE_GPU();
+  check_case<bfloat16>({1, 2, 2, 30, 65, 160, false, Lay::contiguous});
+}
+TEST(GpuAttention, Bf16CausalD20ScalarLoads) {
+  ATH_REQUIRE_GPU();
+  check_case<bfloat16>({1, 2, 2, 40, 40, 20, true, Lay::contiguous});
+}
+TEST(GpuAttention, F16CausalD96GappedAndD8) {
+  ATH_REQUIRE_GPU();
+  check_case<float16>({1, 2, 2, 70, 70, 96, true, Lay::gapped});
+  check_case<float16>({1, 2, 2, 40, 40, 8, false, Lay::contiguous});
+}
+
 // Two runs, the same bits: no atomics, fixed reduction orders (GQA's dK/dV sums over the
 // group included).
 TEST(GpuAttention, BackwardBitIdenticalAcrossRuns) {
@@ -374,8 +452,10 @@ std::string error_of(const cuda::AttentionDims& d, DType dt) {
 
 TEST(GpuAttention, BadInputIsAClearError) {
   const auto has = [](const std::string& s, const char* w) { return s.find(w) != std::string::npos; };
-  std::string e = error_of({1, 2, 16, 16, 80, 80}, DType::bf16);
-  EXPECT_TRUE(has(e, "head dim D=80") && has(e, "64 and 128")) << e;
+  std::string e = error_of({1, 2, 16, 16, 264, 264}, DType::bf16);
+  EXPECT_TRUE(has(e, "head dim D=264") && has(e, "1 <= D <= 256")) << e;
+  e = error_of({1, 2, 16, 16, 0, 0}, DType::f32);
+  EXPECT_TRUE(has(e, "head dim D=0") && has(e, "1 <= D <= 256")) << e;
   e = error_of({1, 4, 16, 16, 64, 64, 3}, DType::bf16);
   EXPECT_TRUE(has(e, "Hkv=3") && has(e, "H=4")) << e;
   e = error_of({1, 2, 16, 16, 64, 64}, DType::f64);
@@ -398,4 +478,24 @@ TEST(GpuAttention, BadInputIsAClearError) {
   } catch (const Error& err) {
     EXPECT_TRUE(has(err.what(), "Tq == Tk")) << err.what();
   }
+}
+
+// The padded head dim the kernels run at, and which head dims attention_check lets through
+// (host logic: runs without a GPU).
+TEST(GpuAttention, PaddedHeadDimChoice) {
+  const std::vector<std::pair<int64_t, int64_t>> want = {{1, 32},    {8, 32},    {16, 32},   {20, 32},  {32, 32},
+                                                         {33, 64},   {48, 64},   {64, 64},   {65, 128}, {80, 128},
+                                                         {96, 128},  {112, 128}, {128, 128}, {129, 256}, {160, 256},
+                                                         {256, 256}, {257, 0},   {512, 0},   {0, 0},    {-8, 0}};
+  for (const auto& [D, Dp] : want) EXPECT_EQ(cuda::attention_padded_head_dim(D), Dp) << "D=" << D;
+  EXPECT_EQ(cuda::kAttentionMaxHeadDim, 256);
+  for (const int64_t D : {8, 16, 20, 48, 80, 96, 160, 256}) {
+    const cuda::AttentionDims d{2, 4, 33, 33, D, D, 2};
+    for (const DType dt : {DType::f32, DType::bf16, DType::f16}) {
+      EXPECT_NO_THROW(cuda::attention_check(d, cuda::AttentionLayout::contiguous(d), dt, "test")) << "D=" << D;
+      EXPECT_NO_THROW(cuda::attention_check(d, cuda::AttentionLayout::packed_qkv(d), dt, "test")) << "D=" << D;
+    }
+  }
+  const cuda::AttentionDims big{1, 2, 16, 16, 257, 257};
+  EXPECT_THROW(cuda::attention_check(big, cuda::AttentionLayout::contiguous(big), DType::f32, "test"), Error);
 }

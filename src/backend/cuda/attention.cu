@@ -8,6 +8,9 @@
 // The tile products are warp_mm below: WMMA 16x16x16 on the tensor cores for bf16/f16, plain
 // FMAs for f32 (the reference path). Accumulators stay in shared memory (not fragments) because
 // the online softmax rescales them by row, and a WMMA fragment's element-to-row map is opaque.
+// Template argument Dp is the padded head dim the tiles have (32, 64, 128, 256); Args::D is the
+// operands' head dim D <= Dp: global memory is touched in columns [0, D) only, and the shared
+// tiles' columns [D, Dp) hold zeros (attention.h).
 #include "backend/cuda/attention.h"
 
 #include <cuda_bf16.h>
@@ -57,7 +60,7 @@ template <class T> struct Pad {
 // (launch size) and the device.
 struct Carver {
   unsigned off = 0;
-  __host__ __device__ unsigned take(unsigned bytes) {
+  __host__ __device__ constexpr unsigned take(unsigned bytes) {
     const unsigned at = off;
     off = (off + bytes + 127u) / 128u * 128u;
     return at;
@@ -113,18 +116,20 @@ __device__ __forceinline__ void warp_mm(const T* A, int lda, const T* B, int ldb
   }
 }
 
-// Block-wide copy of rows [0, rows) of a strided operand (row stride st) into a shared tile
-// of `rows_total` rows (stride ld); rows past `rows` are zero. `vec`: 16-byte loads (the
-// pointer and stride allow them, checked on the host).
-template <int D, class T>
-__device__ __forceinline__ void load_rows(T* dst, int ld, const T* src, int64_t st, int rows, int rows_total,
+// Block-wide copy of rows [0, rows) of a strided operand (row stride st, `dh` elements a row)
+// into a shared tile of `rows_total` rows of Dp columns (stride ld); rows past `rows` and
+// columns past `dh` are zero, and nothing past column dh of a row is read. `vec`: 16-byte
+// loads (the pointer, the strides and dh allow them, checked on the host; then every chunk
+// lies wholly inside or wholly past dh).
+template <int Dp, class T>
+__device__ __forceinline__ void load_rows(T* dst, int ld, const T* src, int64_t st, int rows, int rows_total, int dh,
                                           bool vec) {
   if (vec) {
-    constexpr int kPer = 16 / sizeof(T), kChunks = D / kPer;
+    constexpr int kPer = 16 / sizeof(T), kChunks = Dp / kPer;
     for (int i = threadIdx.x; i < rows_total * kChunks; i += blockDim.x) {
       const int r = i / kChunks, c = (i % kChunks) * kPer;
       uint4 raw = make_uint4(0, 0, 0, 0);
-      if (r < rows) raw = *reinterpret_cast<const uint4*>(src + r * st + c);
+      if (r < rows && c < dh) raw = *reinterpret_cast<const uint4*>(src + r * st + c);
       if constexpr (Pad<T>::kT * sizeof(T) % 16 == 0) {
         *reinterpret_cast<uint4*>(dst + r * ld + c) = raw;
       } else {
@@ -134,9 +139,9 @@ __device__ __forceinline__ void load_rows(T* dst, int ld, const T* src, int64_t 
       }
     }
   } else {
-    for (int i = threadIdx.x; i < rows_total * D; i += blockDim.x) {
-      const int r = i / D, c = i % D;
-      dst[r * ld + c] = r < rows ? src[r * st + c] : from_f<T>(0.0f);
+    for (int i = threadIdx.x; i < rows_total * Dp; i += blockDim.x) {
+      const int r = i / Dp, c = i % Dp;
+      dst[r * ld + c] = r < rows && c < dh ? src[r * st + c] : from_f<T>(0.0f);
     }
   }
 }
@@ -148,17 +153,18 @@ template <class T> struct Args {
   float *lse_out, *delta;
   AttentionStrides sq, sk, sv, so;
   int H, group, Tq, Tk;
+  int D;  // the head dim of the operands; the kernels run at a padded Dp >= D (attention.h)
   float scale, scale_log2;
   bool causal, vec;
 };
 
 // ---- forward ----------------------------------------------------------------------------
 
-template <class T, int D, int W, int Bc> struct FwdSmem {
-  static constexpr int kBr = 16 * W, kLd = D + Pad<T>::kT, kLdS = Bc + Pad<T>::kF, kLdP = Bc + Pad<T>::kT,
-                       kLdO = D + Pad<T>::kF;
-  unsigned q, k, v, s, p, o, m, l, bytes;
-  __host__ __device__ FwdSmem() {
+template <class T, int Dp, int W, int Bc> struct FwdSmem {
+  static constexpr int kBr = 16 * W, kLd = Dp + Pad<T>::kT, kLdS = Bc + Pad<T>::kF, kLdP = Bc + Pad<T>::kT,
+                       kLdO = Dp + Pad<T>::kF;
+  unsigned q = 0, k = 0, v = 0, s = 0, p = 0, o = 0, m = 0, l = 0, bytes = 0;
+  __host__ __device__ constexpr FwdSmem() {
     Carver c;
     q = c.take(kBr * kLd * sizeof(T));
     k = c.take(Bc * kLd * sizeof(T));
@@ -172,9 +178,9 @@ template <class T, int D, int W, int Bc> struct FwdSmem {
   }
 };
 
-template <class T, int D, int W, int Bc>
+template <class T, int Dp, int W, int Bc>
 __global__ void __launch_bounds__(32 * W) attn_fwd_kernel(Args<T> a) {
-  using S = FwdSmem<T, D, W, Bc>;
+  using S = FwdSmem<T, Dp, W, Bc>;
   constexpr int Br = S::kBr, LD = S::kLd, LDS = S::kLdS, LDP = S::kLdP, LDO = S::kLdO;
   extern __shared__ __align__(128) unsigned char smem[];
   const S lay;
@@ -189,23 +195,23 @@ __global__ void __launch_bounds__(32 * W) attn_fwd_kernel(Args<T> a) {
   const T* k = a.k + b * a.sk.b + hk * a.sk.h;
   const T* v = a.v + b * a.sv.b + hk * a.sv.h;
 
-  load_rows<D>(Qs, LD, q, a.sq.t, min(Br, a.Tq - i0), Br, a.vec);
-  for (int i = threadIdx.x; i < Br * D; i += blockDim.x) Os[(i / D) * LDO + i % D] = 0.0f;
+  load_rows<Dp>(Qs, LD, q, a.sq.t, min(Br, a.Tq - i0), Br, a.D, a.vec);
+  for (int i = threadIdx.x; i < Br * Dp; i += blockDim.x) Os[(i / Dp) * LDO + i % Dp] = 0.0f;
   for (int i = threadIdx.x; i < Br; i += blockDim.x) Ms[i] = -INFINITY, Ls[i] = 0.0f;
 
   const int kend = a.causal ? min(a.Tk, i0 + Br) : a.Tk;  // causal: tiles above the diagonal skipped
   for (int j0 = 0; j0 < kend; j0 += Bc) {
     __syncthreads();  // the previous K/V tiles are no longer read (and Q, O, m, l are written)
-    load_rows<D>(Ks, LD, k + j0 * a.sk.t, a.sk.t, min(Bc, a.Tk - j0), Bc, a.vec);
-    load_rows<D>(Vs, LD, v + j0 * a.sv.t, a.sv.t, min(Bc, a.Tk - j0), Bc, a.vec);
+    load_rows<Dp>(Ks, LD, k + j0 * a.sk.t, a.sk.t, min(Bc, a.Tk - j0), Bc, a.D, a.vec);
+    load_rows<Dp>(Vs, LD, v + j0 * a.sv.t, a.sv.t, min(Bc, a.Tk - j0), Bc, a.D, a.vec);
     __syncthreads();
-    warp_mm<true, false, Bc, D>(Qs + r0 * LD, LD, Ks, LD, Ss + r0 * LDS, LDS);  // S = Q K^T
+    warp_mm<true, false, Bc, Dp>(Qs + r0 * LD, LD, Ks, LD, Ss + r0 * LDS, LDS);  // S = Q K^T
     __syncwarp();
     // Online softmax of the warp's 16 rows (in log2 units): lanes 2r and 2r+1 share row r, each
     // on half of its columns (visited from a per-row rotation, so the lanes of a warp hit
     // different banks); one shuffle joins the halves' max and sum.
     {
-      constexpr int kHalfBc = Bc / 2, kHalfD = D / 2;
+      constexpr int kHalfBc = Bc / 2, kHalfD = Dp / 2;
       const int rr = lane / 2, half = lane % 2, row = r0 + rr, qi = i0 + row;
       float* srow = Ss + row * LDS + half * kHalfBc;
       T* prow = Ps + row * LDP + half * kHalfBc;
@@ -244,7 +250,7 @@ __global__ void __launch_bounds__(32 * W) attn_fwd_kernel(Args<T> a) {
       }
     }
     __syncwarp();
-    warp_mm<false, true, D, Bc>(Ps + r0 * LDP, LDP, Vs, LD, Os + r0 * LDO, LDO);  // O += P V
+    warp_mm<false, true, Dp, Bc>(Ps + r0 * LDP, LDP, Vs, LD, Os + r0 * LDO, LDO);  // O += P V
     __syncwarp();
   }
   __syncthreads();  // (also orders the block-wide initialisation before the reads below)
@@ -253,7 +259,7 @@ __global__ void __launch_bounds__(32 * W) attn_fwd_kernel(Args<T> a) {
     const int row = r0 + r, qi = i0 + row;
     if (qi >= a.Tq) break;
     const float l = Ls[row], inv = 1.0f / l;
-    for (int c = lane; c < D; c += 32) o[qi * a.so.t + c] = from_f<T>(Os[row * LDO + c] * inv);
+    for (int c = lane; c < a.D; c += 32) o[qi * a.so.t + c] = from_f<T>(Os[row * LDO + c] * inv);
     if (lane == 0) a.lse_out[(static_cast<int64_t>(b) * a.H + h) * a.Tq + qi] = (Ms[row] + log2f(l)) * kLn2;
   }
 }
@@ -261,7 +267,7 @@ __global__ void __launch_bounds__(32 * W) attn_fwd_kernel(Args<T> a) {
 // ---- backward ---------------------------------------------------------------------------
 
 // Delta_i = dO_i . O_i (f32), one warp per row of [B, H, Tq].
-template <class T, int D>
+template <class T>
 __global__ void attn_delta_kernel(Args<T> a, int64_t rows) {
   const int64_t row = blockIdx.x * static_cast<int64_t>(blockDim.x / 32) + threadIdx.x / 32;
   if (row >= rows) return;
@@ -269,18 +275,18 @@ __global__ void attn_delta_kernel(Args<T> a, int64_t rows) {
   const int64_t i = row % a.Tq, h = row / a.Tq % a.H, b = row / a.Tq / a.H;
   const int64_t at = b * a.so.b + h * a.so.h + i * a.so.t;
   float s = 0.0f;
-#pragma unroll
-  for (int c = lane; c < D; c += 32) s = fmaf(to_f(a.dout[at + c]), to_f(a.o[at + c]), s);
+  for (int c = lane; c < a.D; c += 32) s = fmaf(to_f(a.dout[at + c]), to_f(a.o[at + c]), s);
   s = warp_sum(s);
   if (lane == 0) a.delta[row] = s;
 }
 
-template <class T, int D, int W, int Bi> struct BwdSmem {
+template <class T, int Dp, int W, int Bi> struct BwdSmem {
   // own: the warps' 16-row blocks (Bo rows); streamed: Bi rows of two operands.
-  static constexpr int kBo = 16 * W, kLd = D + Pad<T>::kT, kLdS = Bi + Pad<T>::kF, kLdP = Bi + Pad<T>::kT,
-                       kLdA = D + Pad<T>::kF;
-  unsigned own0, own1, in0, in1, s, dp, p, ds, acc0, acc1, lse, delta, bytes;
-  __host__ __device__ explicit BwdSmem(bool two_acc) {
+  static constexpr int kBo = 16 * W, kLd = Dp + Pad<T>::kT, kLdS = Bi + Pad<T>::kF, kLdP = Bi + Pad<T>::kT,
+                       kLdA = Dp + Pad<T>::kF;
+  unsigned own0 = 0, own1 = 0, in0 = 0, in1 = 0, s = 0, dp = 0, p = 0, ds = 0, acc0 = 0, acc1 = 0, lse = 0, delta = 0,
+           bytes = 0;
+  __host__ __device__ constexpr explicit BwdSmem(bool two_acc) {
     Carver c;
     own0 = c.take(kBo * kLd * sizeof(T));
     own1 = c.take(kBo * kLd * sizeof(T));
@@ -300,9 +306,9 @@ template <class T, int D, int W, int Bi> struct BwdSmem {
 
 // dQ = scale dS K, dS = P (dP - Delta), P = exp(scale Q K^T - lse), dP = dO V^T.
 // One block per (b, h, query tile); the warps own query rows; key tiles stream in order.
-template <class T, int D, int W, int Bc>
+template <class T, int Dp, int W, int Bc>
 __global__ void __launch_bounds__(32 * W) attn_bwd_dq_kernel(Args<T> a) {
-  using S = BwdSmem<T, D, W, Bc>;
+  using S = BwdSmem<T, Dp, W, Bc>;
   constexpr int Br = S::kBo, LD = S::kLd, LDS = S::kLdS, LDP = S::kLdP, LDA = S::kLdA;
   extern __shared__ __align__(128) unsigned char smem[];
   const S lay(false);
@@ -317,24 +323,24 @@ __global__ void __launch_bounds__(32 * W) attn_bwd_dq_kernel(Args<T> a) {
   const int warp = threadIdx.x / 32, lane = threadIdx.x % 32, r0 = warp * 16;
   const int rows = min(Br, a.Tq - i0);
   const int64_t bh = static_cast<int64_t>(b) * a.H + h;
-  load_rows<D>(Qs, LD, a.q + b * a.sq.b + h * a.sq.h + i0 * a.sq.t, a.sq.t, rows, Br, a.vec);
-  load_rows<D>(dOs, LD, a.dout + b * a.so.b + h * a.so.h + i0 * a.so.t, a.so.t, rows, Br, a.vec);
+  load_rows<Dp>(Qs, LD, a.q + b * a.sq.b + h * a.sq.h + i0 * a.sq.t, a.sq.t, rows, Br, a.D, a.vec);
+  load_rows<Dp>(dOs, LD, a.dout + b * a.so.b + h * a.so.h + i0 * a.so.t, a.so.t, rows, Br, a.D, a.vec);
   for (int i = threadIdx.x; i < Br; i += blockDim.x) {
     lse2[i] = i < rows ? a.lse_in[bh * a.Tq + i0 + i] * kLog2e : 0.0f;
     delta[i] = i < rows ? a.delta[bh * a.Tq + i0 + i] : 0.0f;
   }
-  for (int i = threadIdx.x; i < Br * D; i += blockDim.x) dQs[(i / D) * LDA + i % D] = 0.0f;
+  for (int i = threadIdx.x; i < Br * Dp; i += blockDim.x) dQs[(i / Dp) * LDA + i % Dp] = 0.0f;
   const T* k = a.k + b * a.sk.b + hk * a.sk.h;
   const T* v = a.v + b * a.sv.b + hk * a.sv.h;
 
   const int kend = a.causal ? min(a.Tk, i0 + Br) : a.Tk;
   for (int j0 = 0; j0 < kend; j0 += Bc) {
     __syncthreads();
-    load_rows<D>(Ks, LD, k + j0 * a.sk.t, a.sk.t, min(Bc, a.Tk - j0), Bc, a.vec);
-    load_rows<D>(Vs, LD, v + j0 * a.sv.t, a.sv.t, min(Bc, a.Tk - j0), Bc, a.vec);
+    load_rows<Dp>(Ks, LD, k + j0 * a.sk.t, a.sk.t, min(Bc, a.Tk - j0), Bc, a.D, a.vec);
+    load_rows<Dp>(Vs, LD, v + j0 * a.sv.t, a.sv.t, min(Bc, a.Tk - j0), Bc, a.D, a.vec);
     __syncthreads();
-    warp_mm<true, false, Bc, D>(Qs + r0 * LD, LD, Ks, LD, Ss + r0 * LDS, LDS);    // S = Q K^T
-    warp_mm<true, false, Bc, D>(dOs + r0 * LD, LD, Vs, LD, dPs + r0 * LDS, LDS);  // dP = dO V^T
+    warp_mm<true, false, Bc, Dp>(Qs + r0 * LD, LD, Ks, LD, Ss + r0 * LDS, LDS);    // S = Q K^T
+    warp_mm<true, false, Bc, Dp>(dOs + r0 * LD, LD, Vs, LD, dPs + r0 * LDS, LDS);  // dP = dO V^T
     __syncwarp();
     for (int e = lane; e < 16 * Bc; e += 32) {
       const int row = r0 + e / Bc, c = e % Bc, qi = i0 + row, kj = j0 + c;
@@ -343,7 +349,7 @@ __global__ void __launch_bounds__(32 * W) attn_bwd_dq_kernel(Args<T> a) {
       dSs[row * LDP + c] = from_f<T>(p * (dPs[row * LDS + c] - delta[row]));
     }
     __syncwarp();
-    warp_mm<false, true, D, Bc>(dSs + r0 * LDP, LDP, Ks, LD, dQs + r0 * LDA, LDA);  // dQ += dS K
+    warp_mm<false, true, Dp, Bc>(dSs + r0 * LDP, LDP, Ks, LD, dQs + r0 * LDA, LDA);  // dQ += dS K
     __syncwarp();
   }
   __syncthreads();
@@ -351,16 +357,16 @@ __global__ void __launch_bounds__(32 * W) attn_bwd_dq_kernel(Args<T> a) {
   for (int r = 0; r < 16; ++r) {
     const int row = r0 + r, qi = i0 + row;
     if (qi >= a.Tq) break;
-    for (int c = lane; c < D; c += 32) dq[qi * a.sq.t + c] = from_f<T>(dQs[row * LDA + c] * a.scale);
+    for (int c = lane; c < a.D; c += 32) dq[qi * a.sq.t + c] = from_f<T>(dQs[row * LDA + c] * a.scale);
   }
 }
 
 // dV = P^T dO, dK = scale dS^T Q, summed over every query tile of every query head that reads
 // this kv head. One block per (b, kv head, key tile); the warps own key rows and work on the
 // transposed tiles S^T = K Q^T, dP^T = V dO^T directly.
-template <class T, int D, int W, int Bq>
+template <class T, int Dp, int W, int Bq>
 __global__ void __launch_bounds__(32 * W) attn_bwd_dkdv_kernel(Args<T> a) {
-  using S = BwdSmem<T, D, W, Bq>;
+  using S = BwdSmem<T, Dp, W, Bq>;
   constexpr int Bk = S::kBo, LD = S::kLd, LDS = S::kLdS, LDP = S::kLdP, LDA = S::kLdA;
   extern __shared__ __align__(128) unsigned char smem[];
   const S lay(true);
@@ -374,9 +380,10 @@ __global__ void __launch_bounds__(32 * W) attn_bwd_dkdv_kernel(Args<T> a) {
   const int hk = blockIdx.y, b = blockIdx.z, k0 = blockIdx.x * Bk;
   const int warp = threadIdx.x / 32, lane = threadIdx.x % 32, r0 = warp * 16;
   const int krows = min(Bk, a.Tk - k0);
-  load_rows<D>(Ks, LD, a.k + b * a.sk.b + hk * a.sk.h + k0 * a.sk.t, a.sk.t, krows, Bk, a.vec);
-  load_rows<D>(Vs, LD, a.v + b * a.sv.b + hk * a.sv.h + k0 * a.sv.t, a.sv.t, krows, Bk, a.vec);
-  for (int i = threadIdx.x; i < Bk * D; i += blockDim.x) dKs[(i / D) * LDA + i % D] = dVs[(i / D) * LDA + i % D] = 0.0f;
+  load_rows<Dp>(Ks, LD, a.k + b * a.sk.b + hk * a.sk.h + k0 * a.sk.t, a.sk.t, krows, Bk, a.D, a.vec);
+  load_rows<Dp>(Vs, LD, a.v + b * a.sv.b + hk * a.sv.h + k0 * a.sv.t, a.sv.t, krows, Bk, a.D, a.vec);
+  for (int i = threadIdx.x; i < Bk * Dp; i += blockDim.x)
+    dKs[(i / Dp) * LDA + i % Dp] = dVs[(i / Dp) * LDA + i % Dp] = 0.0f;
 
   // Causal: query rows below k0 see none of these keys.
   const int qstart = a.causal ? k0 / Bq * Bq : 0;
@@ -388,15 +395,15 @@ __global__ void __launch_bounds__(32 * W) attn_bwd_dkdv_kernel(Args<T> a) {
     for (int i0 = qstart; i0 < a.Tq; i0 += Bq) {
       const int rows = min(Bq, a.Tq - i0);
       __syncthreads();
-      load_rows<D>(Qs, LD, q + i0 * a.sq.t, a.sq.t, rows, Bq, a.vec);
-      load_rows<D>(dOs, LD, dout + i0 * a.so.t, a.so.t, rows, Bq, a.vec);
+      load_rows<Dp>(Qs, LD, q + i0 * a.sq.t, a.sq.t, rows, Bq, a.D, a.vec);
+      load_rows<Dp>(dOs, LD, dout + i0 * a.so.t, a.so.t, rows, Bq, a.D, a.vec);
       for (int i = threadIdx.x; i < Bq; i += blockDim.x) {
         lse2[i] = i < rows ? a.lse_in[bh * a.Tq + i0 + i] * kLog2e : 0.0f;
         delta[i] = i < rows ? a.delta[bh * a.Tq + i0 + i] : 0.0f;
       }
       __syncthreads();
-      warp_mm<true, false, Bq, D>(Ks + r0 * LD, LD, Qs, LD, Ss + r0 * LDS, LDS);    // S^T = K Q^T
-      warp_mm<true, false, Bq, D>(Vs + r0 * LD, LD, dOs, LD, dPs + r0 * LDS, LDS);  // dP^T = V dO^T
+      warp_mm<true, false, Bq, Dp>(Ks + r0 * LD, LD, Qs, LD, Ss + r0 * LDS, LDS);    // S^T = K Q^T
+      warp_mm<true, false, Bq, Dp>(Vs + r0 * LD, LD, dOs, LD, dPs + r0 * LDS, LDS);  // dP^T = V dO^T
       __syncwarp();
       for (int e = lane; e < 16 * Bq; e += 32) {
         const int row = r0 + e / Bq, c = e % Bq, kj = k0 + row, qi = i0 + c;
@@ -406,8 +413,8 @@ __global__ void __launch_bounds__(32 * W) attn_bwd_dkdv_kernel(Args<T> a) {
         dSs[row * LDP + c] = from_f<T>(p * (dPs[row * LDS + c] - delta[c]));
       }
       __syncwarp();
-      warp_mm<false, true, D, Bq>(Ps + r0 * LDP, LDP, dOs, LD, dVs + r0 * LDA, LDA);  // dV += P^T dO
-      warp_mm<false, true, D, Bq>(dSs + r0 * LDP, LDP, Qs, LD, dKs + r0 * LDA, LDA);  // dK += dS^T Q
+      warp_mm<false, true, Dp, Bq>(Ps + r0 * LDP, LDP, dOs, LD, dVs + r0 * LDA, LDA);  // dV += P^T dO
+      warp_mm<false, true, Dp, Bq>(dSs + r0 * LDP, LDP, Qs, LD, dKs + r0 * LDA, LDA);  // dK += dS^T Q
       __syncwarp();
     }
   }
@@ -417,7 +424,7 @@ __global__ void __launch_bounds__(32 * W) attn_bwd_dkdv_kernel(Args<T> a) {
   for (int r = 0; r < 16; ++r) {
     const int row = r0 + r, kj = k0 + row;
     if (kj >= a.Tk) break;
-    for (int c = lane; c < D; c += 32) {
+    for (int c = lane; c < a.D; c += 32) {
       dk[kj * a.sk.t + c] = from_f<T>(dKs[row * LDA + c] * a.scale);
       dv[kj * a.sv.t + c] = from_f<T>(dVs[row * LDA + c]);
     }
@@ -426,14 +433,24 @@ __global__ void __launch_bounds__(32 * W) attn_bwd_dkdv_kernel(Args<T> a) {
 
 // ---- host side --------------------------------------------------------------------------
 
-// The tile shapes per element type: (warps, streamed rows). f32 tiles are twice the bytes,
-// so its blocks are half as tall; every shape's shared memory fits an A100's 163 KiB.
-template <class T> struct Config {
+// The tile shapes per element type and padded head dim: warps (forward, backward) and
+// streamed rows. f32 tiles are twice the bytes, so its blocks are half as tall; at Dp = 256
+// the blocks shrink again (bf16/f16 two warps, f32's backward one), so that every shape's
+// shared memory fits an A100's 163 KiB (asserted below).
+template <class T, int Dp> struct Config {
   static constexpr bool kHalf = !std::is_same_v<T, float>;
-  static constexpr int kW = kHalf ? 4 : 2;
+  static constexpr int kFwdW = kHalf && Dp <= 128 ? 4 : 2;
+  static constexpr int kBwdW = kHalf ? (Dp <= 128 ? 4 : 2) : (Dp <= 128 ? 2 : 1);
   static constexpr int kFwdBc = kHalf ? 64 : 32;
   static constexpr int kBwdBi = 32;
 };
+constexpr unsigned kA100SmemOptin = 163 * 1024;
+template <class T, int Dp> constexpr bool fits_a100() {
+  using C = Config<T, Dp>;
+  return FwdSmem<T, Dp, C::kFwdW, C::kFwdBc>().bytes <= kA100SmemOptin &&
+         BwdSmem<T, Dp, C::kBwdW, C::kBwdBi>(true).bytes <= kA100SmemOptin &&
+         BwdSmem<T, Dp, C::kBwdW, C::kBwdBi>(false).bytes <= kA100SmemOptin;
+}
 
 template <class K>
 void prepare(K kernel, unsigned bytes, const char* name) {
@@ -456,6 +473,7 @@ Args<T> make_args(const AttentionDims& d, const AttentionLayout& L, bool causal,
   a.H = static_cast<int>(d.H);
   a.group = static_cast<int>(d.group());
   a.Tq = static_cast<int>(d.Tq), a.Tk = static_cast<int>(d.Tk);
+  a.D = static_cast<int>(d.D);
   a.scale = static_cast<float>(scale);
   a.scale_log2 = static_cast<float>(scale * 1.4426950408889634);
   a.causal = causal;
@@ -465,76 +483,88 @@ Args<T> make_args(const AttentionDims& d, const AttentionLayout& L, bool causal,
 bool aligned16(const void* p) { return reinterpret_cast<uintptr_t>(p) % 16 == 0; }
 bool strides_vec(const AttentionStrides& s, int64_t per) { return s.b % per == 0 && s.h % per == 0 && s.t % per == 0; }
 
-template <class T, int D>
+template <class T, int Dp>
 void forward_impl(const void* q, const void* k, const void* v, void* o, float* lse, const AttentionDims& d,
                   const AttentionLayout& L, bool causal, double scale, cudaStream_t stream) {
-  using C = Config<T>;
+  using C = Config<T, Dp>;
+  static_assert(fits_a100<T, Dp>(), "an attention tile shape needs more shared memory than an A100 has");
   Args<T> a = make_args<T>(d, L, causal, scale);
   a.q = static_cast<const T*>(q), a.k = static_cast<const T*>(k), a.v = static_cast<const T*>(v);
   a.out = static_cast<T*>(o), a.lse_out = lse;
   const int64_t per = 16 / sizeof(T);
-  a.vec = aligned16(q) && aligned16(k) && aligned16(v) && strides_vec(L.q, per) && strides_vec(L.k, per) &&
-          strides_vec(L.v, per);
-  const FwdSmem<T, D, C::kW, C::kFwdBc> lay;
-  auto kernel = attn_fwd_kernel<T, D, C::kW, C::kFwdBc>;
+  a.vec = d.D % per == 0 && aligned16(q) && aligned16(k) && aligned16(v) && strides_vec(L.q, per) &&
+          strides_vec(L.k, per) && strides_vec(L.v, per);
+  const FwdSmem<T, Dp, C::kFwdW, C::kFwdBc> lay;
+  auto kernel = attn_fwd_kernel<T, Dp, C::kFwdW, C::kFwdBc>;
   prepare(kernel, lay.bytes, "attn_fwd_kernel");
-  const dim3 grid(tiles(d.Tq, 16 * C::kW), static_cast<unsigned>(d.H), static_cast<unsigned>(d.B));
-  kernel<<<grid, 32 * C::kW, lay.bytes, stream>>>(a);
+  const dim3 grid(tiles(d.Tq, 16 * C::kFwdW), static_cast<unsigned>(d.H), static_cast<unsigned>(d.B));
+  kernel<<<grid, 32 * C::kFwdW, lay.bytes, stream>>>(a);
   ATH_CUDA_LAUNCHED("attn_fwd_kernel");
 }
 
-template <class T, int D>
+template <class T, int Dp>
 void backward_impl(const void* q, const void* k, const void* v, const void* o, const void* dout, const float* lse,
                    void* dq, void* dk, void* dv, const AttentionDims& d, const AttentionLayout& L, bool causal,
                    double scale, void* workspace, cudaStream_t stream) {
-  using C = Config<T>;
+  using C = Config<T, Dp>;
   Args<T> a = make_args<T>(d, L, causal, scale);
   a.q = static_cast<const T*>(q), a.k = static_cast<const T*>(k), a.v = static_cast<const T*>(v);
   a.o = static_cast<const T*>(o), a.dout = static_cast<const T*>(dout), a.lse_in = lse;
   a.dq = static_cast<T*>(dq), a.dk = static_cast<T*>(dk), a.dv = static_cast<T*>(dv);
   a.delta = static_cast<float*>(workspace);
   const int64_t per = 16 / sizeof(T);
-  a.vec = aligned16(q) && aligned16(k) && aligned16(v) && aligned16(dout) && strides_vec(L.q, per) &&
-          strides_vec(L.k, per) && strides_vec(L.v, per) && strides_vec(L.o, per);
+  a.vec = d.D % per == 0 && aligned16(q) && aligned16(k) && aligned16(v) && aligned16(dout) &&
+          strides_vec(L.q, per) && strides_vec(L.k, per) && strides_vec(L.v, per) && strides_vec(L.o, per);
 
   const int64_t rows = d.B * d.H * d.Tq;
-  attn_delta_kernel<T, D><<<tiles(rows, 4), 128, 0, stream>>>(a, rows);
+  attn_delta_kernel<T><<<tiles(rows, 4), 128, 0, stream>>>(a, rows);
   ATH_CUDA_LAUNCHED("attn_delta_kernel");
 
-  const BwdSmem<T, D, C::kW, C::kBwdBi> kv_lay(true), q_lay(false);
-  auto dkdv = attn_bwd_dkdv_kernel<T, D, C::kW, C::kBwdBi>;
+  const BwdSmem<T, Dp, C::kBwdW, C::kBwdBi> kv_lay(true), q_lay(false);
+  auto dkdv = attn_bwd_dkdv_kernel<T, Dp, C::kBwdW, C::kBwdBi>;
   prepare(dkdv, kv_lay.bytes, "attn_bwd_dkdv_kernel");
-  const dim3 kv_grid(tiles(d.Tk, 16 * C::kW), static_cast<unsigned>(d.kv_heads()), static_cast<unsigned>(d.B));
-  dkdv<<<kv_grid, 32 * C::kW, kv_lay.bytes, stream>>>(a);
+  const dim3 kv_grid(tiles(d.Tk, 16 * C::kBwdW), static_cast<unsigned>(d.kv_heads()), static_cast<unsigned>(d.B));
+  dkdv<<<kv_grid, 32 * C::kBwdW, kv_lay.bytes, stream>>>(a);
   ATH_CUDA_LAUNCHED("attn_bwd_dkdv_kernel");
 
-  auto dqk = attn_bwd_dq_kernel<T, D, C::kW, C::kBwdBi>;
+  auto dqk = attn_bwd_dq_kernel<T, Dp, C::kBwdW, C::kBwdBi>;
   prepare(dqk, q_lay.bytes, "attn_bwd_dq_kernel");
-  const dim3 q_grid(tiles(d.Tq, 16 * C::kW), static_cast<unsigned>(d.H), static_cast<unsigned>(d.B));
-  dqk<<<q_grid, 32 * C::kW, q_lay.bytes, stream>>>(a);
+  const dim3 q_grid(tiles(d.Tq, 16 * C::kBwdW), static_cast<unsigned>(d.H), static_cast<unsigned>(d.B));
+  dqk<<<q_grid, 32 * C::kBwdW, q_lay.bytes, stream>>>(a);
   ATH_CUDA_LAUNCHED("attn_bwd_dq_kernel");
 }
 
-// The dtype and head dim (checked before) as template arguments: 3 x 2 instantiations.
+// The dtype and padded head dim (D checked before) as template arguments: 3 x 4 instantiations.
 template <class T>
 void forward_t(const void* q, const void* k, const void* v, void* o, float* lse, const AttentionDims& d,
                const AttentionLayout& L, bool causal, double scale, cudaStream_t stream) {
-  if (d.D == 64)
-    forward_impl<T, 64>(q, k, v, o, lse, d, L, causal, scale, stream);
-  else
-    forward_impl<T, 128>(q, k, v, o, lse, d, L, causal, scale, stream);
+  switch (attention_padded_head_dim(d.D)) {
+    case 32: forward_impl<T, 32>(q, k, v, o, lse, d, L, causal, scale, stream); break;
+    case 64: forward_impl<T, 64>(q, k, v, o, lse, d, L, causal, scale, stream); break;
+    case 128: forward_impl<T, 128>(q, k, v, o, lse, d, L, causal, scale, stream); break;
+    default: forward_impl<T, 256>(q, k, v, o, lse, d, L, causal, scale, stream); break;
+  }
 }
 template <class T>
 void backward_t(const void* q, const void* k, const void* v, const void* o, const void* dout, const float* lse,
                 void* dq, void* dk, void* dv, const AttentionDims& d, const AttentionLayout& L, bool causal,
                 double scale, void* workspace, cudaStream_t stream) {
-  if (d.D == 64)
-    backward_impl<T, 64>(q, k, v, o, dout, lse, dq, dk, dv, d, L, causal, scale, workspace, stream);
-  else
-    backward_impl<T, 128>(q, k, v, o, dout, lse, dq, dk, dv, d, L, causal, scale, workspace, stream);
+  switch (attention_padded_head_dim(d.D)) {
+    case 32: backward_impl<T, 32>(q, k, v, o, dout, lse, dq, dk, dv, d, L, causal, scale, workspace, stream); break;
+    case 64: backward_impl<T, 64>(q, k, v, o, dout, lse, dq, dk, dv, d, L, causal, scale, workspace, stream); break;
+    case 128: backward_impl<T, 128>(q, k, v, o, dout, lse, dq, dk, dv, d, L, causal, scale, workspace, stream); break;
+    default: backward_impl<T, 256>(q, k, v, o, dout, lse, dq, dk, dv, d, L, causal, scale, workspace, stream); break;
+  }
 }
 
 }  // namespace
+
+int64_t attention_padded_head_dim(int64_t D) {
+  if (D < 1 || D > kAttentionMaxHeadDim) return 0;
+  int64_t p = 32;
+  while (p < D) p *= 2;
+  return p;
+}
 
 AttentionLayout AttentionLayout::contiguous(const AttentionDims& d) {
   const int64_t Hkv = d.kv_heads();
@@ -567,8 +597,9 @@ void attention_check(const AttentionDims& d, const AttentionLayout& L, DType dty
             " Tk=", d.Tk, Hint{"every size must be at least 1"});
   ATH_CHECK(d.D == d.Dv, op, "head dims differ: q/k have D=", d.D, ", v has Dv=", d.Dv,
             Hint{"the CUDA attention kernels need D == Dv"});
-  ATH_CHECK(d.D == 64 || d.D == 128, op, "head dim D=", d.D, " is not supported by the CUDA attention kernels",
-            Hint{"supported head dims: 64 and 128; pick n_embd / n_head accordingly, or run attention on the CPU"});
+  ATH_CHECK(attention_padded_head_dim(d.D) > 0, op, "head dim D=", d.D,
+            " is not supported by the CUDA attention kernels (they take 1 <= D <= ", kAttentionMaxHeadDim, ")",
+            Hint{"pick n_embd / n_head of at most 256 (shared memory bounds the tiles), or run attention on the CPU"});
   ATH_CHECK(d.H % Hkv == 0, op, "kv heads Hkv=", Hkv, " do not divide the query heads H=", d.H,
             Hint{"grouped-query attention needs H to be a multiple of Hkv"});
   ATH_CHECK(d.Tq < (int64_t{1} << 30) && d.Tk < (int64_t{1} << 30) && d.H <= 65535 && d.B <= 65535, op,

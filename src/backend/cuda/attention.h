@@ -28,8 +28,15 @@
 //    contiguous, rows, heads and batches anywhere, so q, k, v are read straight out of a packed
 //    projection and o written in [B, T, H D] order. The backward writes dq, dk, dv in the
 //    layouts of q, k, v and reads dO in the layout of o;
-//  - head dims 64 and 128 (GPT-2's and Llama's); others, D != Dv and dtypes other than
-//    f32/bf16/f16 are rejected before any work. Nothing here synchronises the stream.
+//  - any head dim 1 <= D <= 256 (kAttentionMaxHeadDim): the kernels run at the padded head dim
+//    Dp = attention_padded_head_dim(D) (32, 64, 128 or 256) with columns D..Dp-1 zero in shared
+//    memory. Zero columns add nothing to q . k, dO . v, P V, dS K or dS^T Q, so the results are
+//    those at D exactly (the scale is the caller's, 1/sqrt(D) of the real D); global memory is
+//    read and written in columns [0, D) only. Above 256 the tiles of a block outgrow an
+//    A100's 163 KiB of shared memory. 16-byte loads where D, the strides and the pointers
+//    allow them (D * sizeof(T) a multiple of 16), scalar loads otherwise;
+//  - D != Dv, D outside [1, 256] and dtypes other than f32/bf16/f16 are rejected before any
+//    work. Nothing here synchronises the stream.
 #include <cuda_runtime_api.h>
 
 #include <cstdint>
@@ -58,6 +65,12 @@ struct AttentionLayout {
   // Needs Tq == Tk and D == Dv.
   static AttentionLayout packed_qkv(const AttentionDims& d);
 };
+
+// The largest head dim the kernels take (shared memory bounds the tiles; attention.cu).
+constexpr int64_t kAttentionMaxHeadDim = 256;
+// The head dim the kernels run at for head dim D: the smallest of 32, 64, 128, 256 that is
+// >= D; 0 when D is outside [1, kAttentionMaxHeadDim] (not supported).
+int64_t attention_padded_head_dim(int64_t D);
 
 // Checks dims, layout, dtype and head dim (op "cuda attention"); throws before any work.
 void attention_check(const AttentionDims& d, const AttentionLayout& layout, DType dtype, const char* op);

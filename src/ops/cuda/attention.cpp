@@ -1,5 +1,5 @@
 // CUDA kernels of scaled_dot_product_attention and causal_self_attention on the flash
-// attention of src/backend/cuda/attention.h (f32, bf16, f16; head dims 64 and 128; GQA), with
+// attention of src/backend/cuda/attention.h (f32, bf16, f16; head dims 1..256; GQA), with
 // the CPU op's semantics (src/ops/attention.cpp):
 //  - sdpa reads q, k, v in place when their rows are contiguous and their elements fill one
 //    dense block (a transposed view of a [B, T, H, D] projection), else a contiguous copy; O
@@ -8,7 +8,7 @@
 //    (AttentionLayout::packed_qkv) and writes O as [B, T, d]; dqkv is one [B, T, 3 d] tensor.
 // Saved for backward: the operands as read, O and lse [B, H, Tq] (f32). Nothing of size
 // Tq x Tk exists at any time. The backward is deterministic (no atomics; attention.h).
-// Other head dims, D != Dv and f64: "not yet supported on cuda", before any work.
+// Head dims above 256, D != Dv and f64: "not yet supported on cuda", before any work.
 #include <algorithm>
 #include <cmath>
 #include <string>
@@ -32,8 +32,9 @@ void check_kernel_takes(const char* op, DType dt, int64_t D, int64_t Dv) {
   if (D != Dv)
     cuda_unsupported(op, "head dims D = " + std::to_string(D) + " != Dv = " + std::to_string(Dv) +
                              " (the CUDA attention kernels need D == Dv)");
-  if (D != 64 && D != 128)
-    cuda_unsupported(op, "head dim " + std::to_string(D) + " (the CUDA attention kernels take 64 and 128)");
+  if (cuda::attention_padded_head_dim(D) == 0)
+    cuda_unsupported(op, "head dim " + std::to_string(D) + " (the CUDA attention kernels take head dims 1 to " +
+                             std::to_string(cuda::kAttentionMaxHeadDim) + ")");
 }
 
 Tensor kernel_operand(const Tensor& t) { return dense_rows_layout(t) ? t : cuda_contiguous(t); }
