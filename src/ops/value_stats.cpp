@@ -146,7 +146,7 @@ std::vector<double> squared_distances(const std::vector<Tensor>& a, const std::v
   return out;
 }
 
-Tensor accumulate_fired_units(const Tensor& x, Tensor fired) {
+void accumulate_fired_units(const Tensor& x, Tensor& fired) {
   check_floating(x, "accumulate_fired_units");
   int64_t units = 1, inner = 1;
   unit_geometry(x, units, inner);
@@ -159,7 +159,7 @@ Tensor accumulate_fired_units(const Tensor& x, Tensor fired) {
 #ifdef ATHANOR_HAS_CUDA
   if (on_device(x)) {
     detail::cuda_units_fired(x, units, inner, fired);
-    return fired;
+    return;
   }
 #endif
   ATH_CHECK(fired.device().is_cpu(), "accumulate_fired_units", "a ", x.describe(), " the CUDA kernels cannot read",
@@ -168,7 +168,6 @@ Tensor accumulate_fired_units(const Tensor& x, Tensor fired) {
   for_each_value(x, [&](int64_t i, double v) {
     if (v > 0) f[(i / inner) % units] = 1;
   });
-  return fired;
 }
 
 std::vector<double> histogram_counts(const Tensor& x, double min, double width, const std::vector<double>& limits) {

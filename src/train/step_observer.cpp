@@ -236,7 +236,9 @@ observe::ActivationStats device_activation_stats(observe::ActivationStats a, con
   a.absmax = st.absmax;
   a.zero_frac = st.zeros / static_cast<double>(y.numel());
   if (dead) {
-    const std::vector<double> fired = accumulate_fired_units(y, Tensor()).cpu().to_vector();
+    Tensor rec;
+    accumulate_fired_units(y, rec);
+    const std::vector<double> fired = rec.cpu().to_vector();
     a.dead_frac = static_cast<double>(std::count(fired.begin(), fired.end(), 0.0)) / static_cast<double>(a.units);
   }
   if (sig || th) a.saturated_frac = st.saturated / cnt;
@@ -294,7 +296,7 @@ ForwardObserver StepObserver::observer(std::vector<observe::ActivationStats>* st
       const int64_t units = y.dim() == 4 ? y.size(1) : y.size(-1);
       Tensor& rec = alive_device_[name];
       if (!rec.defined() || rec.size(0) != units || rec.device() != y.device()) rec = Tensor(), alive_samples_[name] = 0;
-      rec = accumulate_fired_units(y, rec);
+      accumulate_fired_units(y, rec);
       alive_samples_[name] += y.size(0) * (y.dim() == 3 ? y.size(1) : 1);
     } else if (relu) {  // the units that fired, over the window
       const bool nchw = y.dim() == 4;

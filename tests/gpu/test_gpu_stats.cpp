@@ -41,6 +41,12 @@ Tensor sample(int64_t rows, int64_t cols, unsigned seed) {
   return from_vector(v, {rows, cols});
 }
 
+// accumulate_fired_units into `rec` (a new record when undefined), returned.
+Tensor fired_of(const Tensor& x, Tensor rec) {
+  accumulate_fired_units(x, rec);
+  return rec;
+}
+
 void expect_same(const TensorStats& got, const TensorStats& want, const std::string& what) {
   EXPECT_EQ(got.numel, want.numel) << what;
   EXPECT_EQ(got.finite, want.finite) << what;
@@ -118,14 +124,14 @@ TEST(GpuStats, SquaredDistancesFiredUnitsAndHistogramsMatchTheCpu) {
     // Fired units: mostly negative, a few units fire; NCHW [3, 5, 4, 6] and [2, 7, 9] (transposed).
     std::vector<float> v = gpu_test::random_vector(3 * 5 * 4 * 6, 5, -2.0f, 0.05f);
     const Tensor nchw = from_vector(v, {3, 5, 4, 6}).to(dt);
-    const Tensor rec_cpu = accumulate_fired_units(nchw, Tensor());
-    const Tensor rec_gpu = accumulate_fired_units(nchw.cuda(), Tensor());
+    const Tensor rec_cpu = fired_of(nchw, Tensor());
+    const Tensor rec_gpu = fired_of(nchw.cuda(), Tensor());
     EXPECT_EQ(rec_gpu.cpu().to_vector(), rec_cpu.to_vector()) << what << " NCHW";
     const Tensor t3 = transpose(from_vector(gpu_test::random_vector(2 * 9 * 7, 6, -3.0f, 0.1f), {2, 9, 7}).to(dt), 1, 2);
-    Tensor rc = accumulate_fired_units(t3, Tensor()), rg = accumulate_fired_units(t3.cuda(), Tensor());
+    Tensor rc = fired_of(t3, Tensor()), rg = fired_of(t3.cuda(), Tensor());
     EXPECT_EQ(rg.cpu().to_vector(), rc.to_vector()) << what << " last dim, strided";
     const Tensor t3b = from_vector(gpu_test::random_vector(2 * 7 * 9, 7, -3.0f, 0.2f), {2, 7, 9}).to(dt);
-    rc = accumulate_fired_units(t3b, rc), rg = accumulate_fired_units(t3b.cuda(), rg);
+    rc = fired_of(t3b, rc), rg = fired_of(t3b.cuda(), rg);
     EXPECT_EQ(rg.cpu().to_vector(), rc.to_vector()) << what << " OR-ed over two calls";
     // Histograms (train/step_observer.cpp): the same buckets, counted exactly.
     for (const Tensor& h : {a, transpose(a, 0, 1), fa}) {

@@ -25,6 +25,12 @@ std::vector<double> sample_values(int64_t n) {
   return v;
 }
 
+// accumulate_fired_units into `rec` (a new record when undefined), returned.
+Tensor fired_of(const Tensor& x, Tensor rec) {
+  accumulate_fired_units(x, rec);
+  return rec;
+}
+
 // The naive statistics of logical values.
 TensorStats naive(const std::vector<double>& v, Saturation sat) {
   TensorStats s;
@@ -97,19 +103,19 @@ TEST(ValueStats, SquaredDistancesAreTheSumOfSquaredDifferences) {
 TEST(ValueStats, FiredUnitsAreOredOverCallsAlongTheLastDimAndNchwChannels) {
   // [2, 3]: unit 0 fires in row 1, unit 1 never (0 and a NaN), unit 2 in row 0.
   const Tensor a = from_vector(std::vector<double>{-1, 0, 2, 3, kNaN, -4}, {2, 3}, TensorOptions(DType::f64));
-  Tensor rec = accumulate_fired_units(a, Tensor());
+  Tensor rec = fired_of(a, Tensor());
   EXPECT_EQ(rec.to_vector(), (std::vector<double>{1, 0, 1}));
   const Tensor b = from_vector(std::vector<double>{0, 0.5, 0}, {1, 3}, TensorOptions(DType::f64));
-  rec = accumulate_fired_units(b, rec);
+  rec = fired_of(b, rec);
   EXPECT_EQ(rec.to_vector(), (std::vector<double>{1, 1, 1})) << "the second call ORs into the record";
   // NCHW [2, 3, 2, 2]: a channel fires where one of its planes has a value > 0.
   std::vector<double> v(2 * 3 * 2 * 2, -1.0);
   v[1 * 12 + 1 * 4 + 1] = 0.1;  // sample 1, channel 1, (0, 1): flat 17, so 17 % 3 would name unit 2
   v[0 * 12 + 0 * 4 + 0] = 5.0;  // sample 0, channel 0, (0, 0)
   const Tensor c = from_vector(v, {2, 3, 2, 2}, TensorOptions(DType::f64)).to(DType::f32);
-  EXPECT_EQ(accumulate_fired_units(c, Tensor()).to_vector(), (std::vector<double>{1, 1, 0}));
-  EXPECT_THROW(accumulate_fired_units(c, rec.to(DType::f32)), Error) << "a record of another dtype";
-  EXPECT_THROW(accumulate_fired_units(from_vector(std::vector<double>{1, 2}, {2}, TensorOptions(DType::f64)), rec), Error)
+  EXPECT_EQ(fired_of(c, Tensor()).to_vector(), (std::vector<double>{1, 1, 0}));
+  EXPECT_THROW(fired_of(c, rec.to(DType::f32)), Error) << "a record of another dtype";
+  EXPECT_THROW(fired_of(from_vector(std::vector<double>{1, 2}, {2}, TensorOptions(DType::f64)), rec), Error)
       << "a record of another width";
 }
 

@@ -37,9 +37,9 @@ TensorStats value_stats(const Tensor& x, Saturation sat = Saturation::none);
 std::vector<double> squared_distances(const std::vector<Tensor>& a, const std::vector<Tensor>& b);
 
 // The units of x that fired (some element > 0), OR-ed into `fired`: a u8 tensor [units] on
-// x's device (made, zeroed, when undefined; returned). Units: the last dim, or dim 1 of a
-// 4-D (NCHW) x. Nothing is read back.
-Tensor accumulate_fired_units(const Tensor& x, Tensor fired);
+// x's device (made, zeroed, when undefined). Units: the last dim, or dim 1 of a 4-D (NCHW)
+// x. Nothing is read back.
+void accumulate_fired_units(const Tensor& x, Tensor& fired);
 
 // The finite values of x counted into limits.size() buckets, bucket i holding
 // (limits[i-1], limits[i]] (the first also min itself): ceil((v - min) / width) - 1 corrected
