@@ -12,6 +12,7 @@
 #include "athanor/core/convert.h"
 #include "athanor/dist/process_group.h"
 #include "athanor/ops.h"
+#include "athanor/ops/value_stats.h"
 
 namespace athanor::train {
 namespace {
@@ -38,6 +39,24 @@ template <class Fn> void for_each_value(const Tensor& t, Fn&& fn) {
 
 bool relu_like(const std::string& op) { return op == "relu" || op == "linear_relu"; }
 
+// Whether the statistics of t are computed on its device (value_stats.h); CPU tensors keep
+// the loops below.
+bool on_device(const Tensor& t) { return t.defined() && !t.device().is_cpu(); }
+
+// All of `ts` on one device other than the CPU: their statistics in one device pass and read.
+bool one_device(const std::vector<Tensor>& ts) {
+  return !ts.empty() && on_device(ts[0]) &&
+         std::all_of(ts.begin(), ts.end(), [&](const Tensor& t) { return t.defined() && t.device() == ts[0].device(); });
+}
+
+// The histogram's bucket limits over [mn, mx] (the last one mx itself).
+std::vector<double> bucket_limits(double mn, double mx, int nb) {
+  const double width = (mx - mn) / nb;
+  std::vector<double> limits;
+  for (int i = 0; i < nb; ++i) limits.push_back(i + 1 == nb ? mx : mn + width * (i + 1));
+  return limits;
+}
+
 double median_of(std::vector<double> v) {
   if (v.empty()) return 0;
   std::sort(v.begin(), v.end());
@@ -49,6 +68,7 @@ double median_of(std::vector<double> v) {
 
 double l2_norm(const Tensor& t) {
   if (!t.defined() || !is_floating(t.dtype())) return 0;
+  if (on_device(t)) return value_stats(t).l2_norm();
   double s = 0;
   const Tensor c = dense(t);
   const int64_t n = c.numel();
@@ -74,6 +94,22 @@ double l2_norm(const Tensor& t) {
 observe::Histogram histogram(const std::string& tag, const Tensor& t, int buckets) {
   observe::Histogram h;
   h.tag = tag;
+  if (on_device(t)) {  // min, max and sums in one read, then the counts in another
+    const TensorStats st = value_stats(t);
+    h.num = st.finite, h.sum = st.sum, h.sum_squares = st.sum_squares;
+    if (h.num == 0) return h;
+    h.min = st.min, h.max = st.max;
+    const int nb = std::max(1, buckets);
+    const double width = (h.max - h.min) / nb;
+    if (width <= 0) {  // one value: one bucket
+      h.bucket.assign(1, h.num);
+      h.bucket_limit.assign(1, h.max);
+      return h;
+    }
+    h.bucket_limit = bucket_limits(h.min, h.max, nb);
+    h.bucket = histogram_counts(t, h.min, width, h.bucket_limit);
+    return h;
+  }
   double mn = std::numeric_limits<double>::infinity(), mx = -mn;
   for_each_value(t, [&](int64_t, double v) {
     if (!std::isfinite(v)) return;
@@ -111,6 +147,33 @@ void StepObserver::before_update(const optim::NamedTensors& named, observe::Step
   MemTagScope tag(MemTag::workspace);
   before_.clear();
   m.layers.clear();
+  std::vector<Tensor> params, grads;
+  for (const auto& [n, p] : named) {
+    params.push_back(p);
+    if (p.grad().defined()) grads.push_back(p.grad());
+  }
+  std::vector<Tensor> all = params;
+  all.insert(all.end(), grads.begin(), grads.end());
+  if (one_device(all) && std::all_of(all.begin(), all.end(), [](const Tensor& t) { return is_floating(t.dtype()); })) {
+    // Every norm from one device pass and one read; the kept weights stay on the device.
+    const std::vector<TensorStats> st = value_stats_list(all);
+    size_t gi = params.size();
+    for (size_t i = 0; i < named.size(); ++i) {
+      const Tensor& p = named[i].second;
+      const double gn = p.grad().defined() ? st[gi++].l2_norm() : 0.0;
+      m.layers.push_back({named[i].first, gn, st[i].l2_norm(), -1.0, static_cast<int>(p.dim())});
+      if (keep_weights) {
+        Tensor c = empty(p.sizes(), TensorOptions(p.dtype()).with_device(p.device()));
+        copy_into(c, p);
+        before_.push_back(c);
+      }
+      if (histograms) {
+        m.histograms.push_back(histogram("weights/" + named[i].first, p));
+        if (p.grad().defined()) m.histograms.push_back(histogram("grads/" + named[i].first, p.grad()));
+      }
+    }
+    return;
+  }
   for (const auto& [n, p] : named) {
     const Tensor g = p.grad();
     m.layers.push_back({n, g.defined() ? l2_norm(g) : 0.0, l2_norm(p), -1.0, static_cast<int>(p.dim())});
@@ -128,6 +191,19 @@ void StepObserver::before_update(const optim::NamedTensors& named, observe::Step
 
 void StepObserver::after_update(const optim::NamedTensors& named, observe::StepMetrics& m) {
   if (before_.size() != named.size() || m.layers.size() != named.size()) return;
+  std::vector<Tensor> params;
+  for (const auto& np : named) params.push_back(np.second);
+  std::vector<Tensor> all = before_;
+  all.insert(all.end(), params.begin(), params.end());
+  if (one_device(all)) {  // ||W1 - W0||^2 of every layer from one device pass and one read
+    const std::vector<double> diff = squared_distances(before_, params);
+    for (size_t i = 0; i < named.size(); ++i) {
+      const double w = m.layers[i].param_norm;
+      m.layers[i].update_ratio = w > 0 ? std::sqrt(diff[i]) / w : -1.0;
+    }
+    before_.clear();
+    return;
+  }
   for (size_t i = 0; i < named.size(); ++i) {
     const Tensor& p = named[i].second;
     const Tensor w0 = dense(before_[i]), w1 = dense(p);
@@ -147,6 +223,29 @@ void StepObserver::after_update(const optim::NamedTensors& named, observe::StepM
   before_.clear();
 }
 
+namespace {
+// activation_stats() of a device tensor: the same fields from one device pass and read; with
+// `dead`, the ReLU's dead fraction from a second pass over the units (and a read of them).
+observe::ActivationStats device_activation_stats(observe::ActivationStats a, const std::string& op, const Tensor& y, bool dead) {
+  if (y.numel() == 0) return a;
+  const bool sig = op == "sigmoid", th = op == "tanh";
+  const TensorStats st = value_stats(y, sig ? Saturation::sigmoid : th ? Saturation::tanh : Saturation::none);
+  const double cnt = std::max(1.0, st.finite);
+  a.mean = st.sum / cnt;
+  a.std = std::sqrt(std::max(0.0, st.sum_squares / cnt - a.mean * a.mean));
+  a.absmax = st.absmax;
+  a.zero_frac = st.zeros / static_cast<double>(y.numel());
+  if (dead) {
+    Tensor rec;
+    accumulate_fired_units(y, rec);
+    const std::vector<double> fired = rec.cpu().to_vector();
+    a.dead_frac = static_cast<double>(std::count(fired.begin(), fired.end(), 0.0)) / static_cast<double>(a.units);
+  }
+  if (sig || th) a.saturated_frac = st.saturated / cnt;
+  return a;
+}
+}  // namespace
+
 observe::ActivationStats activation_stats(const std::string& name, const std::string& op, const Tensor& y) {
   observe::ActivationStats a;
   a.name = name;
@@ -158,6 +257,7 @@ observe::ActivationStats activation_stats(const std::string& name, const std::st
   const int64_t inner = nchw ? y.size(2) * y.size(3) : 1;
   a.units = units;
   const bool relu = relu_like(op), sig = op == "sigmoid", th = op == "tanh";
+  if (on_device(y)) return device_activation_stats(std::move(a), op, y, /*dead=*/relu);
   std::vector<char> alive(relu ? static_cast<size_t>(units) : 0, 0);
   double sum = 0, ss = 0, absmax = 0;
   int64_t zeros = 0, saturated = 0, finite = 0;
@@ -192,7 +292,13 @@ ForwardObserver StepObserver::observer(std::vector<observe::ActivationStats>* st
     if (stats)
       for (const auto& a : *stats)
         if (a.name == name) return;  // a layer called twice in one forward keeps its first output
-    if (relu) {  // the units that fired, over the window
+    if (relu && on_device(y)) {  // the units that fired, over the window, recorded on the device
+      const int64_t units = y.dim() == 4 ? y.size(1) : y.size(-1);
+      Tensor& rec = alive_device_[name];
+      if (!rec.defined() || rec.size(0) != units || rec.device() != y.device()) rec = Tensor(), alive_samples_[name] = 0;
+      accumulate_fired_units(y, rec);
+      alive_samples_[name] += y.size(0) * (y.dim() == 3 ? y.size(1) : 1);
+    } else if (relu) {  // the units that fired, over the window
       const bool nchw = y.dim() == 4;
       const int64_t units = nchw ? y.size(1) : y.size(-1), inner = nchw ? y.size(2) * y.size(3) : 1;
       auto& alive = alive_[name];
@@ -203,6 +309,18 @@ ForwardObserver StepObserver::observer(std::vector<observe::ActivationStats>* st
       alive_samples_[name] += y.size(0) * (y.dim() == 3 ? y.size(1) : 1);
     }
     if (!stats) return;
+    if (relu && on_device(y)) {  // the dead fraction from the window's record, not this output alone
+      observe::ActivationStats a;
+      a.name = name;
+      a.units = y.dim() == 4 ? y.size(1) : y.size(-1);
+      a = device_activation_stats(std::move(a), op, y, /*dead=*/false);
+      const std::vector<double> fired = alive_device_[name].cpu().to_vector();  // one read of the record  // one read of the record
+      a.dead_frac = static_cast<double>(std::count(fired.begin(), fired.end(), 0.0)) / static_cast<double>(fired.size());
+      alive_device_.erase(name);  // the next window starts afresh
+      alive_samples_.erase(name);
+      stats->push_back(std::move(a));
+      return;
+    }
     observe::ActivationStats a = activation_stats(name, op, y);
     if (relu) {
       const auto& alive = alive_[name];

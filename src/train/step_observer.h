@@ -11,7 +11,10 @@
 //    TensorBoard;
 //  - once: the entropy of the training labels (the loss of a model that ignores its inputs),
 //    written with the run's shape to run.json.
-// Statistics are computed in double from the tensors' own dtype, outside autograd.
+// Statistics are computed in double from the tensors' own dtype, outside autograd. A device
+// tensor's statistics are computed on its device (athanor/ops/value_stats.h): only a few
+// doubles per tensor come back, one read per list of tensors; the weights kept for the
+// update ratio stay on the device.
 #include <algorithm>
 #include <cstdint>
 #include <map>
@@ -71,6 +74,7 @@ class StepObserver {
   int64_t dead_window_;
   std::vector<Tensor> before_;
   std::map<std::string, std::vector<char>> alive_;  // per ReLU layer: unit fired in the window
+  std::map<std::string, Tensor> alive_device_;      // the same for a layer on a device (u8, there)
   std::map<std::string, int64_t> alive_samples_;
 };
 

@@ -35,6 +35,7 @@
 #include "athanor/core/error.h"
 #include "backend/cuda/copy.h"
 #include "backend/cuda/device_error.h"
+#include "backend/cuda/host_reads.h"
 #include "backend/cuda/device_allocator.h"
 #include "backend/cuda/runtime.h"
 
@@ -203,6 +204,7 @@ class CudaHooks final : public DeviceHooks {
     };
     issue(0);
     note_host_sync(index);  // one read, however many chunks it waits for
+    note_host_read_bytes(index, nbytes);
     for (std::size_t i = 0; i < chunks; ++i) {  // chunk i+1 is in flight while chunk i is copied out
       if (i + 1 < chunks) issue(i + 1);
       const int k = static_cast<int>(i % 2);

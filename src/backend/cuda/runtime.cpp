@@ -1,4 +1,5 @@
 #include "backend/cuda/runtime.h"
+#include "backend/cuda/host_reads.h"
 
 #include <array>
 #include <atomic>
@@ -167,6 +168,16 @@ std::atomic<std::uint64_t>& sync_counter(int index) {
 }  // namespace
 void note_host_sync(int index) { sync_counter(index).fetch_add(1, std::memory_order_relaxed); }
 std::uint64_t host_sync_count(int index) { return sync_counter(index).load(std::memory_order_relaxed); }
+namespace {
+std::atomic<std::uint64_t>& read_bytes_counter(int index) {
+  static std::array<std::atomic<std::uint64_t>, 64> all{};
+  return all.at(static_cast<std::size_t>(index));
+}
+}  // namespace
+void note_host_read_bytes(int index, std::uint64_t bytes) {
+  read_bytes_counter(index).fetch_add(bytes, std::memory_order_relaxed);
+}
+std::uint64_t host_read_bytes(int index) { return read_bytes_counter(index).load(std::memory_order_relaxed); }
 
 DeviceGuard::DeviceGuard(int index) {
   ATH_CUDA(cudaGetDevice(&prev_));
