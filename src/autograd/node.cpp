@@ -72,7 +72,7 @@ std::vector<Tensor> AccumulateGrad::apply(std::vector<Tensor>&& grads) {
       g.storage()->set_tag(MemTag::gradient);
       meta.grad = g.impl_ptr();
     } else {
-      Tensor fresh = empty(leaf.sizes(), TensorOptions(leaf.dtype()).with_tag(MemTag::gradient));
+      Tensor fresh = empty(leaf.sizes(), TensorOptions(leaf.dtype()).with_device(leaf.device()).with_tag(MemTag::gradient));
       copy_into(fresh, g);
       meta.grad = fresh.impl_ptr();
     }

@@ -91,7 +91,7 @@ void Tensor::retain_grad() {
     if (auto p = weak.lock()) {
       auto& m = p->meta();
       if (!m.grad) {
-        Tensor c = empty(g.sizes(), TensorOptions(g.dtype()).with_tag(MemTag::gradient));
+        Tensor c = empty(g.sizes(), TensorOptions(g.dtype()).with_device(g.device()).with_tag(MemTag::gradient));
         copy_into(c, g);
         m.grad = c.impl_ptr();
       } else {

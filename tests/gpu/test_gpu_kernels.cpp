@@ -1,6 +1,8 @@
 // The fused CUDA kernels (src/backend/cuda/kernels.h) against the CPU's: the naive ref::
 // kernels in double where they exist, else the CPU kernel itself. Tolerances are stated
 // per test; the optimizer update and the dropout mask must match bit for bit.
+#include <algorithm>
+#include <cmath>
 #include <cstring>
 #include <memory>
 
@@ -22,11 +24,21 @@ struct Shape2 {
   int64_t rows, cols;
 };
 const Shape2 kShapes[] = {{3, 7}, {64, 768}, {5, 1031}, {2, 4096}};
+// The norms' parameter gradients add chunks of rows then the chunks: one chunk, several with a
+// short last one, and chunks longer than the 256-row minimum (over 1024 x 256 rows).
+const Shape2 kNormShapes[] = {{3, 7}, {64, 768}, {5, 1031}, {2, 4096}, {3000, 768}, {270001, 5}};
+
+// The parameter gradients' scratch (kernels.h), as the ops layer allocates it.
+struct NormWorkspace {
+  DeviceBuffer<float> buf;
+  NormWorkspace(int64_t rows, int64_t cols)
+      : buf(static_cast<std::size_t>(std::max<int64_t>(cuda::norm_backward_workspace_bytes(rows, cols) / 4, 1))) {}
+};
 }  // namespace
 
 TEST(GpuKernels, LayerNormForwardBackward) {
   ATH_REQUIRE_GPU();
-  for (const auto [rows, cols] : kShapes) {
+  for (const auto [rows, cols] : kNormShapes) {
     SCOPED_TRACE(std::to_string(rows) + "x" + std::to_string(cols));
     const std::size_t n = rows * cols;
     auto x = random_vector(n, 1, -2, 3), w = random_vector(cols, 2), b = random_vector(cols, 3), dy = random_vector(n, 4);
@@ -37,19 +49,24 @@ TEST(GpuKernels, LayerNormForwardBackward) {
                                          db.data(), rows, cols);
     DeviceBuffer<float> dX(x), dW(w), dB(b), dDY(dy), dY(n), dM(rows), dR(rows), dDX(n), dDW(cols), dDB(cols);
     cuda::layer_norm_forward(dX.ptr, dW.ptr, dB.ptr, dY.ptr, dM.ptr, dR.ptr, rows, cols, 1e-5, stream());
-    cuda::layer_norm_backward(dDY.ptr, dX.ptr, dW.ptr, dM.ptr, dR.ptr, dDX.ptr, dDW.ptr, dDB.ptr, rows, cols, stream());
+    NormWorkspace ws(rows, cols);
+    cuda::layer_norm_backward(dDY.ptr, dX.ptr, dW.ptr, dM.ptr, dR.ptr, dDX.ptr, dDW.ptr, dDB.ptr, rows, cols, ws.buf.ptr,
+                              stream());
     EXPECT_TRUE(all_close(dY.host(), y, 1e-5, 1e-5));
     EXPECT_TRUE(all_close(dM.host(), mean, 1e-5, 1e-6));
     EXPECT_TRUE(all_close(dR.host(), rstd, 1e-5, 1e-5));
     EXPECT_TRUE(all_close(dDX.host(), dx, 1e-4, 1e-4));
-    EXPECT_TRUE(all_close(dDW.host(), dw, 1e-4, 1e-4));
-    EXPECT_TRUE(all_close(dDB.host(), db, 1e-4, 1e-5));
+    // dw and db are sums over the rows (f32 on the device, double in the reference): their
+    // rounding grows as sqrt(rows).
+    const double over_rows = std::sqrt(std::max(1.0, rows / 64.0));
+    EXPECT_TRUE(all_close(dDW.host(), dw, 1e-4 * over_rows, 1e-4));
+    EXPECT_TRUE(all_close(dDB.host(), db, 1e-4 * over_rows, 1e-5));
   }
 }
 
 TEST(GpuKernels, RmsNormForwardBackward) {
   ATH_REQUIRE_GPU();
-  for (const auto [rows, cols] : kShapes) {
+  for (const auto [rows, cols] : kNormShapes) {
     SCOPED_TRACE(std::to_string(rows) + "x" + std::to_string(cols));
     const std::size_t n = rows * cols;
     auto x = random_vector(n, 5), w = random_vector(cols, 6), dy = random_vector(n, 7);
@@ -58,11 +75,12 @@ TEST(GpuKernels, RmsNormForwardBackward) {
     cpu::ref::rms_norm_backward<float>(dy.data(), x.data(), w.data(), rstd.data(), dx.data(), dw.data(), rows, cols);
     DeviceBuffer<float> dX(x), dW(w), dDY(dy), dY(n), dR(rows), dDX(n), dDW(cols);
     cuda::rms_norm_forward(dX.ptr, dW.ptr, dY.ptr, dR.ptr, rows, cols, 1e-6, stream());
-    cuda::rms_norm_backward(dDY.ptr, dX.ptr, dW.ptr, dR.ptr, dDX.ptr, dDW.ptr, rows, cols, stream());
+    NormWorkspace ws(rows, cols);
+    cuda::rms_norm_backward(dDY.ptr, dX.ptr, dW.ptr, dR.ptr, dDX.ptr, dDW.ptr, rows, cols, ws.buf.ptr, stream());
     EXPECT_TRUE(all_close(dY.host(), y, 1e-5, 1e-5));
     EXPECT_TRUE(all_close(dR.host(), rstd, 1e-5, 1e-5));
     EXPECT_TRUE(all_close(dDX.host(), dx, 1e-4, 1e-4));
-    EXPECT_TRUE(all_close(dDW.host(), dw, 1e-4, 1e-4));
+    EXPECT_TRUE(all_close(dDW.host(), dw, 1e-4 * std::sqrt(std::max(1.0, rows / 64.0)), 1e-4));
   }
 }
 

@@ -58,16 +58,16 @@ TEST(GpuLossCurve, Gpt2_124mBf16On200BrownStepsTracksTheCpuF32CurveWithin2Percen
   const auto& hist = gpu.history();
   ASSERT_EQ(hist.size(), gpu_test::kLossCurveCpuF32.size()) << "the cuda run stopped early";
   const int64_t log_every = gpu.config().get_int("trainer.log_every");
-  double worst_logged = 0, worst_any = 0;
-  int64_t worst_logged_step = 0, worst_any_step = 0, logged = 0;
+  double worst_logged = 0;
+  int64_t worst_logged_step = 0, logged = 0;
   std::ostringstream curve;
   for (const auto& m : hist) {
-    const double cpu = gpu_test::kLossCurveCpuF32.at(static_cast<std::size_t>(m.step - 1));
-    const double rel = std::abs(m.loss - cpu) / std::abs(cpu);
-    ASSERT_TRUE(std::isfinite(m.loss)) << "step " << m.step;
-    if (rel > worst_any) worst_any = rel, worst_any_step = m.step;
-    // The trainer's logged steps: every log_every-th, the first and the last.
+    // The trainer reads the loss back on its logged steps only (every log_every-th, the first
+    // and the last): an unlogged step makes no host sync, and its history entry has no loss.
     if (m.step % log_every != 0 && m.step != 1 && m.step != gpu.max_steps()) continue;
+    const double cpu = gpu_test::kLossCurveCpuF32.at(static_cast<std::size_t>(m.step - 1));
+    ASSERT_TRUE(std::isfinite(m.loss)) << "step " << m.step;
+    const double rel = std::abs(m.loss - cpu) / std::abs(cpu);
     ++logged;
     curve << " " << m.step << ": cpu " << cpu << " cuda " << m.loss << ";";
     if (rel > worst_logged) worst_logged = rel, worst_logged_step = m.step;
@@ -77,6 +77,6 @@ TEST(GpuLossCurve, Gpt2_124mBf16On200BrownStepsTracksTheCpuF32CurveWithin2Percen
   // The curve falls (a run that does not train would track a flat fixture no better than this).
   EXPECT_LT(hist.back().loss, hist.front().loss - 1.0);
   std::cout << "[loss curve] worst logged-step relative difference " << worst_logged << " at step " << worst_logged_step
-            << "; over all 200 steps " << worst_any << " at step " << worst_any_step << ";" << curve.str() << "\n";
+            << ";" << curve.str() << "\n";
   RecordProperty("worst_logged_relative_difference", std::to_string(worst_logged));
 }

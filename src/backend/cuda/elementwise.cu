@@ -89,17 +89,36 @@ __global__ void embedding_fwd_kernel(const W* w, const int64_t* idx, W* out, int
   const W* src = w + row * dim;
   for (int64_t c = threadIdx.x; c < dim; c += blockDim.x) out[n * dim + c] = src[c];
 }
-// One thread per column: the tokens in order, so every dW element is a sum in token order, in
-// f32 whatever dy's dtype (f32, bf16, f16: read through f32, as the CPU converts it first).
-// Out-of-range ids (recorded by the forward) add nothing.
+// Rows are split among kEmbRowGroups groups (row & (groups - 1)); block (g, column tile) owns
+// the dW rows of group g and one column per thread, and walks every token in order, adding the
+// ones whose row is its own. So each dW element is still a sum in token order, in f32 whatever
+// dy's dtype (f32, bf16, f16: read through f32, as the CPU converts it first): the same bits as
+// one thread per column walking all tokens, with groups x tiles blocks instead of dim / 256
+// threads. The ids pass through shared memory a chunk at a time (one read per block, then
+// broadcasts); the branch on a token is uniform across the block. Out-of-range ids (recorded
+// by the forward) and padding_idx add nothing.
+constexpr int kEmbRowGroups = 128;  // a power of two
+constexpr int kEmbChunk = 1024;
 __global__ void embedding_bwd_kernel(const void* dy, DType dy_dtype, const int64_t* idx, float* dw, int64_t N,
                                      int64_t num, int64_t dim, int64_t padding_idx) {
-  const int64_t c = blockIdx.x * static_cast<int64_t>(blockDim.x) + threadIdx.x;
-  if (c >= dim) return;
-  for (int64_t n = 0; n < N; ++n) {
-    const int64_t row = idx[n];
-    if (row == padding_idx || row < 0 || row >= num) continue;
-    dw[row * dim + c] += load_as_f32(dy, dy_dtype, n * dim + c);
+  __shared__ int64_t rows[kEmbChunk];
+  const int64_t group = blockIdx.x;
+  const int64_t c = blockIdx.y * static_cast<int64_t>(blockDim.x) + threadIdx.x;
+  for (int64_t n0 = 0; n0 < N; n0 += kEmbChunk) {
+    const int64_t len = N - n0 < kEmbChunk ? N - n0 : kEmbChunk;
+    __syncthreads();  // the previous chunk's reads are done
+    for (int64_t j = threadIdx.x; j < len; j += blockDim.x) {
+      const int64_t row = idx[n0 + j];
+      const bool mine = row != padding_idx && row >= 0 && row < num && (row & (kEmbRowGroups - 1)) == group;
+      rows[j] = mine ? row : -1;
+    }
+    __syncthreads();
+    if (c >= dim) continue;
+    for (int64_t j = 0; j < len; ++j) {
+      const int64_t row = rows[j];
+      if (row < 0) continue;
+      dw[row * dim + c] += load_as_f32(dy, dy_dtype, (n0 + j) * dim + c);
+    }
   }
 }
 }  // namespace
@@ -158,7 +177,8 @@ void embedding_forward(const void* weight, DType dtype, const int64_t* idx, void
 void embedding_backward(const void* dy, DType dy_dtype, const int64_t* idx, float* dweight, int64_t N, int64_t num,
                         int64_t dim, int64_t padding_idx, cudaStream_t stream) {
   if (N == 0) return;
-  embedding_bwd_kernel<<<blocks_for(dim), kThreads, 0, stream>>>(dy, dy_dtype, idx, dweight, N, num, dim, padding_idx);
+  const dim3 grid(kEmbRowGroups, static_cast<unsigned>((dim + kThreads - 1) / kThreads));
+  embedding_bwd_kernel<<<grid, kThreads, 0, stream>>>(dy, dy_dtype, idx, dweight, N, num, dim, padding_idx);
   ATH_CUDA_LAUNCHED("embedding_bwd_kernel");
 }
 

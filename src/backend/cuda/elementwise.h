@@ -6,8 +6,8 @@
 //  - casts f32 -> bf16/f16 round to nearest even with denormals kept, exactly as the CPU's
 //    cast() (core/half.h); widening is exact;
 //  - the embedding backward is deterministic without float atomics: each thread owns one
-//    column of dW and adds the tokens' rows in token order, so dW is the same bits every
-//    run (and the CPU's order of additions, row by row).
+//    column of a group of dW rows and adds the tokens' rows in token order, so dW is the same
+//    bits every run (and the CPU's order of additions, row by row).
 #include <cuda_runtime_api.h>
 
 #include <cstdint>

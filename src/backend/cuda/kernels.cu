@@ -96,21 +96,43 @@ __global__ void layer_norm_bwd_dx_kernel(const float* dy, const float* x, const 
   }
 }
 
-// dw[c] = Σ_rows dy xhat, db[c] = Σ_rows dy: one thread per column, rows in order
-// (coalesced across the warp's columns, deterministic). mean == nullptr: RMSNorm's xhat.
-__global__ void norm_bwd_dw_kernel(const float* dy, const float* x, const float* mean, const float* rstd, float* dw,
-                                   float* db, int64_t rows, int64_t cols) {
+// dw[c] = Σ_rows dy xhat, db[c] = Σ_rows dy in two passes with a fixed order of additions
+// (deterministic, no atomics). Pass 1: block (column tile of 32, chunk of rows); each warp takes
+// every 8th row of the chunk with a lane per column (coalesced), then warp 0 adds the 8 warps'
+// sums in warp order into the chunk's partial. Pass 2: one thread per column adds the chunks'
+// partials in chunk order. mean == nullptr: RMSNorm's xhat.
+constexpr int kDwWarps = 8;
+__global__ void norm_bwd_dw_partial_kernel(const float* dy, const float* x, const float* mean, const float* rstd,
+                                           float* part_w, float* part_b, int64_t rows, int64_t cols, int64_t chunk_rows) {
+  __shared__ float sw[kDwWarps][33], sb[kDwWarps][33];
+  const int lane = threadIdx.x % 32, warp = threadIdx.x / 32;
+  const int64_t c = blockIdx.x * 32LL + lane;
+  const int64_t r0 = blockIdx.y * chunk_rows, r1 = r0 + chunk_rows < rows ? r0 + chunk_rows : rows;
+  float aw = 0, ab = 0;
+  if (c < cols)
+    for (int64_t r = r0 + warp; r < r1; r += kDwWarps) {
+      const float g = dy[r * cols + c];
+      aw += g * ((x[r * cols + c] - (mean ? mean[r] : 0.0f)) * rstd[r]);
+      ab += g;
+    }
+  sw[warp][lane] = aw;
+  sb[warp][lane] = ab;
+  __syncthreads();
+  if (warp == 0 && c < cols) {
+    float tw = 0, tb = 0;
+    for (int w = 0; w < kDwWarps; ++w) tw += sw[w][lane], tb += sb[w][lane];
+    part_w[blockIdx.y * cols + c] = tw;
+    part_b[blockIdx.y * cols + c] = tb;
+  }
+}
+__global__ void norm_bwd_dw_finish_kernel(const float* part_w, const float* part_b, int64_t chunks, int64_t cols, float* dw,
+                                          float* db) {
   const int64_t c = blockIdx.x * static_cast<int64_t>(blockDim.x) + threadIdx.x;
   if (c >= cols) return;
-  float sw = 0, sb = 0;
-  for (int64_t r = 0; r < rows; ++r) {
-    const float g = dy[r * cols + c];
-    const float xh = (x[r * cols + c] - (mean ? mean[r] : 0.0f)) * rstd[r];
-    sw += g * xh;
-    sb += g;
-  }
-  if (dw) dw[c] = sw;
-  if (db) db[c] = sb;
+  float tw = 0, tb = 0;
+  for (int64_t k = 0; k < chunks; ++k) tw += part_w[k * cols + c], tb += part_b[k * cols + c];
+  if (dw) dw[c] = tw;
+  if (db) db[c] = tb;
 }
 
 __global__ void rms_norm_fwd_kernel(const float* x, const float* w, float* y, float* rstd, int64_t cols, float eps) {
@@ -206,7 +228,9 @@ __global__ void ce_fwd_kernel(const T* logits, const int64_t* target, float* sta
   if (threadIdx.x == 0) {
     stats[2 * n] = m;
     stats[2 * n + 1] = logsum;
-    loss[n] = logsum - (1.0f - smoothing) * (widen(xr[t]) - m) - smoothing * mean_shifted;
+    // Without smoothing the mean is not used at all: a masked (-inf) logit makes it -inf, and
+    // 0 * -inf would be NaN.
+    loss[n] = logsum - (1.0f - smoothing) * (widen(xr[t]) - m) - (smoothing != 0.0f ? smoothing * mean_shifted : 0.0f);
   }
 }
 
@@ -388,17 +412,39 @@ void layer_norm_forward(const float* x, const float* w, const float* b, float* y
   ATH_CUDA_LAUNCHED("layer_norm_fwd_kernel");
 }
 
+namespace {
+// Rows per chunk of the parameter-gradient pass: at least 256 (8 warps x 32 rows), at most 1024
+// chunks (the scratch stays 8 KB per column).
+int64_t dw_chunk_rows(int64_t rows) { return std::max<int64_t>(256, (rows + 1023) / 1024); }
+int64_t dw_chunks(int64_t rows) { return (rows + dw_chunk_rows(rows) - 1) / dw_chunk_rows(rows); }
+
+void norm_backward_params(const float* dy, const float* x, const float* mean, const float* rstd, float* dw, float* db,
+                          int64_t rows, int64_t cols, float* workspace, cudaStream_t stream) {
+  const int64_t chunks = dw_chunks(rows);
+  float* part_w = workspace;
+  float* part_b = workspace + chunks * cols;
+  const dim3 grid(static_cast<unsigned>((cols + 31) / 32), static_cast<unsigned>(chunks));
+  norm_bwd_dw_partial_kernel<<<grid, 32 * kDwWarps, 0, stream>>>(dy, x, mean, rstd, part_w, part_b, rows, cols,
+                                                                 dw_chunk_rows(rows));
+  ATH_CUDA_LAUNCHED("norm_bwd_dw_partial_kernel");
+  norm_bwd_dw_finish_kernel<<<static_cast<unsigned>((cols + 255) / 256), 256, 0, stream>>>(part_w, part_b, chunks, cols,
+                                                                                           dw, db);
+  ATH_CUDA_LAUNCHED("norm_bwd_dw_finish_kernel");
+}
+}  // namespace
+
+int64_t norm_backward_workspace_bytes(int64_t rows, int64_t cols) {
+  return rows <= 0 ? 0 : 2 * dw_chunks(rows) * cols * static_cast<int64_t>(sizeof(float));
+}
+
 void layer_norm_backward(const float* dy, const float* x, const float* w, const float* mean, const float* rstd,
-                         float* dx, float* dw, float* db, int64_t rows, int64_t cols, cudaStream_t stream) {
+                         float* dx, float* dw, float* db, int64_t rows, int64_t cols, void* workspace, cudaStream_t stream) {
   if (rows == 0) return;
   if (dx) {
     layer_norm_bwd_dx_kernel<<<grid_rows(rows), kRowThreads, 0, stream>>>(dy, x, w, mean, rstd, dx, cols);
     ATH_CUDA_LAUNCHED("layer_norm_bwd_dx_kernel");
   }
-  if (dw || db) {
-    norm_bwd_dw_kernel<<<static_cast<unsigned>((cols + 255) / 256), 256, 0, stream>>>(dy, x, mean, rstd, dw, db, rows, cols);
-    ATH_CUDA_LAUNCHED("norm_bwd_dw_kernel");
-  }
+  if (dw || db) norm_backward_params(dy, x, mean, rstd, dw, db, rows, cols, static_cast<float*>(workspace), stream);
 }
 
 void rms_norm_forward(const float* x, const float* w, float* y, float* rstd, int64_t rows, int64_t cols, double eps,
@@ -409,17 +455,13 @@ void rms_norm_forward(const float* x, const float* w, float* y, float* rstd, int
 }
 
 void rms_norm_backward(const float* dy, const float* x, const float* w, const float* rstd, float* dx, float* dw,
-                       int64_t rows, int64_t cols, cudaStream_t stream) {
+                       int64_t rows, int64_t cols, void* workspace, cudaStream_t stream) {
   if (rows == 0) return;
   if (dx) {
     rms_norm_bwd_dx_kernel<<<grid_rows(rows), kRowThreads, 0, stream>>>(dy, x, w, rstd, dx, cols);
     ATH_CUDA_LAUNCHED("rms_norm_bwd_dx_kernel");
   }
-  if (dw) {
-    norm_bwd_dw_kernel<<<static_cast<unsigned>((cols + 255) / 256), 256, 0, stream>>>(dy, x, nullptr, rstd, dw, nullptr,
-                                                                                       rows, cols);
-    ATH_CUDA_LAUNCHED("norm_bwd_dw_kernel");
-  }
+  if (dw) norm_backward_params(dy, x, nullptr, rstd, dw, nullptr, rows, cols, static_cast<float*>(workspace), stream);
 }
 
 void softmax_forward(const float* x, float* y, int64_t rows, int64_t cols, cudaStream_t stream) {

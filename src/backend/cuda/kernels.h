@@ -21,14 +21,17 @@ namespace athanor::cuda {
 // LayerNorm over rows of [rows, cols] (f32): y = (x - mean) rstd w + b; w, b may be null.
 void layer_norm_forward(const float* x, const float* w, const float* b, float* y, float* mean, float* rstd,
                         int64_t rows, int64_t cols, double eps, cudaStream_t stream);
-// dx, dw, db may each be null; dw/db are column sums over the rows in row order (no scratch).
+// dx, dw, db may each be null; dw/db are column sums over the rows in a fixed order (chunks of
+// rows, then the chunks in order), through `workspace`: norm_backward_workspace_bytes(rows, cols)
+// bytes of device memory, 16-byte aligned (needed when dw or db is asked for).
+int64_t norm_backward_workspace_bytes(int64_t rows, int64_t cols);
 void layer_norm_backward(const float* dy, const float* x, const float* w, const float* mean, const float* rstd,
-                         float* dx, float* dw, float* db, int64_t rows, int64_t cols, cudaStream_t stream);
+                         float* dx, float* dw, float* db, int64_t rows, int64_t cols, void* workspace, cudaStream_t stream);
 // RMSNorm: y = x rstd w, rstd = 1 / sqrt(mean(x^2) + eps).
 void rms_norm_forward(const float* x, const float* w, float* y, float* rstd, int64_t rows, int64_t cols, double eps,
                       cudaStream_t stream);
 void rms_norm_backward(const float* dy, const float* x, const float* w, const float* rstd, float* dx, float* dw,
-                       int64_t rows, int64_t cols, cudaStream_t stream);
+                       int64_t rows, int64_t cols, void* workspace, cudaStream_t stream);
 
 // Softmax over the rows of [rows, cols] (f32), and its backward from the output:
 // dx = y (dy - Σ_c dy y).

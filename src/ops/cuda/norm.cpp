@@ -36,6 +36,14 @@ DType dtype_or(const Tensor& t) { return t.defined() ? t.dtype() : DType::f32; }
 Tensor kept(const Tensor& x, const Tensor& x32) { return is_lowp(x.dtype()) ? x : x32; }
 Tensor as_dtype(const Tensor& t, DType d) { return t.defined() ? cuda_as(t, d) : t; }
 
+// The parameter gradients' scratch (kernels.h: norm_backward_workspace_bytes), from the caching
+// allocator; undefined when no parameter gradient is asked for.
+Tensor norm_workspace(int64_t rows, int64_t cols, bool wanted, Device d) {
+  if (!wanted || rows == 0) return Tensor();
+  const int64_t floats = cuda::norm_backward_workspace_bytes(rows, cols) / static_cast<int64_t>(sizeof(float));
+  return empty({std::max<int64_t>(floats, 1)}, TensorOptions(DType::f32).with_device(d).with_tag(MemTag::workspace));
+}
+
 // ---- layer_norm
 struct LayerNormCudaSaved : OpSaved {
   SavedTensor x, w, mean, rstd;
@@ -90,8 +98,9 @@ Grads layer_norm_backward_cuda(const Node& n, const Grads& g, const OpSaved& sav
   } else {
     const int dev = x.device().index;
     cuda::DeviceGuard guard(dev);
+    const Tensor ws = norm_workspace(rows, cols, dw.defined() || db.defined(), x.device());
     cuda::layer_norm_backward(f32(gy), f32(x), f32(w), f32(mean), f32(rstd), f32_mut(dx), f32_mut(dw), f32_mut(db), rows,
-                              cols, cuda::compute_stream(dev));
+                              cols, ws.defined() ? ws.device_data() : nullptr, cuda::compute_stream(dev));
   }
   return {as_dtype(dx, s.x_dtype), as_dtype(dw, dtype_or(w16)), as_dtype(db, s.b_dtype)};
 }
@@ -141,8 +150,9 @@ Grads rms_norm_backward_cuda(const Node& n, const Grads& g, const OpSaved& saved
   } else {
     const int dev = x.device().index;
     cuda::DeviceGuard guard(dev);
+    const Tensor ws = norm_workspace(rows, cols, dw.defined(), x.device());
     cuda::rms_norm_backward(f32(gy), f32(x), f32(w), f32(rstd), f32_mut(dx), f32_mut(dw), rows, cols,
-                            cuda::compute_stream(dev));
+                            ws.defined() ? ws.device_data() : nullptr, cuda::compute_stream(dev));
   }
   return {as_dtype(dx, s.x_dtype), as_dtype(dw, dtype_or(w16))};
 }
