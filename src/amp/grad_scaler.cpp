@@ -90,7 +90,9 @@ void GradScaler::sync_from_device() const {
     skipped_steps_ = static_cast<int64_t>(c[1]);
   }
   if (pending_loss_.defined()) {
-    loss_nonfinite_ = !all_finite(pending_loss_);
+    // The loss scale() kept lives on the device: all_finite reads host memory, so it reads a
+    // host copy (this is the sync the caller asked for).
+    loss_nonfinite_ = !all_finite(pending_loss_.cpu());
     pending_loss_ = Tensor();
   }
   if (pending_found_.defined()) {

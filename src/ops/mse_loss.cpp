@@ -5,6 +5,7 @@
 
 #include "athanor/ops/loss.h"
 #include "backend/cpu/cross_entropy.h"
+#include "ops/op_args.h"
 #include "ops/op_def.h"
 #include "ops/op_utils.h"
 
@@ -14,9 +15,7 @@ namespace {
 using detail::Grads;
 using detail::Inputs;
 
-struct MseArgs {
-  Reduction reduction = Reduction::mean;
-};
+using detail::MseArgs;  // op_args.h: shared with the CUDA kernel (src/ops/cuda/loss.cpp)
 struct MseSaved : OpSaved {
   SavedTensor input, target;
   Reduction reduction = Reduction::mean;
@@ -26,12 +25,7 @@ std::vector<Tensor> mse_loss_cpu(OpCall& c) {
   const char* op = "mse_loss";
   const Tensor &input = c.in(0), &target = c.in(1);
   const Reduction reduction = c.args<MseArgs>().reduction;
-  detail::check_floating(input, op, "input");
-  detail::check_floating(target, op, "target");
-  ATH_CHECK(input.sizes() == target.sizes(), op, "input ", input.describe(), " and target ", target.describe(),
-            " must have the same shape",
-            Hint{"mse_loss does not broadcast; reshape the target to the input's shape (e.g. unsqueeze a size-1 dim)"});
-  detail::check_same_dtype(input, target, op);
+  detail::check_mse_args(input, target, op);
   const int64_t n = input.numel();
   const Tensor a = detail::contiguous_raw(input), b = detail::contiguous_raw(target);
   Tensor out;

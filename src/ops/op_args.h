@@ -35,6 +35,9 @@ struct ReduceArgs {
   std::vector<int64_t> dims;
   bool keepdim = false;
 };
+struct MseArgs {
+  Reduction reduction = Reduction::mean;
+};
 struct CrossEntropyArgs {
   int64_t ignore_index = -100;
   double label_smoothing = 0.0;

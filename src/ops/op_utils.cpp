@@ -83,6 +83,15 @@ bool dense_rows_layout(const Tensor& t) {
   return true;
 }
 
+void check_mse_args(const Tensor& input, const Tensor& target, const char* op) {
+  check_floating(input, op, "input");
+  check_floating(target, op, "target");
+  ATH_CHECK(input.sizes() == target.sizes(), op, "input ", input.describe(), " and target ", target.describe(),
+            " must have the same shape",
+            Hint{"mse_loss does not broadcast; reshape the target to the input's shape (e.g. unsqueeze a size-1 dim)"});
+  check_same_dtype(input, target, op);
+}
+
 std::pair<int64_t, int64_t> check_cross_entropy_args(const Tensor& logits, const Tensor& target, double label_smoothing,
                                                      const char* op) {
   check_floating(logits, op, "logits");

@@ -37,6 +37,8 @@ void check_same_dtype(const Tensor& a, const Tensor& b, const char* op);
 // read such operands in place and give the gradients the same strides: no copy either way.
 bool dense_rows_layout(const Tensor& t);
 // cross_entropy's logits [N, C] or [C] and integer targets [N] or []: {N, C}.
+// mse_loss's input and target: floating, one shape (no broadcasting), one dtype.
+void check_mse_args(const Tensor& input, const Tensor& target, const char* op);
 std::pair<int64_t, int64_t> check_cross_entropy_args(const Tensor& logits, const Tensor& target, double label_smoothing,
                                                      const char* op);
 // linear-shaped arguments (linear, gelu_linear): floating x and weight [out, in] of one

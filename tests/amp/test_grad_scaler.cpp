@@ -2,8 +2,11 @@
 // it; an injected inf skips the step, names the parameter and halves the scale,
 // which grows back after the growth interval; state_dict; misuse errors.
 #include <cmath>
+#include <cstdlib>
+#include <cstring>
 #include <limits>
 
+#include "athanor/core/device_hooks.h"
 #include "athanor/ops/autocast.h"
 #include "athanor/amp/grad_scaler.h"
 #include "test_util.h"
@@ -109,6 +112,64 @@ TEST(GradScaler, RecordsNonFiniteLoss) {
   EXPECT_EQ(scaler.nonfinite_params().size(), 1u);
   scaler.update(true);
   EXPECT_EQ(scaler.get_scale(), 32768.0);
+}
+
+namespace {
+// "cuda" tensors in host memory, for the scaler's host reads of a device loss: only what
+// allocation, fill_ and the copies to and from the host need (the scaler's kernels are not
+// reached: the scaler below is disabled, so scale() multiplies by nothing).
+struct HostMemoryCudaHooks final : DeviceHooks {
+  int downloads = 0;
+  void check_device(int index, const char* op) override {
+    if (index != 0) ATH_FAIL(op, "the fake has cuda:0 only");
+  }
+  void* allocate(int, std::size_t nbytes, MemTag) override { return std::malloc(std::max<std::size_t>(nbytes, 1)); }
+  void deallocate(int, void* p) override { std::free(p); }
+  void retag(int, void*, MemTag) override {}
+  void copy_to_device(void* dst, int, const void* src, std::size_t n) override { std::memcpy(dst, src, n); }
+  void copy_to_host(void* dst, const void* src, int, std::size_t n) override {
+    ++downloads;
+    std::memcpy(dst, src, n);
+  }
+  void copy_between(void* dst, int, const void* src, int, std::size_t n) override { std::memcpy(dst, src, n); }
+  void copy_strided(const StridedRegion&, const StridedRegion&, int, const char* op) override {
+    ATH_FAIL(op, "not in the fake");
+  }
+  void fill(const StridedRegion& r, double v, int) override {  // a 0-d f32 tensor is all the test fills
+    ATH_CHECK(r.dtype == DType::f32 && r.sizes.empty(), "fill", "the fake fills 0-d f32 tensors only");
+    *static_cast<float*>(r.data) = static_cast<float>(v);
+  }
+  void add_into(void*, const void*, DType, int64_t, int, const char* op) override {
+    ATH_FAIL(op, "not in the fake");
+  }
+};
+struct CudaHooksScope {
+  DeviceHooks* saved = device_hooks(DeviceType::cuda);
+  explicit CudaHooksScope(DeviceHooks* h) { set_device_hooks(DeviceType::cuda, h); }
+  ~CudaHooksScope() { set_device_hooks(DeviceType::cuda, saved); }
+};
+}  // namespace
+
+// scale() keeps a device loss for loss_nonfinite() to check when asked; the check reads a host
+// copy of it (it once read the device pointer as host memory: "data_ptr: host code asked for
+// the data of tensor [] f32, which lives on cuda:0", tests/gpu/test_gpu_amp.cpp's first read).
+TEST(GradScaler, ChecksADeviceLossThroughAHostCopy) {
+  HostMemoryCudaHooks fake;
+  const CudaHooksScope scope(&fake);
+  GradScalerOptions o;
+  o.enabled = false;
+  for (double v : {1.5, std::numeric_limits<double>::infinity(), std::numeric_limits<double>::quiet_NaN()}) {
+    SCOPED_TRACE(v);
+    GradScaler s(o);
+    const Tensor loss = full({}, v, TensorOptions(DType::f32).with_device(Device::cuda(0)));
+    const Tensor scaled = s.scale(loss);
+    EXPECT_EQ(scaled.device(), Device::cuda(0));
+    const int before = fake.downloads;
+    EXPECT_EQ(s.loss_nonfinite(), !std::isfinite(v));
+    EXPECT_EQ(fake.downloads, before + 1);  // read when asked, once
+    EXPECT_EQ(s.loss_nonfinite(), !std::isfinite(v));
+    EXPECT_EQ(fake.downloads, before + 1);  // and kept
+  }
 }
 
 TEST(GradScaler, StateDictRoundTripAndMisuse) {

@@ -15,13 +15,13 @@ using namespace athanor;
 namespace {
 // The ops with CUDA kernels today: views and copies (device-generic), the elementwise ops and
 // activations, GEMMs (linear, gelu_linear, linear_relu, swiglu, matmul), the norms, softmax,
-// dropout, embedding, sum/mean, cross_entropy, the attention ops, rope, and the ConvNet ops.
+// dropout, embedding, sum/mean, cross_entropy, mse_loss, the attention ops, rope, and the ConvNet ops.
 const std::set<std::string> kCudaOps = {
     "view", "permute", "expand", "unsqueeze", "slice", "split", "clone", "cast",                      // views, copies
     "add", "sub", "mul", "div", "neg", "relu", "tanh", "sigmoid", "silu", "gelu",                     // elementwise
     "linear", "matmul", "gelu_linear", "linear_relu", "swiglu",                                       // GEMMs
     "layer_norm", "rms_norm", "batch_norm", "softmax", "dropout", "embedding", "sum", "mean", "cross_entropy",
-    "causal_self_attention", "scaled_dot_product_attention", "rope", "conv2d", "max_pool2d"};
+    "mse_loss", "causal_self_attention", "scaled_dot_product_attention", "rope", "conv2d", "max_pool2d"};
 // The registry ops the models' training steps call (src/nn/gpt.cpp, llama.cpp, mlp.cpp,
 // convnet.cpp and their layers; the loss): each must have a CUDA kernel.
 const std::set<std::string> kTrainingOps = {
