@@ -360,10 +360,10 @@ cmd_run() {
   # 1. The gpu tests (gtest directly: no CMake there), one suite per process, so that a crash
   # (a CUDA error that aborts, a segfault) loses that suite only; a suite that crashed is rerun
   # once with CUDA_LAUNCH_BLOCKING=1, so its log names the kernel that failed, not a later call.
-  # The suites share a 120-s limit (each gets at most 60 s of what is left).
+  # The suites share a limit of GPU_CHECK_TESTS_S (150 s; each gets at most 60 s of what is left).
   local t0 rc tests_status suite suites=() crashed=() end_tests
   t0=$(date +%s)
-  end_tests=$((t0 + 120))
+  end_tests=$((t0 + ${GPU_CHECK_TESTS_S:-150}))
   mapfile -t suites < <(./bin/athanor_tests_gpu --gtest_list_tests 2>/dev/null | sed -n 's/^\([A-Za-z0-9_]*\)\.$/\1/p')
   mkdir -p "$out/gtest"
   set +e
@@ -372,7 +372,7 @@ cmd_run() {
     local left=$((end_tests - $(date +%s)))
     ((left > 60)) && left=60
     if ((left <= 0)); then
-      echo "gpu_check: suite $suite not run (the tests' 120 s were spent)" >>"$log"
+      echo "gpu_check: suite $suite not run (the tests' ${GPU_CHECK_TESTS_S:-150} s were spent)" >>"$log"
       tests_status="failed: suites not run in the tests' limit"
       continue
     fi
@@ -546,9 +546,14 @@ sys.exit(0 if summary["ok"] else 1)
 EOF
 }
 
-# `all SECONDS` (on the GPU machine): `run`, then scripts/gpu_bench.sh with the time left of
-# SECONDS (default 450), then every file both wrote packed into $OUT/gpu_all.tgz beside the two
-# summaries (a device call brings back 8 files at most; the check alone writes ~20).
+# `all SECONDS` (on the GPU machine): `run`, then the speed step with the time left of SECONDS
+# (default 450), then every file written packed into $OUT/gpu_all.tgz beside the summaries (a
+# device call brings back 8 files at most; the check alone writes ~20). The speed step:
+#   GPU_ALL_BENCH=compare (default): scripts/gpu_bench.sh, athanor against torch.compile;
+#   GPU_ALL_BENCH=athanor: athanor alone on gpt2-124m-gpu at batch 64, once per CUDA attention
+#     implementation (ATHANOR_CUDA_ATTENTION=reference, fast): no PyTorch compile (~45 s) in the
+#     call, for a call too short to hold it.
+# With 40 s still left, the op profile of a GPT-2 124M step at batch 16 (where its device time goes).
 cmd_all() {
   local total=${1:-450} t0
   t0=$(date +%s)
@@ -557,17 +562,27 @@ cmd_all() {
   mkdir -p "$final" "$work/check" "$work/bench"
   local rc_check=0 rc_bench=skipped
   OUT=$work/check timeout $((total - 40)) bash "$ROOT/scripts/gpu_check.sh" run >"$work/check/stdout.txt" 2>&1 || rc_check=$?
-  local left=$((total - ($(date +%s) - t0) - 45))
-  if ((left >= 100)); then
+  local left=$((total - ($(date +%s) - t0) - 45)) d=/tmp/athanor-gpu-run/athanor-gpu impl
+  if [[ ${GPU_ALL_BENCH:-compare} == athanor ]]; then
+    rc_bench=0
+    for impl in reference fast; do
+      left=$((total - ($(date +%s) - t0) - 45))
+      ((left >= 30)) || { echo "no time left for the $impl run" >>"$work/bench/stdout.txt"; continue; }
+      ((left > 60)) && left=60
+      (cd "$d" && ATHANOR_CUDA_ATTENTION=$impl LD_LIBRARY_PATH="$d/lib:$(cuda_lib_dirs)" timeout "$left" ./bin/athanor bench \
+         bench/configs/gpt2-124m-gpu.yaml trainer.batch_size=64 --steps 8 --warmup 3 --json) \
+        >"$work/bench/athanor_b64_$impl.json" 2>>"$work/bench/stdout.txt" || rc_bench=$?
+    done
+  elif ((left >= 100)); then
     rc_bench=0
     OUT=$work/bench GPU_BENCH_BUDGET_S=$left bash "$ROOT/scripts/gpu_bench.sh" run >"$work/bench/stdout.txt" 2>&1 || rc_bench=$?
   else
     echo "gpu_check all: no bench (${left} s left of ${total} s)" >"$work/bench/stdout.txt"
   fi
-  # With 40 s still left: the op profile of a GPT-2 124M step at batch 16 (where its device time
-  # goes), for the next round of kernel work.
+  local prof_impl=reference
+  [[ -s $work/bench/athanor_b64_fast.json ]] && prof_impl=fast
   if (($(date +%s) - t0 + 40 <= total)); then
-    (cd /tmp/athanor-gpu-run/athanor-gpu && LD_LIBRARY_PATH="$PWD/lib:$(cuda_lib_dirs)" timeout 30 ./bin/athanor bench \
+    (cd "$d" && ATHANOR_CUDA_ATTENTION=$prof_impl LD_LIBRARY_PATH="$d/lib:$(cuda_lib_dirs)" timeout 30 ./bin/athanor bench \
        bench/configs/gpt2-124m-gpu.yaml trainer.batch_size=16 --steps 3 --warmup 1 --profile) >"$work/profile_gpt2_124m_b16.txt" 2>&1 || true
   fi
   tar -C "$work" -czf "$final/gpu_all.tgz" .
@@ -575,8 +590,12 @@ cmd_all() {
   cp "$work/bench/gpu_bench.md" "$work/bench/gpu_bench.json" "$work/profile_gpt2_124m_b16.txt" "$final/" 2>/dev/null || true
   echo "== check exit $rc_check, bench exit $rc_bench, $(($(date +%s) - t0)) s of $total"
   cat "$work/check/gpu_check.json" 2>/dev/null || tail -40 "$work/check/stdout.txt"
-  grep -h -E "FAILED|Failure|crashed|timed out|error" "$work/check/gpu_check.log" 2>/dev/null | head -60
+  grep -h -E "FAILED|Failure|crashed|timed out|rror" "$work/check/gpu_check.log" 2>/dev/null | sort | uniq -c | sort -rn | head -40
   tail -30 "$work/bench/gpu_bench.log" 2>/dev/null || cat "$work/bench/stdout.txt"
+  for impl in reference fast; do
+    [[ -s $work/bench/athanor_b64_$impl.json ]] && python3 -c 'import json,sys; b=json.load(open(sys.argv[1])); print(sys.argv[2], b.get("throughput"), "tok/s", b.get("median_ms"), "ms", "mfu", b.get("mfu"))' \
+      "$work/bench/athanor_b64_$impl.json" "$impl" 2>/dev/null
+  done
   head -40 "$work/profile_gpt2_124m_b16.txt" 2>/dev/null || true
 }
 
