@@ -7,9 +7,9 @@
 // kernel recomputes for its deterministic dQ pass. So the figures compare with others'.
 //
 // Both implementations (src/backend/cuda/attention_fast.h) are timed by default, one JSON key
-// each ("reference", "fast"; ATHANOR_CUDA_ATTENTION is ignored here). The fast implementation
-// has no backward of its own yet: its bwd_ms is the reference backward's, timed again. Where
-// the fast kernel does not take the shape (f32, D not 64/128) its entry says "fallback": true.
+// each ("reference", "fast"; ATHANOR_CUDA_ATTENTION is ignored here). Where the fast kernels
+// do not take the shape (f32, D not 64/128) the "fast" entry says "fallback": true (it then
+// times the reference kernels again).
 //
 //   bench_cuda_attention [--B 16] [--H 12] [--Hkv H] [--T 1024] [--D 64] [--dtype bf16|f16|f32]
 //                        [--noncausal] [--contiguous] [--iters 20] [--max-seconds 10]
@@ -155,7 +155,9 @@ int main(int argc, char** argv) try {
   auto measure = [&](cuda::AttentionImpl impl) {
     cuda::set_attention_impl(impl);
     const bool fallback = impl == cuda::AttentionImpl::fast &&
-                          !cuda::attention_fast_supported(base, base + koff * es, base + voff * es, out, d, L, o.dtype);
+                          !cuda::attention_fast_backward_supported(base, base + koff * es, base + voff * es, out, dout,
+                                                                   gbase, gbase + koff * es, gbase + voff * es, d, L,
+                                                                   o.dtype);
     const double f_ms = time_ms(fwd);
     const double b_ms = time_ms(bwd);
     const double fb_ms = time_ms([&] {

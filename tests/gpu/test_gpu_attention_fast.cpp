@@ -1,8 +1,9 @@
 // The fast CUDA flash attention (src/backend/cuda/attention_fast.h, taken by attention_forward
-// under ATHANOR_CUDA_ATTENTION=fast) against the CPU kernel (cpu::attention_forward/backward on
-// the same rounded inputs) and against the reference CUDA kernels (attention.cu): O and lse of
-// the fast forward, and dQ, dK, dV of the reference backward run on the fast forward's O and lse
-// (the two implementations must be interchangeable: same lse). bf16 and f16, D 64 and 128,
+// and attention_backward under ATHANOR_CUDA_ATTENTION=fast) against the CPU kernel
+// (cpu::attention_forward/backward on the same rounded inputs) and against the reference CUDA
+// kernels (attention.cu): O and lse of the fast forward, dQ, dK, dV of the fast backward, and
+// the two mixed pairs (fast forward + reference backward, reference forward + fast backward:
+// the implementations must be interchangeable, same lse). bf16 and f16, D 64 and 128,
 // causal and not, T not a multiple of the 64-row tiles, Tq != Tk (non-causal and causal), packed
 // and contiguous layouts, grouped-query attention (H 8, Hkv 2), a grid that fills the GPU.
 // Every output buffer starts filled with a sentinel that must survive outside the operands.
@@ -13,6 +14,7 @@
 #include <cmath>
 #include <cstring>
 #include <string>
+#include <tuple>
 #include <vector>
 
 #include "athanor/core/error.h"
@@ -164,11 +166,12 @@ template <class H> struct GpuResult {
   std::vector<float> lse;
 };
 
-// attention_forward under `impl`, then attention_backward (the reference's) on its O and lse.
+// attention_forward under `fwd`, then attention_backward under `bwd` on its O and lse.
+using Impl = cuda::AttentionImpl;
 template <class H>
-GpuResult<H> run_gpu(const Case& c, cuda::AttentionImpl impl, const std::vector<H>& q, const std::vector<H>& k,
+GpuResult<H> run_gpu(const Case& c, Impl fwd, Impl bwd, const std::vector<H>& q, const std::vector<H>& k,
                      const std::vector<H>& v, const std::vector<H>& dout) {
-  const ImplGuard guard(impl);
+  const ImplGuard guard(fwd);
   const Places p = places(c);
   const H sentinel(kSentinel);
   std::vector<H> in(p.in_size + 2 * kGuard, sentinel), out(p.out_size + 2 * kGuard, sentinel);
@@ -188,13 +191,13 @@ GpuResult<H> run_gpu(const Case& c, cuda::AttentionImpl impl, const std::vector<
   const double scale = 1.0 / std::sqrt(static_cast<double>(c.D));
   const H* base = dIn.ptr + kGuard;
   H* gbase = dGrad.ptr + kGuard;
-  // The fast cases must take the fast kernel, not fall back (or this test checks nothing new).
-  if (impl == cuda::AttentionImpl::fast) {
-    EXPECT_TRUE(cuda::attention_fast_supported(base + p.q.off, base + p.k.off, base + p.v.off, dOut.ptr + kGuard, d,
-                                               p.layout, dtype_of<H>));
-  }
+  // The fast cases must take the fast kernels, not fall back (or this test checks nothing new).
+  EXPECT_TRUE(cuda::attention_fast_backward_supported(base + p.q.off, base + p.k.off, base + p.v.off,
+                                                      dOut.ptr + kGuard, dDO.ptr + kGuard, gbase + p.q.off,
+                                                      gbase + p.k.off, gbase + p.v.off, d, p.layout, dtype_of<H>));
   cuda::attention_forward(base + p.q.off, base + p.k.off, base + p.v.off, dOut.ptr + kGuard, dLse.ptr + kGuard, d,
                           p.layout, c.causal, scale, dtype_of<H>, stream());
+  cuda::set_attention_impl(bwd);
   cuda::attention_backward(base + p.q.off, base + p.k.off, base + p.v.off, dOut.ptr + kGuard, dDO.ptr + kGuard,
                            dLse.ptr + kGuard, gbase + p.q.off, gbase + p.k.off, gbase + p.v.off, d, p.layout, c.causal,
                            scale, dtype_of<H>, ws.ptr, stream());
@@ -236,13 +239,22 @@ template <class H> void check_case(const Case& c, bool with_cpu = true, unsigned
              v = rounded<H>(c.B * c.Hkv * c.Tk * c.D, seed + 2, 1.0f),
              dout = rounded<H>(c.B * c.H * c.Tq * c.D, seed + 3, 1.0f);
   const Tol t = tol_for<H>();
-  const GpuResult<H> fast = run_gpu<H>(c, cuda::AttentionImpl::fast, q, k, v, dout);
-  const GpuResult<H> ref = run_gpu<H>(c, cuda::AttentionImpl::reference, q, k, v, dout);
+  const GpuResult<H> fast = run_gpu<H>(c, Impl::fast, Impl::fast, q, k, v, dout);
+  const GpuResult<H> ref = run_gpu<H>(c, Impl::reference, Impl::reference, q, k, v, dout);
   EXPECT_TRUE(close_rel_max(fast.o, ref.o, t.o, "o vs the reference kernel"));
   EXPECT_TRUE(all_close(fast.lse, ref.lse, 5e-5, 0.0)) << "lse vs the reference kernel";
   EXPECT_TRUE(close_rel_max(fast.dq, ref.dq, t.grad, "dq vs the reference kernel"));
   EXPECT_TRUE(close_rel_max(fast.dk, ref.dk, t.grad, "dk vs the reference kernel"));
   EXPECT_TRUE(close_rel_max(fast.dv, ref.dv, t.grad, "dv vs the reference kernel"));
+  // The mixed pairs: each backward on the other forward's O and lse.
+  for (const auto& [fwd, bwd, what] : {std::tuple{Impl::fast, Impl::reference, "fast fwd + reference bwd"},
+                                       std::tuple{Impl::reference, Impl::fast, "reference fwd + fast bwd"}}) {
+    SCOPED_TRACE(what);
+    const GpuResult<H> mixed = run_gpu<H>(c, fwd, bwd, q, k, v, dout);
+    EXPECT_TRUE(close_rel_max(mixed.dq, ref.dq, t.grad, "dq vs the reference kernels"));
+    EXPECT_TRUE(close_rel_max(mixed.dk, ref.dk, t.grad, "dk vs the reference kernels"));
+    EXPECT_TRUE(close_rel_max(mixed.dv, ref.dv, t.grad, "dv vs the reference kernels"));
+  }
   if (!with_cpu) return;
 
   const double scale = 1.0 / std::sqrt(static_cast<double>(c.D));
@@ -310,16 +322,22 @@ TEST(GpuAttentionFast, F16CausalD64T200AndTqNeTk) {
   check_case<float16>({1, 2, 2, 50, 131, 128, false, false});
 }
 
-// The fast kernel's results do not depend on anything but the inputs (no atomics).
-TEST(GpuAttentionFast, ForwardBitIdenticalAcrossRuns) {
+// The fast kernels' results depend on nothing but the inputs (no atomics).
+TEST(GpuAttentionFast, BitIdenticalAcrossRuns) {
   ATH_REQUIRE_GPU();
   const Case c{2, 8, 2, 300, 300, 128, true, false};
   const auto q = rounded<bfloat16>(c.B * c.H * c.Tq * c.D, 7, 2.5f), k = rounded<bfloat16>(c.B * c.Hkv * c.Tk * c.D, 8, 1),
              v = rounded<bfloat16>(c.B * c.Hkv * c.Tk * c.D, 9, 1), dout = rounded<bfloat16>(c.B * c.H * c.Tq * c.D, 10, 1);
-  const auto a = run_gpu<bfloat16>(c, cuda::AttentionImpl::fast, q, k, v, dout);
-  const auto b = run_gpu<bfloat16>(c, cuda::AttentionImpl::fast, q, k, v, dout);
-  EXPECT_EQ(0, std::memcmp(a.o.data(), b.o.data(), a.o.size() * sizeof(bfloat16)));
+  const auto a = run_gpu<bfloat16>(c, Impl::fast, Impl::fast, q, k, v, dout);
+  const auto b = run_gpu<bfloat16>(c, Impl::fast, Impl::fast, q, k, v, dout);
+  const auto same = [](const std::vector<bfloat16>& x, const std::vector<bfloat16>& y) {
+    return x.size() == y.size() && std::memcmp(x.data(), y.data(), x.size() * sizeof(bfloat16)) == 0;
+  };
+  EXPECT_TRUE(same(a.o, b.o));
   EXPECT_EQ(a.lse, b.lse);
+  EXPECT_TRUE(same(a.dq, b.dq));
+  EXPECT_TRUE(same(a.dk, b.dk));
+  EXPECT_TRUE(same(a.dv, b.dv));
 }
 
 // ---- host logic (no GPU needed) --------------------------------------------------------------
@@ -328,7 +346,8 @@ TEST(GpuAttentionFast, SwitchParsing) {
   EXPECT_EQ(cuda::parse_attention_impl(""), cuda::AttentionImpl::reference);
   EXPECT_EQ(cuda::parse_attention_impl("reference"), cuda::AttentionImpl::reference);
   EXPECT_EQ(cuda::parse_attention_impl("fast"), cuda::AttentionImpl::fast);
-  for (const char* bad : {"FAST", "flash", "fast ", "1"}) {
+  EXPECT_EQ(cuda::parse_attention_impl("fast_fwd"), cuda::AttentionImpl::fast_fwd);
+  for (const char* bad : {"FAST", "flash", "fast ", "1", "fast-fwd"}) {
     try {
       cuda::parse_attention_impl(bad);
       ADD_FAILURE() << "'" << bad << "' accepted";
@@ -336,11 +355,12 @@ TEST(GpuAttentionFast, SwitchParsing) {
       const std::string w = e.what();
       EXPECT_NE(w.find("ATHANOR_CUDA_ATTENTION"), std::string::npos) << w;
       EXPECT_NE(w.find(std::string("'") + bad + "'"), std::string::npos) << w;
-      EXPECT_NE(w.find("'fast' or 'reference'"), std::string::npos) << w;
+      EXPECT_NE(w.find("'fast', 'fast_fwd'"), std::string::npos) << w;
     }
   }
   EXPECT_STREQ(cuda::attention_impl_name(cuda::AttentionImpl::fast), "fast");
   EXPECT_STREQ(cuda::attention_impl_name(cuda::AttentionImpl::reference), "reference");
+  EXPECT_STREQ(cuda::attention_impl_name(cuda::AttentionImpl::fast_fwd), "fast_fwd");
   {
     const ImplGuard g(cuda::AttentionImpl::fast);
     EXPECT_EQ(cuda::attention_impl(), cuda::AttentionImpl::fast);
@@ -378,4 +398,13 @@ TEST(GpuAttentionFast, SupportedCalls) {
   auto gapped_o = L64;
   gapped_o.o.h += 4;
   EXPECT_FALSE(ok(d64, gapped_o, DType::bf16));
+  // The backward also needs dO and the gradients 16-byte aligned.
+  EXPECT_TRUE(cuda::attention_fast_backward_supported(a, a, a, a, a, a, a, a, d64, L64, DType::bf16));
+  for (int i = 0; i < 4; ++i) {
+    const void* p[4] = {a, a, a, a};
+    p[i] = odd;
+    EXPECT_FALSE(cuda::attention_fast_backward_supported(a, a, a, a, p[0], p[1], p[2], p[3], d64, L64, DType::bf16))
+        << "operand " << i;
+  }
+  EXPECT_FALSE(cuda::attention_fast_backward_supported(a, a, a, a, a, a, a, a, d64, L64, DType::f32));
 }

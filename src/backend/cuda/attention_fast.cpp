@@ -13,11 +13,19 @@ namespace athanor::cuda {
 AttentionImpl parse_attention_impl(const char* value) {
   if (value == nullptr || value[0] == '\0' || std::strcmp(value, "reference") == 0) return AttentionImpl::reference;
   if (std::strcmp(value, "fast") == 0) return AttentionImpl::fast;
+  if (std::strcmp(value, "fast_fwd") == 0) return AttentionImpl::fast_fwd;
   ATH_FAIL("ATHANOR_CUDA_ATTENTION", "unknown CUDA attention implementation '", value, "'",
-           Hint{"set ATHANOR_CUDA_ATTENTION to 'fast' or 'reference' (or leave it unset: reference)"});
+           Hint{"set ATHANOR_CUDA_ATTENTION to 'fast', 'fast_fwd' (fast forward, reference backward) or 'reference' "
+                "(or leave it unset: reference)"});
 }
 
-const char* attention_impl_name(AttentionImpl impl) { return impl == AttentionImpl::fast ? "fast" : "reference"; }
+const char* attention_impl_name(AttentionImpl impl) {
+  switch (impl) {
+    case AttentionImpl::fast: return "fast";
+    case AttentionImpl::fast_fwd: return "fast_fwd";
+    default: return "reference";
+  }
+}
 
 namespace {
 // -1: not decided yet; otherwise an AttentionImpl. The environment is read on first use, so a
@@ -51,6 +59,13 @@ bool attention_fast_supported(const void* q, const void* k, const void* v, const
   // but the same 16-byte rule keeps one condition.
   return aligned16(q) && aligned16(k) && aligned16(v) && aligned16(o) && strides_by8(L.q) && strides_by8(L.k) &&
          strides_by8(L.v) && strides_by8(L.o);
+}
+
+bool attention_fast_backward_supported(const void* q, const void* k, const void* v, const void* o, const void* dout,
+                                       const void* dq, const void* dk, const void* dv, const AttentionDims& d,
+                                       const AttentionLayout& L, DType dtype) {
+  return attention_fast_supported(q, k, v, o, d, L, dtype) && aligned16(dout) && aligned16(dq) && aligned16(dk) &&
+         aligned16(dv);
 }
 
 }  // namespace athanor::cuda

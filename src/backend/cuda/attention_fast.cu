@@ -38,6 +38,10 @@ namespace athanor::cuda {
 namespace {
 
 constexpr float kLn2 = 0.6931471805599453f;
+constexpr float kLog2e = 1.4426950408889634f;
+
+__device__ __forceinline__ float to_float(__nv_bfloat16 v) { return __bfloat162float(v); }
+__device__ __forceinline__ float to_float(__half v) { return __half2float(v); }
 
 struct FastArgs {
   const void *q, *k, *v;
@@ -282,18 +286,367 @@ __global__ void __launch_bounds__(32 * FastCfg<D>::kW) attn_fast_fwd_kernel(Fast
   }
 }
 
+// ---- backward ------------------------------------------------------------------------------
+// FlashAttention-2's backward in two deterministic passes (no atomics), both register-resident:
+//  - dK/dV: one block per (b, kv head, 64 keys), each warp owning 16 keys; the query tiles of
+//    every query head of the group stream through shared memory (double-buffered), in a fixed
+//    order. The warp computes the transposed tiles directly, S^T = K Q^T and dP^T = V dO^T, so
+//    that P^T and dS^T come out in the C layout with keys as rows, which is the A layout of
+//    dV += P^T dO and dK += dS^T Q (the forward's C -> A reuse), with dO and Q read by
+//    ldmatrix .trans as the B operands (B(k = query, n = d) = dO[query][d]);
+//  - dQ: one block per (b, h, 64 query rows), each warp owning 16 rows, key tiles streaming:
+//    S = Q K^T, dP = dO V^T, dS = P (dP - Delta), dQ += dS K (K by ldmatrix .trans).
+// P = exp2(S scale log2e - lse log2e) from the saved lse; Delta_i = dO_i . O_i from a first small
+// kernel. P and dS are rounded to T as product operands, as in attention.cu.
+
+struct BwdArgs {
+  const void *q, *k, *v, *o, *dout;
+  void *dq, *dk, *dv;
+  const float* lse;
+  float* delta;
+  AttentionStrides sq, sk, sv, so;
+  int H, group, Tq, Tk;
+  float scale, scale_log2;
+  bool causal;
+};
+
+// Delta_i = sum_c dO_ic O_ic in f32, one warp per row (a fixed butterfly: the same bits every run).
 template <class T, int D>
-void launch(const FastArgs& a, const AttentionDims& d, cudaStream_t stream) {
-  using C = FastCfg<D>;
-  auto kernel = attn_fast_fwd_kernel<T, D>;
+__global__ void __launch_bounds__(256) attn_fast_delta_kernel(BwdArgs a, int64_t rows) {
+  const int64_t r = static_cast<int64_t>(blockIdx.x) * 8 + threadIdx.x / 32;
+  if (r >= rows) return;
+  const int lane = threadIdx.x % 32;
+  const int64_t i = r % a.Tq, bh = r / a.Tq;
+  const int64_t h = bh % a.H, b = bh / a.H;
+  const int64_t at = b * a.so.b + h * a.so.h + i * a.so.t;
+  const T* o = static_cast<const T*>(a.o) + at;
+  const T* dout = static_cast<const T*>(a.dout) + at;
+  float acc = 0.0f;
+#pragma unroll
+  for (int c = lane; c < D; c += 32) acc += to_float(o[c]) * to_float(dout[c]);
+  for (int off = 16; off > 0; off >>= 1) acc += __shfl_xor_sync(0xffffffffu, acc, off);
+  if (lane == 0) a.delta[r] = acc;
+}
+
+// dK/dV pass tile shape: 4 warps x 16 keys; query tiles of kBq rows (32 at D = 128: the
+// accumulators dK, dV take 2 x 64 registers there).
+template <int D> struct DkvCfg {
+  static constexpr int kW = 4, kBk = 16 * kW, kBq = D <= 64 ? 64 : 32, kLd = D + 8;
+  static constexpr unsigned kKBytes = kBk * kLd * 2, kQBytes = kBq * kLd * 2, kStats = kBq * 4;
+  // K, V, then two buffers each of Q, dO, lse, Delta.
+  static constexpr unsigned kBytes = 2 * kKBytes + 4 * kQBytes + 4 * kStats;
+};
+
+template <class T, int D>
+__global__ void __launch_bounds__(32 * DkvCfg<D>::kW) attn_fast_dkdv_kernel(BwdArgs a) {
+  using C = DkvCfg<D>;
+  constexpr int Bk = C::kBk, Bq = C::kBq, LD = C::kLd;
+  extern __shared__ __align__(128) unsigned char smem[];
+  T* Ks = reinterpret_cast<T*>(smem);
+  T* Vs = reinterpret_cast<T*>(smem + C::kKBytes);
+  T* Qs = reinterpret_cast<T*>(smem + 2 * C::kKBytes);                  // two buffers of Bq x LD
+  T* dOs = reinterpret_cast<T*>(smem + 2 * C::kKBytes + 2 * C::kQBytes);  // two buffers of Bq x LD
+  float* lse2s = reinterpret_cast<float*>(smem + 2 * C::kKBytes + 4 * C::kQBytes);  // two of Bq
+  float* deltas = lse2s + 2 * Bq;                                                  // two of Bq
+
+  const int hk = blockIdx.y, b = blockIdx.z, k0 = blockIdx.x * Bk;
+  const int warp = threadIdx.x / 32, lane = threadIdx.x % 32, g = lane / 4, tg = lane % 4;
+  const T* kp = static_cast<const T*>(a.k) + b * a.sk.b + hk * a.sk.h + k0 * a.sk.t;
+  const T* vp = static_cast<const T*>(a.v) + b * a.sv.b + hk * a.sv.h + k0 * a.sv.t;
+  const int krows = min(Bk, a.Tk - k0);
+  load_tile<T, D, LD>(Ks, kp, a.sk.t, krows, Bk);
+  load_tile<T, D, LD>(Vs, vp, a.sv.t, krows, Bk);
+
+  // The query tiles this key tile meets, per query head: causal, rows below k0 see none of it.
+  const int qstart = a.causal ? k0 / Bq * Bq : 0;
+  const int ntq = qstart < a.Tq ? (a.Tq - qstart + Bq - 1) / Bq : 0;
+  const int ntiles = a.group * ntq;  // (query head of the group, query tile), in this order
+  // Issues the loads of step t into buffer `buf`: Q and dO by cp.async, lse and Delta by plain
+  // stores (ordered by the __syncthreads before their use).
+  auto issue = [&](int t, int buf) {
+    const int h = hk * a.group + t / ntq, i0 = qstart + (t % ntq) * Bq;
+    const int rows = min(Bq, a.Tq - i0);
+    const T* qp = static_cast<const T*>(a.q) + b * a.sq.b + h * a.sq.h + i0 * a.sq.t;
+    const T* dop = static_cast<const T*>(a.dout) + b * a.so.b + h * a.so.h + i0 * a.so.t;
+    load_tile<T, D, LD>(Qs + buf * Bq * LD, qp, a.sq.t, rows, Bq);
+    load_tile<T, D, LD>(dOs + buf * Bq * LD, dop, a.so.t, rows, Bq);
+    const int64_t base = (static_cast<int64_t>(b) * a.H + h) * a.Tq + i0;
+    for (int i = threadIdx.x; i < Bq; i += blockDim.x) {
+      lse2s[buf * Bq + i] = i < rows ? a.lse[base + i] * kLog2e : 0.0f;
+      deltas[buf * Bq + i] = i < rows ? a.delta[base + i] : 0.0f;
+    }
+  };
+  if (ntiles > 0) issue(0, 0);
+  cp_async_commit();  // K, V (and step 0)
+
+  float dk[D / 8][4], dv[D / 8][4];  // C fragments: the warp's 16 keys x 8 columns of D each
+#pragma unroll
+  for (int dt = 0; dt < D / 8; ++dt)
+#pragma unroll
+    for (int e = 0; e < 4; ++e) dk[dt][e] = dv[dt][e] = 0.0f;
+  const int key0 = k0 + warp * 16 + g;  // key of c[0], c[1]; key0 + 8 of c[2], c[3]
+  const T* Kw = Ks + warp * 16 * LD;
+  const T* Vw = Vs + warp * 16 * LD;
+
+  for (int t = 0; t < ntiles; ++t) {
+    const int buf = t & 1, i0 = qstart + (t % ntq) * Bq;
+    if (t + 1 < ntiles) {
+      issue(t + 1, buf ^ 1);
+      cp_async_commit();
+      cp_async_wait<1>();
+    } else {
+      cp_async_wait<0>();
+    }
+    __syncthreads();
+    const T* Qt = Qs + buf * Bq * LD;
+    const T* dOt = dOs + buf * Bq * LD;
+    const float* lse2 = lse2s + buf * Bq;
+    const float* delta = deltas + buf * Bq;
+
+    // S^T = K Q^T and dP^T = V dO^T: 16 keys x Bq queries, Bq / 8 C fragments each.
+    float st[Bq / 8][4], dpt[Bq / 8][4];
+#pragma unroll
+    for (int nt = 0; nt < Bq / 8; ++nt)
+#pragma unroll
+      for (int e = 0; e < 4; ++e) st[nt][e] = dpt[nt][e] = 0.0f;
+#pragma unroll
+    for (int kk = 0; kk < D / 16; kk += 2) {
+      uint32_t ka[2][4], va[2][4];  // A fragments (the warp's 16 key rows) of k-steps kk, kk + 1
+#pragma unroll
+      for (int j = 0; j < 2; ++j) {
+        ldmatrix_x4(ka[j], Kw + (lane % 8 + (lane / 8) % 2 * 8) * LD + (kk + j) * 16 + lane / 16 * 8);
+        ldmatrix_x4(va[j], Vw + (lane % 8 + (lane / 8) % 2 * 8) * LD + (kk + j) * 16 + lane / 16 * 8);
+      }
+#pragma unroll
+      for (int nt = 0; nt < Bq / 8; ++nt) {
+        uint32_t qb[4], ob[4];  // B fragments: queries nt*8.. as columns, k-steps kk and kk + 1
+        ldmatrix_x4(qb, Qt + (nt * 8 + lane % 8) * LD + kk * 16 + lane / 8 * 8);
+        ldmatrix_x4(ob, dOt + (nt * 8 + lane % 8) * LD + kk * 16 + lane / 8 * 8);
+        mma16816<T>(st[nt], ka[0], qb[0], qb[1]);
+        mma16816<T>(st[nt], ka[1], qb[2], qb[3]);
+        mma16816<T>(dpt[nt], va[0], ob[0], ob[1]);
+        mma16816<T>(dpt[nt], va[1], ob[2], ob[3]);
+      }
+    }
+    // P^T and dS^T in place (st -> P^T, dpt -> dS^T); masked: keys past Tk, queries past Tq,
+    // causal keys after the query.
+#pragma unroll
+    for (int nt = 0; nt < Bq / 8; ++nt) {
+#pragma unroll
+      for (int e = 0; e < 4; ++e) {
+        const int key = key0 + (e >= 2 ? 8 : 0), col = nt * 8 + 2 * tg + (e & 1), query = i0 + col;
+        const bool vis = key < a.Tk && query < a.Tq && (!a.causal || key <= query);
+        const float p = vis ? exp2f(st[nt][e] * a.scale_log2 - lse2[col]) : 0.0f;
+        st[nt][e] = p;
+        dpt[nt][e] = p * (dpt[nt][e] - delta[col]);
+      }
+    }
+    // dV += P^T dO, dK += dS^T Q: k-steps of 16 queries; B(k = query, n = d) by ldmatrix .trans.
+#pragma unroll
+    for (int kk = 0; kk < Bq / 16; ++kk) {
+      uint32_t pa[4], sa[4];
+      pa[0] = pack2<T>(st[2 * kk][0], st[2 * kk][1]);
+      pa[1] = pack2<T>(st[2 * kk][2], st[2 * kk][3]);
+      pa[2] = pack2<T>(st[2 * kk + 1][0], st[2 * kk + 1][1]);
+      pa[3] = pack2<T>(st[2 * kk + 1][2], st[2 * kk + 1][3]);
+      sa[0] = pack2<T>(dpt[2 * kk][0], dpt[2 * kk][1]);
+      sa[1] = pack2<T>(dpt[2 * kk][2], dpt[2 * kk][3]);
+      sa[2] = pack2<T>(dpt[2 * kk + 1][0], dpt[2 * kk + 1][1]);
+      sa[3] = pack2<T>(dpt[2 * kk + 1][2], dpt[2 * kk + 1][3]);
+#pragma unroll
+      for (int dt = 0; dt < D / 8; dt += 2) {
+        uint32_t ob[4], qb[4];
+        ldmatrix_x4_trans(ob, dOt + (kk * 16 + lane % 8 + (lane / 8) % 2 * 8) * LD + dt * 8 + lane / 16 * 8);
+        ldmatrix_x4_trans(qb, Qt + (kk * 16 + lane % 8 + (lane / 8) % 2 * 8) * LD + dt * 8 + lane / 16 * 8);
+        mma16816<T>(dv[dt], pa, ob[0], ob[1]);
+        mma16816<T>(dv[dt + 1], pa, ob[2], ob[3]);
+        mma16816<T>(dk[dt], sa, qb[0], qb[1]);
+        mma16816<T>(dk[dt + 1], sa, qb[2], qb[3]);
+      }
+    }
+    __syncthreads();  // buffer `buf` is refilled by the next step's prefetch
+  }
+  cp_async_wait<0>();  // no step at all (causal keys past the last query): K/V copies still land
+
+  T* dkp = static_cast<T*>(a.dk) + b * a.sk.b + hk * a.sk.h;
+  T* dvp = static_cast<T*>(a.dv) + b * a.sv.b + hk * a.sv.h;
+#pragma unroll
+  for (int r = 0; r < 2; ++r) {
+    const int key = key0 + 8 * r;
+    if (key >= a.Tk) continue;
+#pragma unroll
+    for (int dt = 0; dt < D / 8; ++dt) {
+      const int c = dt * 8 + 2 * tg;
+      *reinterpret_cast<uint32_t*>(dkp + key * a.sk.t + c) =
+          pack2<T>(dk[dt][2 * r] * a.scale, dk[dt][2 * r + 1] * a.scale);
+      *reinterpret_cast<uint32_t*>(dvp + key * a.sv.t + c) = pack2<T>(dv[dt][2 * r], dv[dt][2 * r + 1]);
+    }
+  }
+}
+
+// dQ pass tile shape: 4 warps x 16 query rows, key tiles of 64.
+template <int D> struct DqCfg {
+  static constexpr int kW = 4, kBr = 16 * kW, kBc = 64, kLd = D + 8;
+  static constexpr unsigned kQBytes = kBr * kLd * 2, kKBytes = kBc * kLd * 2;
+  static constexpr unsigned kBytes = 2 * kQBytes + 4 * kKBytes;  // Q, dO, K[2], V[2]
+};
+
+template <class T, int D>
+__global__ void __launch_bounds__(32 * DqCfg<D>::kW) attn_fast_dq_kernel(BwdArgs a) {
+  using C = DqCfg<D>;
+  constexpr int Br = C::kBr, Bc = C::kBc, LD = C::kLd;
+  extern __shared__ __align__(128) unsigned char smem[];
+  T* Qs = reinterpret_cast<T*>(smem);
+  T* dOs = reinterpret_cast<T*>(smem + C::kQBytes);
+  T* Ks = reinterpret_cast<T*>(smem + 2 * C::kQBytes);                  // two buffers of Bc x LD
+  T* Vs = reinterpret_cast<T*>(smem + 2 * C::kQBytes + 2 * C::kKBytes);  // two buffers of Bc x LD
+
+  const int qtile = a.causal ? static_cast<int>(gridDim.x - 1 - blockIdx.x) : static_cast<int>(blockIdx.x);
+  const int h = blockIdx.y, b = blockIdx.z, hk = h / a.group, i0 = qtile * Br;
+  const int warp = threadIdx.x / 32, lane = threadIdx.x % 32, g = lane / 4, tg = lane % 4;
+  const int rows = min(Br, a.Tq - i0);
+  load_tile<T, D, LD>(Qs, static_cast<const T*>(a.q) + b * a.sq.b + h * a.sq.h + i0 * a.sq.t, a.sq.t, rows, Br);
+  load_tile<T, D, LD>(dOs, static_cast<const T*>(a.dout) + b * a.so.b + h * a.so.h + i0 * a.so.t, a.so.t, rows, Br);
+  const T* k = static_cast<const T*>(a.k) + b * a.sk.b + hk * a.sk.h;
+  const T* v = static_cast<const T*>(a.v) + b * a.sv.b + hk * a.sv.h;
+  const int kend = a.causal ? min(a.Tk, i0 + Br) : a.Tk;
+  const int ntiles = (kend + Bc - 1) / Bc;  // >= 1
+  load_tile<T, D, LD>(Ks, k, a.sk.t, min(Bc, a.Tk), Bc);
+  load_tile<T, D, LD>(Vs, v, a.sv.t, min(Bc, a.Tk), Bc);
+  cp_async_commit();
+
+  const int row0 = i0 + warp * 16 + g;  // query of c[0], c[1]; row0 + 8 of c[2], c[3]
+  float lse2[2], delta[2];
+  const int64_t bh = static_cast<int64_t>(b) * a.H + h;
+#pragma unroll
+  for (int r = 0; r < 2; ++r) {
+    const int row = row0 + 8 * r;
+    lse2[r] = row < a.Tq ? a.lse[bh * a.Tq + row] * kLog2e : 0.0f;
+    delta[r] = row < a.Tq ? a.delta[bh * a.Tq + row] : 0.0f;
+  }
+  float dq[D / 8][4];
+#pragma unroll
+  for (int dt = 0; dt < D / 8; ++dt) dq[dt][0] = dq[dt][1] = dq[dt][2] = dq[dt][3] = 0.0f;
+  const T* Qw = Qs + warp * 16 * LD;
+  const T* dOw = dOs + warp * 16 * LD;
+
+  for (int t = 0; t < ntiles; ++t) {
+    const int j0 = t * Bc, buf = t & 1;
+    if (t + 1 < ntiles) {
+      const int jn = j0 + Bc;
+      load_tile<T, D, LD>(Ks + (buf ^ 1) * Bc * LD, k + jn * a.sk.t, a.sk.t, min(Bc, a.Tk - jn), Bc);
+      load_tile<T, D, LD>(Vs + (buf ^ 1) * Bc * LD, v + jn * a.sv.t, a.sv.t, min(Bc, a.Tk - jn), Bc);
+      cp_async_commit();
+      cp_async_wait<1>();
+    } else {
+      cp_async_wait<0>();
+    }
+    __syncthreads();
+    const T* Kt = Ks + buf * Bc * LD;
+    const T* Vt = Vs + buf * Bc * LD;
+
+    // S = Q K^T, dP = dO V^T: the warp's 16 rows x Bc keys.
+    float s[Bc / 8][4], dp[Bc / 8][4];
+#pragma unroll
+    for (int nt = 0; nt < Bc / 8; ++nt)
+#pragma unroll
+      for (int e = 0; e < 4; ++e) s[nt][e] = dp[nt][e] = 0.0f;
+#pragma unroll
+    for (int kk = 0; kk < D / 16; kk += 2) {
+      uint32_t qa[2][4], oa[2][4];
+#pragma unroll
+      for (int j = 0; j < 2; ++j) {
+        ldmatrix_x4(qa[j], Qw + (lane % 8 + (lane / 8) % 2 * 8) * LD + (kk + j) * 16 + lane / 16 * 8);
+        ldmatrix_x4(oa[j], dOw + (lane % 8 + (lane / 8) % 2 * 8) * LD + (kk + j) * 16 + lane / 16 * 8);
+      }
+#pragma unroll
+      for (int nt = 0; nt < Bc / 8; ++nt) {
+        uint32_t kb[4], vb[4];  // keys nt*8.. as columns, k-steps kk and kk + 1
+        ldmatrix_x4(kb, Kt + (nt * 8 + lane % 8) * LD + kk * 16 + lane / 8 * 8);
+        ldmatrix_x4(vb, Vt + (nt * 8 + lane % 8) * LD + kk * 16 + lane / 8 * 8);
+        mma16816<T>(s[nt], qa[0], kb[0], kb[1]);
+        mma16816<T>(s[nt], qa[1], kb[2], kb[3]);
+        mma16816<T>(dp[nt], oa[0], vb[0], vb[1]);
+        mma16816<T>(dp[nt], oa[1], vb[2], vb[3]);
+      }
+    }
+    // dS = P (dP - Delta) in place of dp; masked: keys past Tk, causal keys after the row.
+#pragma unroll
+    for (int nt = 0; nt < Bc / 8; ++nt) {
+#pragma unroll
+      for (int e = 0; e < 4; ++e) {
+        const int row = row0 + (e >= 2 ? 8 : 0), key = j0 + nt * 8 + 2 * tg + (e & 1);
+        const bool vis = key < a.Tk && (!a.causal || key <= row);
+        const float p = vis ? exp2f(s[nt][e] * a.scale_log2 - lse2[e >> 1]) : 0.0f;
+        dp[nt][e] = p * (dp[nt][e] - delta[e >> 1]);
+      }
+    }
+    // dQ += dS K: k-steps of 16 keys; B(k = key, n = d) = K[key][d] by ldmatrix .trans.
+#pragma unroll
+    for (int kk = 0; kk < Bc / 16; ++kk) {
+      uint32_t sa[4];
+      sa[0] = pack2<T>(dp[2 * kk][0], dp[2 * kk][1]);
+      sa[1] = pack2<T>(dp[2 * kk][2], dp[2 * kk][3]);
+      sa[2] = pack2<T>(dp[2 * kk + 1][0], dp[2 * kk + 1][1]);
+      sa[3] = pack2<T>(dp[2 * kk + 1][2], dp[2 * kk + 1][3]);
+#pragma unroll
+      for (int dt = 0; dt < D / 8; dt += 2) {
+        uint32_t kb[4];
+        ldmatrix_x4_trans(kb, Kt + (kk * 16 + lane % 8 + (lane / 8) % 2 * 8) * LD + dt * 8 + lane / 16 * 8);
+        mma16816<T>(dq[dt], sa, kb[0], kb[1]);
+        mma16816<T>(dq[dt + 1], sa, kb[2], kb[3]);
+      }
+    }
+    __syncthreads();
+  }
+
+  T* dqp = static_cast<T*>(a.dq) + b * a.sq.b + h * a.sq.h;
+#pragma unroll
+  for (int r = 0; r < 2; ++r) {
+    const int row = row0 + 8 * r;
+    if (row >= a.Tq) continue;
+#pragma unroll
+    for (int dt = 0; dt < D / 8; ++dt)
+      *reinterpret_cast<uint32_t*>(dqp + row * a.sq.t + dt * 8 + 2 * tg) =
+          pack2<T>(dq[dt][2 * r] * a.scale, dq[dt][2 * r + 1] * a.scale);
+  }
+}
+
+template <class K> void prepare(K kernel, unsigned bytes, const char* name) {
   int dev = 0;
   ATH_CUDA(cudaGetDevice(&dev));
   int optin = 0;
   ATH_CUDA(cudaDeviceGetAttribute(&optin, cudaDevAttrMaxSharedMemoryPerBlockOptin, dev));
-  ATH_CHECK(static_cast<int>(C::kBytes) <= optin, "cuda attention (fast)", "attn_fast_fwd_kernel needs ", C::kBytes,
+  ATH_CHECK(static_cast<int>(bytes) <= optin, "cuda attention (fast)", name, " needs ", bytes,
             " bytes of shared memory per block, cuda:", dev, " allows ", optin,
             Hint{"set ATHANOR_CUDA_ATTENTION=reference"});
-  ATH_CUDA(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, static_cast<int>(C::kBytes)));
+  ATH_CUDA(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, static_cast<int>(bytes)));
+}
+
+template <class T, int D>
+void launch_backward(const BwdArgs& a, const AttentionDims& d, cudaStream_t stream) {
+  const int64_t rows = d.B * d.H * d.Tq;
+  attn_fast_delta_kernel<T, D><<<static_cast<unsigned>((rows + 7) / 8), 256, 0, stream>>>(a, rows);
+  ATH_CUDA_LAUNCHED("attn_fast_delta_kernel");
+  auto dkdv = attn_fast_dkdv_kernel<T, D>;
+  prepare(dkdv, DkvCfg<D>::kBytes, "attn_fast_dkdv_kernel");
+  const dim3 kv_grid(static_cast<unsigned>((d.Tk + DkvCfg<D>::kBk - 1) / DkvCfg<D>::kBk),
+                     static_cast<unsigned>(d.kv_heads()), static_cast<unsigned>(d.B));
+  dkdv<<<kv_grid, 32 * DkvCfg<D>::kW, DkvCfg<D>::kBytes, stream>>>(a);
+  ATH_CUDA_LAUNCHED("attn_fast_dkdv_kernel");
+  auto dqk = attn_fast_dq_kernel<T, D>;
+  prepare(dqk, DqCfg<D>::kBytes, "attn_fast_dq_kernel");
+  const dim3 q_grid(static_cast<unsigned>((d.Tq + DqCfg<D>::kBr - 1) / DqCfg<D>::kBr), static_cast<unsigned>(d.H),
+                    static_cast<unsigned>(d.B));
+  dqk<<<q_grid, 32 * DqCfg<D>::kW, DqCfg<D>::kBytes, stream>>>(a);
+  ATH_CUDA_LAUNCHED("attn_fast_dq_kernel");
+}
+
+template <class T, int D>
+void launch(const FastArgs& a, const AttentionDims& d, cudaStream_t stream) {
+  using C = FastCfg<D>;
+  auto kernel = attn_fast_fwd_kernel<T, D>;
+  prepare(kernel, C::kBytes, "attn_fast_fwd_kernel");
   const dim3 grid(static_cast<unsigned>((d.Tq + C::kBr - 1) / C::kBr), static_cast<unsigned>(d.H),
                   static_cast<unsigned>(d.B));
   kernel<<<grid, 32 * C::kW, C::kBytes, stream>>>(a);
@@ -320,6 +673,30 @@ void attention_fast_forward(const void* q, const void* k, const void* v, void* o
     bf16 ? launch<__nv_bfloat16, 64>(a, d, stream) : launch<__half, 64>(a, d, stream);
   else
     bf16 ? launch<__nv_bfloat16, 128>(a, d, stream) : launch<__half, 128>(a, d, stream);
+}
+
+void attention_fast_backward(const void* q, const void* k, const void* v, const void* o, const void* dout,
+                             const float* lse, void* dq, void* dk, void* dv, const AttentionDims& d,
+                             const AttentionLayout& L, bool causal, double scale, DType dtype, void* workspace,
+                             cudaStream_t stream) {
+  ATH_CHECK(attention_fast_backward_supported(q, k, v, o, dout, dq, dk, dv, d, L, dtype), "cuda attention (fast)",
+            "this call is not supported by the fast backward (dtype ", dtype_name(dtype), ", D=", d.D, ", Dv=", d.Dv,
+            ")", Hint{"call attention_backward, which falls back to the reference kernels"});
+  BwdArgs a{};
+  a.q = q, a.k = k, a.v = v, a.o = o, a.dout = dout, a.dq = dq, a.dk = dk, a.dv = dv, a.lse = lse;
+  a.delta = static_cast<float*>(workspace);
+  a.sq = L.q, a.sk = L.k, a.sv = L.v, a.so = L.o;
+  a.H = static_cast<int>(d.H);
+  a.group = static_cast<int>(d.group());
+  a.Tq = static_cast<int>(d.Tq), a.Tk = static_cast<int>(d.Tk);
+  a.scale = static_cast<float>(scale);
+  a.scale_log2 = static_cast<float>(scale * 1.4426950408889634);
+  a.causal = causal;
+  const bool bf16 = dtype == DType::bf16;
+  if (d.D == 64)
+    bf16 ? launch_backward<__nv_bfloat16, 64>(a, d, stream) : launch_backward<__half, 64>(a, d, stream);
+  else
+    bf16 ? launch_backward<__nv_bfloat16, 128>(a, d, stream) : launch_backward<__half, 128>(a, d, stream);
 }
 
 }  // namespace athanor::cuda
