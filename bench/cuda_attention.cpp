@@ -174,7 +174,8 @@ int main(int argc, char** argv) try {
   };
   std::string results;
   if (o.impl != "fast") results += "\"reference\": " + measure(cuda::AttentionImpl::reference);
-  if (o.impl != "reference") results += std::string(results.empty() ? "" : ", ") + "\"fast\": " + measure(cuda::AttentionImpl::fast);
+  if (o.impl != "reference")
+    results += std::string(results.empty() ? "" : ", ") + "\"fast\": " + measure(cuda::AttentionImpl::fast);
   const cuda::DeviceInfo info = cuda::device_info(0);
   std::printf(
       "{\"bench\": \"cuda_attention\", \"gpu\": \"%s\", \"B\": %lld, \"H\": %lld, \"Hkv\": %lld, \"T\": %lld, \"D\": %lld, "

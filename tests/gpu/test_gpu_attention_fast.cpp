@@ -235,9 +235,10 @@ std::string describe(const Case& c) {
 template <class H> void check_case(const Case& c, bool with_cpu = true, unsigned seed = 1) {
   SCOPED_TRACE(describe(c));
   // q larger than k: scores of a few units, so the softmax is far from uniform.
-  const auto q = rounded<H>(c.B * c.H * c.Tq * c.D, seed, 2.5f), k = rounded<H>(c.B * c.Hkv * c.Tk * c.D, seed + 1, 1.0f),
-             v = rounded<H>(c.B * c.Hkv * c.Tk * c.D, seed + 2, 1.0f),
-             dout = rounded<H>(c.B * c.H * c.Tq * c.D, seed + 3, 1.0f);
+  const auto q = rounded<H>(c.B * c.H * c.Tq * c.D, seed, 2.5f);
+  const auto k = rounded<H>(c.B * c.Hkv * c.Tk * c.D, seed + 1, 1.0f);
+  const auto v = rounded<H>(c.B * c.Hkv * c.Tk * c.D, seed + 2, 1.0f);
+  const auto dout = rounded<H>(c.B * c.H * c.Tq * c.D, seed + 3, 1.0f);
   const Tol t = tol_for<H>();
   const GpuResult<H> fast = run_gpu<H>(c, Impl::fast, Impl::fast, q, k, v, dout);
   const GpuResult<H> ref = run_gpu<H>(c, Impl::reference, Impl::reference, q, k, v, dout);
@@ -326,8 +327,10 @@ TEST(GpuAttentionFast, F16CausalD64T200AndTqNeTk) {
 TEST(GpuAttentionFast, BitIdenticalAcrossRuns) {
   ATH_REQUIRE_GPU();
   const Case c{2, 8, 2, 300, 300, 128, true, false};
-  const auto q = rounded<bfloat16>(c.B * c.H * c.Tq * c.D, 7, 2.5f), k = rounded<bfloat16>(c.B * c.Hkv * c.Tk * c.D, 8, 1),
-             v = rounded<bfloat16>(c.B * c.Hkv * c.Tk * c.D, 9, 1), dout = rounded<bfloat16>(c.B * c.H * c.Tq * c.D, 10, 1);
+  const auto q = rounded<bfloat16>(c.B * c.H * c.Tq * c.D, 7, 2.5f);
+  const auto k = rounded<bfloat16>(c.B * c.Hkv * c.Tk * c.D, 8, 1);
+  const auto v = rounded<bfloat16>(c.B * c.Hkv * c.Tk * c.D, 9, 1);
+  const auto dout = rounded<bfloat16>(c.B * c.H * c.Tq * c.D, 10, 1);
   const auto a = run_gpu<bfloat16>(c, Impl::fast, Impl::fast, q, k, v, dout);
   const auto b = run_gpu<bfloat16>(c, Impl::fast, Impl::fast, q, k, v, dout);
   const auto same = [](const std::vector<bfloat16>& x, const std::vector<bfloat16>& y) {
