@@ -6,8 +6,14 @@
 // causal; backward 2.5x the forward (5 products against 2), not counting the products this
 // kernel recomputes for its deterministic dQ pass. So the figures compare with others'.
 //
+// Both implementations (src/backend/cuda/attention_fast.h) are timed by default, one JSON key
+// each ("reference", "fast"; ATHANOR_CUDA_ATTENTION is ignored here). Where the fast kernels
+// do not take the shape (f32, D not 64/128) the "fast" entry says "fallback": true (it then
+// times the reference kernels again).
+//
 //   bench_cuda_attention [--B 16] [--H 12] [--Hkv H] [--T 1024] [--D 64] [--dtype bf16|f16|f32]
 //                        [--noncausal] [--contiguous] [--iters 20] [--max-seconds 10]
+//                        [--impl both|reference|fast]
 #include <cuda_runtime_api.h>
 
 #include <algorithm>
@@ -22,6 +28,7 @@
 #include "athanor/core/dtype.h"
 #include "athanor/core/error.h"
 #include "backend/cuda/attention.h"
+#include "backend/cuda/attention_fast.h"
 #include "backend/cuda/runtime.h"
 
 using namespace athanor;
@@ -34,6 +41,7 @@ struct Options {
   bool causal = true, packed = true;
   int iters = 20;
   double max_seconds = 10;
+  std::string impl = "both";
 };
 
 Options parse(int argc, char** argv) {
@@ -54,8 +62,11 @@ Options parse(int argc, char** argv) {
     else if (a == "--contiguous") o.packed = false;
     else if (a == "--iters") o.iters = std::stoi(next());
     else if (a == "--max-seconds") o.max_seconds = std::stod(next());
+    else if (a == "--impl") o.impl = next();
     else ATH_FAIL("bench_cuda_attention", "unknown argument ", a, Hint{"see the usage at the top of bench/cuda_attention.cpp"});
   }
+  ATH_CHECK(o.impl == "both" || o.impl == "reference" || o.impl == "fast", "bench_cuda_attention", "--impl ", o.impl,
+            " is not one of both, reference, fast", Hint{"see the usage at the top of bench/cuda_attention.cpp"});
   return o;
 }
 
@@ -138,23 +149,40 @@ int main(int argc, char** argv) try {
     std::sort(batches.begin(), batches.end());
     return static_cast<double>(batches[batches.size() / 2]);
   };
-  const double f_ms = time_ms(fwd);
-  const double b_ms = time_ms(bwd);
-  const double fb_ms = time_ms([&] {
-    fwd();
-    bwd();
-  });
   const double fwd_flop = 4.0 * o.B * o.H * o.T * o.T * o.D * (o.causal ? 0.5 : 1.0);
   auto tflops = [](double flop, double ms) { return flop / (ms * 1e-3) / 1e12; };
+  // One implementation's figures as a JSON object.
+  auto measure = [&](cuda::AttentionImpl impl) {
+    cuda::set_attention_impl(impl);
+    const bool fallback = impl == cuda::AttentionImpl::fast &&
+                          !cuda::attention_fast_backward_supported(base, base + koff * es, base + voff * es, out, dout,
+                                                                   gbase, gbase + koff * es, gbase + voff * es, d, L,
+                                                                   o.dtype);
+    const double f_ms = time_ms(fwd);
+    const double b_ms = time_ms(bwd);
+    const double fb_ms = time_ms([&] {
+      fwd();
+      bwd();
+    });
+    char buf[512];
+    std::snprintf(buf, sizeof buf,
+                  "{\"fallback\": %s, \"fwd_ms\": %.4f, \"bwd_ms\": %.4f, \"fwd_bwd_ms\": %.4f, \"fwd_tflops\": %.2f, "
+                  "\"bwd_tflops\": %.2f, \"fwd_bwd_tflops\": %.2f}",
+                  fallback ? "true" : "false", f_ms, b_ms, fb_ms, tflops(fwd_flop, f_ms), tflops(2.5 * fwd_flop, b_ms),
+                  tflops(3.5 * fwd_flop, fb_ms));
+    return std::string(buf);
+  };
+  std::string results;
+  if (o.impl != "fast") results += "\"reference\": " + measure(cuda::AttentionImpl::reference);
+  if (o.impl != "reference")
+    results += std::string(results.empty() ? "" : ", ") + "\"fast\": " + measure(cuda::AttentionImpl::fast);
   const cuda::DeviceInfo info = cuda::device_info(0);
   std::printf(
       "{\"bench\": \"cuda_attention\", \"gpu\": \"%s\", \"B\": %lld, \"H\": %lld, \"Hkv\": %lld, \"T\": %lld, \"D\": %lld, "
-      "\"dtype\": \"%s\", \"causal\": %s, \"layout\": \"%s\", \"fwd_ms\": %.4f, \"bwd_ms\": %.4f, "
-      "\"fwd_bwd_ms\": %.4f, \"fwd_tflops\": %.2f, \"bwd_tflops\": %.2f, \"fwd_bwd_tflops\": %.2f}\n",
+      "\"dtype\": \"%s\", \"causal\": %s, \"layout\": \"%s\", %s}\n",
       info.name.c_str(), static_cast<long long>(o.B), static_cast<long long>(o.H), static_cast<long long>(Hkv),
       static_cast<long long>(o.T), static_cast<long long>(o.D), dtype_name(o.dtype), o.causal ? "true" : "false",
-      o.packed ? "packed_qkv" : "contiguous", f_ms, b_ms, fb_ms, tflops(fwd_flop, f_ms), tflops(2.5 * fwd_flop, b_ms),
-      tflops(3.5 * fwd_flop, fb_ms));
+      o.packed ? "packed_qkv" : "contiguous", results.c_str());
   for (void* p : {in, gin, out, dout, ws, static_cast<void*>(lse)}) ATH_CUDA(cudaFree(p));
   return 0;
 } catch (const std::exception& e) {

@@ -24,6 +24,7 @@
 #include <type_traits>
 
 #include "athanor/core/error.h"
+#include "backend/cuda/attention_fast.h"
 #include "backend/cuda/runtime.h"
 
 namespace athanor::cuda {
@@ -615,6 +616,13 @@ void attention_forward(const void* q, const void* k, const void* v, void* o, flo
   attention_check(d, layout, dtype, "cuda attention forward");
   ATH_CHECK(q && k && v && o && lse, "cuda attention forward", "null operand pointer",
             Hint{"pass device buffers for q, k, v, o and lse"});
+  // ATHANOR_CUDA_ATTENTION=fast or fast_fwd: bf16/f16 at D 64/128 with 16-byte aligned operands
+  // run on the register-resident kernel (attention_fast.h); it saves the same lse, so either
+  // backward takes its output. Everything else, and f32 always, stays here.
+  if (attention_impl() != AttentionImpl::reference && attention_fast_supported(q, k, v, o, d, layout, dtype)) {
+    attention_fast_forward(q, k, v, o, lse, d, layout, causal, scale, dtype, stream);
+    return;
+  }
   switch (dtype) {
     case DType::bf16: forward_t<__nv_bfloat16>(q, k, v, o, lse, d, layout, causal, scale, stream); break;
     case DType::f16: forward_t<__half>(q, k, v, o, lse, d, layout, causal, scale, stream); break;
@@ -631,6 +639,13 @@ void attention_backward(const void* q, const void* k, const void* v, const void*
   attention_check(d, layout, dtype, "cuda attention backward");
   ATH_CHECK(q && k && v && o && dout && lse && dq && dk && dv && workspace, "cuda attention backward",
             "null operand pointer", Hint{"pass device buffers for every operand and the workspace"});
+  // ATHANOR_CUDA_ATTENTION=fast: the fast backward where it takes the call (attention_fast.h);
+  // it reads the same Delta workspace size and the lse of either forward.
+  if (attention_impl() == AttentionImpl::fast &&
+      attention_fast_backward_supported(q, k, v, o, dout, dq, dk, dv, d, layout, dtype)) {
+    attention_fast_backward(q, k, v, o, dout, lse, dq, dk, dv, d, layout, causal, scale, dtype, workspace, stream);
+    return;
+  }
   switch (dtype) {
     case DType::bf16:
       backward_t<__nv_bfloat16>(q, k, v, o, dout, lse, dq, dk, dv, d, layout, causal, scale, workspace, stream);
