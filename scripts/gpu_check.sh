@@ -590,7 +590,7 @@ cmd_all() {
   cp "$work/bench/gpu_bench.md" "$work/bench/gpu_bench.json" "$work/profile_gpt2_124m_b16.txt" "$final/" 2>/dev/null || true
   echo "== check exit $rc_check, bench exit $rc_bench, $(($(date +%s) - t0)) s of $total"
   cat "$work/check/gpu_check.json" 2>/dev/null || tail -40 "$work/check/stdout.txt"
-  grep -h -E "FAILED|Failure|crashed|timed out|rror" "$work/check/gpu_check.log" 2>/dev/null | sort | uniq -c | sort -rn | head -40
+  grep -h -E "^\[  FAILED  \] [A-Za-z]|crashed|timed out" "$work/check/gpu_check.log" 2>/dev/null | sort | uniq -c | sort -rn | head -40
   tail -30 "$work/bench/gpu_bench.log" 2>/dev/null || cat "$work/bench/stdout.txt"
   for impl in reference fast; do
     [[ -s $work/bench/athanor_b64_$impl.json ]] && python3 -c 'import json,sys; b=json.load(open(sys.argv[1])); print(sys.argv[2], b.get("throughput"), "tok/s", b.get("median_ms"), "ms", "mfu", b.get("mfu"))' \
