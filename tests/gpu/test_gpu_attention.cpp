@@ -28,6 +28,7 @@
 #include "athanor/core/half.h"
 #include "backend/cpu/attention.h"
 #include "backend/cuda/attention.h"
+#include "backend/cuda/attention_fast.h"
 #include "gpu_test.h"
 
 using namespace athanor;
@@ -213,6 +214,13 @@ GpuResult<H> run_gpu(const Case& c, const std::vector<H>& q, const std::vector<H
   const double scale = 1.0 / std::sqrt(static_cast<double>(c.D));
   const H* base = dIn.ptr + kGuard;
   H* gbase = dGrad.ptr + kGuard;
+  // These are the tests of attention.cu's kernels: pinned to them, whatever the process's default
+  // (the fast bf16/f16 kernels have their own, test_gpu_attention_fast.cpp).
+  struct PinReference {
+    cuda::AttentionImpl was = cuda::attention_impl();
+    PinReference() { cuda::set_attention_impl(cuda::AttentionImpl::reference); }
+    ~PinReference() { cuda::set_attention_impl(was); }
+  } pin;
   cuda::attention_forward(base + p.q.off, base + p.k.off, base + p.v.off, dOut.ptr + kGuard, dLse.ptr + kGuard, d,
                           p.layout, c.causal, scale, dtype_for<H>(), stream());
   cuda::attention_backward(base + p.q.off, base + p.k.off, base + p.v.off, dOut.ptr + kGuard, dDO.ptr + kGuard,

@@ -345,8 +345,8 @@ TEST(GpuAttentionFast, BitIdenticalAcrossRuns) {
 
 // ---- host logic (no GPU needed) --------------------------------------------------------------
 TEST(GpuAttentionFast, SwitchParsing) {
-  EXPECT_EQ(cuda::parse_attention_impl(nullptr), cuda::AttentionImpl::reference);
-  EXPECT_EQ(cuda::parse_attention_impl(""), cuda::AttentionImpl::reference);
+  EXPECT_EQ(cuda::parse_attention_impl(nullptr), cuda::AttentionImpl::fast);  // the default
+  EXPECT_EQ(cuda::parse_attention_impl(""), cuda::AttentionImpl::fast);
   EXPECT_EQ(cuda::parse_attention_impl("reference"), cuda::AttentionImpl::reference);
   EXPECT_EQ(cuda::parse_attention_impl("fast"), cuda::AttentionImpl::fast);
   EXPECT_EQ(cuda::parse_attention_impl("fast_fwd"), cuda::AttentionImpl::fast_fwd);

@@ -616,7 +616,7 @@ void attention_forward(const void* q, const void* k, const void* v, void* o, flo
   attention_check(d, layout, dtype, "cuda attention forward");
   ATH_CHECK(q && k && v && o && lse, "cuda attention forward", "null operand pointer",
             Hint{"pass device buffers for q, k, v, o and lse"});
-  // ATHANOR_CUDA_ATTENTION=fast or fast_fwd: bf16/f16 at D 64/128 with 16-byte aligned operands
+  // ATHANOR_CUDA_ATTENTION=fast (the default) or fast_fwd: bf16/f16 at D 64/128 with 16-byte aligned operands
   // run on the register-resident kernel (attention_fast.h); it saves the same lse, so either
   // backward takes its output. Everything else, and f32 always, stays here.
   if (attention_impl() != AttentionImpl::reference && attention_fast_supported(q, k, v, o, d, layout, dtype)) {

@@ -11,12 +11,12 @@
 namespace athanor::cuda {
 
 AttentionImpl parse_attention_impl(const char* value) {
-  if (value == nullptr || value[0] == '\0' || std::strcmp(value, "reference") == 0) return AttentionImpl::reference;
-  if (std::strcmp(value, "fast") == 0) return AttentionImpl::fast;
+  if (value == nullptr || value[0] == '\0' || std::strcmp(value, "fast") == 0) return AttentionImpl::fast;
+  if (std::strcmp(value, "reference") == 0) return AttentionImpl::reference;
   if (std::strcmp(value, "fast_fwd") == 0) return AttentionImpl::fast_fwd;
   ATH_FAIL("ATHANOR_CUDA_ATTENTION", "unknown CUDA attention implementation '", value, "'",
            Hint{"set ATHANOR_CUDA_ATTENTION to 'fast', 'fast_fwd' (fast forward, reference backward) or 'reference' "
-                "(or leave it unset: reference)"});
+                "(or leave it unset: fast)"});
 }
 
 const char* attention_impl_name(AttentionImpl impl) {

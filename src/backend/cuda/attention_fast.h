@@ -31,8 +31,10 @@ namespace athanor::cuda {
 // the fast backward misbehave somewhere).
 enum class AttentionImpl { reference, fast, fast_fwd };
 
-// Parses ATHANOR_CUDA_ATTENTION's value: null or "" -> reference (the default), "reference",
-// "fast", "fast_fwd"; anything else throws (naming the variable and the accepted values).
+// Parses ATHANOR_CUDA_ATTENTION's value: null or "" -> fast (the default since its first GPU run:
+// every GpuAttentionFast test passed on an H200, 3.5x the reference kernel's forward+backward,
+// bench/RESULTS.md), "fast", "reference", "fast_fwd"; anything else throws (naming the variable
+// and the accepted values).
 AttentionImpl parse_attention_impl(const char* value);
 const char* attention_impl_name(AttentionImpl impl);
 // The process's choice: set_attention_impl's if called, else ATHANOR_CUDA_ATTENTION read once.
