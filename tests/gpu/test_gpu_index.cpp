@@ -85,14 +85,16 @@ TEST(GpuIndex, ReductionChunksCoverEveryElementOnceInOrder) {
     for (int64_t t = 0; t < outputs * ch.chunks; ++t) {
       const int64_t o = t % outputs, c = t / outputs;
       const int64_t base = strided_offset(o, kept_sizes, kept_strides, 1);
-      const int64_t r0 = c * ch.chunk, r1 = std::min(reduced, r0 + ch.chunk);
       double acc = 0;
-      for (int64_t r = r0; r < r1; ++r) {
+      int64_t count = 0;
+      for (int64_t r = c; r < reduced; r += ch.chunks, ++count) {
         const int64_t off = base + strided_offset(r, red_sizes, red_strides, 1);
         ++visits[static_cast<std::size_t>(off)];
         acc += x[static_cast<std::size_t>(off)];
       }
       partial[static_cast<std::size_t>(c * outputs + o)] = acc;
+      EXPECT_LE(count, ch.chunk) << "chunk " << c << " holds more than `chunk` elements";
+      EXPECT_GE(count, 1) << "chunk " << c << " is empty";
     }
     for (int64_t v : visits) ASSERT_EQ(v, 1);
     for (int64_t o = 0; o < outputs; ++o) {

@@ -27,9 +27,9 @@ __global__ void partial_kernel(const ReduceSumArgs a, int64_t outputs, int64_t r
   if (t >= outputs * ch.chunks) return;
   const int64_t o = t % outputs, c = t / outputs;
   const int64_t base = strided_offset(o, a.kept_sizes, a.kept_strides, a.kept_ndim);
-  const int64_t r0 = c * ch.chunk, r1 = r0 + ch.chunk < reduced ? r0 + ch.chunk : reduced;
-  double acc = 0.0;
-  for (int64_t r = r0; r < r1; ++r) acc += load(a.x, a.x_dtype, base + strided_offset(r, a.red_sizes, a.red_strides, a.red_ndim));
+  double acc = 0.0;  // chunk c: elements c, c + chunks, ... (strided_index.h)
+  for (int64_t r = c; r < reduced; r += ch.chunks)
+    acc += load(a.x, a.x_dtype, base + strided_offset(r, a.red_sizes, a.red_strides, a.red_ndim));
   partial[c * outputs + o] = acc;
 }
 

@@ -1,8 +1,8 @@
 #pragma once
 // Sums over any subset of a strided tensor's dims (sum, mean, the bias gradient, the
 // broadcast add's backward): out[o] = scale Σ_r x[kept(o) + reduced(r)], accumulated in f64
-// in a fixed order (strided_index.h's reduce_chunks: each chunk in index order, then the
-// chunks of an output in chunk order), so the result is the same bits every run, with no
+// in a fixed order (strided_index.h's reduce_chunks: each chunk's elements in index order,
+// then the chunks of an output in chunk order), so the result is the same bits every run, with no
 // atomics. x in f32, bf16 or f16 (read in place at its strides); out contiguous over the
 // kept dims, in f32, bf16 or f16, rounded once from f64.
 #include <cuda_runtime_api.h>
