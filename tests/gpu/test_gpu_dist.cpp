@@ -285,8 +285,12 @@ double max_abs_diff(const nn::StateDict& a, const nn::StateDict& b) {
 }  // namespace
 
 // f32: the runs differ only in reduction order (per-rank means averaged by all-reduce or
-// reduce-scatter vs one mean), as the CPU's tests/dist/test_zero.cpp, whose bound is kept:
-// 1e-5 after 5 steps. The CUDA reference against the CPU one (other kernels): 1e-4.
+// reduce-scatter vs one mean), as the CPU's tests/dist/test_zero.cpp: DDP and ZeRO 1/2/3
+// against each other keep its bound, 1e-5 after 5 steps (0 measured on an H200). Against one
+// process the GPU adds one more order: cuBLASLt picks its GEMM algorithm by shape, so a
+// weight gradient's sum over a rank's half batch runs in another order than over the whole
+// batch (1.5e-5 measured on an H200): 5e-5. The CUDA reference against the CPU one (other
+// kernels): 1e-4.
 TEST(DataParallelCuda, DdpAndZero123EqualOneProcessAndTheCpu) {
   ATH_REQUIRE_GPU();
   auto g = W();
@@ -298,13 +302,13 @@ TEST(DataParallelCuda, DdpAndZero123EqualOneProcessAndTheCpu) {
   EXPECT_LE(max_abs_diff(ref.weights, cpu_ref.weights), 1e-4) << "1 process: cuda vs cpu";
   const TrainRun ddp = train(Device::cuda(0), 0, clip);
   const double d0 = max_abs_diff(ddp.weights, ref.weights);
-  EXPECT_LE(d0, 1e-5) << "DDP on cuda vs 1 process";
+  EXPECT_LE(d0, 5e-5) << "DDP on cuda vs 1 process";
   for (int stage : {1, 2, 3}) {
     SCOPED_TRACE("stage " + std::to_string(stage));
     const TrainRun z = train(Device::cuda(0), stage, clip);
     const double d_ddp = max_abs_diff(z.weights, ddp.weights), d_ref = max_abs_diff(z.weights, ref.weights);
     EXPECT_LE(d_ddp, 1e-5) << "vs DDP";
-    EXPECT_LE(d_ref, 1e-5) << "vs 1 process";
+    EXPECT_LE(d_ref, 5e-5) << "vs 1 process";
     for (int i = 0; i < kSteps; ++i) EXPECT_NEAR(z.norms[i], ref.norms[i], 1e-5 * ref.norms[i]) << "step " << i;
     if (g->rank() == 0)
       std::printf("[gpu_dist] np %d stage %d on cuda: max|w - w_ddp| = %.3g, max|w - w_1proc| = %.3g (ddp vs 1proc %.3g)\n",
