@@ -28,7 +28,7 @@ ATHANOR_HOST_DEVICE inline PhiloxBlock philox4x32_block(uint64_t seed, uint64_t 
   uint32_t c0 = static_cast<uint32_t>(counter), c1 = static_cast<uint32_t>(counter >> 32);
   uint32_t c2 = static_cast<uint32_t>(stream), c3 = static_cast<uint32_t>(stream >> 32);
   uint32_t k0 = static_cast<uint32_t>(seed), k1 = static_cast<uint32_t>(seed >> 32);
-#if defined(__CUDACC__)
+#if defined(__CUDA_ARCH__)  // the device pass only: the host compiler knows no unroll pragma
 #pragma unroll
 #endif
   for (int r = 0; r < 10; ++r) {
