@@ -223,6 +223,18 @@ template <class H> struct GpuResult {
   std::vector<float> lse;
 };
 
+// A run's O, lse, dQ, dK, dV against `want` (a GpuResult or CpuResult): O and the gradients
+// within `t` (close_rel_max), lse within 5e-5 absolute; `against` ends each failure's name
+// ("o vs the CPU").
+template <class H, class Want>
+void expect_close_to(const GpuResult<H>& got, const Want& want, const Tol& t, const std::string& against = "") {
+  EXPECT_TRUE(close_rel_max(got.o, want.o, t.o, ("o" + against).c_str()));
+  EXPECT_TRUE(all_close(got.lse, want.lse, 5e-5, 0.0)) << "lse" << against;
+  EXPECT_TRUE(close_rel_max(got.dq, want.dq, t.grad, ("dq" + against).c_str()));
+  EXPECT_TRUE(close_rel_max(got.dk, want.dk, t.grad, ("dk" + against).c_str()));
+  EXPECT_TRUE(close_rel_max(got.dv, want.dv, t.grad, ("dv" + against).c_str()));
+}
+
 // One GPU run's buffers: the inputs scattered into a guarded input buffer, dO into an
 // output-shaped one, O, lse and the gradients' buffer (shaped like the input one) filled with
 // the sentinel. forward() and backward() call cuda::attention_forward/backward (under whichever

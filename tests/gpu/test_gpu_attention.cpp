@@ -48,12 +48,7 @@ template <class H> void check_case(const Case& c, unsigned seed = 1) {
   const Inputs<H> x = inputs<H>(c, seed);
   const CpuResult<H> cpu = cpu_reference(c, x);
   const GpuResult<H> g = run_gpu<H>(c, x);
-  const Tol t = tol_for<H>();
-  EXPECT_TRUE(close_rel_max(g.o, cpu.o, t.o, "o"));
-  EXPECT_TRUE(all_close(g.lse, cpu.lse, 5e-5, 0.0)) << "lse";
-  EXPECT_TRUE(close_rel_max(g.dq, cpu.dq, t.grad, "dq"));
-  EXPECT_TRUE(close_rel_max(g.dk, cpu.dk, t.grad, "dk"));
-  EXPECT_TRUE(close_rel_max(g.dv, cpu.dv, t.grad, "dv"));
+  expect_close_to(g, cpu, tol_for<H>());
 }
 
 }  // namespace

@@ -58,11 +58,7 @@ template <class H> void check_case(const Case& c, bool with_cpu = true, unsigned
   const Tol t = tol_for<H>();
   const GpuResult<H> fast = run_gpu<H>(c, Impl::fast, Impl::fast, x);
   const GpuResult<H> ref = run_gpu<H>(c, Impl::reference, Impl::reference, x);
-  EXPECT_TRUE(close_rel_max(fast.o, ref.o, t.o, "o vs the reference kernel"));
-  EXPECT_TRUE(all_close(fast.lse, ref.lse, 5e-5, 0.0)) << "lse vs the reference kernel";
-  EXPECT_TRUE(close_rel_max(fast.dq, ref.dq, t.grad, "dq vs the reference kernel"));
-  EXPECT_TRUE(close_rel_max(fast.dk, ref.dk, t.grad, "dk vs the reference kernel"));
-  EXPECT_TRUE(close_rel_max(fast.dv, ref.dv, t.grad, "dv vs the reference kernel"));
+  expect_close_to(fast, ref, t, " vs the reference kernel");
   // The mixed pairs: each backward on the other forward's O and lse.
   for (const auto& [fwd, bwd, what] : {std::tuple{Impl::fast, Impl::reference, "fast fwd + reference bwd"},
                                        std::tuple{Impl::reference, Impl::fast, "reference fwd + fast bwd"}}) {
@@ -74,12 +70,7 @@ template <class H> void check_case(const Case& c, bool with_cpu = true, unsigned
   }
   if (!with_cpu) return;
 
-  const CpuResult<H> cpu = cpu_reference(c, x);
-  EXPECT_TRUE(close_rel_max(fast.o, cpu.o, t.o, "o vs the CPU"));
-  EXPECT_TRUE(all_close(fast.lse, cpu.lse, 5e-5, 0.0)) << "lse vs the CPU";
-  EXPECT_TRUE(close_rel_max(fast.dq, cpu.dq, t.grad, "dq vs the CPU"));
-  EXPECT_TRUE(close_rel_max(fast.dk, cpu.dk, t.grad, "dk vs the CPU"));
-  EXPECT_TRUE(close_rel_max(fast.dv, cpu.dv, t.grad, "dv vs the CPU"));
+  expect_close_to(fast, cpu_reference(c, x), t, " vs the CPU");
 }
 
 }  // namespace
