@@ -94,7 +94,7 @@ TEST(GpuIndex, ReductionChunksCoverEveryElementOnceInOrder) {
       }
       partial[static_cast<std::size_t>(c * outputs + o)] = acc;
       EXPECT_LE(count, ch.chunk) << "chunk " << c << " holds more than `chunk` elements";
-      EXPECT_GE(count, 1) << "chunk " << c << " is empty";
+      if (reduced > 0) EXPECT_GE(count, 1) << "chunk " << c << " is empty";
     }
     for (int64_t v : visits) ASSERT_EQ(v, 1);
     for (int64_t o = 0; o < outputs; ++o) {
