@@ -11,20 +11,16 @@
 #                                      raw results), $OUT/gpu_bench.md (the table for
 #                                      bench/RESULTS.md) and $OUT/gpu_bench.log
 #
-# Budget: one 6-minute device call (360 s). Outside this script: the machine's start (~90 s)
-# and the carried archive (~45 MiB, ~10 s), leaving ~260 s. Inside (estimates, not yet measured
-# on a GPU; the log times each piece so the next session can re-plan):
-#   unpack (xz, ~45 MiB)                                                       ~10 s
-#   per config, compare_pytorch_gpu.py (2 paired repeats of 20 timed steps after 3 warm-up):
-#     athanor batch probe (one step at 64, then 32, 16 on out-of-memory)       ~10-30 s
-#     PyTorch: import + eager batch probe                                       ~15 s
-#     torch.compile of the whole model + warm-up (never timed; counted here)  ~60 s (124M), ~90 s (350M)
-#     each repeat: 20+3 PyTorch steps, one athanor process (start, 23 steps)   ~20-30 s
-#   124M ~130 s, 350M ~170 s: the two fit ~260 s only if the estimates hold, so the script gives
-#   compare_pytorch_gpu.py a budget of GPU_BENCH_BUDGET_S (default 230 s): it starts no repeat
-#   (after a config's first) and no config that the time left cannot hold, and reports what it
-#   skipped; a hard timeout (budget + 20 s) ends it regardless, the configs finished before that
-#   kept in the JSON (written after every config). The ckpt variant runs only with time left.
+# Budget, as measured on an H200 (2026-11-27, bench/RESULTS.md): the machine's start and the
+# carried archive (~37 MiB) ~35 s; unpack 5 s; per config, compare_pytorch_gpu.py (2 paired
+# repeats of 20 timed steps after 3 warm-up), with athanor's batch probe, PyTorch's import and
+# eager probe, and torch.compile of the whole model + 3 warm-up steps (never timed: 28-43 s for
+# 124M, 38-58 s for 350M): gpt2-124m-gpu 72 s in all, gpt2-350m-gpu 105 s (athanor at 0.61x /
+# 0.65x of torch.compile; at 0.14x a 350M repeat took ~55 s). The script gives
+# compare_pytorch_gpu.py a budget of GPU_BENCH_BUDGET_S (default 230 s): it starts no repeat
+# (after a config's first) and no config that the time left cannot hold, and reports what it
+# skipped; a hard timeout (budget + 20 s) ends it regardless, the configs finished before that
+# kept in the JSON (written after every config). The ckpt variant runs only with time left.
 # GPU_BENCH_CONFIGS overrides the list (e.g. "gpt2-350m-gpu" for a second call); GPU_BENCH_ARGS adds
 # arguments to compare_pytorch_gpu.py and GPU_BENCH_PYTHON names its interpreter (the plumbing's
 # dry run here: GPU_BENCH_PYTHON=/usr/bin/python3 GPU_BENCH_ARGS="--device cpu --tiny --steps 2

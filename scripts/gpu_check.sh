@@ -25,12 +25,18 @@
 #                                        rank, the NCCL watchdog) and `athanor bench` on gpt2-124m,
 #                                        each under a time limit; writes $OUT/gpu_check.json
 #                                        (the summary) and $OUT/gpu_check.log
+#   bash scripts/gpu_check.sh all [S]    on the GPU machine: `run`, then the speed step and a
+#                                        profile in what is left of S seconds, every file packed
+#                                        into $OUT/gpu_all.tgz (see cmd_all). The whole check took
+#                                        76 s on an H200 (2026-11-27: tests 25 s, parity ~40 s);
+#                                        `GPU_ALL_BENCH=athanor ... all 290` fit one call with the
+#                                        athanor speed A/B and the profile.
 #
 # The GPU machine has no Debian packages (no oneDNN, OpenBLAS, Open MPI (packed: pack_mpi), yaml-cpp, PCRE2...),
 # only its CUDA 13 libraries: cuBLAS/cuBLASLt in its toolkit, cuDNN and NCCL inside its
 # Python's nvidia-* packages. `run` finds those and puts them on LD_LIBRARY_PATH after the
-# packed libraries. One run must fit in 6 minutes with the machine's start (~90 s) and the
-# archive's transfer: the limits below add up to 235 s (tests 100, attention 15, the cuda
+# packed libraries. One run must fit in 6 minutes with the machine's start (~35 s measured) and
+# the archive's transfer: the limits below add up to ~290 s (tests 150, attention 15, the cuda
 # training runs 45 (f32) + 30 (bf16) with the cpu runs beside them, bench 45); a step past its limit is reported
 # as timed out and the others still run. The gpu;dist step (40 s) runs beside the training runs (its two
 # ranks take 2 of the 16 cores left by the cpu runs' 12, and little of the GPU), so it adds no time.
