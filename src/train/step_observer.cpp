@@ -27,23 +27,13 @@ Tensor dense(const Tensor& t) {
   return c;
 }
 
-// fn(i, value) for each element, as double.
-template <class Fn> void for_each_value(const Tensor& t, Fn&& fn) {
-  const Tensor c = dense(t);
-  const int64_t n = c.numel();
-  dispatch(c.dtype(), [&]<class T>() {
-    const T* d = static_cast<const T*>(c.raw_data());
-    for (int64_t i = 0; i < n; ++i) fn(i, cast_value<double>(d[i]));
-  });
-}
-
 bool relu_like(const std::string& op) { return op == "relu" || op == "linear_relu"; }
 
-// Whether the statistics of t are computed on its device (value_stats.h); CPU tensors keep
-// the loops below.
+// Whether t lives on a device: its statistics are computed there (value_stats.h), a few doubles
+// read back; l2_norm keeps its own loop on the CPU.
 bool on_device(const Tensor& t) { return t.defined() && !t.device().is_cpu(); }
 
-// All of `ts` on one device other than the CPU: their statistics in one device pass and read.
+// All of `ts` on one device other than the CPU: their norms in one device pass and read.
 bool one_device(const std::vector<Tensor>& ts) {
   return !ts.empty() && on_device(ts[0]) &&
          std::all_of(ts.begin(), ts.end(), [&](const Tensor& t) { return t.defined() && t.device() == ts[0].device(); });
@@ -94,52 +84,20 @@ double l2_norm(const Tensor& t) {
 observe::Histogram histogram(const std::string& tag, const Tensor& t, int buckets) {
   observe::Histogram h;
   h.tag = tag;
-  if (on_device(t)) {  // min, max and sums in one read, then the counts in another
-    const TensorStats st = value_stats(t);
-    h.num = st.finite, h.sum = st.sum, h.sum_squares = st.sum_squares;
-    if (h.num == 0) return h;
-    h.min = st.min, h.max = st.max;
-    const int nb = std::max(1, buckets);
-    const double width = (h.max - h.min) / nb;
-    if (width <= 0) {  // one value: one bucket
-      h.bucket.assign(1, h.num);
-      h.bucket_limit.assign(1, h.max);
-      return h;
-    }
-    h.bucket_limit = bucket_limits(h.min, h.max, nb);
-    h.bucket = histogram_counts(t, h.min, width, h.bucket_limit);
-    return h;
-  }
-  double mn = std::numeric_limits<double>::infinity(), mx = -mn;
-  for_each_value(t, [&](int64_t, double v) {
-    if (!std::isfinite(v)) return;
-    mn = std::min(mn, v);
-    mx = std::max(mx, v);
-    h.num += 1;
-    h.sum += v;
-    h.sum_squares += v * v;
-  });
+  // min, max and sums in one pass (one read on a device), then the counts in another.
+  const TensorStats st = value_stats(t);
+  h.num = st.finite, h.sum = st.sum, h.sum_squares = st.sum_squares;
   if (h.num == 0) return h;
-  h.min = mn;
-  h.max = mx;
+  h.min = st.min, h.max = st.max;
   const int nb = std::max(1, buckets);
-  const double width = (mx - mn) / nb;
-  h.bucket.assign(static_cast<size_t>(nb), 0.0);
-  for (int i = 0; i < nb; ++i) h.bucket_limit.push_back(i + 1 == nb ? mx : mn + width * (i + 1));
+  const double width = (h.max - h.min) / nb;
   if (width <= 0) {  // one value: one bucket
     h.bucket.assign(1, h.num);
-    h.bucket_limit.assign(1, mx);
+    h.bucket_limit.assign(1, h.max);
     return h;
   }
-  for_each_value(t, [&](int64_t, double v) {
-    if (!std::isfinite(v)) return;
-    // Bucket i holds (limit[i-1], limit[i]]; the first also holds min itself.
-    int64_t i = static_cast<int64_t>(std::ceil((v - mn) / width)) - 1;
-    i = std::clamp<int64_t>(i, 0, nb - 1);
-    while (i > 0 && v <= h.bucket_limit[static_cast<size_t>(i - 1)]) --i;  // rounding at the edges
-    while (i + 1 < nb && v > h.bucket_limit[static_cast<size_t>(i)]) ++i;
-    h.bucket[static_cast<size_t>(i)] += 1;
-  });
+  h.bucket_limit = bucket_limits(h.min, h.max, nb);
+  h.bucket = histogram_counts(t, h.min, width, h.bucket_limit);
   return h;
 }
 
@@ -147,38 +105,23 @@ void StepObserver::before_update(const optim::NamedTensors& named, observe::Step
   MemTagScope tag(MemTag::workspace);
   before_.clear();
   m.layers.clear();
-  std::vector<Tensor> params, grads;
-  for (const auto& [n, p] : named) {
-    params.push_back(p);
-    if (p.grad().defined()) grads.push_back(p.grad());
-  }
-  std::vector<Tensor> all = params;
-  all.insert(all.end(), grads.begin(), grads.end());
+  std::vector<Tensor> all;  // the parameters, then the gradients that exist
+  for (const auto& [n, p] : named) all.push_back(p);
+  for (const auto& [n, p] : named)
+    if (p.grad().defined()) all.push_back(p.grad());
+  std::vector<double> norms;
   if (one_device(all) && std::all_of(all.begin(), all.end(), [](const Tensor& t) { return is_floating(t.dtype()); })) {
-    // Every norm from one device pass and one read; the kept weights stay on the device.
-    const std::vector<TensorStats> st = value_stats_list(all);
-    size_t gi = params.size();
-    for (size_t i = 0; i < named.size(); ++i) {
-      const Tensor& p = named[i].second;
-      const double gn = p.grad().defined() ? st[gi++].l2_norm() : 0.0;
-      m.layers.push_back({named[i].first, gn, st[i].l2_norm(), -1.0, static_cast<int>(p.dim())});
-      if (keep_weights) {
-        Tensor c = empty(p.sizes(), TensorOptions(p.dtype()).with_device(p.device()));
-        copy_into(c, p);
-        before_.push_back(c);
-      }
-      if (histograms) {
-        m.histograms.push_back(histogram("weights/" + named[i].first, p));
-        if (p.grad().defined()) m.histograms.push_back(histogram("grads/" + named[i].first, p.grad()));
-      }
-    }
-    return;
+    for (const TensorStats& st : value_stats_list(all)) norms.push_back(st.l2_norm());  // one device pass and read
+  } else {
+    for (const Tensor& t : all) norms.push_back(l2_norm(t));
   }
-  for (const auto& [n, p] : named) {
+  size_t gi = named.size();
+  for (size_t i = 0; i < named.size(); ++i) {
+    const auto& [n, p] = named[i];
     const Tensor g = p.grad();
-    m.layers.push_back({n, g.defined() ? l2_norm(g) : 0.0, l2_norm(p), -1.0, static_cast<int>(p.dim())});
-    if (keep_weights) {
-      Tensor c = empty(p.sizes(), TensorOptions(p.dtype()));
+    m.layers.push_back({n, g.defined() ? norms[gi++] : 0.0, norms[i], -1.0, static_cast<int>(p.dim())});
+    if (keep_weights) {  // kept where the weights live
+      Tensor c = empty(p.sizes(), TensorOptions(p.dtype()).with_device(p.device()));
       copy_into(c, p);
       before_.push_back(c);
     }
@@ -193,41 +136,24 @@ void StepObserver::after_update(const optim::NamedTensors& named, observe::StepM
   if (before_.size() != named.size() || m.layers.size() != named.size()) return;
   std::vector<Tensor> params;
   for (const auto& np : named) params.push_back(np.second);
-  std::vector<Tensor> all = before_;
-  all.insert(all.end(), params.begin(), params.end());
-  if (one_device(all)) {  // ||W1 - W0||^2 of every layer from one device pass and one read
-    const std::vector<double> diff = squared_distances(before_, params);
-    for (size_t i = 0; i < named.size(); ++i) {
-      const double w = m.layers[i].param_norm;
-      m.layers[i].update_ratio = w > 0 ? std::sqrt(diff[i]) / w : -1.0;
-    }
-    before_.clear();
-    return;
-  }
+  const std::vector<double> diff = squared_distances(before_, params);  // ||W1 - W0||^2, one read on a device
   for (size_t i = 0; i < named.size(); ++i) {
-    const Tensor& p = named[i].second;
-    const Tensor w0 = dense(before_[i]), w1 = dense(p);
-    double diff = 0;
-    const int64_t n = w0.numel();
-    dispatch(w0.dtype(), [&]<class T>() {
-      const T* a = static_cast<const T*>(w0.raw_data());
-      const T* b = static_cast<const T*>(w1.raw_data());
-      for (int64_t k = 0; k < n; ++k) {
-        const double d = cast_value<double>(b[k]) - cast_value<double>(a[k]);
-        diff += d * d;
-      }
-    });
     const double w = m.layers[i].param_norm;
-    m.layers[i].update_ratio = w > 0 ? std::sqrt(diff) / w : -1.0;
+    m.layers[i].update_ratio = w > 0 ? std::sqrt(diff[i]) / w : -1.0;
   }
   before_.clear();
 }
 
 namespace {
-// activation_stats() of a device tensor: the same fields from one device pass and read; with
-// `dead`, the ReLU's dead fraction from a second pass over the units (and a read of them).
-observe::ActivationStats device_activation_stats(observe::ActivationStats a, const std::string& op, const Tensor& y, bool dead) {
-  if (y.numel() == 0) return a;
+// The fraction of a ReLU layer's units that never fired in its record (accumulate_fired_units).
+double dead_fraction(const Tensor& fired) {
+  const std::vector<double> f = fired.cpu().to_vector();  // one read on a device
+  return static_cast<double>(std::count(f.begin(), f.end(), 0.0)) / static_cast<double>(f.size());
+}
+
+// a's statistics of y from value_stats (one pass; one read on a device); with `dead`, the
+// ReLU's dead fraction of this output alone.
+observe::ActivationStats fill_activation_stats(observe::ActivationStats a, const std::string& op, const Tensor& y, bool dead) {
   const bool sig = op == "sigmoid", th = op == "tanh";
   const TensorStats st = value_stats(y, sig ? Saturation::sigmoid : th ? Saturation::tanh : Saturation::none);
   const double cnt = std::max(1.0, st.finite);
@@ -236,50 +162,24 @@ observe::ActivationStats device_activation_stats(observe::ActivationStats a, con
   a.absmax = st.absmax;
   a.zero_frac = st.zeros / static_cast<double>(y.numel());
   if (dead) {
-    Tensor rec;
-    accumulate_fired_units(y, rec);
-    const std::vector<double> fired = rec.cpu().to_vector();
-    a.dead_frac = static_cast<double>(std::count(fired.begin(), fired.end(), 0.0)) / static_cast<double>(a.units);
+    Tensor fired;
+    accumulate_fired_units(y, fired);
+    a.dead_frac = dead_fraction(fired);
   }
   if (sig || th) a.saturated_frac = st.saturated / cnt;
   return a;
 }
+
+// Units of y: features (last dim) or channels (dim 1 of NCHW).
+int64_t units_of(const Tensor& y) { return y.dim() == 0 ? 1 : y.dim() == 4 ? y.size(1) : y.size(-1); }
 }  // namespace
 
 observe::ActivationStats activation_stats(const std::string& name, const std::string& op, const Tensor& y) {
   observe::ActivationStats a;
   a.name = name;
   if (!y.defined() || !is_floating(y.dtype()) || y.numel() == 0) return a;
-  const int64_t n = y.numel();
-  // Units: features (last dim) or channels (dim 1 of NCHW).
-  const bool nchw = y.dim() == 4;
-  const int64_t units = y.dim() == 0 ? 1 : nchw ? y.size(1) : y.size(-1);
-  const int64_t inner = nchw ? y.size(2) * y.size(3) : 1;
-  a.units = units;
-  const bool relu = relu_like(op), sig = op == "sigmoid", th = op == "tanh";
-  if (on_device(y)) return device_activation_stats(std::move(a), op, y, /*dead=*/relu);
-  std::vector<char> alive(relu ? static_cast<size_t>(units) : 0, 0);
-  double sum = 0, ss = 0, absmax = 0;
-  int64_t zeros = 0, saturated = 0, finite = 0;
-  for_each_value(y, [&](int64_t i, double v) {
-    if (!std::isfinite(v)) return;
-    ++finite;
-    sum += v;
-    ss += v * v;
-    absmax = std::max(absmax, std::fabs(v));
-    if (v == 0) ++zeros;
-    if (relu && v > 0) alive[static_cast<size_t>(nchw ? (i / inner) % units : i % units)] = 1;
-    if (sig && (v < 0.01 || v > 0.99)) ++saturated;
-    if (th && std::fabs(v) > 0.99) ++saturated;
-  });
-  const double cnt = static_cast<double>(std::max<int64_t>(1, finite));
-  a.mean = sum / cnt;
-  a.std = std::sqrt(std::max(0.0, ss / cnt - a.mean * a.mean));
-  a.absmax = absmax;
-  a.zero_frac = static_cast<double>(zeros) / static_cast<double>(n);
-  if (relu) a.dead_frac = static_cast<double>(std::count(alive.begin(), alive.end(), 0)) / static_cast<double>(units);
-  if (sig || th) a.saturated_frac = static_cast<double>(saturated) / cnt;
-  return a;
+  a.units = units_of(y);
+  return fill_activation_stats(std::move(a), op, y, /*dead=*/relu_like(op));
 }
 
 ForwardObserver StepObserver::observer(std::vector<observe::ActivationStats>* stats) {
@@ -292,41 +192,19 @@ ForwardObserver StepObserver::observer(std::vector<observe::ActivationStats>* st
     if (stats)
       for (const auto& a : *stats)
         if (a.name == name) return;  // a layer called twice in one forward keeps its first output
-    if (relu && on_device(y)) {  // the units that fired, over the window, recorded on the device
-      const int64_t units = y.dim() == 4 ? y.size(1) : y.size(-1);
-      Tensor& rec = alive_device_[name];
-      if (!rec.defined() || rec.size(0) != units || rec.device() != y.device()) rec = Tensor(), alive_samples_[name] = 0;
+    if (relu) {  // the units that fired, over the window, recorded where y lives
+      Tensor& rec = alive_[name];
+      if (rec.defined() && (rec.size(0) != units_of(y) || rec.device() != y.device())) rec = Tensor();
       accumulate_fired_units(y, rec);
-      alive_samples_[name] += y.size(0) * (y.dim() == 3 ? y.size(1) : 1);
-    } else if (relu) {  // the units that fired, over the window
-      const bool nchw = y.dim() == 4;
-      const int64_t units = nchw ? y.size(1) : y.size(-1), inner = nchw ? y.size(2) * y.size(3) : 1;
-      auto& alive = alive_[name];
-      if (static_cast<int64_t>(alive.size()) != units) alive.assign(static_cast<size_t>(units), 0), alive_samples_[name] = 0;
-      for_each_value(y, [&](int64_t i, double v) {
-        if (v > 0) alive[static_cast<size_t>(nchw ? (i / inner) % units : i % units)] = 1;
-      });
-      alive_samples_[name] += y.size(0) * (y.dim() == 3 ? y.size(1) : 1);
     }
     if (!stats) return;
-    if (relu && on_device(y)) {  // the dead fraction from the window's record, not this output alone
-      observe::ActivationStats a;
-      a.name = name;
-      a.units = y.dim() == 4 ? y.size(1) : y.size(-1);
-      a = device_activation_stats(std::move(a), op, y, /*dead=*/false);
-      const std::vector<double> fired = alive_device_[name].cpu().to_vector();  // one read of the record  // one read of the record
-      a.dead_frac = static_cast<double>(std::count(fired.begin(), fired.end(), 0.0)) / static_cast<double>(fired.size());
-      alive_device_.erase(name);  // the next window starts afresh
-      alive_samples_.erase(name);
-      stats->push_back(std::move(a));
-      return;
-    }
-    observe::ActivationStats a = activation_stats(name, op, y);
-    if (relu) {
-      const auto& alive = alive_[name];
-      a.dead_frac = static_cast<double>(std::count(alive.begin(), alive.end(), 0)) / static_cast<double>(alive.size());
+    observe::ActivationStats a;
+    a.name = name;
+    a.units = units_of(y);
+    a = fill_activation_stats(std::move(a), op, y, /*dead=*/false);
+    if (relu) {  // the dead fraction from the window's record, not this output alone
+      a.dead_frac = dead_fraction(alive_[name]);
       alive_.erase(name);  // the next window starts afresh
-      alive_samples_.erase(name);
     }
     stats->push_back(std::move(a));
   };

@@ -73,9 +73,7 @@ class StepObserver {
   int64_t histograms_every_;
   int64_t dead_window_;
   std::vector<Tensor> before_;
-  std::map<std::string, std::vector<char>> alive_;  // per ReLU layer: unit fired in the window
-  std::map<std::string, Tensor> alive_device_;      // the same for a layer on a device (u8, there)
-  std::map<std::string, int64_t> alive_samples_;
+  std::map<std::string, Tensor> alive_;  // per ReLU layer: unit fired in the window (u8, where the layer runs)
 };
 
 // Statistics of the step's floating inputs over all its micro-batches (present = false for
