@@ -56,8 +56,9 @@ template <class T> __device__ __forceinline__ T rsqrt_of(T v);
 template <> __device__ __forceinline__ float rsqrt_of<float>(float v) { return rsqrtf(v); }
 template <> __device__ __forceinline__ double rsqrt_of<double>(double v) { return 1.0 / sqrt(v); }  // the CPU's f64 formula
 
-// The 16-bit copy of an f32 output written beside it (autocast's offered cast): rounded to
-// nearest even by the same intrinsics as the cast kernel (copy.cu), so it is cast(y) bit for bit.
+// The 16-bit copy of an f32 value written beside it (a norm's offered cast, an updated weight's
+// copy): rounded to nearest even by the same intrinsics as the cast kernel (copy.cu's narrow),
+// so it is cast(value) bit for bit.
 __device__ __forceinline__ void store_lowp(void* p, bool bf16, int64_t i, float v) {
   if (bf16) static_cast<__nv_bfloat16*>(p)[i] = __float2bfloat16_rn(v);
   else static_cast<__half*>(p)[i] = __float2half_rn(v);
@@ -329,12 +330,6 @@ __device__ float scaled_grad(float g, double grad_scale, bool scale) {
 // fmaf where the CPU fuses, so the bits are the CPU's.
 // With a step guard (kernels.h: StepGuard) the skip, the gradient scale and the bias
 // corrections come from the device, computed as the CPU's Adam::step computes them.
-// The copy of an updated weight (WeightCopies): the cast kernel's rounding (copy.cu's narrow).
-__device__ __forceinline__ void store_copy(void* c, bool bf16, int64_t i, float w) {
-  if (bf16) static_cast<__nv_bfloat16*>(c)[i] = __float2bfloat16_rn(w);
-  else static_cast<__half*>(c)[i] = __float2half_rn(w);
-}
-
 __global__ void adam_kernel(TensorTable t, AdamArgs k, bool scale, StepGuard guard, bool copy_bf16) {
   const int ti = find_tensor(t, blockIdx.x);
   if (guard.skip) {
@@ -364,7 +359,7 @@ __global__ void adam_kernel(TensorTable t, AdamArgs k, bool scale, StepGuard gua
     m[i] = mi;
     v[i] = vi;
     w[i] = wi;
-    if (copy) store_copy(copy, copy_bf16, i, wi);
+    if (copy) store_lowp(copy, copy_bf16, i, wi);  // the weight's copy (WeightCopies)
   }
 }
 
@@ -391,7 +386,7 @@ __global__ void sgd_kernel(TensorTable t, SgdArgs k, bool scale, StepGuard guard
     }
     const float wi = fmaf(-d, k.lr, w[i]);
     w[i] = wi;
-    if (copy) store_copy(copy, copy_bf16, i, wi);
+    if (copy) store_lowp(copy, copy_bf16, i, wi);  // the weight's copy (WeightCopies)
   }
 }
 
