@@ -10,11 +10,16 @@
 //  - the counts behind that formula on the CPU, whose optimizer and layer_norm have long done
 //    this (a host test that runs without a GPU): the optimizer's copies replace 8 n_layer + 1
 //    casts per micro-batch, and there are 2 n_layer + 1 layer norms;
-//  - the Adam and SGD kernels' copies equal cast(weight) bit for bit after each of several
-//    steps over 30 tensors (two launches of the 24-tensor table), bf16 and f16: a clipped step, a
-//    step the device guard skips on a NaN gradient, one it skips on GradScaler's found-inf flag
-//    (weights and copies untouched), a plain guarded step, an unguarded one; the weights and
-//    states equal the candidate-off twin's bit for bit, and the twin has no copies at all;
+//  - the optimizers on cuda (AdamW, Adam, SGD; bf16 and f16 copies): each weight's published
+//    copy equals cast(weight) bit for bit after each of several steps over 30 tensors (two
+//    launches of the kernels' 24-tensor table): a clipped step, a step the device guard skips on
+//    a NaN gradient, one it skips on GradScaler's found-inf flag (weights and copies untouched),
+//    a plain guarded step, an unguarded one; the weights and states equal the candidate-off
+//    twin's bit for bit, and the twin has no copies at all;
+//  - the kernels alone: the Adam and SGD kernels' copies equal the CPU pass's (cpu::adam_f32 /
+//    sgd_f32, which round as cast() does) bit for bit, a null copy entry and a skipped launch
+//    write nothing; layer_norm / rms_norm forward write y rounded as cpu::narrow_f32 rounds it
+//    beside an unchanged y;
 //  - layer_norm / rms_norm under autocast offer their output's 16-bit copy (the next linear's
 //    cast is taken from it: 0 cast ops instead of 1), bit for bit cast(y), with the same y and
 //    the same input gradients as without the candidate; no offer when nothing requires grad;
@@ -37,7 +42,9 @@
 #include "athanor/optim/clip.h"
 #include "athanor/optim/optimizer.h"
 #include "athanor/train/trainer.h"
+#include "backend/cpu/optimizer_update.h"
 #include "backend/cuda/candidates.h"
+#include "backend/cuda/kernels.h"
 #include "gpu_test.h"
 #include "optim/device_update.h"
 #include "test_util.h"
@@ -282,13 +289,124 @@ void expect_copies_track_weights(const std::string& kind, DType dt) {
 
 }  // namespace
 
-TEST(GpuLowp, AdamAndSgdKernelsWriteCopiesEqualToTheCast) {
+TEST(GpuLowp, OptimizerCopiesTrackTheWeightsThroughSkippedSteps) {
   ATH_REQUIRE_GPU();
   for (const DType dt : {DType::bf16, DType::f16}) {
     expect_copies_track_weights("adamw", dt);
     expect_copies_track_weights("adam", dt);
     expect_copies_track_weights("sgd", dt);
   }
+}
+
+// ---- the kernels alone, against the CPU's passes ----------------------------------------------
+
+namespace {
+
+constexpr uint16_t kUntouched = 0xFFFF;  // a NaN in bf16 and f16: never a rounded finite weight
+
+// The kernels' copies against the CPU pass's (cpu::adam_f32 / sgd_f32 write theirs as cast()
+// rounds), over tensors around the 4096-element chunk; tensor 1 has no copy (a null entry must
+// stay untouched). Then the same launch under a step guard that skips: nothing written.
+template <class Launch, class CpuPass>
+void expect_kernel_copies(DType dt, const Launch& launch, const CpuPass& cpu_pass) {
+  using gpu_test::DeviceBuffer;
+  const std::vector<int64_t> sizes = {1, 4095, 4097, 30000};
+  std::vector<std::vector<float>> w, g, s1, s2;
+  std::vector<std::vector<uint16_t>> want(sizes.size());
+  std::vector<std::unique_ptr<DeviceBuffer<float>>> dw, dg, ds1, ds2;
+  std::vector<std::unique_ptr<DeviceBuffer<uint16_t>>> dc;
+  std::vector<float*> pw, ps1, ps2;
+  std::vector<const float*> pg;
+  std::vector<void*> pc;
+  for (size_t i = 0; i < sizes.size(); ++i) {
+    const auto n = static_cast<size_t>(sizes[i]);
+    w.push_back(gpu_test::random_vector(n, 20 + i)), g.push_back(gpu_test::random_vector(n, 40 + i, -1e-2f, 1e-2f));
+    s1.push_back(gpu_test::random_vector(n, 60 + i, -1e-3f, 1e-3f)), s2.push_back(gpu_test::random_vector(n, 80 + i, 0.0f, 1e-5f));
+    dw.emplace_back(new DeviceBuffer<float>(w[i])), dg.emplace_back(new DeviceBuffer<float>(g[i]));
+    ds1.emplace_back(new DeviceBuffer<float>(s1[i])), ds2.emplace_back(new DeviceBuffer<float>(s2[i]));
+    dc.emplace_back(new DeviceBuffer<uint16_t>(std::vector<uint16_t>(n, kUntouched)));
+    pw.push_back(dw[i]->ptr), pg.push_back(dg[i]->ptr), ps1.push_back(ds1[i]->ptr), ps2.push_back(ds2[i]->ptr);
+    pc.push_back(i == 1 ? nullptr : dc[i]->ptr);
+    want[i].assign(n, kUntouched);
+  }
+  // The skipped launch first: weights, states and copies as they were.
+  DeviceBuffer<float> skip(std::vector<float>{1.0f});
+  DeviceBuffer<double> scale(std::vector<double>{1.0});
+  std::vector<std::unique_ptr<DeviceBuffer<double>>> steps;
+  std::vector<double*> psteps;
+  for (size_t i = 0; i < sizes.size(); ++i) steps.emplace_back(new DeviceBuffer<double>(std::vector<double>{0.0})), psteps.push_back(steps[i]->ptr);
+  cuda::StepGuard guard;
+  guard.skip = skip.ptr, guard.grad_scale = scale.ptr, guard.lr = 1e-3, guard.beta1 = 0.9, guard.beta2 = 0.95;
+  launch(pw, pg, ps1, ps2, sizes, cuda::WeightCopies{pc.data(), dt}, guard, psteps.data());
+  for (size_t i = 0; i < sizes.size(); ++i) {
+    EXPECT_TRUE(dw[i]->host() == w[i]) << "a skipped launch wrote weights of tensor " << i;
+    EXPECT_TRUE(dc[i]->host() == want[i]) << "a skipped launch wrote the copy of tensor " << i;
+  }
+  // The update: the CPU pass on the host values, the kernel on the device's.
+  launch(pw, pg, ps1, ps2, sizes, cuda::WeightCopies{pc.data(), dt}, cuda::StepGuard{}, nullptr);
+  for (size_t i = 0; i < sizes.size(); ++i) {
+    cpu_pass(w[i].data(), g[i].data(), s1[i].data(), s2[i].data(), sizes[i], i == 1 ? nullptr : want[i].data());
+    const auto gw = dw[i]->host(), gs1 = ds1[i]->host();
+    EXPECT_EQ(std::memcmp(gw.data(), w[i].data(), w[i].size() * 4), 0) << "weights of tensor " << i;
+    EXPECT_EQ(std::memcmp(gs1.data(), s1[i].data(), s1[i].size() * 4), 0) << "state of tensor " << i;
+    EXPECT_TRUE(dc[i]->host() == want[i]) << (i == 1 ? "a null copy entry was written, tensor " : "the copy differs from the CPU's, tensor ") << i;
+  }
+}
+
+}  // namespace
+
+TEST(GpuLowp, AdamAndSgdKernelsCopiesEqualTheCpuPass) {
+  ATH_REQUIRE_GPU();
+  for (const DType dt : {DType::bf16, DType::f16}) {
+    SCOPED_TRACE(dtype_name(dt));
+    const cpu::AdamConsts ka{0.9f, 0.95f, 1e-8f, 0.1f, 1e-3f, 1.0f / std::sqrt(1.0f - 0.95f * 0.95f), 1.0f - 1e-4f, false, 1.0};
+    const cuda::AdamArgs a{ka.beta1, ka.beta2, ka.eps, ka.wd, ka.step_size, ka.inv_sqrt_bc2, ka.decay, ka.l2, ka.grad_scale};
+    expect_kernel_copies(
+        dt,
+        [&](std::vector<float*>& w, std::vector<const float*>& g, std::vector<float*>& m, std::vector<float*>& v,
+            const std::vector<int64_t>& n, const cuda::WeightCopies& c, const cuda::StepGuard& guard, double* const* steps) {
+          cuda::adam_multi_tensor(w.data(), g.data(), m.data(), v.data(), n.data(), static_cast<int>(n.size()), a,
+                                  gpu_test::stream(), guard, steps, c);
+        },
+        [&](float* w, const float* g, float* m, float* v, int64_t n, void* copy) { cpu::adam_f32(w, g, m, v, n, ka, copy, dt); });
+    const cpu::SgdConsts ks{0.05f, 1e-4f, 0.9f, 1.0f, true, false, 1.0};
+    const cuda::SgdArgs sa{ks.lr, ks.wd, ks.momentum, ks.one_minus_dampening, ks.nesterov, ks.first, ks.grad_scale};
+    expect_kernel_copies(
+        dt,
+        [&](std::vector<float*>& w, std::vector<const float*>& g, std::vector<float*>& b, std::vector<float*>&,
+            const std::vector<int64_t>& n, const cuda::WeightCopies& c, const cuda::StepGuard& guard, double* const* steps) {
+          cuda::sgd_multi_tensor(w.data(), g.data(), b.data(), n.data(), static_cast<int>(n.size()), sa, gpu_test::stream(),
+                                 guard, steps, c);
+        },
+        [&](float* w, const float* g, float* b, float*, int64_t n, void* copy) { cpu::sgd_f32(w, g, b, n, ks, copy, dt); });
+  }
+}
+
+TEST(GpuLowp, NormKernelsWriteTheRoundedOutputBesideIt) {
+  ATH_REQUIRE_GPU();
+  using gpu_test::DeviceBuffer;
+  for (const auto& [rows, cols] : std::vector<std::pair<int64_t, int64_t>>{{3, 7}, {5, 1031}, {64, 768}})
+    for (const DType dt : {DType::bf16, DType::f16}) {
+      SCOPED_TRACE(std::to_string(rows) + "x" + std::to_string(cols) + " " + dtype_name(dt));
+      const auto n = static_cast<size_t>(rows * cols);
+      const auto x = gpu_test::random_vector(n, 1, -2, 3), w = gpu_test::random_vector(cols, 2), b = gpu_test::random_vector(cols, 3);
+      DeviceBuffer<float> dX(x), dW(w), dB(b), dY0(n), dY1(n), dM(rows), dR(rows);
+      DeviceBuffer<uint16_t> dL(n);
+      for (const bool rms : {false, true}) {
+        if (rms) {
+          cuda::rms_norm_forward(dX.ptr, dW.ptr, dY0.ptr, dR.ptr, rows, cols, 1e-6, gpu_test::stream());
+          cuda::rms_norm_forward(dX.ptr, dW.ptr, dY1.ptr, dR.ptr, rows, cols, 1e-6, gpu_test::stream(), dL.ptr, dt);
+        } else {
+          cuda::layer_norm_forward(dX.ptr, dW.ptr, dB.ptr, dY0.ptr, dM.ptr, dR.ptr, rows, cols, 1e-5, gpu_test::stream());
+          cuda::layer_norm_forward(dX.ptr, dW.ptr, dB.ptr, dY1.ptr, dM.ptr, dR.ptr, rows, cols, 1e-5, gpu_test::stream(), dL.ptr, dt);
+        }
+        const auto y0 = dY0.host(), y1 = dY1.host();
+        EXPECT_EQ(std::memcmp(y0.data(), y1.data(), n * 4), 0) << (rms ? "rms_norm" : "layer_norm") << ": y changed by writing the copy";
+        std::vector<uint16_t> want(n);
+        cpu::narrow_f32(y0.data(), want.data(), static_cast<int64_t>(n), dt);  // cast()'s rounding on the CPU
+        EXPECT_TRUE(dL.host() == want) << (rms ? "rms_norm" : "layer_norm") << ": the copy is not y rounded as cast() rounds";
+      }
+    }
 }
 
 // ---- layer_norm / rms_norm: the offered copy -------------------------------------------------
