@@ -524,10 +524,11 @@ void expect_norm_matches_cpu(const std::string& op, DType dt) {
       if (dt == DType::f64) {
         EXPECT_TRUE(close_rel(gpu[k], cpu[k], 1e-12)) << names[k];
       } else {
-        // The op harness's f32 tolerance (test_gpu_ops.cpp); dw, db are sums over the rows whose
-        // rounding grows as sqrt(rows) (test_gpu_kernels.cpp).
+        // The op harness's f32 tolerance (test_gpu_ops.cpp); dw, db are f32 sums over the rows whose
+        // rounding grows as sqrt(rows) (test_gpu_kernels.cpp's 1e-4 sqrt(rows / 64) against a double
+        // reference; twice that here, both sides rounding in f32).
         const double over_rows = std::sqrt(std::max(1.0, static_cast<double>(c.rows) / 64.0));
-        const double atol = k >= 2 ? 1e-4 * over_rows : 1e-5;
+        const double atol = k >= 2 ? 2e-4 * over_rows : 1e-5;
         EXPECT_TRUE(gpu_test::all_close(gpu[k].cpu().to_vector(), cpu[k].to_vector(), atol, 1e-4)) << names[k];
       }
     }
