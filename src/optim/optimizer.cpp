@@ -82,8 +82,12 @@ void* Optimizer::copy_buffer(const std::string& name, const Tensor& p) {
   // on (backend/cuda/candidates.h); off, autocast casts the weights as before.
   if (!p.device().is_cpu() && !detail::device_copies_enabled()) return nullptr;
   Tensor& c = copies_[name];
-  if (!c.defined() || c.device() != p.device())  // (a parameter moved since: its copy follows it)
+  if (!c.defined() || c.device() != p.device()) {  // (a parameter moved since: its copy follows it)
     c = empty(p.sizes(), TensorOptions(copy_dtype_).with_device(p.device()).with_tag(MemTag::parameter));
+    // A device update the step guard skips writes no copy, and the copy is published all the
+    // same: a new one must already hold cast(p) (queued before the update that overwrites it).
+    if (!p.device().is_cpu()) detail::narrow_on_device(p, c);
+  }
   c.bump_version();  // about to be overwritten: a graph that saved the old copy must notice
   return p.device().is_cpu() ? c.raw_data() : c.device_data();
 }

@@ -15,7 +15,8 @@
 //    launches of the kernels' 24-tensor table): a clipped step, a step the device guard skips on
 //    a NaN gradient, one it skips on GradScaler's found-inf flag (weights and copies untouched),
 //    a plain guarded step, an unguarded one; the weights and states equal the candidate-off
-//    twin's bit for bit, and the twin has no copies at all;
+//    twin's bit for bit, and the twin has no copies at all; copies first made by a skipped step
+//    (enabled with the candidate off, stepped with it on) are the casts too;
 //  - the kernels alone: the Adam and SGD kernels' copies equal the CPU pass's (cpu::adam_f32 /
 //    sgd_f32, which round as cast() does) bit for bit, a null copy entry and a skipped launch
 //    write nothing; layer_norm / rms_norm forward write y rounded as cpu::narrow_f32 rounds it
@@ -285,6 +286,18 @@ void expect_copies_track_weights(const std::string& kind, DType dt) {
   both([](GuardedOptimizer& o) { o.set_grads(5, false), o.unguarded_step(); });
   check("after an unguarded step");
   EXPECT_EQ(on.opt->steps(), 3);
+  // Copies enabled while the candidate was off are made by the first step with it on; when
+  // that step is skipped the new copies must still be the weights' casts.
+  GuardedOptimizer late(kind, dt, false);
+  late.candidate = true;
+  late.set_grads(2, true), late.step(0.5, false);
+  EXPECT_EQ(late.skip.cpu().to_vector()[0], 1.0);
+  NoGradGuard ng;
+  for (size_t i = 0; i < late.params.size(); ++i) {
+    const Tensor c = autocast_persistent_cast(late.params[i], dt);
+    ASSERT_TRUE(c.defined()) << "no copy of weight " << i << " after the first step with the candidate";
+    EXPECT_TRUE(bytes_of(c) == bytes_of(cast(late.params[i], dt))) << "a copy made in a skipped step is not the cast, weight " << i;
+  }
 }
 
 }  // namespace
