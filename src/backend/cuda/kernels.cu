@@ -49,8 +49,8 @@ unsigned grid_rows(int64_t rows) { return static_cast<unsigned>(rows); }
 
 // ---- LayerNorm / RMSNorm ----------------------------------------------------------------
 // Templated on the element type T (float or double): statistics and every sum in T, so the
-// f64 kernels are the f32 ones in double (f64 gradchecks on the GPU). The f32 instantiation is
-// the kernel as it was before the template, expression for expression.
+// f64 kernels are the f32 ones in double (f64 gradchecks on the GPU). The f32 instantiations
+// (without a 16-bit copy) compile to the PTX of the f32 kernels before the template.
 
 template <class T> __device__ __forceinline__ T rsqrt_of(T v);
 template <> __device__ __forceinline__ float rsqrt_of<float>(float v) { return rsqrtf(v); }
@@ -64,8 +64,9 @@ __device__ __forceinline__ void store_lowp(void* p, bool bf16, int64_t i, float 
   else static_cast<__half*>(p)[i] = __float2half_rn(v);
 }
 
-// y_low (f32 only; null: none): y rounded to bf16 (y_low_bf16) or f16 in the same pass.
-template <class T>
+// kLow (f32 only): y rounded to bf16 (y_low_bf16) or f16 into y_low in the same pass. Without it
+// the kernel is the one before the copies existed, instruction for instruction.
+template <class T, bool kLow>
 __global__ void layer_norm_fwd_kernel(const T* x, const T* w, const T* b, T* y, T* mean, T* rstd, int64_t cols, T eps,
                                       void* y_low, bool y_low_bf16) {
   __shared__ T sh[32];
@@ -85,8 +86,7 @@ __global__ void layer_norm_fwd_kernel(const T* x, const T* w, const T* b, T* y, 
     const T v = (xr[c] - mu) * r;
     const T out = v * (w ? w[c] : T(1)) + (b ? b[c] : T(0));
     yr[c] = out;
-    if constexpr (std::is_same_v<T, float>)
-      if (y_low) store_lowp(y_low, y_low_bf16, row * cols + c, out);
+    if constexpr (kLow) store_lowp(y_low, y_low_bf16, row * cols + c, out);
   }
   if (threadIdx.x == 0) {
     mean[row] = mu;
@@ -158,7 +158,7 @@ __global__ void norm_bwd_dw_finish_kernel(const T* part_w, const T* part_b, int6
   if (db) db[c] = tb;
 }
 
-template <class T>
+template <class T, bool kLow>  // kLow: as layer_norm_fwd_kernel's
 __global__ void rms_norm_fwd_kernel(const T* x, const T* w, T* y, T* rstd, int64_t cols, T eps, void* y_low,
                                     bool y_low_bf16) {
   __shared__ T sh[32];
@@ -170,8 +170,7 @@ __global__ void rms_norm_fwd_kernel(const T* x, const T* w, T* y, T* rstd, int64
   for (int64_t c = threadIdx.x; c < cols; c += blockDim.x) {
     const T out = xr[c] * r * (w ? w[c] : T(1));
     y[row * cols + c] = out;
-    if constexpr (std::is_same_v<T, float>)
-      if (y_low) store_lowp(y_low, y_low_bf16, row * cols + c, out);
+    if constexpr (kLow) store_lowp(y_low, y_low_bf16, row * cols + c, out);
   }
   if (threadIdx.x == 0) rstd[row] = r;
 }
@@ -309,10 +308,10 @@ struct TensorTable {
   float* s1[kMaxTensors];
   float* s2[kMaxTensors];
   double* step[kMaxTensors];  // the step guard's per-tensor step counts (null without a guard)
-  void* c[kMaxTensors];       // the updated weights' bf16/f16 copies (kernels.h: WeightCopies; null: none)
   int64_t n[kMaxTensors];
   int64_t first_block[kMaxTensors + 1];
   int count;
+  void* c[kMaxTensors];  // the updated weights' bf16/f16 copies (kernels.h: WeightCopies; null: none)
 };
 
 __device__ int find_tensor(const TensorTable& t, int64_t block) {
@@ -330,6 +329,9 @@ __device__ float scaled_grad(float g, double grad_scale, bool scale) {
 // fmaf where the CPU fuses, so the bits are the CPU's.
 // With a step guard (kernels.h: StepGuard) the skip, the gradient scale and the bias
 // corrections come from the device, computed as the CPU's Adam::step computes them.
+// kCopy: the launch has weight copies (WeightCopies; a tensor's entry may still be null). Without
+// them the kernel is the one before the copies existed.
+template <bool kCopy>
 __global__ void adam_kernel(TensorTable t, AdamArgs k, bool scale, StepGuard guard, bool copy_bf16) {
   const int ti = find_tensor(t, blockIdx.x);
   if (guard.skip) {
@@ -355,15 +357,17 @@ __global__ void adam_kernel(TensorTable t, AdamArgs k, bool scale, StepGuard gua
     const float vi = fmaf(v[i], k.beta2, d2);
     const float den = fmaf(__fsqrt_rn(vi), k.inv_sqrt_bc2, k.eps);
     const float decayed = __fmul_rn(w[i], k.decay), delta = __fdiv_rn(__fmul_rn(k.step_size, mi), den);
-    const float wi = __fsub_rn(decayed, delta);
     m[i] = mi;
     v[i] = vi;
+    const float wi = __fsub_rn(decayed, delta);
     w[i] = wi;
-    if (copy) store_lowp(copy, copy_bf16, i, wi);  // the weight's copy (WeightCopies)
+    if constexpr (kCopy)
+      if (copy) store_lowp(copy, copy_bf16, i, wi);  // the weight's copy (WeightCopies)
   }
 }
 
 // d = g + wd w; b = first ? d : momentum b + (1 - dampening) d; d = nesterov ? d + momentum b : b; w -= lr d
+template <bool kCopy>  // as adam_kernel's
 __global__ void sgd_kernel(TensorTable t, SgdArgs k, bool scale, StepGuard guard, bool copy_bf16) {
   const int ti = find_tensor(t, blockIdx.x);
   if (guard.skip) {
@@ -386,7 +390,8 @@ __global__ void sgd_kernel(TensorTable t, SgdArgs k, bool scale, StepGuard guard
     }
     const float wi = fmaf(-d, k.lr, w[i]);
     w[i] = wi;
-    if (copy) store_lowp(copy, copy_bf16, i, wi);  // the weight's copy (WeightCopies)
+    if constexpr (kCopy)
+      if (copy) store_lowp(copy, copy_bf16, i, wi);  // the weight's copy (WeightCopies)
   }
 }
 
@@ -452,8 +457,15 @@ template <class T>
 void layer_norm_forward_t(const T* x, const T* w, const T* b, T* y, T* mean, T* rstd, int64_t rows, int64_t cols, double eps,
                           cudaStream_t stream, void* y_low, bool y_low_bf16) {
   if (rows == 0) return;
-  layer_norm_fwd_kernel<T><<<grid_rows(rows), kRowThreads, 0, stream>>>(x, w, b, y, mean, rstd, cols, static_cast<T>(eps),
-                                                                          y_low, y_low_bf16);
+  if constexpr (std::is_same_v<T, float>)  // (the copy is of an f32 output only)
+    if (y_low) {
+      layer_norm_fwd_kernel<T, true><<<grid_rows(rows), kRowThreads, 0, stream>>>(x, w, b, y, mean, rstd, cols,
+                                                                                  static_cast<T>(eps), y_low, y_low_bf16);
+      ATH_CUDA_LAUNCHED("layer_norm_fwd_kernel");
+      return;
+    }
+  layer_norm_fwd_kernel<T, false><<<grid_rows(rows), kRowThreads, 0, stream>>>(x, w, b, y, mean, rstd, cols,
+                                                                               static_cast<T>(eps), nullptr, false);
   ATH_CUDA_LAUNCHED("layer_norm_fwd_kernel");
 }
 }  // namespace
@@ -504,8 +516,15 @@ template <class T>
 void rms_norm_forward_t(const T* x, const T* w, T* y, T* rstd, int64_t rows, int64_t cols, double eps, cudaStream_t stream,
                         void* y_low, bool y_low_bf16) {
   if (rows == 0) return;
-  rms_norm_fwd_kernel<T><<<grid_rows(rows), kRowThreads, 0, stream>>>(x, w, y, rstd, cols, static_cast<T>(eps), y_low,
-                                                                        y_low_bf16);
+  if constexpr (std::is_same_v<T, float>)  // (the copy is of an f32 output only)
+    if (y_low) {
+      rms_norm_fwd_kernel<T, true><<<grid_rows(rows), kRowThreads, 0, stream>>>(x, w, y, rstd, cols, static_cast<T>(eps),
+                                                                                y_low, y_low_bf16);
+      ATH_CUDA_LAUNCHED("rms_norm_fwd_kernel");
+      return;
+    }
+  rms_norm_fwd_kernel<T, false><<<grid_rows(rows), kRowThreads, 0, stream>>>(x, w, y, rstd, cols, static_cast<T>(eps),
+                                                                             nullptr, false);
   ATH_CUDA_LAUNCHED("rms_norm_fwd_kernel");
 }
 
@@ -646,8 +665,11 @@ void adam_multi_tensor(float* const* w, const float* const* g, float* const* m, 
         t.c[j] = copies.ptr ? copies.ptr[i] : nullptr;
       },
       [&](const TensorTable& t, int64_t blocks, int) {
-        adam_kernel<<<static_cast<unsigned>(blocks), 256, 0, stream>>>(t, a, a.grad_scale != 1.0, guard,
-                                                                       copies.dtype == DType::bf16);
+        const bool bf16 = copies.dtype == DType::bf16;
+        if (copies.ptr)
+          adam_kernel<true><<<static_cast<unsigned>(blocks), 256, 0, stream>>>(t, a, a.grad_scale != 1.0, guard, bf16);
+        else
+          adam_kernel<false><<<static_cast<unsigned>(blocks), 256, 0, stream>>>(t, a, a.grad_scale != 1.0, guard, bf16);
         ATH_CUDA_LAUNCHED("adam_kernel");
       });
 }
@@ -668,8 +690,11 @@ void sgd_multi_tensor(float* const* w, const float* const* g, float* const* b, c
         t.c[j] = copies.ptr ? copies.ptr[i] : nullptr;
       },
       [&](const TensorTable& t, int64_t blocks, int) {
-        sgd_kernel<<<static_cast<unsigned>(blocks), 256, 0, stream>>>(t, a, a.grad_scale != 1.0, guard,
-                                                                      copies.dtype == DType::bf16);
+        const bool bf16 = copies.dtype == DType::bf16;
+        if (copies.ptr)
+          sgd_kernel<true><<<static_cast<unsigned>(blocks), 256, 0, stream>>>(t, a, a.grad_scale != 1.0, guard, bf16);
+        else
+          sgd_kernel<false><<<static_cast<unsigned>(blocks), 256, 0, stream>>>(t, a, a.grad_scale != 1.0, guard, bf16);
         ATH_CUDA_LAUNCHED("sgd_kernel");
       });
 }
