@@ -19,7 +19,8 @@
 #                                        carried): unpack, run the gpu tests (then once more with
 #                                        every CUDA candidate on: src/backend/cuda/candidates.h;
 #                                        GPU_CHECK_CANDIDATES=0 skips that), the CUDA attention
-#                                        micro-benchmark (GPT-2-124M's shape, bf16), the 200-step
+#                                        micro-benchmark (GPT-2-124M's shape, bf16), the step's GEMMs
+#                                        each alone (bench/cuda_gemm.cpp), the 200-step
 #                                        gpt-char runs on cuda beside the same runs on cpu (the
 #                                        loss parity checks, f32 and bf16), beside them the gpu;dist
 #                                        tests under the packed mpirun (NCCL at world size 1, 2 ranks
@@ -49,7 +50,7 @@ ROOT=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
 PACK_DIR=$ROOT/gpu_pack
 ARCHIVE=$PACK_DIR/athanor-gpu.tar.xz
 MAX_ARCHIVE_BYTES=$((48 * 1024 * 1024))  # well under the 64 MiB one device run carries
-BINARIES=(tests/athanor_tests_gpu apps/athanor/athanor bench/bench_cuda_attention tests/athanor_tests_gpu_dist)
+BINARIES=(tests/athanor_tests_gpu apps/athanor/athanor bench/bench_cuda_attention bench/bench_cuda_gemm tests/athanor_tests_gpu_dist)
 
 # Libraries never packed: the C runtime the machine has, and the CUDA libraries that must be
 # the machine's own (its driver's libcuda above all).
@@ -444,6 +445,14 @@ cmd_run() {
   set -e
   attn_status=$([[ $rc -eq 0 ]] && echo passed || ([[ $rc -eq 124 ]] && echo "timed out after 15 s" || echo "failed (exit $rc)"))
   cat "$out/attention_bench.json" >>"$log" 2>/dev/null || true
+  # 1c. The GEMMs of a GPT-2 124M step at batch 16, each alone (bench/cuda_gemm.cpp; ~10 s).
+  local gemm_status
+  set +e
+  timeout 30 ./bin/bench_cuda_gemm --max-seconds 15 >"$out/gemm_bench.json" 2>>"$log"
+  rc=$?
+  set -e
+  gemm_status=$([[ $rc -eq 0 ]] && echo passed || ([[ $rc -eq 124 ]] && echo "timed out after 30 s" || echo "failed (exit $rc)"))
+  cat "$out/gemm_bench.json" >>"$log" 2>/dev/null || true
 
   # 2. CPU/GPU parity (issue 30): the same 200 steps of examples/gpt-char.yaml from the same
   # seed with dropout 0.1 (identical Philox masks) on cpu and on cuda, in f32 (TF32 off: the
@@ -525,10 +534,11 @@ PY
 
   python3 - "$out/gpu_tests.json" "$json" "$tests_status" "$tests_s" "$train_status" "$bench_status" \
     "$out/attention_bench.json" "$attn_status" "$parity_status" "$out/bench.json" "$parity_bf16_status" \
-    "$out/gpu_dist_status.txt" "$out/gpu_tests_candidates.json" "$cand_status" "$cand_s" <<'EOF'
+    "$out/gpu_dist_status.txt" "$out/gpu_tests_candidates.json" "$cand_status" "$cand_s" "$out/gemm_bench.json" \
+    "$gemm_status" <<'EOF'
 import json, subprocess, sys
 (tests_json, out, tests_status, tests_s, train_status, bench_status, attn_json, attn_status, parity_status, bench_json,
- parity_bf16_status, dist_status, cand_json, cand_status, cand_s) = sys.argv[1:]
+ parity_bf16_status, dist_status, cand_json, cand_status, cand_s, gemm_json, gemm_status) = sys.argv[1:]
 summary = {"tests": {"status": tests_status, "seconds": int(tests_s)}, "train_gpt_char_200": train_status,
            "parity_cpu_cuda_f32": parity_status, "parity_cpu_cuda_bf16": parity_bf16_status, "bench_gpt2_124m": {"status": bench_status},
            "attention_bench": {"status": attn_status}}
@@ -544,6 +554,12 @@ try:
                                                              "peak_gflops", "peak_source", "peak_bytes", "reserved_bytes")})
 except Exception as e:
     summary["bench_gpt2_124m"]["report"] = "no JSON from athanor bench: %s" % e
+summary["gemm_bench"] = {"status": gemm_status}
+try:  # the headline only; gemm_bench.json has every GEMM
+    gb = json.load(open(gemm_json))
+    summary["gemm_bench"].update({k: gb.get(k) for k in ("gpu", "rows", "step_gemm_ms", "step_gemm_tflops")})
+except Exception as e:
+    summary["gemm_bench"]["report"] = "no JSON from bench_cuda_gemm: %s" % e
 try:
     summary["attention_bench"].update(json.load(open(attn_json)))
 except Exception as e:
