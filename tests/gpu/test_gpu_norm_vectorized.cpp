@@ -93,6 +93,44 @@ TEST(GpuNormVectorized, RmsNormForwardAndDxMatchTheBlockKernels) {
   }
 }
 
+// dx, dw, db from one pass (layer_norm_backward_vectorized) against the block kernels' dx and
+// their two-pass column sums; RMSNorm's dx and dw alike; the same bits on a second run.
+TEST(GpuNormVectorized, FusedBackwardMatchesTheBlockKernels) {
+  ATH_REQUIRE_GPU();
+  for (const Case& c : kCases) {
+    if (c.cols > cuda::kNormFusedMaxCols) continue;
+    for (bool rms : {false, true}) {
+      SCOPED_TRACE(name(c) + (rms ? " rms_norm" : " layer_norm"));
+      const std::size_t n = static_cast<std::size_t>(c.rows * c.cols), cols = static_cast<std::size_t>(c.cols);
+      DeviceBuffer<float> x(randn(n, 8, 1.0f, 2.0f)), dy(randn(n, 9)), w(randn(cols, 10, 1.0f, 0.2f));
+      const float* wp = c.affine ? w.ptr : nullptr;
+      DeviceBuffer<float> y(n), m(c.rows), r(c.rows), dx0(n), dx1(n), dw0(cols), dw1(cols), db0(cols), db1(cols);
+      DeviceBuffer<char> ws0(static_cast<std::size_t>(cuda::norm_backward_workspace_bytes(c.rows, c.cols)) + 16);
+      DeviceBuffer<char> ws1(static_cast<std::size_t>(cuda::norm_rows_workspace_bytes(c.rows, c.cols)) + 16);
+      if (rms) {
+        cuda::rms_norm_forward(x.ptr, wp, y.ptr, r.ptr, c.rows, c.cols, 1e-6, stream());
+        cuda::rms_norm_backward(dy.ptr, x.ptr, wp, r.ptr, dx0.ptr, dw0.ptr, c.rows, c.cols, ws0.ptr, stream());
+        cuda::rms_norm_backward_vectorized(dy.ptr, x.ptr, wp, r.ptr, dx1.ptr, dw1.ptr, c.rows, c.cols, ws1.ptr, stream());
+      } else {
+        cuda::layer_norm_forward(x.ptr, wp, nullptr, y.ptr, m.ptr, r.ptr, c.rows, c.cols, 1e-5, stream());
+        cuda::layer_norm_backward(dy.ptr, x.ptr, wp, m.ptr, r.ptr, dx0.ptr, dw0.ptr, db0.ptr, c.rows, c.cols, ws0.ptr,
+                                  stream());
+        cuda::layer_norm_backward_vectorized(dy.ptr, x.ptr, wp, m.ptr, r.ptr, dx1.ptr, dw1.ptr, db1.ptr, c.rows, c.cols,
+                                             ws1.ptr, stream());
+        EXPECT_TRUE(all_close(db1.host(), db0.host(), 1e-5, 1e-5)) << "db";
+      }
+      EXPECT_TRUE(all_close(dx1.host(), dx0.host(), 2e-5, 2e-5)) << "dx";
+      const std::vector<float> dw = dw1.host();
+      EXPECT_TRUE(all_close(dw, dw0.host(), 1e-5 * std::sqrt(static_cast<double>(c.rows)), 1e-5)) << "dw";
+      if (rms) cuda::rms_norm_backward_vectorized(dy.ptr, x.ptr, wp, r.ptr, dx1.ptr, dw1.ptr, c.rows, c.cols, ws1.ptr, stream());
+      else
+        cuda::layer_norm_backward_vectorized(dy.ptr, x.ptr, wp, m.ptr, r.ptr, dx1.ptr, dw1.ptr, db1.ptr, c.rows, c.cols,
+                                             ws1.ptr, stream());
+      EXPECT_EQ(dw1.host(), dw) << "a second run";
+    }
+  }
+}
+
 // Host logic: no GPU needed.
 TEST(GpuNormVectorized, SupportRule) {
   alignas(16) static unsigned char buf[64];

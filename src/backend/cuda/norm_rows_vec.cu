@@ -125,6 +125,102 @@ __global__ void __launch_bounds__(32 * kWarps) norm_bwd_dx_vec_kernel(const floa
   }
 }
 
+// ---- dx with the parameter gradients (layer_norm_backward_vectorized) ----------------------
+// A block takes kChunkRows rows, each warp every kWarps-th of them; a lane keeps its columns'
+// sums of dy xhat and dy in registers (float4 i = lane + 32 j, j < kMaxJ), the warps' sums are
+// added in warp order through shared memory into the chunk's partial, and a second kernel adds
+// the chunks in order.
+constexpr int kChunkRows = 64;
+constexpr int kMaxJ = static_cast<int>(kNormFusedMaxCols / 128);
+
+__device__ __forceinline__ void add4(float4& a, float4 b) { a.x += b.x, a.y += b.y, a.z += b.z, a.w += b.w; }
+
+// The warps' column sums (acc) added in warp order into out[c] for the block's chunk.
+__device__ void block_columns_to(const float4 (&acc)[kMaxJ], float* out, int64_t cols,
+                                 float (*red)[kNormFusedMaxCols]) {
+  const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
+  const int64_t n4 = cols / 4;
+  __syncthreads();  // red may still be read by the previous round
+#pragma unroll
+  for (int j = 0; j < kMaxJ; ++j) {
+    const int64_t i = lane + 32 * j;
+    if (i < n4) reinterpret_cast<float4*>(red[warp])[i] = acc[j];
+  }
+  __syncthreads();
+  for (int64_t c = threadIdx.x; c < cols; c += blockDim.x) {
+    float t = 0;
+    for (int w = 0; w < kWarps; ++w) t += red[w][c];
+    out[c] = t;
+  }
+}
+
+template <bool kRms>
+__global__ void __launch_bounds__(32 * kWarps) norm_bwd_fused_kernel(const float* dy, const float* x, const float* w,
+                                                                     const float* mean, const float* rstd, float* dx,
+                                                                     float* part_w, float* part_b, int64_t rows,
+                                                                     int64_t cols) {
+  __shared__ __align__(16) float red[kWarps][kNormFusedMaxCols];
+  const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
+  const int64_t n4 = cols / 4;
+  float4 aw[kMaxJ], ab[kMaxJ];
+#pragma unroll
+  for (int j = 0; j < kMaxJ; ++j) aw[j] = ab[j] = make_float4(0, 0, 0, 0);
+  const int64_t r0 = blockIdx.x * static_cast<int64_t>(kChunkRows);
+  const int64_t r1 = r0 + kChunkRows < rows ? r0 + kChunkRows : rows;
+  for (int64_t r = r0 + warp; r < r1; r += kWarps) {
+    const float* xr = x + r * cols;
+    const float* dyr = dy + r * cols;
+    const float mu = kRms ? 0.0f : mean[r], rs = rstd[r];
+    float a = 0, bs = 0;  // Σ dn, Σ dn xhat
+#pragma unroll
+    for (int j = 0; j < kMaxJ; ++j) {
+      const int64_t i = lane + 32 * j;
+      if (i >= n4) continue;
+      const float4 g = ld4(dyr, i), v = ld4(xr, i), wv = ld4_or(w, i, 1.0f);
+      const float4 xh = make_float4((v.x - mu) * rs, (v.y - mu) * rs, (v.z - mu) * rs, (v.w - mu) * rs);
+      const float n0 = g.x * wv.x, n1 = g.y * wv.y, n2 = g.z * wv.z, n3 = g.w * wv.w;
+      a += (n0 + n1) + (n2 + n3);
+      bs += (n0 * xh.x + n1 * xh.y) + (n2 * xh.z + n3 * xh.w);
+      add4(aw[j], make_float4(g.x * xh.x, g.y * xh.y, g.z * xh.z, g.w * xh.w));
+      if (!kRms) add4(ab[j], g);
+    }
+    if (!dx) continue;
+    const float mdn = kRms ? 0.0f : warp_sum(a) / cols;
+    const float mdnx = warp_sum(bs) / cols;
+    float* dxr = dx + r * cols;
+#pragma unroll
+    for (int j = 0; j < kMaxJ; ++j) {
+      const int64_t i = lane + 32 * j;
+      if (i >= n4) continue;
+      const float4 g = ld4(dyr, i), v = ld4(xr, i), wv = ld4_or(w, i, 1.0f);
+      float4 o;
+      o.x = rs * (g.x * wv.x - mdn - (v.x - mu) * rs * mdnx);
+      o.y = rs * (g.y * wv.y - mdn - (v.y - mu) * rs * mdnx);
+      o.z = rs * (g.z * wv.z - mdn - (v.z - mu) * rs * mdnx);
+      o.w = rs * (g.w * wv.w - mdn - (v.w - mu) * rs * mdnx);
+      st4(dxr, i, o);
+    }
+  }
+  if (part_w) block_columns_to(aw, part_w + blockIdx.x * cols, cols, red);
+  if (part_b) block_columns_to(ab, part_b + blockIdx.x * cols, cols, red);
+}
+
+// out[c] = Σ_k part[k][c] in chunk order.
+__global__ void norm_chunks_finish_kernel(const float* part_w, const float* part_b, int64_t chunks, int64_t cols,
+                                          float* dw, float* db) {
+  const int64_t c = blockIdx.x * static_cast<int64_t>(blockDim.x) + threadIdx.x;
+  if (c >= cols) return;
+  float tw = 0, tb = 0;
+  for (int64_t k = 0; k < chunks; ++k) {
+    if (dw) tw += part_w[k * cols + c];
+    if (db) tb += part_b[k * cols + c];
+  }
+  if (dw) dw[c] = tw;
+  if (db) db[c] = tb;
+}
+
+int64_t chunks_of(int64_t rows) { return (rows + kChunkRows - 1) / kChunkRows; }
+
 unsigned blocks_for(int64_t rows) { return static_cast<unsigned>((rows + kWarps - 1) / kWarps); }
 bool aligned(const void* p, unsigned bytes) { return reinterpret_cast<uintptr_t>(p) % bytes == 0; }
 
@@ -162,6 +258,43 @@ void layer_norm_backward_dx_vectorized(const float* dy, const float* x, const fl
   if (rows == 0) return;
   norm_bwd_dx_vec_kernel<false><<<blocks_for(rows), 32 * kWarps, 0, stream>>>(dy, x, w, mean, rstd, dx, rows, cols);
   ATH_CUDA_LAUNCHED("norm_bwd_dx_vec_kernel");
+}
+
+int64_t norm_rows_workspace_bytes(int64_t rows, int64_t cols) {
+  return rows <= 0 ? 0 : 2 * chunks_of(rows) * cols * static_cast<int64_t>(sizeof(float));
+}
+
+namespace {
+template <bool kRms>
+void norm_backward_fused(const char* op, const float* dy, const float* x, const float* w, const float* mean,
+                         const float* rstd, float* dx, float* dw, float* db, int64_t rows, int64_t cols, void* workspace,
+                         cudaStream_t stream) {
+  check_supported(op, norm_rows_vectorized_supported(cols, dy, x, w, dx, workspace) && cols <= kNormFusedMaxCols, cols);
+  ATH_CHECK(workspace || (!dw && !db), op, "the parameter gradients need the workspace", Hint{"an internal error"});
+  if (rows == 0) return;
+  const int64_t chunks = chunks_of(rows);
+  float* part_w = dw ? static_cast<float*>(workspace) : nullptr;
+  float* part_b = db ? static_cast<float*>(workspace) + chunks * cols : nullptr;
+  norm_bwd_fused_kernel<kRms><<<static_cast<unsigned>(chunks), 32 * kWarps, 0, stream>>>(dy, x, w, mean, rstd, dx, part_w,
+                                                                                         part_b, rows, cols);
+  ATH_CUDA_LAUNCHED("norm_bwd_fused_kernel");
+  if (dw || db) {
+    norm_chunks_finish_kernel<<<static_cast<unsigned>((cols + 255) / 256), 256, 0, stream>>>(part_w, part_b, chunks, cols,
+                                                                                            dw, db);
+    ATH_CUDA_LAUNCHED("norm_chunks_finish_kernel");
+  }
+}
+}  // namespace
+
+void layer_norm_backward_vectorized(const float* dy, const float* x, const float* w, const float* mean, const float* rstd,
+                                    float* dx, float* dw, float* db, int64_t rows, int64_t cols, void* workspace,
+                                    cudaStream_t stream) {
+  norm_backward_fused<false>("layer_norm backward", dy, x, w, mean, rstd, dx, dw, db, rows, cols, workspace, stream);
+}
+
+void rms_norm_backward_vectorized(const float* dy, const float* x, const float* w, const float* rstd, float* dx, float* dw,
+                                  int64_t rows, int64_t cols, void* workspace, cudaStream_t stream) {
+  norm_backward_fused<true>("rms_norm backward", dy, x, w, nullptr, rstd, dx, dw, nullptr, rows, cols, workspace, stream);
 }
 
 void rms_norm_forward_vectorized(const float* x, const float* w, float* y, float* rstd, int64_t rows, int64_t cols,

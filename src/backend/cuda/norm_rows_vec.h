@@ -33,6 +33,18 @@ void layer_norm_forward_vectorized(const float* x, const float* w, const float* 
 // dx = rstd (dn - mean(dn) - xhat mean(dn xhat)), dn = dy w.
 void layer_norm_backward_dx_vectorized(const float* dy, const float* x, const float* w, const float* mean,
                                        const float* rstd, float* dx, int64_t rows, int64_t cols, cudaStream_t stream);
+// dx as above and, when dw / db are not null, the parameter gradients dw = Σ_rows dy xhat,
+// db = Σ_rows dy from the same read of dy and x: each block sums its chunk of rows (its warps'
+// partials added in warp order) into `workspace`, then the chunks are added in chunk order (a
+// fixed order: the same bits run to run). cols at most kNormFusedMaxCols; workspace:
+// norm_rows_workspace_bytes(rows, cols), 16-byte aligned.
+inline constexpr int64_t kNormFusedMaxCols = 1024;
+int64_t norm_rows_workspace_bytes(int64_t rows, int64_t cols);
+void layer_norm_backward_vectorized(const float* dy, const float* x, const float* w, const float* mean, const float* rstd,
+                                    float* dx, float* dw, float* db, int64_t rows, int64_t cols, void* workspace,
+                                    cudaStream_t stream);
+void rms_norm_backward_vectorized(const float* dy, const float* x, const float* w, const float* rstd, float* dx, float* dw,
+                                  int64_t rows, int64_t cols, void* workspace, cudaStream_t stream);
 void rms_norm_forward_vectorized(const float* x, const float* w, float* y, float* rstd, int64_t rows, int64_t cols,
                                  double eps, cudaStream_t stream, void* y_low = nullptr, DType y_low_dtype = DType::bf16);
 // dx = rstd (dn - xhat mean(dn xhat)), xhat = x rstd.
