@@ -9,7 +9,9 @@
 #include <type_traits>
 
 #include "athanor/core/error.h"
+#include "backend/cuda/candidates.h"
 #include "backend/cuda/kernels.h"
+#include "backend/cuda/norm_rows_vec.h"
 #include "backend/cuda/philox.cuh"
 #include "backend/cuda/runtime.h"
 
@@ -470,9 +472,20 @@ void layer_norm_forward_t(const T* x, const T* w, const T* b, T* y, T* mean, T* 
 }
 }  // namespace
 
+// The f32 norms take the warp-per-row kernels (norm_rows_vec.h) under the candidate
+// norm_vectorized, where those take the rows.
+namespace {
+bool norm_rows(int64_t cols, const void* a, const void* b, const void* c, const void* d, const void* e,
+               const void* y_low = nullptr) {
+  return candidate_enabled(Candidate::norm_vectorized) && norm_rows_vectorized_supported(cols, a, b, c, d, e, y_low);
+}
+}  // namespace
+
 void layer_norm_forward(const float* x, const float* w, const float* b, float* y, float* mean, float* rstd,
                         int64_t rows, int64_t cols, double eps, cudaStream_t stream, void* y_low, DType y_low_dtype) {
   check_lowp_copy(y_low, y_low_dtype, "layer_norm");
+  if (norm_rows(cols, x, w, b, y, nullptr, y_low))
+    return layer_norm_forward_vectorized(x, w, b, y, mean, rstd, rows, cols, eps, stream, y_low, y_low_dtype);
   layer_norm_forward_t(x, w, b, y, mean, rstd, rows, cols, eps, stream, y_low, y_low_dtype == DType::bf16);
 }
 void layer_norm_forward(const double* x, const double* w, const double* b, double* y, double* mean, double* rstd,
@@ -542,11 +555,24 @@ void rms_norm_backward_t(const T* dy, const T* x, const T* w, const T* rstd, T* 
 
 int64_t norm_backward_workspace_bytes(int64_t rows, int64_t cols, DType dtype) {
   const int64_t elem = dtype == DType::f64 ? static_cast<int64_t>(sizeof(double)) : static_cast<int64_t>(sizeof(float));
-  return rows <= 0 ? 0 : 2 * dw_chunks(rows) * cols * elem;
+  const int64_t bytes = rows <= 0 ? 0 : 2 * dw_chunks(rows) * cols * elem;
+  // (the warp-per-row kernels' chunks are smaller, so more of them)
+  if (dtype != DType::f64 && candidate_enabled(Candidate::norm_vectorized))
+    return std::max(bytes, norm_rows_workspace_bytes(rows, cols));
+  return bytes;
 }
+
+namespace {
+// The fused backward (dx, dw, db from one read) where the rows fit its registers.
+bool norm_rows_backward(int64_t cols, const void* dy, const void* x, const void* w, const void* dx, const void* ws) {
+  return cols <= kNormFusedMaxCols && norm_rows(cols, dy, x, w, dx, ws);
+}
+}  // namespace
 
 void layer_norm_backward(const float* dy, const float* x, const float* w, const float* mean, const float* rstd,
                          float* dx, float* dw, float* db, int64_t rows, int64_t cols, void* workspace, cudaStream_t stream) {
+  if (norm_rows_backward(cols, dy, x, w, dx, workspace))
+    return layer_norm_backward_vectorized(dy, x, w, mean, rstd, dx, dw, db, rows, cols, workspace, stream);
   layer_norm_backward_t(dy, x, w, mean, rstd, dx, dw, db, rows, cols, workspace, stream);
 }
 void layer_norm_backward(const double* dy, const double* x, const double* w, const double* mean, const double* rstd,
@@ -557,6 +583,8 @@ void layer_norm_backward(const double* dy, const double* x, const double* w, con
 void rms_norm_forward(const float* x, const float* w, float* y, float* rstd, int64_t rows, int64_t cols, double eps,
                       cudaStream_t stream, void* y_low, DType y_low_dtype) {
   check_lowp_copy(y_low, y_low_dtype, "rms_norm");
+  if (norm_rows(cols, x, w, y, nullptr, nullptr, y_low))
+    return rms_norm_forward_vectorized(x, w, y, rstd, rows, cols, eps, stream, y_low, y_low_dtype);
   rms_norm_forward_t(x, w, y, rstd, rows, cols, eps, stream, y_low, y_low_dtype == DType::bf16);
 }
 void rms_norm_forward(const double* x, const double* w, double* y, double* rstd, int64_t rows, int64_t cols, double eps,
@@ -566,6 +594,8 @@ void rms_norm_forward(const double* x, const double* w, double* y, double* rstd,
 
 void rms_norm_backward(const float* dy, const float* x, const float* w, const float* rstd, float* dx, float* dw,
                        int64_t rows, int64_t cols, void* workspace, cudaStream_t stream) {
+  if (norm_rows_backward(cols, dy, x, w, dx, workspace))
+    return rms_norm_backward_vectorized(dy, x, w, rstd, dx, dw, rows, cols, workspace, stream);
   rms_norm_backward_t(dy, x, w, rstd, dx, dw, rows, cols, workspace, stream);
 }
 void rms_norm_backward(const double* dy, const double* x, const double* w, const double* rstd, double* dx, double* dw,
