@@ -1,0 +1,707 @@
+// The pointwise kernel (src/backend/cuda/pointwise.h):
+//  - the vectorized candidate against the generic kernel, bit for bit, for every op and every
+//    dtype form it is instantiated for, sizes around the vector width and above the grid,
+//    views at element offsets 1..7 (the scalar head), dropout at a nonzero offset; and the
+//    casts of core's copy (copy.cu) with the candidate on against off;
+//  - f64: every op against the CPU's f64 kernels (the ops of one operation bit for bit, the
+//    rest within 1e-14), the casts between f64 and f32/bf16/f16 against the CPU's casts bit
+//    for bit on edge values, and the elementwise ops' CUDA slots in f64 against the CPU's ops;
+//  - the host-side plan (which kernel a call takes): these run without a GPU.
+#include <cmath>
+#include <cstdio>
+#include <cstring>
+#include <functional>
+#include <limits>
+#include <memory>
+#include <random>
+#include <string>
+#include <vector>
+
+#include "athanor/autograd/engine.h"
+#include "athanor/core/error.h"
+#include "athanor/core/half.h"
+#include "athanor/ops/activation.h"
+#include "athanor/ops/elementwise.h"
+#include "backend/cpu/activation.h"
+#include "backend/cpu/dropout.h"
+#include "backend/cpu/swiglu.h"
+#include "backend/cuda/candidates.h"
+#include "backend/cuda/pointwise.h"
+#include "gpu_test.h"
+
+using namespace athanor;
+using namespace athanor::gpu_test;
+using cuda::PointwiseArgs;
+using cuda::PointwiseKernel;
+using cuda::PointwiseOp;
+
+namespace {
+
+constexpr int kOps = static_cast<int>(PointwiseOp::silu_backward) + 1;  // the last op of the enum
+PointwiseOp op_at(int k) { return static_cast<PointwiseOp>(k); }
+const DType kFloat3[] = {DType::f32, DType::bf16, DType::f16};
+
+// Dropout at p = 0.5 (a shifted index flips half the keep bits), at a nonzero Philox offset.
+constexpr uint64_t kSeed = 20261127, kOffset = 777;
+constexpr uint32_t kThreshold = 1u << 23;
+
+void set_constants(PointwiseArgs& a) {
+  a.alpha = a.op == PointwiseOp::scale ? 0.3 : a.op == PointwiseOp::dropout ? 2.0 : 1e-5;
+  a.seed = kSeed, a.offset = kOffset, a.threshold = kThreshold;
+}
+
+// A 1-D call over n contiguous elements (the pointers set by the caller).
+PointwiseArgs args_1d(PointwiseOp op, int64_t n, DType in0, DType in1, DType out) {
+  PointwiseArgs a;
+  a.op = op;
+  a.ndim = 1;
+  a.sizes[0] = n;
+  a.n_in = cuda::pointwise_arity(op);
+  for (int k = 0; k < a.n_in; ++k) {
+    a.in[k].dtype = k == 0 ? in0 : in1;
+    a.in[k].strides[0] = 1;
+    a.in[k].contiguous = true;
+  }
+  a.out_dtype = out;
+  set_constants(a);
+  return a;
+}
+
+// ---- host side: the plan, on fake (never dereferenced) addresses
+
+const void* at(uintptr_t byte_address) { return reinterpret_cast<const void*>(byte_address); }
+constexpr uintptr_t kBase = 0x7f0000001000;  // 16-byte aligned
+
+TEST(GpuPointwisePlan, F64TakesTheF64KernelWhateverTheCandidate) {
+  for (bool vec : {false, true}) {
+    PointwiseArgs a = args_1d(PointwiseOp::add, 64, DType::f64, DType::f32, DType::f64);
+    a.in[0].data = at(kBase), a.in[1].data = at(kBase + 4096), a.out = const_cast<void*>(at(kBase + 8192));
+    EXPECT_EQ(cuda::plan_pointwise(a, vec).kernel, PointwiseKernel::generic_f64);
+    a = args_1d(PointwiseOp::copy, 64, DType::bf16, DType::bf16, DType::f64);  // only the output is f64
+    a.in[0].data = at(kBase), a.out = const_cast<void*>(at(kBase + 8192));
+    EXPECT_EQ(cuda::plan_pointwise(a, vec).kernel, PointwiseKernel::generic_f64);
+  }
+}
+
+TEST(GpuPointwisePlan, TheFormsOfTheVectorizedKernel) {
+  struct Want {
+    PointwiseOp op;
+    DType in0, in1, out;
+    PointwiseKernel kernel;
+  };
+  const Want cases[] = {
+      {PointwiseOp::gelu_tanh, DType::bf16, DType::bf16, DType::bf16, PointwiseKernel::vectorized},
+      {PointwiseOp::add, DType::f32, DType::f32, DType::f32, PointwiseKernel::vectorized},
+      {PointwiseOp::silu_mul_grad_gate, DType::f16, DType::f16, DType::f16, PointwiseKernel::vectorized},
+      {PointwiseOp::copy, DType::f32, DType::f32, DType::bf16, PointwiseKernel::vectorized_cast},
+      {PointwiseOp::copy, DType::bf16, DType::bf16, DType::f16, PointwiseKernel::vectorized_cast},
+      {PointwiseOp::add, DType::f32, DType::bf16, DType::f32, PointwiseKernel::vectorized_mixed},  // the residual add
+      {PointwiseOp::add, DType::bf16, DType::f32, DType::f32, PointwiseKernel::vectorized_mixed},
+      {PointwiseOp::silu_mul_grad_up, DType::f32, DType::f16, DType::f32, PointwiseKernel::vectorized_mixed},
+      // not instantiated: generic
+      {PointwiseOp::relu, DType::f32, DType::f32, DType::bf16, PointwiseKernel::generic},  // a non-copy op changing dtype
+      {PointwiseOp::add, DType::f32, DType::bf16, DType::bf16, PointwiseKernel::generic},
+      {PointwiseOp::add, DType::bf16, DType::f16, DType::f32, PointwiseKernel::generic},
+      {PointwiseOp::sub, DType::bf16, DType::bf16, DType::f32, PointwiseKernel::generic},
+  };
+  for (const Want& w : cases) {
+    PointwiseArgs a = args_1d(w.op, 1000, w.in0, w.in1, w.out);
+    for (int k = 0; k < a.n_in; ++k) a.in[k].data = at(kBase + 65536 * (k + 1));
+    a.out = const_cast<void*>(at(kBase));
+    EXPECT_EQ(cuda::plan_pointwise(a, true).kernel, w.kernel) << "op " << int(w.op) << " " << dtype_name(w.in0) << ","
+                                                              << dtype_name(w.in1) << " -> " << dtype_name(w.out);
+    EXPECT_EQ(cuda::plan_pointwise(a, false).kernel, PointwiseKernel::generic) << "the candidate off";
+  }
+  // Inputs 1 and 2 must share a dtype.
+  PointwiseArgs a = args_1d(PointwiseOp::silu_mul_grad_gate, 1000, DType::f32, DType::f32, DType::f32);
+  for (int k = 0; k < 3; ++k) a.in[k].data = at(kBase + 65536 * (k + 1));
+  a.out = const_cast<void*>(at(kBase));
+  EXPECT_EQ(cuda::plan_pointwise(a, true).kernel, PointwiseKernel::vectorized);
+  a.in[2].dtype = DType::bf16;
+  EXPECT_EQ(cuda::plan_pointwise(a, true).kernel, PointwiseKernel::generic);
+  // A strided (or broadcast) input: generic.
+  a.in[2].dtype = DType::f32;
+  a.in[1].contiguous = false;
+  EXPECT_EQ(cuda::plan_pointwise(a, true).kernel, PointwiseKernel::generic);
+}
+
+TEST(GpuPointwisePlan, HeadVectorsAndTail) {
+  auto plan = [](int64_t n, DType in, uintptr_t in_addr, DType out, uintptr_t out_addr) {
+    PointwiseArgs a = args_1d(in == out ? PointwiseOp::relu : PointwiseOp::copy, n, in, in, out);
+    a.in[0].data = at(in_addr), a.out = const_cast<void*>(at(out_addr));
+    return cuda::plan_pointwise(a, true);
+  };
+  // Aligned: no head; vectors of 8, a tail below 8.
+  cuda::PointwisePlan p = plan(4096 + 3, DType::bf16, kBase, DType::bf16, kBase + 65536);
+  EXPECT_EQ(p.kernel, PointwiseKernel::vectorized);
+  EXPECT_EQ(p.n, 4099);
+  EXPECT_EQ(p.head, 0);
+  EXPECT_EQ(p.vectors, 512);
+  // Both bf16 views at element offset 3: the head runs 5 elements to the 16-byte boundary.
+  p = plan(4099, DType::bf16, kBase + 6, DType::bf16, kBase + 65536 + 6);
+  EXPECT_EQ(p.kernel, PointwiseKernel::vectorized);
+  EXPECT_EQ(p.head, 5);
+  EXPECT_EQ(p.vectors, (4099 - 5) / 8);
+  // f32 at element offset 1 into bf16 at element offset 5: 3 elements bring both to 16 bytes
+  // (4 + 12 and 10 + 6).
+  p = plan(100, DType::f32, kBase + 4, DType::bf16, kBase + 65536 + 10);
+  EXPECT_EQ(p.kernel, PointwiseKernel::vectorized_cast);
+  EXPECT_EQ(p.head, 3);
+  EXPECT_EQ(p.vectors, (100 - 3) / 8);
+  // A view at offset 1 read into an aligned output: no common head, generic.
+  for (int k = 1; k < 8; ++k)
+    EXPECT_EQ(plan(100, DType::bf16, kBase + 2 * k, DType::bf16, kBase + 65536).kernel, PointwiseKernel::generic) << k;
+  // A pointer not aligned to its element: generic.
+  EXPECT_EQ(plan(100, DType::bf16, kBase + 1, DType::bf16, kBase + 65536 + 1).kernel, PointwiseKernel::generic);
+  // Fewer elements than the head: all of them are head, no vector.
+  p = plan(3, DType::bf16, kBase + 2, DType::bf16, kBase + 65536 + 2);  // head would be 7
+  EXPECT_EQ(p.kernel, PointwiseKernel::vectorized);
+  EXPECT_EQ(p.head, 3);
+  EXPECT_EQ(p.vectors, 0);
+  // Nothing to do: generic (pointwise returns before any launch).
+  p = plan(0, DType::f32, kBase, DType::f32, kBase + 65536);
+  EXPECT_EQ(p.n, 0);
+  EXPECT_EQ(p.kernel, PointwiseKernel::generic);
+  // A 2-D contiguous call counts every element.
+  PointwiseArgs a = args_1d(PointwiseOp::gelu_tanh, 0, DType::f16, DType::f16, DType::f16);
+  a.ndim = 2, a.sizes[0] = 16, a.sizes[1] = 3072;
+  a.in[0].data = at(kBase), a.out = const_cast<void*>(at(kBase + (1 << 20)));
+  p = cuda::plan_pointwise(a, true);
+  EXPECT_EQ(p.n, 16 * 3072);
+  EXPECT_EQ(p.vectors, 16 * 3072 / 8);
+}
+
+TEST(GpuPointwisePlan, GridAndRowMajorStrides) {
+  EXPECT_EQ(cuda::pointwise_vector_blocks(0, 132), 1u);  // the head and tail still need a block
+  EXPECT_EQ(cuda::pointwise_vector_blocks(1, 132), 1u);
+  EXPECT_EQ(cuda::pointwise_vector_blocks(256, 132), 1u);
+  EXPECT_EQ(cuda::pointwise_vector_blocks(257, 132), 2u);
+  EXPECT_EQ(cuda::pointwise_vector_blocks(int64_t{1} << 30, 132), 132u * 8);
+  EXPECT_EQ(cuda::pointwise_vector_blocks(int64_t{1} << 30, 0), 8u);
+  const int64_t sizes[3] = {4, 1, 6};
+  const int64_t dense[3] = {6, 999, 1}, transposed[3] = {1, 6, 4}, broadcast[3] = {0, 0, 1};
+  EXPECT_TRUE(cuda::row_major_strides(3, sizes, dense));  // a size-1 dim's stride is free
+  EXPECT_FALSE(cuda::row_major_strides(3, sizes, transposed));
+  EXPECT_FALSE(cuda::row_major_strides(3, sizes, broadcast));
+  EXPECT_TRUE(cuda::row_major_strides(0, sizes, dense));  // a scalar
+}
+
+TEST(GpuPointwisePlan, BadCallsAreErrorsBeforeAnyWork) {
+  PointwiseArgs a = args_1d(PointwiseOp::add, 10, DType::f32, DType::i32, DType::f32);
+  a.in[0].data = at(kBase), a.in[1].data = at(kBase + 4096), a.out = const_cast<void*>(at(kBase + 8192));
+  try {
+    cuda::plan_pointwise(a, true);
+    FAIL() << "an i32 input was accepted";
+  } catch (const Error& e) {
+    const std::string m = e.what();
+    EXPECT_NE(m.find("input 1 is i32"), std::string::npos) << m;
+    EXPECT_NE(m.find("f64"), std::string::npos) << m;  // the hint names the dtypes taken
+  }
+  a.in[1].dtype = DType::f32;
+  a.n_in = 1;
+  EXPECT_THROW(cuda::plan_pointwise(a, true), Error);  // add reads 2 inputs
+  a.n_in = 2;
+  a.ndim = cuda::kMaxIndexDims + 1;
+  EXPECT_THROW(cuda::plan_pointwise(a, true), Error);
+  a.ndim = 1;
+  a.out_dtype = DType::boolean;
+  EXPECT_THROW(cuda::plan_pointwise(a, true), Error);
+  a.out_dtype = DType::f64;  // f64 is taken now
+  EXPECT_NO_THROW(cuda::plan_pointwise(a, true));
+}
+
+// The same bits element by element, except that a NaN matches any NaN: the device's conversions
+// and arithmetic give the canonical NaN where the CPU keeps the payload.
+::testing::AssertionResult same_bits_or_nan(const Tensor& got_t, const Tensor& want_t) {
+  const Tensor got = got_t.cpu().contiguous(), want = want_t.cpu().contiguous();
+  if (got.dtype() != want.dtype() || got.sizes() != want.sizes())
+    return ::testing::AssertionFailure() << got.describe() << " vs " << want.describe();
+  const std::vector<double> gv = got.to_vector(), wv = want.to_vector();
+  const std::size_t es = dtype_size(got.dtype());
+  const auto* g = static_cast<const uint8_t*>(got.raw_data());
+  const auto* w = static_cast<const uint8_t*>(want.raw_data());
+  for (std::size_t i = 0; i < gv.size(); ++i) {
+    if (std::memcmp(g + i * es, w + i * es, es) == 0 || (std::isnan(gv[i]) && std::isnan(wv[i]))) continue;
+    uint64_t gb = 0, wb = 0;
+    std::memcpy(&gb, g + i * es, es);
+    std::memcpy(&wb, w + i * es, es);
+    return ::testing::AssertionFailure() << "element " << i << ": got " << gv[i] << " (bits 0x" << std::hex << gb
+                                         << "), want " << std::dec << wv[i] << " (bits 0x" << std::hex << wb << ")";
+  }
+  return ::testing::AssertionSuccess();
+}
+
+// ---- the vectorized kernel against the generic one (GPU)
+
+// Host values of input slot `slot`: uniform in [-3, 3], with ±0, ±inf, NaN, subnormals of
+// f32 and of the 16-bit types, and large values every few elements.
+std::vector<float> input_values(int64_t n, int slot) {
+  std::mt19937 g(1234u + static_cast<unsigned>(slot));
+  std::uniform_real_distribution<float> d(-3.0f, 3.0f);
+  const float specials[] = {0.0f, -0.0f, std::numeric_limits<float>::infinity(), -std::numeric_limits<float>::infinity(),
+                            std::numeric_limits<float>::quiet_NaN(), 1e-40f, -3e-39f, 6e-8f, 3e-5f, 70000.0f, -1e30f, 1.0f};
+  std::vector<float> v(static_cast<std::size_t>(n));
+  for (int64_t i = 0; i < n; ++i) v[i] = i % 61 == 17 ? specials[(i / 61) % 12] : d(g);
+  return v;
+}
+
+std::vector<uint8_t> to_bytes(DType dt, const std::vector<float>& v) {
+  std::vector<uint8_t> b(v.size() * dtype_size(dt));
+  for (std::size_t i = 0; i < v.size(); ++i) {
+    if (dt == DType::f32) {
+      std::memcpy(&b[4 * i], &v[i], 4);
+    } else {
+      const uint16_t h = dt == DType::bf16 ? float_to_bf16_bits(v[i]) : float_to_f16_bits(v[i]);
+      std::memcpy(&b[2 * i], &h, 2);
+    }
+  }
+  return b;
+}
+
+constexpr int64_t kBig = (int64_t{1} << 20) + 5;   // ~1M + 5
+constexpr int64_t kHuge = (int64_t{1} << 22) + 5;  // 4M + 5: 512K vectors, more than the grid's threads below 256 SMs
+constexpr int64_t kPoolElems = kHuge + 16;
+
+// Inputs on the device: three slots per dtype, each kPoolElems long.
+struct InputPool {
+  std::vector<std::unique_ptr<DeviceBuffer<uint8_t>>> buf;  // [dtype index * 3 + slot]
+  InputPool() {
+    for (DType dt : kFloat3)
+      for (int s = 0; s < 3; ++s) buf.push_back(std::make_unique<DeviceBuffer<uint8_t>>(to_bytes(dt, input_values(kPoolElems, s))));
+  }
+  const uint8_t* at(DType dt, int slot) const {
+    const int d = dt == DType::f32 ? 0 : dt == DType::bf16 ? 1 : 2;
+    return buf[static_cast<std::size_t>(d * 3 + slot)]->ptr;
+  }
+};
+
+struct Form {
+  PointwiseOp op;
+  DType in0, in1, out;
+};
+
+// Every (op, dtypes) the vectorized kernel is instantiated for (pointwise.h's three forms).
+std::vector<Form> vector_forms() {
+  std::vector<Form> f;
+  for (int k = 0; k < kOps; ++k)
+    for (DType t : kFloat3) f.push_back({op_at(k), t, t, t});
+  for (DType s : kFloat3)
+    for (DType d : kFloat3)
+      if (s != d) f.push_back({PointwiseOp::copy, s, s, d});
+  for (int k = 0; k < kOps; ++k) {
+    if (cuda::pointwise_arity(op_at(k)) < 2) continue;
+    for (DType h : {DType::bf16, DType::f16}) {
+      f.push_back({op_at(k), DType::f32, h, DType::f32});
+      f.push_back({op_at(k), h, DType::f32, DType::f32});
+    }
+  }
+  return f;
+}
+
+std::string describe(const Form& f, int64_t n, const int64_t* off) {
+  char s[200];
+  std::snprintf(s, sizeof s, "op %d (%s, %s -> %s), n %lld, offsets in %lld %lld %lld out %lld", static_cast<int>(f.op),
+                dtype_name(f.in0), dtype_name(f.in1), dtype_name(f.out), static_cast<long long>(n),
+                static_cast<long long>(off[0]), static_cast<long long>(off[1]), static_cast<long long>(off[2]),
+                static_cast<long long>(off[3]));
+  return s;
+}
+
+// Runs the form over n elements, inputs k at element offset off[k] of their pool slot, the
+// output at element offset off[3] of a fresh buffer with a guard pattern around it, once with
+// the candidate off (generic) and once on; the two buffers, guards included, must be the same
+// bytes. `must_vectorize`: the plan has to give a vectorized kernel (so the candidate ran).
+::testing::AssertionResult candidate_matches_generic(const InputPool& pool, const Form& f, int64_t n, const int64_t* off,
+                                                     bool must_vectorize) {
+  PointwiseArgs a = args_1d(f.op, n, f.in0, f.in1, f.out);
+  for (int k = 0; k < a.n_in; ++k) a.in[k].data = pool.at(a.in[k].dtype, k) + off[k] * dtype_size(a.in[k].dtype);
+  const std::size_t os = dtype_size(f.out);
+  const std::size_t bytes = static_cast<std::size_t>(n + off[3] + 16) * os;
+  DeviceBuffer<uint8_t> generic(bytes), vectorized(bytes);
+  ATH_CUDA(cudaMemsetAsync(generic.ptr, 0xA5, bytes, stream()));
+  ATH_CUDA(cudaMemsetAsync(vectorized.ptr, 0xA5, bytes, stream()));
+  a.out = generic.ptr + off[3] * os;
+  {
+    cuda::CandidateOverride o(cuda::Candidate::pointwise_vectorized, false);
+    cuda::pointwise(a, stream());
+  }
+  a.out = vectorized.ptr + off[3] * os;
+  const cuda::PointwisePlan plan = cuda::plan_pointwise(a, true);
+  if (must_vectorize && (plan.kernel == PointwiseKernel::generic || plan.kernel == PointwiseKernel::generic_f64))
+    return ::testing::AssertionFailure() << describe(f, n, off) << ": the plan gives the generic kernel";
+  {
+    cuda::CandidateOverride o(cuda::Candidate::pointwise_vectorized, true);
+    cuda::pointwise(a, stream());
+  }
+  const std::vector<uint8_t> g = generic.host(), v = vectorized.host();
+  for (std::size_t b = 0; b < bytes; ++b)
+    if (g[b] != v[b]) {
+      const int64_t e = static_cast<int64_t>(b / os) - off[3];
+      return ::testing::AssertionFailure() << describe(f, n, off) << ": element " << e
+                                           << (e < 0 || e >= n ? " (outside the output: a guard byte)" : "")
+                                           << " differs (byte " << int(g[b]) << " generic, " << int(v[b])
+                                           << " vectorized; head " << plan.head << ", vectors " << plan.vectors << ")";
+    }
+  return ::testing::AssertionSuccess();
+}
+
+TEST(GpuPointwise, VectorizedMatchesGenericBitForBit) {
+  ATH_REQUIRE_GPU();
+  const InputPool pool;
+  const int64_t zero[4] = {0, 0, 0, 0};
+  int cases = 0;
+  for (const Form& f : vector_forms())
+    for (int64_t n : {int64_t{0}, int64_t{1}, int64_t{7}, int64_t{8}, int64_t{9}, int64_t{4095}, int64_t{4096 + 3}, kBig}) {
+      ASSERT_TRUE(candidate_matches_generic(pool, f, n, zero, n > 0));
+      ++cases;
+    }
+  // More vectors than the grid has threads: the grid-stride loop's later rounds.
+  for (const Form& f : {Form{PointwiseOp::copy, DType::f32, DType::f32, DType::bf16},
+                        Form{PointwiseOp::add, DType::f32, DType::bf16, DType::f32},
+                        Form{PointwiseOp::gelu_tanh, DType::bf16, DType::bf16, DType::bf16},
+                        Form{PointwiseOp::dropout, DType::f32, DType::f32, DType::f32}})
+    ASSERT_TRUE(candidate_matches_generic(pool, f, kHuge, zero, true));
+  std::printf("[ pointwise ] %d forms x sizes compared\n", cases);
+}
+
+TEST(GpuPointwise, VectorizedMatchesGenericAtUnalignedOffsets) {
+  ATH_REQUIRE_GPU();
+  const InputPool pool;
+  for (const Form& f : vector_forms())
+    for (int64_t n : {int64_t{1}, int64_t{7}, int64_t{9}, int64_t{4096 + 3}})
+      for (int64_t k = 1; k < 8; ++k) {
+        // Every operand a view at element offset k: the head of 8 - k elements brings each of
+        // them (2 or 4 bytes an element) to a 16-byte boundary.
+        const int64_t same[4] = {k, k, k, k};
+        ASSERT_TRUE(candidate_matches_generic(pool, f, n, same, true));
+        // Inputs at offset k, the output aligned: no common head, the generic kernel.
+        const int64_t in_only[4] = {k, k, k, 0};
+        ASSERT_TRUE(candidate_matches_generic(pool, f, n, in_only, false));
+      }
+  // Different offsets with a common head: f32 at element offset 1, bf16 at 5 (head 3).
+  const int64_t mixed[4] = {1, 5, 5, 1};
+  for (PointwiseOp op : {PointwiseOp::add, PointwiseOp::mul, PointwiseOp::silu_mul_grad_gate})
+    for (int64_t n : {int64_t{2}, int64_t{11}, int64_t{4096 + 3}})
+      ASSERT_TRUE(candidate_matches_generic(pool, Form{op, DType::f32, DType::bf16, DType::f32}, n, mixed, true));
+}
+
+TEST(GpuPointwise, VectorizedDropoutKeepsTheCpuMaskAtAnOffset) {
+  ATH_REQUIRE_GPU();
+  // The candidate equals the generic kernel (above); here its mask is also the CPU's (the
+  // keep bit of element i at Philox counter offset + i / 4), and not trivial.
+  const int64_t n = 4096 + 5;
+  std::vector<float> x(static_cast<std::size_t>(n));
+  for (int64_t i = 0; i < n; ++i) x[i] = 1.0f + static_cast<float>(i % 13);
+  DeviceBuffer<float> dx(x), dy(static_cast<std::size_t>(n));
+  PointwiseArgs a = args_1d(PointwiseOp::dropout, n, DType::f32, DType::f32, DType::f32);
+  a.in[0].data = dx.ptr, a.out = dy.ptr;
+  ASSERT_EQ(cuda::plan_pointwise(a, true).kernel, PointwiseKernel::vectorized);
+  {
+    cuda::CandidateOverride o(cuda::Candidate::pointwise_vectorized, true);
+    cuda::pointwise(a, stream());
+  }
+  std::vector<float> want(static_cast<std::size_t>(n));
+  cpu::dropout_apply<float>(x.data(), want.data(), n, kSeed, kOffset, kThreshold, 2.0);
+  const std::vector<float> got = dy.host();
+  int64_t kept = 0;
+  for (int64_t i = 0; i < n; ++i) {
+    ASSERT_EQ(got[i], want[i]) << "element " << i;
+    kept += got[i] != 0.0f;
+  }
+  EXPECT_GT(kept, n / 3);
+  EXPECT_LT(kept, 2 * n / 3);
+}
+
+// core's casts (copy.cu, the "cast" op and Tensor::to) with the candidate on against off.
+TEST(GpuPointwise, CastsThroughCoreCopyMatchWithTheCandidate) {
+  ATH_REQUIRE_GPU();
+  for (DType s : kFloat3)
+    for (DType d : kFloat3) {
+      if (s == d) continue;
+      for (int64_t n : {int64_t{1}, int64_t{7}, int64_t{9}, int64_t{4096 + 3}, kBig}) {
+        const Tensor src = from_vector(input_values(n, 0), {n}, TensorOptions(DType::f32)).to(s).cuda();
+        Tensor off, on;
+        {
+          cuda::CandidateOverride o(cuda::Candidate::pointwise_vectorized, false);
+          off = src.to(d).cpu();
+        }
+        {
+          cuda::CandidateOverride o(cuda::Candidate::pointwise_vectorized, true);
+          on = src.to(d).cpu();
+        }
+        ASSERT_EQ(std::memcmp(off.raw_data(), on.raw_data(), off.nbytes()), 0) << dtype_name(s) << " -> " << dtype_name(d) << ", n " << n;
+        ASSERT_TRUE(same_bits_or_nan(off, src.cpu().to(d)));  // and the CPU's cast
+      }
+      // Views at element offset k on both sides (copy_ into a slice): the head.
+      const int64_t n = 1000;
+      for (int64_t k = 1; k < 8; ++k) {
+        const Tensor base = from_vector(input_values(n + 8, 1), {n + 8}, TensorOptions(DType::f32)).to(s).cuda();
+        const Tensor src = make_view(base, {n}, {1}, k);
+        Tensor bytes[2];
+        for (int c = 0; c < 2; ++c) {
+          cuda::CandidateOverride o(cuda::Candidate::pointwise_vectorized, c == 1);
+          Tensor dst = zeros({n + 8}, TensorOptions(d).with_device(Device::cuda(0)));
+          make_view(dst, {n}, {1}, k).copy_(src);
+          bytes[c] = dst.cpu();
+        }
+        ASSERT_EQ(std::memcmp(bytes[0].raw_data(), bytes[1].raw_data(), bytes[0].nbytes()), 0)
+            << dtype_name(s) << " -> " << dtype_name(d) << ", offset " << k;
+      }
+    }
+}
+
+// ---- f64 (GPU): the math against the CPU's f64 kernels, the casts against the CPU's casts
+
+std::vector<double> f64_values(int64_t n, unsigned seed, double lo, double hi) {
+  std::mt19937_64 g(seed);
+  std::uniform_real_distribution<double> d(lo, hi);
+  std::vector<double> v(static_cast<std::size_t>(n));
+  for (double& x : v) x = d(g);
+  return v;
+}
+
+// The CPU's f64 result of `op` (the kernels the CPU's ops run in f64; for rsqrt_add, whose CPU
+// counterpart is inside batch_norm, its formula).
+std::vector<double> cpu_f64(PointwiseOp op, const std::vector<double>& a, const std::vector<double>& b,
+                            const std::vector<double>& c, double alpha) {
+  const int64_t n = static_cast<int64_t>(a.size());
+  auto t = [n](const std::vector<double>& v) { return from_vector(v, {n}, TensorOptions(DType::f64)); };
+  std::vector<double> r(a.size()), other(a.size());
+  using cpu::Activation;
+  auto fwd = [&](Activation act) { cpu::activation_forward<double>(act, a.data(), r.data(), n); };
+  auto bwd = [&](Activation act) { cpu::activation_backward<double>(act, b.data(), a.data(), r.data(), n); };  // (saved, g)
+  switch (op) {
+    case PointwiseOp::copy: return a;
+    case PointwiseOp::add: return add(t(a), t(b)).to_vector();
+    case PointwiseOp::sub: return sub(t(a), t(b)).to_vector();
+    case PointwiseOp::mul: return mul(t(a), t(b)).to_vector();
+    case PointwiseOp::div: return div(t(a), t(b)).to_vector();
+    case PointwiseOp::scale: return mul(t(a), alpha).to_vector();
+    case PointwiseOp::relu: fwd(Activation::relu); break;
+    case PointwiseOp::relu_backward: bwd(Activation::relu); break;
+    case PointwiseOp::gelu_tanh: fwd(Activation::gelu_tanh); break;
+    case PointwiseOp::gelu_tanh_backward: bwd(Activation::gelu_tanh); break;
+    case PointwiseOp::gelu_erf: fwd(Activation::gelu); break;
+    case PointwiseOp::gelu_erf_backward: bwd(Activation::gelu); break;
+    case PointwiseOp::silu_mul: cpu::swiglu_forward<double>(a.data(), b.data(), r.data(), n); break;
+    case PointwiseOp::silu_mul_grad_gate: cpu::swiglu_backward<double>(c.data(), a.data(), b.data(), r.data(), other.data(), n); break;
+    case PointwiseOp::silu_mul_grad_up: cpu::swiglu_backward<double>(c.data(), a.data(), b.data(), other.data(), r.data(), n); break;
+    case PointwiseOp::dropout: cpu::dropout_apply<double>(a.data(), r.data(), n, kSeed, kOffset, kThreshold, alpha); break;
+    case PointwiseOp::rsqrt_add:
+      for (int64_t i = 0; i < n; ++i) r[i] = 1.0 / std::sqrt(a[i] + alpha);
+      break;
+    case PointwiseOp::tanh: fwd(Activation::tanh); break;
+    case PointwiseOp::tanh_backward: bwd(Activation::tanh); break;
+    case PointwiseOp::sigmoid: fwd(Activation::sigmoid); break;
+    case PointwiseOp::sigmoid_backward: bwd(Activation::sigmoid); break;
+    case PointwiseOp::silu: fwd(Activation::silu); break;
+    case PointwiseOp::silu_backward: bwd(Activation::silu); break;
+  }
+  return r;
+}
+
+// The ops of one operation: the CPU's bits (pointwise_f64.cu).
+bool one_operation(PointwiseOp op) {
+  switch (op) {
+    case PointwiseOp::copy: case PointwiseOp::add: case PointwiseOp::sub: case PointwiseOp::mul: case PointwiseOp::div:
+    case PointwiseOp::scale: case PointwiseOp::relu: case PointwiseOp::relu_backward: case PointwiseOp::dropout:
+    case PointwiseOp::rsqrt_add: return true;
+    default: return false;
+  }
+}
+
+TEST(GpuPointwiseF64, EveryOpMatchesTheCpusF64Kernels) {
+  ATH_REQUIRE_GPU();
+  const int64_t n = 10007;
+  const std::vector<double> x = f64_values(n, 1, -4.0, 4.0), y = f64_values(n, 2, -4.0, 4.0);
+  const std::vector<double> g = f64_values(n, 3, -1.0, 1.0), unit = f64_values(n, 4, 0.0, 1.0);
+  for (int k = 0; k < kOps; ++k) {
+    const PointwiseOp op = op_at(k);
+    // The inputs in the op's domain: a gradient first for the backward ops, an output of tanh
+    // in (-1, 1) or of sigmoid in (0, 1) where the op takes one, a non-negative rsqrt_add.
+    std::vector<double> in[3] = {x, y, g};
+    switch (op) {
+      case PointwiseOp::relu_backward: case PointwiseOp::gelu_tanh_backward: case PointwiseOp::gelu_erf_backward:
+      case PointwiseOp::silu_backward: in[0] = g; break;
+      case PointwiseOp::tanh_backward: in[0] = g, in[1] = f64_values(n, 5, -1.0, 1.0); break;
+      case PointwiseOp::sigmoid_backward: in[0] = g, in[1] = unit; break;
+      case PointwiseOp::rsqrt_add: in[0] = unit; break;
+      default: break;
+    }
+    PointwiseArgs a = args_1d(op, n, DType::f64, DType::f64, DType::f64);
+    std::vector<std::unique_ptr<DeviceBuffer<double>>> dev;
+    for (int i = 0; i < a.n_in; ++i) {
+      dev.push_back(std::make_unique<DeviceBuffer<double>>(in[i]));
+      a.in[i].data = dev.back()->ptr;
+    }
+    DeviceBuffer<double> out(static_cast<std::size_t>(n));
+    a.out = out.ptr;
+    for (bool candidate : {false, true}) {  // f64 takes the f64 kernel either way
+      SCOPED_TRACE("op " + std::to_string(k) + (candidate ? ", candidate on" : ""));
+      ASSERT_EQ(cuda::plan_pointwise(a, candidate).kernel, PointwiseKernel::generic_f64);
+      ATH_CUDA(cudaMemsetAsync(out.ptr, 0xff, n * sizeof(double), stream()));
+      cuda::CandidateOverride o(cuda::Candidate::pointwise_vectorized, candidate);
+      cuda::pointwise(a, stream());
+      const std::vector<double> got = out.host(), want = cpu_f64(op, in[0], in[1], in[2], a.alpha);
+      if (one_operation(op)) {
+        const Tensor gt = from_vector(got, {n}, TensorOptions(DType::f64)), wt = from_vector(want, {n}, TensorOptions(DType::f64));
+        EXPECT_TRUE(same_bits_or_nan(gt, wt));
+      } else {
+        EXPECT_TRUE(all_close(got, want, 1e-14, 1e-14));
+      }
+    }
+  }
+}
+
+TEST(GpuPointwiseF64, MixedDtypesComputeInF64) {
+  ATH_REQUIRE_GPU();
+  const int64_t n = 4099;
+  const Tensor a = from_vector(f64_values(n, 6, -3.0, 3.0), {n}, TensorOptions(DType::f64));
+  const Tensor b = from_vector(f64_values(n, 7, -3.0, 3.0), {n}, TensorOptions(DType::f64));
+  const Tensor b32 = b.to(DType::f32), b16 = b.to(DType::bf16);
+  // f64 op f32 and f64 op bf16 -> f64: the 32/16-bit operand widens exactly (the CPU's promotion).
+  EXPECT_TRUE(same_bits_or_nan(add(a.cuda(), b32.cuda()), add(a, b32)));
+  EXPECT_TRUE(same_bits_or_nan(mul(b16.cuda(), a.cuda()), mul(b16, a)));
+  // f64 math written to bf16 / f16 / f32: rounded as the CPU's cast of the f64 result.
+  for (DType out : kFloat3) {
+    PointwiseArgs p = args_1d(PointwiseOp::sub, n, DType::f64, DType::f64, out);
+    const Tensor da = a.cuda(), db = b.cuda();
+    Tensor y = empty({n}, TensorOptions(out).with_device(Device::cuda(0)));
+    p.in[0].data = da.device_data(), p.in[1].data = db.device_data(), p.out = y.device_data();
+    cuda::pointwise(p, stream());
+    EXPECT_TRUE(same_bits_or_nan(y, sub(a, b).to(out))) << dtype_name(out);
+  }
+}
+
+// Values at the edges of f32, bf16 and f16: ties, the cases where rounding twice (f64 -> f32 ->
+// 16 bits, the CPU's cast) and rounding once differ, subnormals, overflow, ±0, ±inf, NaN; and
+// random values across the exponents; each with both signs.
+std::vector<double> edge_doubles() {
+  const double inf = std::numeric_limits<double>::infinity();
+  std::vector<double> v = {0.0, 1.0, inf, std::numeric_limits<double>::quiet_NaN(), std::numeric_limits<double>::max(),
+                           std::numeric_limits<double>::min(), std::numeric_limits<double>::denorm_min(),
+                           // f32: max, the overflow threshold (max + half an ulp ties to inf), ties, subnormals
+                           3.4028234663852886e38, 3.4028235677973366e38, std::nextafter(3.4028235677973366e38, 0.0),
+                           1.0 + std::ldexp(1.0, -24), 1.0 + 3 * std::ldexp(1.0, -24), 1.0 + std::ldexp(1.0, -24) + std::ldexp(1.0, -60),
+                           std::ldexp(1.0, -126), std::ldexp(1.0, -127), std::ldexp(1.0, -149), std::ldexp(1.0, -150),
+                           1.5 * std::ldexp(1.0, -150), std::ldexp(1.0, -151),
+                           // bf16: ties, twice-rounded ties (1 + 2^-8 + 2^-40 is 1 by way of f32, 1 + 2^-7 at once), subnormals
+                           1.0 + std::ldexp(1.0, -8), 1.0 + 3 * std::ldexp(1.0, -8), 1.0 + std::ldexp(1.0, -8) + std::ldexp(1.0, -40),
+                           1.0 + std::ldexp(1.0, -8) - std::ldexp(1.0, -40), 3.3895313892515355e38, 3.3961775292304135e38,
+                           std::ldexp(1.0, -133), std::ldexp(1.0, -134), 3 * std::ldexp(1.0, -135),
+                           // f16: max, overflow, ties, twice-rounded ties, subnormals
+                           65504.0, 65519.0, 65520.0, 65519.99, 1.0 + std::ldexp(1.0, -11), 1.0 + 3 * std::ldexp(1.0, -11),
+                           1.0 + std::ldexp(1.0, -11) + std::ldexp(1.0, -40), std::ldexp(1.0, -14), std::ldexp(1.0, -15),
+                           std::ldexp(1.0, -24), std::ldexp(1.0, -25), std::ldexp(1.0, -25) + std::ldexp(1.0, -60),
+                           3 * std::ldexp(1.0, -26), std::ldexp(1.0, -26)};
+  std::mt19937_64 g(99);
+  std::uniform_real_distribution<double> m(1.0, 2.0);
+  std::uniform_int_distribution<int> e(-160, 130);
+  for (int i = 0; i < 4000; ++i) v.push_back(std::ldexp(m(g), e(g)));
+  const std::size_t half = v.size();
+  for (std::size_t i = 0; i < half; ++i) v.push_back(-v[i]);
+  if (v.size() % 2) v.push_back(0.5);
+  return v;
+}
+
+TEST(GpuPointwiseF64, CastsFromF64MatchTheCpuBitForBit) {
+  ATH_REQUIRE_GPU();
+  const std::vector<double> vals = edge_doubles();
+  const int64_t n = static_cast<int64_t>(vals.size());
+  const Tensor h = from_vector(vals, {n}, TensorOptions(DType::f64));
+  const Tensor d = h.cuda();
+  const Tensor ht = h.view({n / 2, 2}).t(), dt = d.view({n / 2, 2}).t();  // transposed: copy.cu's strided path
+  for (DType to : kFloat3) {
+    SCOPED_TRACE(std::string("f64 -> ") + dtype_name(to));
+    const Tensor want = h.to(to);
+    EXPECT_TRUE(same_bits_or_nan(d.to(to), want));  // core's copy (copy.cu), the cast op's path
+    EXPECT_TRUE(same_bits_or_nan(dt.to(to), ht.to(to)));
+    // The pointwise kernel's copy (cuda_as: layer outputs, losses).
+    Tensor y = empty({n}, TensorOptions(to).with_device(Device::cuda(0)));
+    PointwiseArgs p = args_1d(PointwiseOp::copy, n, DType::f64, DType::f64, to);
+    p.in[0].data = d.device_data(), p.out = y.device_data();
+    cuda::pointwise(p, stream());
+    EXPECT_TRUE(same_bits_or_nan(y, want));
+  }
+}
+
+TEST(GpuPointwiseF64, CastsToF64MatchTheCpuBitForBit) {
+  ATH_REQUIRE_GPU();
+  // Every bf16 and f16 bit pattern, and f32 values with subnormals, ±0, ±inf and NaN.
+  std::vector<Tensor> hosts;
+  for (DType dt : {DType::bf16, DType::f16}) {
+    Tensor t = empty({65536}, TensorOptions(dt));
+    auto* p = static_cast<uint16_t*>(t.raw_data());
+    for (uint32_t i = 0; i < 65536; ++i) p[i] = static_cast<uint16_t>(i);
+    hosts.push_back(t);
+  }
+  hosts.push_back(from_vector(input_values(100003, 2), {100003}, TensorOptions(DType::f32)));
+  for (const Tensor& h : hosts) {
+    SCOPED_TRACE(std::string(dtype_name(h.dtype())) + " -> f64");
+    const Tensor want = h.to(DType::f64), d = h.cuda();
+    EXPECT_TRUE(same_bits_or_nan(d.to(DType::f64), want));
+    Tensor y = empty(h.sizes(), TensorOptions(DType::f64).with_device(Device::cuda(0)));
+    PointwiseArgs p = args_1d(PointwiseOp::copy, h.numel(), h.dtype(), h.dtype(), DType::f64);
+    p.in[0].data = d.device_data(), p.out = y.device_data();
+    cuda::pointwise(p, stream());
+    EXPECT_TRUE(same_bits_or_nan(y, want));
+  }
+}
+
+// The elementwise ops' CUDA slots (src/ops/cuda/elementwise.cpp) in f64, forward and backward,
+// against the same ops on the CPU in f64.
+TEST(GpuPointwiseF64, ElementwiseOpsTakeF64OnCuda) {
+  ATH_REQUIRE_GPU();
+  const Shape shape = {37, 29};
+  const int64_t n = 37 * 29;
+  const std::vector<double> av = f64_values(n, 8, -3.0, 3.0), bv = f64_values(n, 9, 0.5, 3.0), sv = f64_values(n, 10, -1.0, 1.0);
+  struct Case {
+    const char* name;
+    std::function<Tensor(const Tensor&, const Tensor&)> f;
+    bool exact_forward;
+  };
+  const std::vector<Case> cases = {
+      {"add", [](const Tensor& a, const Tensor& b) { return add(a, b); }, true},
+      {"sub", [](const Tensor& a, const Tensor& b) { return sub(a, b); }, true},
+      {"mul", [](const Tensor& a, const Tensor& b) { return mul(a, b); }, true},
+      {"div", [](const Tensor& a, const Tensor& b) { return div(a, b); }, true},
+      {"neg", [](const Tensor& a, const Tensor&) { return neg(a); }, true},
+      {"relu", [](const Tensor& a, const Tensor&) { return relu(a); }, true},
+      {"tanh", [](const Tensor& a, const Tensor&) { return tanh(a); }, false},
+      {"sigmoid", [](const Tensor& a, const Tensor&) { return sigmoid(a); }, false},
+      {"silu", [](const Tensor& a, const Tensor&) { return silu(a); }, false},
+      {"gelu", [](const Tensor& a, const Tensor&) { return gelu(a); }, false},
+      {"gelu_tanh", [](const Tensor& a, const Tensor&) { return gelu(a, GeluApprox::tanh); }, false},
+      {"add f64 + f32", [](const Tensor& a, const Tensor& b) { return add(a, b.to(DType::f32)); }, true},
+  };
+  for (const Case& c : cases) {
+    SCOPED_TRACE(c.name);
+    Tensor out[2], ga[2], gb[2];
+    for (int dev = 0; dev < 2; ++dev) {
+      Tensor a = from_vector(av, shape, TensorOptions(DType::f64)), b = from_vector(bv, shape, TensorOptions(DType::f64));
+      Tensor seed = from_vector(sv, shape, TensorOptions(DType::f64));
+      if (dev == 1) a = a.cuda(), b = b.cuda(), seed = seed.cuda();
+      a.requires_grad_(true), b.requires_grad_(true);
+      out[dev] = c.f(a, b);
+      ASSERT_EQ(out[dev].dtype(), DType::f64);
+      backward({out[dev]}, {seed});
+      ga[dev] = a.grad(), gb[dev] = b.grad();
+    }
+    EXPECT_EQ(out[1].device(), Device::cuda(0));
+    if (c.exact_forward) {
+      EXPECT_TRUE(same_bits_or_nan(out[1].detach(), out[0].detach()));
+    } else {
+      EXPECT_TRUE(all_close(out[1].cpu().to_vector(), out[0].to_vector(), 1e-14, 1e-14));
+    }
+    ASSERT_EQ(ga[1].defined(), ga[0].defined());
+    ASSERT_EQ(gb[1].defined(), gb[0].defined());
+    if (ga[0].defined()) {
+      EXPECT_TRUE(all_close(ga[1].cpu().to_vector(), ga[0].to_vector(), 1e-14, 1e-14)) << "d a";
+    }
+    if (gb[0].defined()) {
+      EXPECT_TRUE(all_close(gb[1].cpu().to_vector(), gb[0].to_vector(), 1e-14, 1e-14)) << "d b";
+    }
+  }
+}
+
+}  // namespace
