@@ -171,6 +171,45 @@ TEST(GpuPointwisePlan, HeadVectorsAndTail) {
   EXPECT_EQ(p.vectors, 16 * 3072 / 8);
 }
 
+// The vectorized kernel's coverage, emulated on the host with its own index function
+// (pointwise_scalar_element) and grid (pointwise_vector_blocks): every element of [0, n)
+// exactly once, by a step or by the scalar head and tail, each step's words 16-byte aligned.
+TEST(GpuPointwisePlan, TheVectorizedKernelCoversEveryElementOnce) {
+  for (int sms : {1, 132})  // one SM: at most 8 blocks, so n = 20000 takes two grid-stride rounds
+    for (int64_t n : {1, 2, 7, 8, 9, 15, 16, 17, 100, 4095, 4099, 20000})
+      for (int64_t k = 0; k < 8; ++k)
+        for (DType in : {DType::f32, DType::bf16})
+          for (DType out : {DType::f32, DType::bf16}) {
+            SCOPED_TRACE("n " + std::to_string(n) + ", offset " + std::to_string(k) + ", " + dtype_name(in) + " -> " +
+                         dtype_name(out) + ", SMs " + std::to_string(sms));
+            PointwiseArgs a = args_1d(in == out ? PointwiseOp::relu : PointwiseOp::copy, n, in, in, out);
+            const uintptr_t in_addr = kBase + k * dtype_size(in), out_addr = kBase + (1 << 20) + k * dtype_size(out);
+            a.in[0].data = at(in_addr), a.out = const_cast<void*>(at(out_addr));
+            const cuda::PointwisePlan p = cuda::plan_pointwise(a, true);
+            ASSERT_NE(p.kernel, PointwiseKernel::generic);
+            ASSERT_LT(p.head, cuda::kPointwiseVector);
+            std::vector<int> hits(static_cast<std::size_t>(n), 0);
+            const int64_t threads = int64_t{256} * cuda::pointwise_vector_blocks(p.vectors, sms);
+            for (int64_t t = 0; t < threads; ++t) {
+              for (int64_t s = t; s < p.vectors; s += threads) {  // the kernel's grid-stride loop
+                const int64_t i0 = p.head + s * cuda::kPointwiseVector;
+                ASSERT_EQ((in_addr + i0 * dtype_size(in)) % 16, 0u) << "step " << s;
+                ASSERT_EQ((out_addr + i0 * dtype_size(out)) % 16, 0u) << "step " << s;
+                for (int64_t j = 0; j < cuda::kPointwiseVector; ++j) {
+                  ASSERT_LT(i0 + j, n) << "step " << s;
+                  ++hits[static_cast<std::size_t>(i0 + j)];
+                }
+              }
+              const int64_t i = cuda::pointwise_scalar_element(t, n, p.head, p.vectors);
+              if (i < 0) continue;
+              ASSERT_LT(t, 16) << "a scalar element beyond the first 16 threads";
+              ASSERT_LT(i, n);
+              ++hits[static_cast<std::size_t>(i)];
+            }
+            for (int64_t i = 0; i < n; ++i) ASSERT_EQ(hits[static_cast<std::size_t>(i)], 1) << "element " << i;
+          }
+}
+
 TEST(GpuPointwisePlan, GridAndRowMajorStrides) {
   EXPECT_EQ(cuda::pointwise_vector_blocks(0, 132), 1u);  // the head and tail still need a block
   EXPECT_EQ(cuda::pointwise_vector_blocks(1, 132), 1u);

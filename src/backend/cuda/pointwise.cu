@@ -154,9 +154,7 @@ __global__ void __launch_bounds__(kThreads) pointwise_vector_kernel(const Pointw
     }
     store_vector<Out>(a.out, i0, y);
   }
-  const int64_t tail = head + vectors * kVec;
-  if (first < head + (n - tail)) {
-    const int64_t i = first < head ? first : tail + (first - head);
+  if (const int64_t i = pointwise_scalar_element(first, n, head, vectors); i >= 0) {
     float v[3] = {0.0f, 0.0f, 0.0f};
     v[0] = widen<In0>(static_cast<const In0*>(a.in[0].data)[i]);
     if (a.n_in > 1) v[1] = widen<In1>(static_cast<const In1*>(a.in[1].data)[i]);

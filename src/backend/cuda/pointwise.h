@@ -113,6 +113,15 @@ struct PointwisePlan {
 // kPointwiseVector brings every pointer to a 16-byte boundary (a view at an odd offset read
 // into a fresh output has none: generic).
 PointwisePlan plan_pointwise(const PointwiseArgs& args, bool vectorize);
+// The vectorized kernel's scalar element for its thread t (blockIdx.x blockDim.x + threadIdx.x):
+// the head [0, head) and the tail [head + kPointwiseVector vectors, n) (fewer than 16 elements
+// in all) go to threads 0, 1, ...; -1 for a thread with none. Host and device: the CPU tests
+// emulate the kernel's coverage of [0, n) with it.
+ATH_HOST_DEVICE inline int64_t pointwise_scalar_element(int64_t t, int64_t n, int64_t head, int64_t vectors) {
+  const int64_t tail = head + vectors * kPointwiseVector;
+  if (t >= head + (n - tail)) return -1;
+  return t < head ? t : tail + (t - head);
+}
 // The vectorized kernel's grid: a block of 256 threads per 256 steps, at least one (the head
 // and the tail), at most 8 per multiprocessor (the kernel strides over the rest).
 unsigned pointwise_vector_blocks(int64_t vectors, int sm_count);
