@@ -5,9 +5,11 @@
 
 #include <algorithm>
 #include <cstdint>
+#include <type_traits>
 
 #include "backend/cuda/candidates.h"
 #include "backend/cuda/copy.h"
+#include "backend/cuda/pointwise.h"
 #include "backend/cuda/runtime.h"
 
 namespace athanor::cuda {
@@ -35,6 +37,11 @@ template <class T> __device__ T narrow(float v);
 template <> __device__ float narrow<float>(float v) { return v; }
 template <> __device__ __nv_bfloat16 narrow<__nv_bfloat16>(float v) { return __float2bfloat16_rn(v); }
 template <> __device__ __half narrow<__half>(float v) { return __float2half_rn(v); }
+// Through double when either side is f64; to 16 bits through f32, as the CPU's cast_value.
+template <class T> __device__ double widen64(T v) { return static_cast<double>(widen<T>(v)); }
+template <> __device__ double widen64<double>(double v) { return v; }
+template <class T> __device__ T narrow64(double v) { return narrow<T>(__double2float_rn(v)); }
+template <> __device__ double narrow64<double>(double v) { return v; }
 
 // Same dtype: the bits, moved as an integer of the element's width.
 template <class W>
@@ -51,7 +58,8 @@ __global__ void convert_kernel(D* dst, const S* src, StridedLayout l, int64_t n)
   if (i >= n) return;
   int64_t d, s;
   offsets(l, i, d, s);
-  dst[d] = narrow<D>(widen<S>(src[s]));
+  if constexpr (std::is_same_v<D, double> || std::is_same_v<S, double>) dst[d] = narrow64<D>(widen64<S>(src[s]));
+  else dst[d] = narrow<D>(widen<S>(src[s]));
 }
 template <class W>
 __global__ void fill_kernel(W* dst, W v, StridedLayout l, int64_t n) {
@@ -104,6 +112,7 @@ void launch_add_vec(void* acc, const void* g, int64_t n, cudaStream_t st) {
 bool aligned16(const void* p) { return reinterpret_cast<uintptr_t>(p) % 16 == 0; }
 
 bool is_float3(DType d) { return d == DType::f32 || d == DType::bf16 || d == DType::f16; }
+bool is_float4(DType d) { return is_float3(d) || d == DType::f64; }
 
 template <class S>
 void convert_from(void* dst, DType to, const S* src, const StridedLayout& l, int64_t n, cudaStream_t st) {
@@ -111,16 +120,44 @@ void convert_from(void* dst, DType to, const S* src, const StridedLayout& l, int
     case DType::f32: convert_kernel<<<blocks_for(n), kThreads, 0, st>>>(static_cast<float*>(dst), src, l, n); break;
     case DType::bf16: convert_kernel<<<blocks_for(n), kThreads, 0, st>>>(static_cast<__nv_bfloat16*>(dst), src, l, n); break;
     case DType::f16: convert_kernel<<<blocks_for(n), kThreads, 0, st>>>(static_cast<__half*>(dst), src, l, n); break;
+    case DType::f64: convert_kernel<<<blocks_for(n), kThreads, 0, st>>>(static_cast<double*>(dst), src, l, n); break;
     default: break;
   }
 }
 }  // namespace
 
-bool can_copy(DType from, DType to) { return from == to || (is_float3(from) && is_float3(to)); }
+bool can_copy(DType from, DType to) { return from == to || (is_float4(from) && is_float4(to)); }
+
+namespace {
+// Candidate pointwise_vectorized: a conversion between f32, bf16 and f16 with both sides
+// row-major (the casts of a training step) runs as the pointwise kernel's copy, which plans
+// it onto the vectorized kernel when the pointers allow (the same roundings as convert_kernel).
+bool convert_as_pointwise(void* dst, DType dst_dtype, const void* src, DType src_dtype, const StridedLayout& l,
+                          int64_t n, cudaStream_t st) {
+  if (dst_dtype == src_dtype || !is_float3(dst_dtype) || !is_float3(src_dtype) ||
+      !candidate_enabled(Candidate::pointwise_vectorized) || !row_major_strides(l.ndim, l.sizes, l.dst_strides) ||
+      !row_major_strides(l.ndim, l.sizes, l.src_strides))
+    return false;
+  PointwiseArgs a;
+  a.op = PointwiseOp::copy;
+  a.ndim = 1;
+  a.sizes[0] = n;
+  a.n_in = 1;
+  a.in[0].data = src;
+  a.in[0].dtype = src_dtype;
+  a.in[0].strides[0] = 1;
+  a.in[0].contiguous = true;
+  a.out = dst;
+  a.out_dtype = dst_dtype;
+  pointwise(a, st);
+  return true;
+}
+}  // namespace
 
 void copy_strided(void* dst, DType dst_dtype, const void* src, DType src_dtype, const StridedLayout& l, int64_t n,
                   cudaStream_t st) {
   if (n == 0) return;
+  if (convert_as_pointwise(dst, dst_dtype, src, src_dtype, l, n, st)) return;
   if (dst_dtype == src_dtype) {
     switch (dtype_size(dst_dtype)) {
       case 1: copy_bits_kernel<<<blocks_for(n), kThreads, 0, st>>>(static_cast<uint8_t*>(dst), static_cast<const uint8_t*>(src), l, n); break;
@@ -132,6 +169,8 @@ void copy_strided(void* dst, DType dst_dtype, const void* src, DType src_dtype, 
     convert_from(dst, dst_dtype, static_cast<const float*>(src), l, n, st);
   } else if (src_dtype == DType::bf16) {
     convert_from(dst, dst_dtype, static_cast<const __nv_bfloat16*>(src), l, n, st);
+  } else if (src_dtype == DType::f64) {
+    convert_from(dst, dst_dtype, static_cast<const double*>(src), l, n, st);
   } else {
     convert_from(dst, dst_dtype, static_cast<const __half*>(src), l, n, st);
   }

@@ -240,7 +240,7 @@ class CudaHooks final : public DeviceHooks {
 
   void copy_strided(const StridedRegion& dst, const StridedRegion& src, int index, const char* op) override {
     ATH_CHECK(can_copy(src.dtype, dst.dtype), op, "converting ", dtype_name(src.dtype), " to ", dtype_name(dst.dtype),
-              " is not yet supported on cuda (only between f32, bf16 and f16, or within one dtype)",
+              " is not yet supported on cuda (only between f32, f64, bf16 and f16, or within one dtype)",
               Hint{"convert on the CPU (.cpu().to(dtype)) and move the result"});
     const int64_t n = count(dst.sizes);
     if (n == 0) return;

@@ -19,6 +19,11 @@ void check_cuda_dtype(const char* op, const Tensor& t, const char* name) {
     cuda_unsupported(op, std::string(name) + " is " + t.describe() + " (the CUDA kernels take f32, bf16 and f16)");
 }
 
+void check_cuda_dtype_or_f64(const char* op, const Tensor& t, const char* name) {
+  if (t.defined() && !cuda_pointwise_dtype(t.dtype()) && t.dtype() != DType::f64)
+    cuda_unsupported(op, std::string(name) + " is " + t.describe() + " (the CUDA kernels take f32, bf16, f16 and f64)");
+}
+
 namespace {
 
 void check_rank(const char* what, int64_t ndim) {
@@ -43,9 +48,14 @@ cuda::PointwiseOperand operand(const Tensor& t, const Shape& shape) {
 }  // namespace
 
 Tensor cuda_pointwise(cuda::PointwiseOp op, const std::vector<Tensor>& inputs, const Shape& shape, DType out_dtype,
-                      float alpha) {
+                      double alpha) {
   ATH_ASSERT(!inputs.empty() && inputs.size() <= 3);
   check_rank("cuda pointwise", static_cast<int64_t>(shape.size()));
+  // An op built from the pointwise kernel called with a dtype that kernel does not take:
+  // "not yet supported on cuda", before any work.
+  for (const Tensor& t : inputs) check_cuda_dtype_or_f64("cuda pointwise", t, "an operand");
+  if (!cuda_pointwise_dtype(out_dtype) && out_dtype != DType::f64)
+    cuda_unsupported("cuda pointwise", std::string("the result dtype ") + dtype_name(out_dtype));
   const Device dev = inputs[0].device();
   Tensor y = empty(shape, TensorOptions(out_dtype).with_device(dev));
   if (y.numel() == 0) return y;
@@ -75,7 +85,7 @@ Tensor cuda_dropout_mask(const Tensor& x, uint64_t seed, uint64_t offset, uint32
   a.in[0] = operand(x, x.sizes());
   a.out = y.device_data();
   a.out_dtype = x.dtype();
-  a.alpha = static_cast<float>(scale);
+  a.alpha = scale;  // rounded to f32 in the kernel when x is not f64
   a.seed = seed, a.offset = offset, a.threshold = threshold;
   cuda::DeviceGuard g(x.device().index);
   cuda::pointwise(a, cuda::compute_stream(x.device().index));

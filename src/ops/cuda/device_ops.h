@@ -16,10 +16,15 @@ namespace athanor::detail {
 bool cuda_pointwise_dtype(DType d);
 // "not yet supported on cuda" unless t is f32, bf16 or f16 (named `name` in the error).
 void check_cuda_dtype(const char* op, const Tensor& t, const char* name);
+// The same for the kernels that also take f64 (GEMM, softmax, cross-entropy, sums, embedding,
+// attention, conv and pooling, rope): f32, bf16, f16 or f64.
+void check_cuda_dtype_or_f64(const char* op, const Tensor& t, const char* name);
 
-// y = op(inputs broadcast to `shape`) in `out_dtype`; alpha: scale's and dropout's factor.
+// y = op(inputs broadcast to `shape`) in `out_dtype` (f32, f64, bf16, f16; the math in f64
+// when any of them is f64); alpha: scale's and rsqrt_add's constant, rounded to f32 when the
+// math is f32.
 Tensor cuda_pointwise(cuda::PointwiseOp op, const std::vector<Tensor>& inputs, const Shape& shape, DType out_dtype,
-                      float alpha = 1.0f);
+                      double alpha = 1.0);
 // Dropout's mask over x (its keep bits from Philox (seed, offset)), kept elements times `scale`.
 Tensor cuda_dropout_mask(const Tensor& x, uint64_t seed, uint64_t offset, uint32_t threshold, double scale);
 // scale Σ x over `dims` (sorted, unique, wrapped) with keepdim semantics, in `out_dtype`.

@@ -1,9 +1,9 @@
 // CUDA kernels of the elementwise ops: add, sub, mul, div with broadcasting and type
 // promotion (an f32 op bf16 residual add widens the 16-bit operand in registers), neg, and
-// the activations relu, tanh, sigmoid, silu and gelu (tanh and erf forms), in f32, bf16 and
-// f16, on the one pointwise kernel (src/backend/cuda/pointwise.h): inputs are read in place
-// at their strides (transposed, sliced, broadcast), math in f32, one rounding into the
-// output dtype.
+// the activations relu, tanh, sigmoid, silu and gelu (tanh and erf forms), in f32, f64, bf16
+// and f16, on the one pointwise kernel (src/backend/cuda/pointwise.h): inputs are read in
+// place at their strides (transposed, sliced, broadcast), math in f32 (in f64, with the CPU's
+// f64 formulas, when an operand is f64), one rounding into the output dtype.
 // Backward beside forward, the CPU ops' formulas (src/ops/binary.cpp, activation.cpp):
 //   add: (g, g), sub: (g, -g), mul: (g b, g a), div: (g / b, -g y / b), each summed down to
 //   its input's shape (sum_to: the deterministic CUDA sum over the broadcast dims);
@@ -36,8 +36,8 @@ template <PointwiseOp Op> std::vector<Tensor> binary_cuda(OpCall& c) {
   ATH_CHECK(a.defined() && b.defined(), op, "undefined input");
   ATH_CHECK(is_floating(a.dtype()) && is_floating(b.dtype()), op, "arithmetic on ", a.describe(), " and ", b.describe(),
             " is not supported on cuda", Hint{"convert integer and bool tensors to a floating dtype first"});
-  check_cuda_dtype(op, a, "a");
-  check_cuda_dtype(op, b, "b");
+  check_cuda_dtype_or_f64(op, a, "a");
+  check_cuda_dtype_or_f64(op, b, "b");
   const Shape shape = broadcast_shapes(a.sizes(), b.sizes(), op);
   const DType dt = promote_types(a.dtype(), b.dtype());
   Tensor y = cuda_pointwise(Op, {a, b}, shape, dt);
@@ -77,7 +77,7 @@ Grads div_backward_cuda(const Node& n, const Grads& g, const OpSaved& saved) {
 
 std::vector<Tensor> neg_cuda(OpCall& c) {
   const Tensor& x = c.in(0);
-  check_cuda_dtype("neg", x, "x");
+  check_cuda_dtype_or_f64("neg", x, "x");
   return {cuda_pointwise(PointwiseOp::scale, {x}, x.sizes(), x.dtype(), -1.0f)};
 }
 Grads neg_backward_cuda(const Node&, const Grads& g, const OpSaved&) { return {neg(g[0])}; }
@@ -90,7 +90,7 @@ struct ActCudaSaved : OpSaved {
 // relu, tanh, sigmoid: the derivative is a function of the output y; silu: of the input x.
 template <PointwiseOp F, PointwiseOp B, bool SaveOutput> std::vector<Tensor> act_cuda(OpCall& c) {
   const Tensor& x = c.in(0);
-  check_cuda_dtype(c.name(), x, "x");
+  check_cuda_dtype_or_f64(c.name(), x, "x");
   Tensor y = cuda_pointwise(F, {x}, x.sizes(), x.dtype());
   if (c.records()) {
     ActCudaSaved& s = c.save<ActCudaSaved>();
@@ -102,7 +102,7 @@ template <PointwiseOp F, PointwiseOp B, bool SaveOutput> std::vector<Tensor> act
 
 std::vector<Tensor> gelu_cuda(OpCall& c) {
   const Tensor& x = c.in(0);
-  check_cuda_dtype("gelu", x, "x");
+  check_cuda_dtype_or_f64("gelu", x, "x");
   const bool tanh_form = c.args<GeluApprox>() == GeluApprox::tanh;
   Tensor y = cuda_pointwise(tanh_form ? PointwiseOp::gelu_tanh : PointwiseOp::gelu_erf, {x}, x.sizes(), x.dtype());
   if (c.records()) {
