@@ -50,7 +50,8 @@ ROOT=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
 PACK_DIR=$ROOT/gpu_pack
 ARCHIVE=$PACK_DIR/athanor-gpu.tar.xz
 MAX_ARCHIVE_BYTES=$((48 * 1024 * 1024))  # well under the 64 MiB one device run carries
-BINARIES=(tests/athanor_tests_gpu apps/athanor/athanor bench/bench_cuda_attention bench/bench_cuda_gemm tests/athanor_tests_gpu_dist)
+BINARIES=(tests/athanor_tests_gpu apps/athanor/athanor bench/bench_cuda_attention bench/bench_cuda_gemm bench/bench_cuda_pointwise
+          tests/athanor_tests_gpu_dist)
 
 # Libraries never packed: the C runtime the machine has, and the CUDA libraries that must be
 # the machine's own (its driver's libcuda above all).
@@ -453,6 +454,11 @@ cmd_run() {
   set -e
   gemm_status=$([[ $rc -eq 0 ]] && echo passed || ([[ $rc -eq 124 ]] && echo "timed out after 30 s" || echo "failed (exit $rc)"))
   cat "$out/gemm_bench.json" >>"$log" 2>/dev/null || true
+  # 1d. The step's pointwise passes, the generic kernel against the vectorized candidate (~2 s).
+  set +e
+  timeout 20 ./bin/bench_cuda_pointwise >"$out/pointwise_bench.txt" 2>>"$log"
+  set -e
+  cat "$out/pointwise_bench.txt" >>"$log" 2>/dev/null || true
 
   # 2. CPU/GPU parity (issue 30): the same 200 steps of examples/gpt-char.yaml from the same
   # seed with dropout 0.1 (identical Philox masks) on cpu and on cuda, in f32 (TF32 off: the
@@ -554,6 +560,10 @@ try:
                                                              "peak_gflops", "peak_source", "peak_bytes", "reserved_bytes")})
 except Exception as e:
     summary["bench_gpt2_124m"]["report"] = "no JSON from athanor bench: %s" % e
+try:  # bench_cuda_pointwise: a table, then one JSON line
+    summary["pointwise_bench"] = json.loads([l for l in open(out.rsplit("/", 1)[0] + "/pointwise_bench.txt") if l.startswith("{")][-1])
+except Exception as e:
+    summary["pointwise_bench"] = {"report": "no JSON from bench_cuda_pointwise: %s" % e}
 summary["gemm_bench"] = {"status": gemm_status}
 try:  # the headline only; gemm_bench.json has every GEMM
     gb = json.load(open(gemm_json))
