@@ -19,6 +19,11 @@ void check_cuda_dtype(const char* op, const Tensor& t, const char* name) {
     cuda_unsupported(op, std::string(name) + " is " + t.describe() + " (the CUDA kernels take f32, bf16 and f16)");
 }
 
+void check_cuda_dtype_or_f64(const char* op, const Tensor& t, const char* name) {
+  if (t.defined() && !cuda_pointwise_dtype(t.dtype()) && t.dtype() != DType::f64)
+    cuda_unsupported(op, std::string(name) + " is " + t.describe() + " (the CUDA kernels take f32, bf16, f16 and f64)");
+}
+
 namespace {
 
 void check_rank(const char* what, int64_t ndim) {
@@ -46,6 +51,11 @@ Tensor cuda_pointwise(cuda::PointwiseOp op, const std::vector<Tensor>& inputs, c
                       float alpha) {
   ATH_ASSERT(!inputs.empty() && inputs.size() <= 3);
   check_rank("cuda pointwise", static_cast<int64_t>(shape.size()));
+  // An op built from the pointwise kernel (mse_loss, batch_norm, swiglu, ...) called with a
+  // dtype that kernel does not take: "not yet supported on cuda", before any work.
+  for (const Tensor& t : inputs) check_cuda_dtype("cuda pointwise", t, "an operand");
+  if (!cuda_pointwise_dtype(out_dtype))
+    cuda_unsupported("cuda pointwise", std::string("the result dtype ") + dtype_name(out_dtype));
   const Device dev = inputs[0].device();
   Tensor y = empty(shape, TensorOptions(out_dtype).with_device(dev));
   if (y.numel() == 0) return y;
@@ -65,6 +75,7 @@ Tensor cuda_pointwise(cuda::PointwiseOp op, const std::vector<Tensor>& inputs, c
 
 Tensor cuda_dropout_mask(const Tensor& x, uint64_t seed, uint64_t offset, uint32_t threshold, double scale) {
   check_rank("dropout", x.dim());
+  check_cuda_dtype("dropout", x, "x");
   Tensor y = empty(x.sizes(), TensorOptions(x.dtype()).with_device(x.device()));
   if (y.numel() == 0) return y;
   cuda::PointwiseArgs a;
@@ -133,6 +144,16 @@ void cuda_gemm(int dev, DType dt, bool ta, bool tb, int64_t m, int64_t n, int64_
     if (epi == cuda::GemmEpilogue::none) g.epilogue = cuda::GemmEpilogue::bias;
     if (epi == cuda::GemmEpilogue::relu) g.epilogue = cuda::GemmEpilogue::bias_relu;
   }
+  if (dt == DType::f64 && g.epilogue != cuda::GemmEpilogue::none) {
+    // f64 GEMMs take no epilogue (gemm.h): C = the bias broadcast over the rows (core's copy
+    // of a stride-0 view), then C = op(A) op(B) + 1 C in one f64 GEMM.
+    ATH_CHECK(g.epilogue == cuda::GemmEpilogue::bias && batch == 1 && !c_f32, "cuda gemm",
+              "an f64 GEMM takes a bias only (no activation epilogue, batch 1)",
+              Hint{"apply the activation as its own op after the f64 GEMM"});
+    const Tensor c2 = make_view(c, {m, n}, {n, 1}, c.storage_offset());
+    copy_into(c2, make_view(bias, {m, n}, {0, 1}, bias.storage_offset()));
+    g.bias = nullptr, g.epilogue = cuda::GemmEpilogue::none, g.beta = 1.0f;
+  }
   g.batch = batch;
   g.stride_a = m * k, g.stride_b = k * n, g.stride_c = m * n;
   g.allow_tf32 = false;  // the config's switch is not wired yet: exact f32, as the CPU
@@ -144,6 +165,11 @@ void cuda_gemm(int dev, DType dt, bool ta, bool tb, int64_t m, int64_t n, int64_
 Tensor cuda_as(const Tensor& t, DType dtype) {
   if (!t.defined() || (t.dtype() == dtype && t.is_contiguous())) return t;
   return cuda_pointwise(cuda::PointwiseOp::copy, {t}, t.sizes(), dtype);
+}
+
+Tensor cuda_contiguous_as(const Tensor& t, DType dtype) {
+  if (!t.defined() || t.dtype() != dtype) return cuda_as(t, dtype);
+  return cuda_contiguous(t);
 }
 
 }  // namespace athanor::detail

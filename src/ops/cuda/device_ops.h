@@ -16,6 +16,9 @@ namespace athanor::detail {
 bool cuda_pointwise_dtype(DType d);
 // "not yet supported on cuda" unless t is f32, bf16 or f16 (named `name` in the error).
 void check_cuda_dtype(const char* op, const Tensor& t, const char* name);
+// The same for the kernels that also take f64 (GEMM, softmax, cross-entropy, sums, embedding,
+// attention, conv and pooling, rope): f32, bf16, f16 or f64.
+void check_cuda_dtype_or_f64(const char* op, const Tensor& t, const char* name);
 
 // y = op(inputs broadcast to `shape`) in `out_dtype`; alpha: scale's and dropout's factor.
 Tensor cuda_pointwise(cuda::PointwiseOp op, const std::vector<Tensor>& inputs, const Shape& shape, DType out_dtype,
@@ -31,5 +34,7 @@ void cuda_gemm(int dev, DType dt, bool ta, bool tb, int64_t m, int64_t n, int64_
                cuda::GemmEpilogue epi = cuda::GemmEpilogue::none, bool c_f32 = false);
 // t as a contiguous tensor of `dtype` on its device (t itself when it already is one).
 Tensor cuda_as(const Tensor& t, DType dtype);
+// cuda_as, but a same-dtype copy goes through core's copy (any dtype, f64 included).
+Tensor cuda_contiguous_as(const Tensor& t, DType dtype);
 
 }  // namespace athanor::detail
