@@ -16,6 +16,7 @@ __device__ __forceinline__ double load(const void* p, DType dt, int64_t i) {
   switch (dt) {
     case DType::bf16: return __bfloat162float(static_cast<const __nv_bfloat16*>(p)[i]);
     case DType::f16: return __half2float(static_cast<const __half*>(p)[i]);
+    case DType::f64: return static_cast<const double*>(p)[i];
     default: return static_cast<const float*>(p)[i];
   }
 }
@@ -42,6 +43,7 @@ __global__ void finish_kernel(const double* partial, int64_t outputs, int64_t ch
   switch (dt) {
     case DType::bf16: static_cast<__nv_bfloat16*>(out)[o] = __float2bfloat16_rn(static_cast<float>(v)); break;
     case DType::f16: static_cast<__half*>(out)[o] = __float2half_rn(static_cast<float>(v)); break;
+    case DType::f64: static_cast<double*>(out)[o] = v; break;
     default: static_cast<float*>(out)[o] = static_cast<float>(v); break;
   }
 }
@@ -51,7 +53,14 @@ int64_t product(const int64_t* s, int n) {
   for (int i = 0; i < n; ++i) p *= s[i];
   return p;
 }
-bool supported(DType d) { return d == DType::f32 || d == DType::bf16 || d == DType::f16; }
+// f64 data sums to f64 only (an f64 sum rounded to 16 or 32 bits is a cast: the caller's).
+bool supported(DType d) { return d == DType::f32 || d == DType::bf16 || d == DType::f16 || d == DType::f64; }
+bool supported(DType x, DType out) { return supported(x) && supported(out) && ((x == DType::f64) == (out == DType::f64)); }
+
+__global__ void broadcast_scale_kernel(const double* g, BroadcastArgs b, double scale, double* out, int64_t n) {
+  const int64_t i = blockIdx.x * static_cast<int64_t>(blockDim.x) + threadIdx.x;
+  if (i < n) out[i] = scale * g[strided_offset(i, b.sizes, b.g_strides, b.ndim)];
+}
 unsigned blocks(int64_t n) { return static_cast<unsigned>((n + kThreads - 1) / kThreads); }
 }  // namespace
 
@@ -62,8 +71,8 @@ int64_t reduce_sum_scratch(int64_t outputs, int64_t reduced) {
 void reduce_sum(const ReduceSumArgs& a, double* scratch, cudaStream_t stream) {
   ATH_CHECK(a.kept_ndim >= 0 && a.kept_ndim <= kMaxIndexDims && a.red_ndim >= 0 && a.red_ndim <= kMaxIndexDims,
             "cuda sum", "too many dims (", a.kept_ndim, " kept, ", a.red_ndim, " reduced; at most ", kMaxIndexDims, ")");
-  ATH_CHECK(supported(a.x_dtype) && supported(a.out_dtype), "cuda sum", "dtypes ", dtype_name(a.x_dtype), " -> ",
-            dtype_name(a.out_dtype), Hint{"the CUDA sum reads and writes f32, bf16 and f16"});
+  ATH_CHECK(supported(a.x_dtype, a.out_dtype), "cuda sum", "dtypes ", dtype_name(a.x_dtype), " -> ",
+            dtype_name(a.out_dtype), Hint{"the CUDA sum reads and writes f32, bf16 and f16, and f64 to f64"});
   const int64_t outputs = product(a.kept_sizes, a.kept_ndim), reduced = product(a.red_sizes, a.red_ndim);
   if (outputs == 0) return;
   const ReduceChunks ch = reduce_chunks(outputs, reduced);
@@ -74,6 +83,14 @@ void reduce_sum(const ReduceSumArgs& a, double* scratch, cudaStream_t stream) {
   finish_kernel<<<blocks(outputs), kThreads, 0, stream>>>(scratch, outputs, reduced > 0 ? ch.chunks : 0, a.scale, a.out,
                                                             a.out_dtype);
   ATH_CUDA_LAUNCHED("reduce finish_kernel");
+}
+
+void broadcast_scale(const double* g, const BroadcastArgs& b, double scale, double* out, cudaStream_t stream) {
+  ATH_CHECK(b.ndim >= 0 && b.ndim <= kMaxIndexDims, "cuda broadcast", b.ndim, " dims (at most ", kMaxIndexDims, ")");
+  const int64_t n = product(b.sizes, b.ndim);
+  if (n == 0) return;
+  broadcast_scale_kernel<<<blocks(n), kThreads, 0, stream>>>(g, b, scale, out, n);
+  ATH_CUDA_LAUNCHED("broadcast_scale_kernel");
 }
 
 }  // namespace athanor::cuda
