@@ -1,4 +1,6 @@
-// CUDA kernels of the ConvNet ops: conv2d, max_pool2d and batch_norm, in f32, bf16 and f16.
+// CUDA kernels of the ConvNet ops: conv2d, max_pool2d and batch_norm, in f32, bf16 and f16;
+// conv2d and max_pool2d in f64 too (f64 math, f64 column buffers, the NCHW moves through core's
+// copy; the conv bias through the f64 GEMM's beta, device_ops.h).
 //
 // conv2d: im2col + one cuBLASLt GEMM per group (backend/cuda/conv.h; no cuDNN):
 //   cols [P, K] (P = N OH OW, K = C/g KH KW), out [P, OC/g] = cols W_g^T (+ b in the epilogue),
@@ -56,8 +58,9 @@ std::vector<Tensor> conv2d_cuda(OpCall& c) {
   const Tensor &x = c.in(0), &w = c.in(1), &b = c.in(2);
   const ConvArgs& a = c.args<ConvArgs>();
   const cpu::Conv2dGeom g = conv2d_geometry(x, w, b, a.stride, a.padding, a.dilation, a.groups);
-  check_cuda_dtype("conv2d", x, "input");
+  check_cuda_dtype_or_f64("conv2d", x, "input");
   const DType dt = x.dtype();
+  const bool f64 = dt == DType::f64;
   const Device d = x.device();
   const int dev = d.index;
   const Tensor xc = cuda_contiguous(x), wc = cuda_contiguous(w), bc = cuda_contiguous(b);
@@ -78,7 +81,7 @@ std::vector<Tensor> conv2d_cuda(OpCall& c) {
       }
       // out [N, OH OW, OCg] -> y[:, gi OCg .. (gi + 1) OCg] (NCHW)
       const Tensor nchw = make_view(out, {g.N, OCg, g.OH * g.OW}, {g.OH * g.OW * OCg, 1, OCg}, out.storage_offset());
-      const Tensor yg = cuda_pointwise(PointwiseOp::copy, {nchw}, {g.N, OCg, g.OH * g.OW}, dt);
+      const Tensor yg = f64 ? cuda_contiguous(nchw) : cuda_pointwise(PointwiseOp::copy, {nchw}, {g.N, OCg, g.OH * g.OW}, dt);
       if (g.groups == 1) {
         y = make_view(yg, y.sizes(), contiguous_strides(y.sizes()), yg.storage_offset());
       } else {
@@ -102,7 +105,8 @@ Grads conv2d_backward_cuda(const Node& n, const Grads& gr, const OpSaved& saved)
   const DType dt = x.dtype();
   const Device d = x.device();
   const int dev = d.index;
-  const Tensor dy = cuda_as(gr[0], dt);
+  const bool f64 = dt == DType::f64;
+  const Tensor dy = f64 ? cuda_contiguous_as(gr[0], dt) : cuda_as(gr[0], dt);
   const cuda::ConvGeom cg = group_geom(g);
   const int64_t P = g.N * g.OH * g.OW, K = cg.C * g.KH * g.KW, OCg = g.OC / g.groups, HW = g.OH * g.OW;
   Grads r(3);
@@ -117,13 +121,13 @@ Grads conv2d_backward_cuda(const Node& n, const Grads& gr, const OpSaved& saved)
     return r;
   }
   Tensor cols = want_w ? dev_empty({P, K}, dt, d) : Tensor();
-  Tensor dcols = want_x ? dev_empty({P, K}, DType::f32, d) : Tensor();
+  Tensor dcols = want_x ? dev_empty({P, K}, f64 ? DType::f64 : DType::f32, d) : Tensor();
   cuda::DeviceGuard guard(dev);
   const cudaStream_t st = cuda::compute_stream(dev);
   for (int64_t gi = 0; gi < g.groups; ++gi) {
     // dy's group as rows [P, OCg] (NCHW -> rows of output positions)
     const Tensor rows_view = make_view(dy, {g.N, HW, OCg}, {g.OC * HW, 1, HW}, dy.storage_offset() + gi * OCg * HW);
-    const Tensor dyr = cuda_pointwise(PointwiseOp::copy, {rows_view}, {g.N, HW, OCg}, dt);
+    const Tensor dyr = f64 ? cuda_contiguous(rows_view) : cuda_pointwise(PointwiseOp::copy, {rows_view}, {g.N, HW, OCg}, dt);
     const Tensor dyr2 = block(dyr, {P, OCg}, 0);
     if (want_w) {
       cuda::im2col(x.device_data(), dt, cg, g.C, gi * cg.C, cols.device_data(), st);
@@ -131,8 +135,12 @@ Grads conv2d_backward_cuda(const Node& n, const Grads& gr, const OpSaved& saved)
     }
     if (want_x) {
       cuda_gemm(dev, dt, false, false, P, K, OCg, dyr2, block(w, {OCg, K}, gi * OCg * K), dcols, Tensor(), 1,
-                cuda::GemmEpilogue::none, dt != DType::f32);
-      cuda::col2im(static_cast<const float*>(dcols.device_data()), cg, g.C, gi * cg.C, r[0].device_data(), dt, st);
+                cuda::GemmEpilogue::none, dt != DType::f32 && !f64);
+      if (f64)
+        cuda::col2im(static_cast<const double*>(dcols.device_data()), cg, g.C, gi * cg.C,
+                     static_cast<double*>(r[0].device_data()), st);
+      else
+        cuda::col2im(static_cast<const float*>(dcols.device_data()), cg, g.C, gi * cg.C, r[0].device_data(), dt, st);
     }
   }
   return r;
@@ -149,7 +157,7 @@ std::vector<Tensor> max_pool2d_cuda(OpCall& c) {
   const Tensor& x = c.in(0);
   const PoolArgs& a = c.args<PoolArgs>();
   const cpu::Pool2dGeom pg = pool2d_geometry(c.name(), x, a.kernel, a.stride, a.padding);
-  check_cuda_dtype("max_pool2d", x, "input");
+  check_cuda_dtype_or_f64("max_pool2d", x, "input");
   cuda::ConvGeom g;
   g.N = pg.N, g.C = pg.C, g.H = pg.H, g.W = pg.W, g.KH = pg.KH, g.KW = pg.KW;
   g.sh = pg.sh, g.sw = pg.sw, g.ph = pg.ph, g.pw = pg.pw, g.OH = pg.OH, g.OW = pg.OW;
@@ -170,7 +178,7 @@ std::vector<Tensor> max_pool2d_cuda(OpCall& c) {
 Grads max_pool2d_backward_cuda(const Node& n, const Grads& gr, const OpSaved& saved) {
   const PoolCudaSaved& s = saved.as<PoolCudaSaved>();
   const Tensor idx = s.idx.unpack(n);
-  const Tensor dy = cuda_as(gr[0], s.dtype);
+  const Tensor dy = s.dtype == DType::f64 ? cuda_contiguous_as(gr[0], s.dtype) : cuda_as(gr[0], s.dtype);
   Tensor dx = dev_empty({s.g.N, s.g.C, s.g.H, s.g.W}, s.dtype, dy.device());
   const int dev = dy.device().index;
   cuda::DeviceGuard guard(dev);
