@@ -2,7 +2,7 @@
 // file's scaled_dot_product_attention with enable_gqa).
 //
 // rope (src/ops/rope.cpp's op on the device): the cos/sin table is the CPU's own
-//   (cpu::rope_inv_freq and cpu::rope_table in f32: theta, Llama 3 scaling, position offset),
+//   (cpu::rope_inv_freq and cpu::rope_table in f32, f64 for f64 data: theta, Llama 3 scaling, position offset),
 //   uploaded once per (T, D, options, device) and reused, as the CPU reuses its table; the
 //   rotation runs in backend/cuda/rope.h, x read in place at its strides. Backward: the same
 //   rotation with -sin (the rotation is orthogonal). Nothing is saved but the options.
@@ -35,7 +35,7 @@ struct RopeCudaTable {
   int64_t T = 0, D = 0;
   RopeOptions opt;
   Device device = Device::cpu();
-  Tensor cos_sin;  // f32 [2, T, D/2] on the device
+  Tensor cos_sin;  // f32 [2, T, D/2] on the device (f64 for f64 data)
 };
 
 bool same_options(const RopeOptions& a, const RopeOptions& b) {
@@ -48,20 +48,27 @@ bool same_options(const RopeOptions& a, const RopeOptions& b) {
 
 // The table of (T, D, o) on `device`: the last one made is kept (q and k of every layer and
 // the backward share it).
-Tensor rope_table_on(int64_t T, int64_t D, const RopeOptions& o, Device device) {
+Tensor rope_table_on(int64_t T, int64_t D, const RopeOptions& o, Device device, DType dt) {
   static std::mutex mu;
   static std::shared_ptr<const RopeCudaTable> last;
   {
     const std::lock_guard<std::mutex> lock(mu);
-    if (last && last->T == T && last->D == D && last->device == device && same_options(last->opt, o)) return last->cos_sin;
+    if (last && last->T == T && last->D == D && last->device == device && last->cos_sin.dtype() == dt &&
+        same_options(last->opt, o))
+      return last->cos_sin;
   }
   std::optional<cpu::RopeLlama3> l3;
   if (o.llama3) l3 = cpu::RopeLlama3{o.llama3->factor, o.llama3->low_freq_factor, o.llama3->high_freq_factor,
                                      o.llama3->original_max_position};
   const int64_t half = D / 2;
-  Tensor host = empty({2, T, half}, TensorOptions(DType::f32));
-  float* p = host.data_ptr<float>();
-  cpu::rope_table<float>(cpu::rope_inv_freq(D, o.theta, l3), T, o.position_offset, p, p + T * half);
+  Tensor host = empty({2, T, half}, TensorOptions(dt));
+  if (dt == DType::f64) {
+    double* p = host.data_ptr<double>();
+    cpu::rope_table<double>(cpu::rope_inv_freq(D, o.theta, l3), T, o.position_offset, p, p + T * half);
+  } else {
+    float* p = host.data_ptr<float>();
+    cpu::rope_table<float>(cpu::rope_inv_freq(D, o.theta, l3), T, o.position_offset, p, p + T * half);
+  }
   auto t = std::make_shared<RopeCudaTable>();
   t->T = T, t->D = D, t->opt = o, t->device = device, t->cos_sin = host.to(device);
   const std::lock_guard<std::mutex> lock(mu);
@@ -73,13 +80,19 @@ Tensor rope_rotate(const Tensor& x, const RopeOptions& o, int sign) {
   const int64_t B = x.size(0), T = x.size(1), H = x.size(2), D = x.size(3);
   Tensor out = empty(x.sizes(), TensorOptions(x.dtype()).with_device(x.device()));
   if (x.numel() == 0) return out;
-  const Tensor table = rope_table_on(T, D, o, x.device());
+  const bool f64 = x.dtype() == DType::f64;
+  const Tensor table = rope_table_on(T, D, o, x.device(), f64 ? DType::f64 : DType::f32);
   cuda::RopeArgs a;
   a.x = x.device_data(), a.dtype = x.dtype();
   a.B = B, a.T = T, a.H = H, a.D = D;
   a.sb = x.stride(0), a.st = x.stride(1), a.sh = x.stride(2), a.sd = x.stride(3);
-  a.cos = static_cast<const float*>(table.device_data());
-  a.sin = a.cos + T * (D / 2);
+  if (f64) {
+    a.cos64 = static_cast<const double*>(table.device_data());
+    a.sin64 = a.cos64 + T * (D / 2);
+  } else {
+    a.cos = static_cast<const float*>(table.device_data());
+    a.sin = a.cos + T * (D / 2);
+  }
   a.sign = sign;
   a.out = out.device_data();
   const int dev = x.device().index;
@@ -97,7 +110,7 @@ std::vector<Tensor> rope_cuda(OpCall& c) {
   const Tensor& x = c.in(0);
   const RopeOptions& o = c.args<RopeOptions>();
   check_floating(x, "rope", "x");
-  check_cuda_dtype("rope", x, "x");
+  check_cuda_dtype_or_f64("rope", x, "x");
   ATH_CHECK(x.dim() == 4 && x.size(3) % 2 == 0, "rope", "expected x of shape [B, T, H, D] with D even, got ", x.describe(),
             Hint{"apply rope to the heads before the transpose: q_proj(x).view({B, T, H, D})"});
   ATH_CHECK(std::isfinite(o.theta) && o.theta > 0 && o.position_offset >= 0, "rope", "theta must be finite and > 0 and ",
@@ -113,7 +126,7 @@ std::vector<Tensor> rope_cuda(OpCall& c) {
 Grads rope_backward_cuda(const Node& n, const Grads& g, const OpSaved& saved) {
   const RopeCudaSaved& s = saved.as<RopeCudaSaved>();
   if (!g[0].defined() || !needs_grad(n, 0)) return {Tensor()};
-  return {rope_rotate(cuda_as(g[0], s.dtype), s.opt, -1)};
+  return {rope_rotate(s.dtype == DType::f64 ? cuda_contiguous_as(g[0], s.dtype) : cuda_as(g[0], s.dtype), s.opt, -1)};
 }
 
 // ---- swiglu
