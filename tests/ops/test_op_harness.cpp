@@ -98,13 +98,6 @@ Tolerance coarser(DType a, DType b) {
   return ::testing::AssertionSuccess();
 }
 
-std::vector<Tensor> floating_outputs(const std::vector<Tensor>& outs) {
-  std::vector<Tensor> r;
-  for (const Tensor& o : outs)
-    if (o.defined() && is_floating(o.dtype())) r.push_back(o);
-  return r;
-}
-
 // Runs body; an Error it throws fails the test here, under the caller's SCOPED_TRACE (the op
 // and case), instead of ending the whole test.
 template <class Fn> void guarded(Fn&& body) {
@@ -238,15 +231,7 @@ TEST(OpHarness, GradientsMatchFiniteDifferencesInF64) {
       bool any = false;
       for (const Tensor& t : in) any = any || (t.defined() && t.requires_grad());
       if (!any) continue;
-      // One output for the gradcheck: the floating outputs flattened and joined.
-      auto fn = [&c](const std::vector<Tensor>& x) {
-        const std::vector<Tensor> outs = floating_outputs(c.call(x));
-        if (outs.size() == 1) return outs[0];
-        std::vector<Tensor> flat;
-        for (const Tensor& o : outs) flat.push_back(reshape(o, {-1}));
-        return cat(flat, 0);
-      };
-      guarded([&] { EXPECT_TRUE(gradcheck(fn, in)); });
+      guarded([&] { EXPECT_TRUE(op_case_gradcheck(c, in)); });  // test_util.h: shared with the GPU's
       ops.insert(op->name);
       ++cases;
     }
