@@ -273,8 +273,12 @@ __global__ void ce_bwd_kernel(const T* logits, const int64_t* target, const A* s
 
 // ---- dropout ----------------------------------------------------------------------------
 
-__global__ void dropout_kernel(const float* x, float* y, int64_t n, uint64_t seed, uint64_t offset, uint32_t threshold,
-                               float scale) {
+__device__ __forceinline__ float mul_rn(float a, float b) { return __fmul_rn(a, b); }
+__device__ __forceinline__ double mul_rn(double a, double b) { return __dmul_rn(a, b); }
+
+// T: float or double (the scale in T: f32 rounded for f32 data, as the CPU's).
+template <class T>
+__global__ void dropout_kernel(const T* x, T* y, int64_t n, uint64_t seed, uint64_t offset, uint32_t threshold, T scale) {
   const int64_t blk = blockIdx.x * static_cast<int64_t>(blockDim.x) + threadIdx.x;  // one Philox block: 4 elements
   if (blk * 4 >= n) return;
   const uint4 r = philox4x32_device(seed, offset + static_cast<uint64_t>(blk));
@@ -282,7 +286,7 @@ __global__ void dropout_kernel(const float* x, float* y, int64_t n, uint64_t see
 #pragma unroll
   for (int k = 0; k < 4; ++k) {
     const int64_t i = blk * 4 + k;
-    if (i < n) y[i] = (words[k] >> 8) >= threshold ? __fmul_rn(x[i], scale) : 0.0f;
+    if (i < n) y[i] = (words[k] >> 8) >= threshold ? mul_rn(x[i], scale) : T(0);
   }
 }
 
@@ -575,6 +579,14 @@ void dropout_apply(const float* x, float* y, int64_t n, uint64_t seed, uint64_t 
   dropout_kernel<<<static_cast<unsigned>((blocks + 255) / 256), 256, 0, stream>>>(x, y, n, seed, offset, threshold,
                                                                                  static_cast<float>(scale));
   ATH_CUDA_LAUNCHED("dropout_kernel");
+}
+
+void dropout_apply(const double* x, double* y, int64_t n, uint64_t seed, uint64_t offset, uint32_t threshold,
+                   double scale, cudaStream_t stream) {
+  if (n == 0) return;
+  const int64_t blocks = (n + 3) / 4;
+  dropout_kernel<<<static_cast<unsigned>((blocks + 255) / 256), 256, 0, stream>>>(x, y, n, seed, offset, threshold, scale);
+  ATH_CUDA_LAUNCHED("dropout_kernel f64");
 }
 
 void adam_multi_tensor(float* const* w, const float* const* g, float* const* m, float* const* v, const int64_t* n,

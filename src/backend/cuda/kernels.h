@@ -63,6 +63,9 @@ void cross_entropy_backward(const double* logits, const int64_t* target, const d
 // Inverted dropout on a contiguous buffer (x may be y).
 void dropout_apply(const float* x, float* y, int64_t n, uint64_t seed, uint64_t offset, uint32_t threshold,
                    double scale, cudaStream_t stream);
+// The same on f64 data, the scale in f64 (the CPU's f64 dropout).
+void dropout_apply(const double* x, double* y, int64_t n, uint64_t seed, uint64_t offset, uint32_t threshold,
+                   double scale, cudaStream_t stream);
 
 // Adam/AdamW over several tensors in one launch (cpu/optimizer_update.h's arithmetic,
 // rounding fixed with explicit fmaf / __fmul_rn so it is bit-identical to the CPU).

@@ -75,7 +75,6 @@ Tensor cuda_pointwise(cuda::PointwiseOp op, const std::vector<Tensor>& inputs, c
 
 Tensor cuda_dropout_mask(const Tensor& x, uint64_t seed, uint64_t offset, uint32_t threshold, double scale) {
   check_rank("dropout", x.dim());
-  check_cuda_dtype("dropout", x, "x");
   Tensor y = empty(x.sizes(), TensorOptions(x.dtype()).with_device(x.device()));
   if (y.numel() == 0) return y;
   cuda::PointwiseArgs a;
@@ -147,7 +146,7 @@ void cuda_gemm(int dev, DType dt, bool ta, bool tb, int64_t m, int64_t n, int64_
   if (dt == DType::f64 && g.epilogue != cuda::GemmEpilogue::none) {
     // f64 GEMMs take no epilogue (gemm.h): C = the bias broadcast over the rows (core's copy
     // of a stride-0 view), then C = op(A) op(B) + 1 C in one f64 GEMM.
-    ATH_CHECK(g.epilogue == cuda::GemmEpilogue::bias && batch == 1 && !c_f32, "cuda gemm",
+    ATH_CHECK(g.epilogue == cuda::GemmEpilogue::bias && batch == 1, "cuda gemm",
               "an f64 GEMM takes a bias only (no activation epilogue, batch 1)",
               Hint{"apply the activation as its own op after the f64 GEMM"});
     const Tensor c2 = make_view(c, {m, n}, {n, 1}, c.storage_offset());
@@ -157,7 +156,7 @@ void cuda_gemm(int dev, DType dt, bool ta, bool tb, int64_t m, int64_t n, int64_
   g.batch = batch;
   g.stride_a = m * k, g.stride_b = k * n, g.stride_c = m * n;
   g.allow_tf32 = false;  // the config's switch is not wired yet: exact f32, as the CPU
-  g.c_f32 = c_f32 && dt != DType::f32;
+  g.c_f32 = c_f32 && (dt == DType::bf16 || dt == DType::f16);  // f32 and f64 C are their operands' dtype
   cuda::DeviceGuard guard(dev);
   cuda::gemm(g, dev, cuda::compute_stream(dev));
 }

@@ -6,7 +6,8 @@
 //   uploaded once per (T, D, options, device) and reused, as the CPU reuses its table; the
 //   rotation runs in backend/cuda/rope.h, x read in place at its strides. Backward: the same
 //   rotation with -sin (the rotation is orthogonal). Nothing is saved but the options.
-// swiglu: y = silu(x W_gate^T) * (x W_up^T): two cuBLASLt GEMMs and one pointwise pass.
+// swiglu: y = silu(x W_gate^T) * (x W_up^T): two cuBLASLt GEMMs and one pointwise pass (f64:
+//   f64 GEMMs and sums; it runs once the pointwise kernel takes f64).
 //   Backward: dg = dy u silu'(g), du = dy silu(g) (pointwise), dx = dg W_gate + du W_up,
 //   dW_gate = dg^T x, dW_up = du^T x (in f32 from bf16 GEMMs under the f32-master rule).
 //   Saved: x, g, u and the weights, as on the CPU.
@@ -138,7 +139,7 @@ struct SwigluCudaSaved : OpSaved {
 std::vector<Tensor> swiglu_cuda(OpCall& c) {
   const char* op = "swiglu";
   const Tensor &x = c.in(0), &w_gate = c.in(1), &w_up = c.in(2);
-  check_cuda_dtype(op, x, "x");
+  check_cuda_dtype_or_f64(op, x, "x");
   ATH_CHECK(x.dtype() == w_gate.dtype() && x.dtype() == w_up.dtype(), op, "x, w_gate and w_up must have one dtype, got x ",
             x.describe(), ", w_gate ", w_gate.describe(), ", w_up ", w_up.describe(),
             Hint{"convert them with .to(...) (or run under autocast)"});
@@ -176,7 +177,7 @@ Grads swiglu_backward_cuda(const Node& n, const Grads& gr, const OpSaved& saved)
   const int64_t M = g.size(0), I = g.size(1), d = wg.size(1);
   const DType dt = g.dtype();
   const int dev = g.device().index;
-  const Tensor dy = cuda_as(gr[0], dt);
+  const Tensor dy = dt == DType::f64 ? cuda_contiguous_as(gr[0], dt) : cuda_as(gr[0], dt);
   const Tensor dy2 = make_view(dy, {M, I}, contiguous_strides({M, I}), dy.storage_offset());
   const Tensor dg = cuda_pointwise(cuda::PointwiseOp::silu_mul_grad_gate, {g, u, dy2}, {M, I}, dt);
   const Tensor du = cuda_pointwise(cuda::PointwiseOp::silu_mul_grad_up, {g, u, dy2}, {M, I}, dt);
@@ -186,9 +187,10 @@ Grads swiglu_backward_cuda(const Node& n, const Grads& gr, const OpSaved& saved)
     if (M * d > 0) {
       if (I == 0) {
         a.zero_(), b.zero_();
-      } else {  // dx = dg W_gate + du W_up: two GEMMs in f32, one sum rounded once
-        a = empty(x.sizes(), TensorOptions(DType::f32).with_device(x.device()));
-        b = empty(x.sizes(), TensorOptions(DType::f32).with_device(x.device()));
+      } else {  // dx = dg W_gate + du W_up: two GEMMs in f32 (f64 for f64), one sum rounded once
+        const DType sum_dt = dt == DType::f64 ? DType::f64 : DType::f32;
+        a = empty(x.sizes(), TensorOptions(sum_dt).with_device(x.device()));
+        b = empty(x.sizes(), TensorOptions(sum_dt).with_device(x.device()));
         cuda_gemm(dev, dt, false, false, M, d, I, dg, wg, a, Tensor(), 1, cuda::GemmEpilogue::none, true);
         cuda_gemm(dev, dt, false, false, M, d, I, du, wu, b, Tensor(), 1, cuda::GemmEpilogue::none, true);
       }

@@ -26,7 +26,8 @@
 // cuda::fused_classifier_enabled(); otherwise the gradient goes to a new buffer, as before.
 // The write bumps the storage's version, so a stale read of the logits raises.
 //
-// mse_loss (input, target of one shape and dtype: f32, bf16, f16), composed from the pointwise
+// mse_loss (input, target of one shape and dtype: f32, bf16, f16; f64 with its difference and
+// squares in f64 once the pointwise kernel takes f64), composed from the pointwise
 // kernel and the deterministic sum (ops/cuda/device_ops.h), with the CPU op's roundings
 // (src/backend/cpu/cross_entropy.cpp, math in f32): d = a - b in f32 (inputs read in place at
 // their strides); none: d^2 rounded once into the dtype; sum / mean: d^2 in f32 summed in f64
@@ -187,9 +188,10 @@ std::vector<Tensor> mse_loss_cuda(OpCall& c) {
   const Tensor &input = c.in(0), &target = c.in(1);
   const Reduction reduction = c.args<MseArgs>().reduction;
   check_mse_args(input, target, op);
-  check_cuda_dtype(op, input, "input");
-  check_cuda_dtype(op, target, "target");
+  check_cuda_dtype_or_f64(op, input, "input");
+  check_cuda_dtype_or_f64(op, target, "target");
   const DType dt = input.dtype();
+  const DType acc = dt == DType::f64 ? DType::f64 : DType::f32;  // the difference's and squares' dtype
   const int64_t n = input.numel();
   const Shape& shape = input.sizes();
   Tensor out;
@@ -197,11 +199,11 @@ std::vector<Tensor> mse_loss_cuda(OpCall& c) {
     out = full({}, reduction == Reduction::mean ? std::numeric_limits<double>::quiet_NaN() : 0.0,
                TensorOptions(dt).with_device(input.device()));
   } else {
-    const Tensor d = cuda_pointwise(cuda::PointwiseOp::sub, {input, target}, shape, DType::f32);
+    const Tensor d = cuda_pointwise(cuda::PointwiseOp::sub, {input, target}, shape, acc);
     if (reduction == Reduction::none) {
       out = cuda_pointwise(cuda::PointwiseOp::mul, {d, d}, shape, dt);
     } else {
-      const Tensor sq2 = cuda_pointwise(cuda::PointwiseOp::mul, {d, d}, shape, DType::f32);
+      const Tensor sq2 = cuda_pointwise(cuda::PointwiseOp::mul, {d, d}, shape, acc);
       const Tensor sq = make_view(sq2, {n}, {1}, sq2.storage_offset());  // contiguous: one dim to sum
       const double scale = reduction == Reduction::mean ? 1.0 / static_cast<double>(n) : 1.0;
       out = cuda_sum_dims(sq, {0}, false, scale, dt);
@@ -217,8 +219,10 @@ std::vector<Tensor> mse_loss_cuda(OpCall& c) {
 Grads mse_loss_backward_cuda(const Node& nd, const Grads& g, const OpSaved& saved) {
   const MseCudaSaved& s = saved.as<MseCudaSaved>();
   const Tensor a = s.input.unpack(nd), b = s.target.unpack(nd);
-  check_cuda_dtype("mse_loss backward", g[0], "grad");
+  check_cuda_dtype_or_f64("mse_loss backward", g[0], "grad");
   const int64_t n = a.numel();
+  const bool f64 = a.dtype() == DType::f64;
+  const DType acc = f64 ? DType::f64 : DType::f32;
   Tensor da, db;
   if (n == 0) {
     if (needs_grad(nd, 0)) da = empty(a.sizes(), TensorOptions(a.dtype()).with_device(a.device()));
@@ -226,9 +230,11 @@ Grads mse_loss_backward_cuda(const Node& nd, const Grads& g, const OpSaved& save
     return {da, db};
   }
   const double scale = s.reduction == Reduction::mean ? 1.0 / static_cast<double>(n) : 1.0;
-  // k d with k = 2 scale as an f32 number, then times g: the CPU's (k (a - b)) g in f32.
-  const Tensor d = cuda_pointwise(cuda::PointwiseOp::sub, {a, b}, a.sizes(), DType::f32);
-  const Tensor kd = cuda_pointwise(cuda::PointwiseOp::scale, {d}, a.sizes(), DType::f32, static_cast<float>(2.0 * scale));
+  // k d with k = 2 scale as an f32 number, then times g: the CPU's (k (a - b)) g in f32 (f64
+  // throughout, k exact, for f64 inputs).
+  const double k = f64 ? 2.0 * scale : static_cast<float>(2.0 * scale);
+  const Tensor d = cuda_pointwise(cuda::PointwiseOp::sub, {a, b}, a.sizes(), acc);
+  const Tensor kd = cuda_pointwise(cuda::PointwiseOp::scale, {d}, a.sizes(), acc, k);
   const Tensor v = cuda_pointwise(cuda::PointwiseOp::mul, {kd, g[0]}, a.sizes(), a.dtype());  // g[0]: a's shape or 0-d
   if (needs_grad(nd, 0)) da = v;
   if (needs_grad(nd, 1)) db = cuda_pointwise(cuda::PointwiseOp::scale, {v}, b.sizes(), b.dtype(), -1.0f);  // exact
