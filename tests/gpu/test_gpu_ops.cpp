@@ -9,7 +9,7 @@
 // And the f64 gradcheck on the GPU (issue 30: "f64 gradchecks run on the GPU"): every harness
 // case with a gradient of every op with a CUDA kernel, its inputs on cuda in f64, the CUDA
 // backward's gradient against central differences of the CUDA forward (the CPU harness's
-// gradcheck, tests/support/test_util.h: op_case_gradcheck, its tolerances).
+// gradcheck, tests/support/op_case_gradcheck.h, its tolerances).
 // The inputs keep the case's layout on the device (transposed, strided, broadcast). A case
 // the CUDA kernel does not take yet (1-D matmul operands, ...) must say
 // "not yet supported on cuda": it is listed, and every op must still run at least one f32
@@ -27,7 +27,7 @@
 #include "athanor/ops/dropout.h"
 #include "athanor/ops/registry.h"
 #include "gpu_test.h"
-#include "test_util.h"
+#include "op_case_gradcheck.h"
 
 using namespace athanor;
 using namespace athanor::gpu_test;

@@ -19,6 +19,7 @@
 
 #include "athanor/ops/autocast.h"
 #include "athanor/ops/op_harness.h"
+#include "op_case_gradcheck.h"
 #include "test_util.h"
 
 namespace athanor {
@@ -231,7 +232,7 @@ TEST(OpHarness, GradientsMatchFiniteDifferencesInF64) {
       bool any = false;
       for (const Tensor& t : in) any = any || (t.defined() && t.requires_grad());
       if (!any) continue;
-      guarded([&] { EXPECT_TRUE(op_case_gradcheck(c, in)); });  // test_util.h: shared with the GPU's
+      guarded([&] { EXPECT_TRUE(op_case_gradcheck(c, in)); });  // op_case_gradcheck.h: shared with the GPU's
       ops.insert(op->name);
       ++cases;
     }

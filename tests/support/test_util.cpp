@@ -1,5 +1,7 @@
 #include "test_util.h"
 
+#include "op_case_gradcheck.h"
+
 #include "athanor/core/allocator.h"
 #include "athanor/ops/autocast.h"
 #include "backend/cpu/isa.h"

@@ -14,7 +14,6 @@
 #include <vector>
 
 #include "athanor/ops.h"
-#include "athanor/ops/op_harness.h"
 
 namespace athanor::testing {
 
@@ -49,12 +48,6 @@ struct GradcheckOptions {
 ::testing::AssertionResult gradcheck(const std::function<Tensor(const std::vector<Tensor>&)>& fn,
                                      const std::vector<Tensor>& inputs, GradcheckOptions opts = {});
 
-// The op harness's gradcheck of one case (tests/ops/test_op_harness.cpp on the CPU,
-// tests/gpu/test_gpu_ops.cpp on cuda): the case's floating outputs flattened and joined into
-// one output, checked by gradcheck on `inputs` (the case's f64 tensors, on any one device).
-::testing::AssertionResult op_case_gradcheck(const OpCase& c, const std::vector<Tensor>& inputs, GradcheckOptions opts = {});
-// The defined floating tensors of `outs`, in order.
-std::vector<Tensor> floating_outputs(const std::vector<Tensor>& outs);
 
 // f64 leaf with N(0,1) values from `seed` (requires grad by default).
 Tensor randn64(const Shape& shape, uint64_t seed, bool requires_grad = true);
