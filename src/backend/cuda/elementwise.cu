@@ -100,9 +100,10 @@ __global__ void embedding_fwd_kernel(const W* w, const int64_t* idx, W* out, int
 constexpr int kEmbRowGroups = 128;  // a power of two
 constexpr int kEmbChunk = 1024;
 // Acc: float (dy f32, bf16, f16 into an f32 dW) or double (f64 dy into an f64 dW, summed in f64).
-__device__ __forceinline__ void accumulate(float* d, const void* dy, DType dt, int64_t i) { *d += load_as_f32(dy, dt, i); }
-__device__ __forceinline__ void accumulate(double* d, const void* dy, DType, int64_t i) {
-  *d += static_cast<const double*>(dy)[i];
+template <class Acc> __device__ __forceinline__ Acc load_acc(const void* dy, DType dt, int64_t i);
+template <> __device__ __forceinline__ float load_acc<float>(const void* dy, DType dt, int64_t i) { return load_as_f32(dy, dt, i); }
+template <> __device__ __forceinline__ double load_acc<double>(const void* dy, DType, int64_t i) {
+  return static_cast<const double*>(dy)[i];
 }
 template <class Acc>
 __global__ void embedding_bwd_kernel(const void* dy, DType dy_dtype, const int64_t* idx, Acc* dw, int64_t N, int64_t num,
@@ -123,7 +124,7 @@ __global__ void embedding_bwd_kernel(const void* dy, DType dy_dtype, const int64
     for (int64_t j = 0; j < len; ++j) {
       const int64_t row = rows[j];
       if (row < 0) continue;
-      accumulate(&dw[row * dim + c], dy, dy_dtype, (n0 + j) * dim + c);
+      dw[row * dim + c] += load_acc<Acc>(dy, dy_dtype, (n0 + j) * dim + c);
     }
   }
 }

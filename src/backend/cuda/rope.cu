@@ -21,22 +21,24 @@ template <> __device__ __forceinline__ double load_as<double>(const void* p, DTy
 }
 __device__ __forceinline__ void store_as(void* p, DType dt, int64_t i, float v) { store_from_f32(p, dt, i, v); }
 __device__ __forceinline__ void store_as(void* p, DType, int64_t i, double v) { static_cast<double*>(p)[i] = v; }
-__device__ __forceinline__ const float* table(const RopeArgs& a, const float*, bool cos) { return cos ? a.cos : a.sin; }
-__device__ __forceinline__ const double* table(const RopeArgs& a, const double*, bool cos) { return cos ? a.cos64 : a.sin64; }
+template <class A> __device__ __forceinline__ A cos_at(const RopeArgs& a, int64_t i);
+template <> __device__ __forceinline__ float cos_at<float>(const RopeArgs& a, int64_t i) { return a.cos[i]; }
+template <> __device__ __forceinline__ double cos_at<double>(const RopeArgs& a, int64_t i) { return a.cos64[i]; }
+template <class A> __device__ __forceinline__ A sin_at(const RopeArgs& a, int64_t i);
+template <> __device__ __forceinline__ float sin_at<float>(const RopeArgs& a, int64_t i) { return a.sin[i]; }
+template <> __device__ __forceinline__ double sin_at<double>(const RopeArgs& a, int64_t i) { return a.sin64[i]; }
 
 // One thread per pair (row, i < D/2); rows are (b, t, h) in row-major order.
 template <class A>
 __global__ void rope_kernel(const RopeArgs a, int64_t pairs) {
   const int64_t half = a.D / 2;
   const int64_t step = static_cast<int64_t>(gridDim.x) * blockDim.x;
-  const A* cos_t = table(a, static_cast<const A*>(nullptr), true);
-  const A* sin_t = table(a, static_cast<const A*>(nullptr), false);
   for (int64_t p = blockIdx.x * static_cast<int64_t>(blockDim.x) + threadIdx.x; p < pairs; p += step) {
     const int64_t i = p % half, row = p / half;
     const int64_t h = row % a.H, t = (row / a.H) % a.T, b = row / (a.H * a.T);
     const int64_t base = b * a.sb + t * a.st + h * a.sh;
     const A x1 = load_as<A>(a.x, a.dtype, base + i * a.sd), x2 = load_as<A>(a.x, a.dtype, base + (i + half) * a.sd);
-    const A c = cos_t[t * half + i], s = a.sign > 0 ? sin_t[t * half + i] : -sin_t[t * half + i];
+    const A c = cos_at<A>(a, t * half + i), s = a.sign > 0 ? sin_at<A>(a, t * half + i) : -sin_at<A>(a, t * half + i);
     store_as(a.out, a.dtype, row * a.D + i, x1 * c - x2 * s);
     store_as(a.out, a.dtype, row * a.D + i + half, x2 * c + x1 * s);
   }

@@ -20,10 +20,10 @@ struct RopeArgs {
   int64_t sb = 0, st = 0, sh = 0, sd = 1;  // x's strides
   const float* cos = nullptr;
   const float* sin = nullptr;
-  const double* cos64 = nullptr;  // f64 data: the table in f64 (the CPU's f64 table)
-  const double* sin64 = nullptr;
   int sign = 1;
   void* out = nullptr;
+  const double* cos64 = nullptr;  // f64 data: the table in f64 (the CPU's f64 table)
+  const double* sin64 = nullptr;
 };
 void rope_apply(const RopeArgs& a, cudaStream_t stream);
 
