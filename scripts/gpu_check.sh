@@ -16,8 +16,11 @@
 #                                        and that the packed mpirun runs 2 ranks of the CPU dist
 #                                        tests with this machine's Open MPI hidden (unshare -m)
 #   bash scripts/gpu_check.sh run        on the GPU machine (from the repository root, gpu_pack/
-#                                        carried): unpack, run the gpu tests, the CUDA attention
-#                                        micro-benchmark (GPT-2-124M's shape, bf16), the 200-step
+#                                        carried): unpack, run the gpu tests (then once more with
+#                                        every CUDA candidate on: src/backend/cuda/candidates.h;
+#                                        GPU_CHECK_CANDIDATES=0 skips that), the CUDA attention
+#                                        micro-benchmark (GPT-2-124M's shape, bf16), the step's GEMMs
+#                                        each alone (bench/cuda_gemm.cpp), the 200-step
 #                                        gpt-char runs on cuda beside the same runs on cpu (the
 #                                        loss parity checks, f32 and bf16), beside them the gpu;dist
 #                                        tests under the packed mpirun (NCCL at world size 1, 2 ranks
@@ -36,7 +39,7 @@
 # only its CUDA 13 libraries: cuBLAS/cuBLASLt in its toolkit, cuDNN and NCCL inside its
 # Python's nvidia-* packages. `run` finds those and puts them on LD_LIBRARY_PATH after the
 # packed libraries. One run must fit in 6 minutes with the machine's start (~35 s measured) and
-# the archive's transfer: the limits below add up to ~290 s (tests 150, attention 15, the cuda
+# the archive's transfer: the limits below add up to ~390 s (tests 150, the candidates' pass 100 (each ~25 s on the H200), attention 15, the cuda
 # training runs 45 (f32) + 30 (bf16) with the cpu runs beside them, bench 45); a step past its limit is reported
 # as timed out and the others still run. The gpu;dist step (40 s) runs beside the training runs (its two
 # ranks take 2 of the 16 cores left by the cpu runs' 12, and little of the GPU), so it adds no time.
@@ -47,7 +50,7 @@ ROOT=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
 PACK_DIR=$ROOT/gpu_pack
 ARCHIVE=$PACK_DIR/athanor-gpu.tar.xz
 MAX_ARCHIVE_BYTES=$((48 * 1024 * 1024))  # well under the 64 MiB one device run carries
-BINARIES=(tests/athanor_tests_gpu apps/athanor/athanor bench/bench_cuda_attention tests/athanor_tests_gpu_dist)
+BINARIES=(tests/athanor_tests_gpu apps/athanor/athanor bench/bench_cuda_attention bench/bench_cuda_gemm tests/athanor_tests_gpu_dist)
 
 # Libraries never packed: the C runtime the machine has, and the CUDA libraries that must be
 # the machine's own (its driver's libcuda above all).
@@ -343,6 +346,62 @@ run_mpi_tests() {
   return 0
 }
 
+# The gpu tests (gtest directly: no CMake there), one suite per process, so that a crash (a CUDA
+# error that aborts, a segfault) loses that suite only; a suite that crashed is rerun once with
+# CUDA_LAUNCH_BLOCKING=1, so its log names the kernel that failed, not a later call. The suites
+# share a limit of LIMIT seconds (each gets at most 60 s of what is left).
+#   run_gpu_suites GTEST_DIR REPORT_JSON LIMIT CANDIDATES LOG   (in the unpacked archive's root)
+# CANDIDATES is ATHANOR_CUDA_CANDIDATES for every suite; prints the status (passed / failed: why);
+# REPORT_JSON gets every suite's cases and the crashed suites' names.
+run_gpu_suites() {
+  local dir=$1 report=$2 limit=$3 cands=$4 log=$5
+  local rc status=passed suite suites=() crashed=() end_tests
+  end_tests=$(($(date +%s) + limit))
+  mapfile -t suites < <(./bin/athanor_tests_gpu --gtest_list_tests 2>/dev/null | sed -n 's/^\([A-Za-z0-9_]*\)\.$/\1/p')
+  mkdir -p "$dir"
+  set +e
+  for suite in "${suites[@]}"; do
+    local left=$((end_tests - $(date +%s)))
+    ((left > 60)) && left=60
+    if ((left <= 0)); then
+      echo "gpu_check: suite $suite not run (the ${limit} s of the tests, candidates $cands, were spent)" >>"$log"
+      status="failed: suites not run in the tests' limit"
+      continue
+    fi
+    echo "== suite $suite (candidates $cands, limit ${left} s)" >>"$log"
+    ATHANOR_CUDA_CANDIDATES=$cands timeout "$left" ./bin/athanor_tests_gpu --gtest_filter="$suite.*" \
+      --gtest_output="json:$dir/$suite.json" >>"$log" 2>&1
+    rc=$?
+    if ((rc == 124)); then
+      status="failed: a suite timed out"
+      echo "gpu_check: suite $suite timed out after ${left} s" >>"$log"
+    elif ((rc > 1)); then
+      crashed+=("$suite")
+      status="failed: a suite crashed"
+      echo "gpu_check: suite $suite crashed (exit $rc)" >>"$log"
+    elif ((rc == 1)); then
+      [[ $status == passed ]] && status="failed (exit 1)"
+    fi
+  done
+  for suite in "${crashed[@]}"; do
+    echo "== suite $suite again with CUDA_LAUNCH_BLOCKING=1 (candidates $cands)" >>"$log"
+    ATHANOR_CUDA_CANDIDATES=$cands CUDA_LAUNCH_BLOCKING=1 timeout 30 ./bin/athanor_tests_gpu --gtest_filter="$suite.*" >>"$log" 2>&1
+  done
+  set -e
+  # One report of every suite's cases (a crashed suite's cases are absent: 'crashed' names it).
+  python3 - "$dir" "$report" "${crashed[*]:-}" <<'PY'
+import glob, json, sys
+suites = []
+for f in sorted(glob.glob(sys.argv[1] + "/*.json")):
+    try:
+        suites += json.load(open(f)).get("testsuites", [])
+    except Exception:
+        pass
+json.dump({"testsuites": suites, "crashed": sys.argv[3].split()}, open(sys.argv[2], "w"))
+PY
+  echo "$status"
+}
+
 cmd_run() {
   local out=${OUT:-$ROOT/gpu_check_out}
   mkdir -p "$out"
@@ -363,56 +422,19 @@ cmd_run() {
     ./bin/athanor --version 2>&1 || true
   } >>"$log"
 
-  # 1. The gpu tests (gtest directly: no CMake there), one suite per process, so that a crash
-  # (a CUDA error that aborts, a segfault) loses that suite only; a suite that crashed is rerun
-  # once with CUDA_LAUNCH_BLOCKING=1, so its log names the kernel that failed, not a later call.
-  # The suites share a limit of GPU_CHECK_TESTS_S (150 s; each gets at most 60 s of what is left).
-  local t0 rc tests_status suite suites=() crashed=() end_tests
+  # 1. The gpu tests (run_gpu_suites), then (1c) once more with every CUDA candidate on
+  # (ATHANOR_CUDA_CANDIDATES=all: the paths written without a GPU, src/backend/cuda/candidates.h),
+  # unless GPU_CHECK_CANDIDATES=0: one call decides every candidate.
+  local t0 rc tests_status cand_status=skipped cand_s=0
   t0=$(date +%s)
-  end_tests=$((t0 + ${GPU_CHECK_TESTS_S:-150}))
-  mapfile -t suites < <(./bin/athanor_tests_gpu --gtest_list_tests 2>/dev/null | sed -n 's/^\([A-Za-z0-9_]*\)\.$/\1/p')
-  mkdir -p "$out/gtest"
-  set +e
-  tests_status=passed
-  for suite in "${suites[@]}"; do
-    local left=$((end_tests - $(date +%s)))
-    ((left > 60)) && left=60
-    if ((left <= 0)); then
-      echo "gpu_check: suite $suite not run (the tests' ${GPU_CHECK_TESTS_S:-150} s were spent)" >>"$log"
-      tests_status="failed: suites not run in the tests' limit"
-      continue
-    fi
-    echo "== suite $suite (limit ${left} s)" >>"$log"
-    timeout "$left" ./bin/athanor_tests_gpu --gtest_filter="$suite.*" --gtest_output="json:$out/gtest/$suite.json" >>"$log" 2>&1
-    rc=$?
-    if ((rc == 124)); then
-      tests_status="failed: a suite timed out"
-      echo "gpu_check: suite $suite timed out after ${left} s" >>"$log"
-    elif ((rc > 1)); then
-      crashed+=("$suite")
-      tests_status="failed: a suite crashed"
-      echo "gpu_check: suite $suite crashed (exit $rc)" >>"$log"
-    elif ((rc == 1)); then
-      [[ $tests_status == passed ]] && tests_status="failed (exit 1)"
-    fi
-  done
-  for suite in "${crashed[@]}"; do
-    echo "== suite $suite again with CUDA_LAUNCH_BLOCKING=1" >>"$log"
-    CUDA_LAUNCH_BLOCKING=1 timeout 30 ./bin/athanor_tests_gpu --gtest_filter="$suite.*" >>"$log" 2>&1
-  done
-  set -e
-  # One report of every suite's cases (a crashed suite's cases are absent: 'crashed' names it).
-  python3 - "$out/gtest" "$out/gpu_tests.json" "${crashed[*]:-}" <<'PY'
-import glob, json, sys
-suites = []
-for f in sorted(glob.glob(sys.argv[1] + "/*.json")):
-    try:
-        suites += json.load(open(f)).get("testsuites", [])
-    except Exception:
-        pass
-json.dump({"testsuites": suites, "crashed": sys.argv[3].split()}, open(sys.argv[2], "w"))
-PY
+  tests_status=$(run_gpu_suites "$out/gtest" "$out/gpu_tests.json" "${GPU_CHECK_TESTS_S:-150}" none "$log")
   local tests_s=$(($(date +%s) - t0))
+  if [[ ${GPU_CHECK_CANDIDATES:-1} != 0 ]]; then
+    t0=$(date +%s)
+    cand_status=$(run_gpu_suites "$out/gtest_candidates" "$out/gpu_tests_candidates.json" "${GPU_CHECK_CANDIDATE_TESTS_S:-100}" \
+                  all "$log")
+    cand_s=$(($(date +%s) - t0))
+  fi
 
   # 1b. The attention micro-benchmark: forward+backward TFLOP/s at GPT-2-124M's shape (one JSON
   # line; its own budget caps the timing loops at ~6 s).
@@ -423,6 +445,14 @@ PY
   set -e
   attn_status=$([[ $rc -eq 0 ]] && echo passed || ([[ $rc -eq 124 ]] && echo "timed out after 15 s" || echo "failed (exit $rc)"))
   cat "$out/attention_bench.json" >>"$log" 2>/dev/null || true
+  # 1c. The GEMMs of a GPT-2 124M step at batch 16, each alone (bench/cuda_gemm.cpp; ~10 s).
+  local gemm_status
+  set +e
+  timeout 30 ./bin/bench_cuda_gemm --max-seconds 15 >"$out/gemm_bench.json" 2>>"$log"
+  rc=$?
+  set -e
+  gemm_status=$([[ $rc -eq 0 ]] && echo passed || ([[ $rc -eq 124 ]] && echo "timed out after 30 s" || echo "failed (exit $rc)"))
+  cat "$out/gemm_bench.json" >>"$log" 2>/dev/null || true
 
   # 2. CPU/GPU parity (issue 30): the same 200 steps of examples/gpt-char.yaml from the same
   # seed with dropout 0.1 (identical Philox masks) on cpu and on cuda, in f32 (TF32 off: the
@@ -504,10 +534,11 @@ PY
 
   python3 - "$out/gpu_tests.json" "$json" "$tests_status" "$tests_s" "$train_status" "$bench_status" \
     "$out/attention_bench.json" "$attn_status" "$parity_status" "$out/bench.json" "$parity_bf16_status" \
-    "$out/gpu_dist_status.txt" <<'EOF'
+    "$out/gpu_dist_status.txt" "$out/gpu_tests_candidates.json" "$cand_status" "$cand_s" "$out/gemm_bench.json" \
+    "$gemm_status" <<'EOF'
 import json, subprocess, sys
 (tests_json, out, tests_status, tests_s, train_status, bench_status, attn_json, attn_status, parity_status, bench_json,
- parity_bf16_status, dist_status) = sys.argv[1:]
+ parity_bf16_status, dist_status, cand_json, cand_status, cand_s, gemm_json, gemm_status) = sys.argv[1:]
 summary = {"tests": {"status": tests_status, "seconds": int(tests_s)}, "train_gpt_char_200": train_status,
            "parity_cpu_cuda_f32": parity_status, "parity_cpu_cuda_bf16": parity_bf16_status, "bench_gpt2_124m": {"status": bench_status},
            "attention_bench": {"status": attn_status}}
@@ -523,18 +554,31 @@ try:
                                                              "peak_gflops", "peak_source", "peak_bytes", "reserved_bytes")})
 except Exception as e:
     summary["bench_gpt2_124m"]["report"] = "no JSON from athanor bench: %s" % e
+summary["gemm_bench"] = {"status": gemm_status}
+try:  # the headline only; gemm_bench.json has every GEMM
+    gb = json.load(open(gemm_json))
+    summary["gemm_bench"].update({k: gb.get(k) for k in ("gpu", "rows", "step_gemm_ms", "step_gemm_tflops")})
+except Exception as e:
+    summary["gemm_bench"]["report"] = "no JSON from bench_cuda_gemm: %s" % e
 try:
     summary["attention_bench"].update(json.load(open(attn_json)))
 except Exception as e:
     summary["attention_bench"]["report"] = "no JSON from bench_cuda_attention: %s" % e
-try:
-    r = json.load(open(tests_json))
-    cases = [c for s in r.get("testsuites", []) for c in s.get("testsuite", [])]
-    summary["tests"].update(total=len(cases), crashed_suites=r.get("crashed", []),
-                            failed=[c["classname"] + "." + c["name"] for c in cases if c.get("failures")],
-                            skipped=[c["classname"] + "." + c["name"] for c in cases if c.get("result") == "SKIPPED"])
-except Exception as e:  # a crash before gtest wrote its file
-    summary["tests"]["report"] = "no gtest report: %s" % e
+def gtest_summary(entry, report):
+    try:
+        r = json.load(open(report))
+        cases = [c for s in r.get("testsuites", []) for c in s.get("testsuite", [])]
+        entry.update(total=len(cases), crashed_suites=r.get("crashed", []),
+                     failed=[c["classname"] + "." + c["name"] for c in cases if c.get("failures")],
+                     skipped=[c["classname"] + "." + c["name"] for c in cases if c.get("result") == "SKIPPED"])
+    except Exception as e:  # a crash before gtest wrote its file
+        entry["report"] = "no gtest report: %s" % e
+gtest_summary(summary["tests"], tests_json)
+# The same tests with every CUDA candidate on (ATHANOR_CUDA_CANDIDATES=all): not part of "ok" (the
+# candidates are off by default); candidates_ok says whether they can be made the default.
+summary["tests_candidates"] = {"status": cand_status, "seconds": int(cand_s)}
+if cand_status != "skipped":
+    gtest_summary(summary["tests_candidates"], cand_json)
 try:
     summary["gpu"] = subprocess.run(["nvidia-smi", "--query-gpu=name,driver_version", "--format=csv,noheader"],
                                     capture_output=True, text=True, timeout=20).stdout.strip()
@@ -546,6 +590,8 @@ summary["ok"] = (tests_status == "passed" and not summary["tests"].get("skipped"
                  and train_status.startswith("passed") and bench_status == "passed" and parity_status.startswith("passed")
                  and parity_bf16_status.startswith("passed")
                  and all(str(v).startswith("passed") for v in summary["gpu_dist"].values()))
+summary["candidates_ok"] = (cand_status == "passed" and not summary["tests_candidates"].get("skipped")
+                            and not summary["tests_candidates"].get("failed"))
 json.dump(summary, open(out, "w"), indent=2)
 print(json.dumps(summary, indent=2))
 sys.exit(0 if summary["ok"] else 1)
@@ -556,10 +602,11 @@ EOF
 # (default 450), then every file written packed into $OUT/gpu_all.tgz beside the summaries (a
 # device call brings back 8 files at most; the check alone writes ~20). The speed step:
 #   GPU_ALL_BENCH=compare (default): scripts/gpu_bench.sh, athanor against torch.compile;
-#   GPU_ALL_BENCH=athanor: athanor alone on gpt2-124m-gpu at batch 64, once per CUDA attention
-#     implementation (ATHANOR_CUDA_ATTENTION=reference, fast): no PyTorch compile (~45 s) in the
-#     call, for a call too short to hold it.
-# With 40 s still left, the op profile of a GPT-2 124M step at batch 16 (where its device time goes).
+#   GPU_ALL_BENCH=athanor: athanor alone on gpt2-124m-gpu at batch 64, once with the CUDA
+#     candidates off and once with all on (ATHANOR_CUDA_CANDIDATES=none, all): no PyTorch compile
+#     (~45 s) in the call, for a call too short to hold it.
+# With 40 s still left, the op profile of a GPT-2 124M step at batch 16 (where its device time
+# goes), with the candidates on when their gpu tests passed.
 cmd_all() {
   local total=${1:-450} t0
   t0=$(date +%s)
@@ -571,13 +618,13 @@ cmd_all() {
   local left=$((total - ($(date +%s) - t0) - 45)) d=/tmp/athanor-gpu-run/athanor-gpu impl
   if [[ ${GPU_ALL_BENCH:-compare} == athanor ]]; then
     rc_bench=0
-    for impl in reference fast; do
+    for cands in none all; do
       left=$((total - ($(date +%s) - t0) - 45))
-      ((left >= 30)) || { echo "no time left for the $impl run" >>"$work/bench/stdout.txt"; continue; }
+      ((left >= 30)) || { echo "no time left for the run with candidates $cands" >>"$work/bench/stdout.txt"; continue; }
       ((left > 60)) && left=60
-      (cd "$d" && ATHANOR_CUDA_ATTENTION=$impl LD_LIBRARY_PATH="$d/lib:$(cuda_lib_dirs)" timeout "$left" ./bin/athanor bench \
+      (cd "$d" && ATHANOR_CUDA_CANDIDATES=$cands LD_LIBRARY_PATH="$d/lib:$(cuda_lib_dirs)" timeout "$left" ./bin/athanor bench \
          bench/configs/gpt2-124m-gpu.yaml trainer.batch_size=64 --steps 8 --warmup 3 --json) \
-        >"$work/bench/athanor_b64_$impl.json" 2>>"$work/bench/stdout.txt" || rc_bench=$?
+        >"$work/bench/athanor_b64_candidates_$cands.json" 2>>"$work/bench/stdout.txt" || rc_bench=$?
     done
   elif ((left >= 100)); then
     rc_bench=0
@@ -585,11 +632,13 @@ cmd_all() {
   else
     echo "gpu_check all: no bench (${left} s left of ${total} s)" >"$work/bench/stdout.txt"
   fi
-  local prof_impl=reference
-  [[ -s $work/bench/athanor_b64_fast.json ]] && prof_impl=fast
+  # The profile runs with the candidates on when their gpu tests all passed.
+  local prof_cands=none
+  grep -q '"candidates_ok": true' "$work/check/gpu_check.json" 2>/dev/null && prof_cands=all
   if (($(date +%s) - t0 + 40 <= total)); then
-    (cd "$d" && ATHANOR_CUDA_ATTENTION=$prof_impl LD_LIBRARY_PATH="$d/lib:$(cuda_lib_dirs)" timeout 30 ./bin/athanor bench \
+    (cd "$d" && ATHANOR_CUDA_CANDIDATES=$prof_cands LD_LIBRARY_PATH="$d/lib:$(cuda_lib_dirs)" timeout 30 ./bin/athanor bench \
        bench/configs/gpt2-124m-gpu.yaml trainer.batch_size=16 --steps 3 --warmup 1 --profile) >"$work/profile_gpt2_124m_b16.txt" 2>&1 || true
+    echo "(candidates: $prof_cands)" >>"$work/profile_gpt2_124m_b16.txt"
   fi
   tar -C "$work" -czf "$final/gpu_all.tgz" .
   cp "$work/check/gpu_check.json" "$final/" 2>/dev/null || true
@@ -598,9 +647,9 @@ cmd_all() {
   cat "$work/check/gpu_check.json" 2>/dev/null || tail -40 "$work/check/stdout.txt"
   grep -h -E "^\[  FAILED  \] [A-Za-z]|crashed|timed out" "$work/check/gpu_check.log" 2>/dev/null | sort | uniq -c | sort -rn | head -40
   tail -30 "$work/bench/gpu_bench.log" 2>/dev/null || cat "$work/bench/stdout.txt"
-  for impl in reference fast; do
-    [[ -s $work/bench/athanor_b64_$impl.json ]] && python3 -c 'import json,sys; b=json.load(open(sys.argv[1])); print(sys.argv[2], b.get("throughput"), "tok/s", b.get("median_ms"), "ms", "mfu", b.get("mfu"))' \
-      "$work/bench/athanor_b64_$impl.json" "$impl" 2>/dev/null
+  for cands in none all; do
+    [[ -s $work/bench/athanor_b64_candidates_$cands.json ]] && python3 -c 'import json,sys; b=json.load(open(sys.argv[1])); print("candidates", sys.argv[2], b.get("throughput"), "tok/s", b.get("median_ms"), "ms", "mfu", b.get("mfu"), "loss", b.get("final_loss"))' \
+      "$work/bench/athanor_b64_candidates_$cands.json" "$cands" 2>/dev/null
   done
   head -40 "$work/profile_gpt2_124m_b16.txt" 2>/dev/null || true
 }

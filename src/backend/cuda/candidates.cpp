@@ -13,6 +13,8 @@ const char* candidate_name(Candidate c) {
   switch (c) {
     case Candidate::pointwise_vectorized: return "pointwise_vectorized";
     case Candidate::lowp_copies: return "lowp_copies";
+    case Candidate::cross_entropy_vectorized: return "cross_entropy_vectorized";
+    case Candidate::norm_vectorized: return "norm_vectorized";
     case Candidate::count: break;
   }
   return "?";

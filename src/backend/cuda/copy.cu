@@ -3,6 +3,10 @@
 #include <cuda_fp16.h>
 #include <cuda_runtime.h>
 
+#include <algorithm>
+#include <cstdint>
+
+#include "backend/cuda/candidates.h"
 #include "backend/cuda/copy.h"
 #include "backend/cuda/runtime.h"
 
@@ -68,6 +72,37 @@ __global__ void add_lowp_kernel(T* acc, const T* g, int64_t n) {
   if (i < n) acc[i] = narrow<T>(widen<T>(acc[i]) + widen<T>(g[i]));
 }
 
+// Candidate pointwise_vectorized (candidates.h): the adds above 16 bytes a load where both
+// buffers are 16-byte aligned (the gradient accumulation of a residual stream: one of the
+// largest passes of a transformer's backward), element by element the same arithmetic; the
+// last n mod (16 / sizeof(T)) elements one at a time.
+template <class T> __device__ __forceinline__ T add_one(T a, T b) { return narrow<T>(widen<T>(a) + widen<T>(b)); }
+template <> __device__ __forceinline__ float add_one<float>(float a, float b) { return a + b; }
+template <> __device__ __forceinline__ double add_one<double>(double a, double b) { return a + b; }
+template <class T>
+__global__ void add_vec_kernel(T* acc, const T* g, int64_t n) {
+  constexpr int kV = 16 / sizeof(T);
+  const int64_t nv = n / kV, step = static_cast<int64_t>(gridDim.x) * blockDim.x;
+  const int64_t first = blockIdx.x * static_cast<int64_t>(blockDim.x) + threadIdx.x;
+  for (int64_t v = first; v < nv; v += step) {
+    uint4 a = reinterpret_cast<const uint4*>(acc)[v];
+    const uint4 b = reinterpret_cast<const uint4*>(g)[v];
+    T* ae = reinterpret_cast<T*>(&a);
+    const T* be = reinterpret_cast<const T*>(&b);
+#pragma unroll
+    for (int j = 0; j < kV; ++j) ae[j] = add_one<T>(ae[j], be[j]);
+    reinterpret_cast<uint4*>(acc)[v] = a;
+  }
+  for (int64_t i = nv * kV + first; i < n; i += step) acc[i] = add_one<T>(acc[i], g[i]);
+}
+template <class T>
+void launch_add_vec(void* acc, const void* g, int64_t n, cudaStream_t st) {
+  const int64_t threads_wanted = std::max<int64_t>(n / static_cast<int64_t>(16 / sizeof(T)), 1);
+  const int64_t blocks = std::min<int64_t>((threads_wanted + kThreads - 1) / kThreads, 8192);  // grid-stride beyond
+  add_vec_kernel<T><<<static_cast<unsigned>(blocks), kThreads, 0, st>>>(static_cast<T*>(acc), static_cast<const T*>(g), n);
+}
+bool aligned16(const void* p) { return reinterpret_cast<uintptr_t>(p) % 16 == 0; }
+
 bool is_float3(DType d) { return d == DType::f32 || d == DType::bf16 || d == DType::f16; }
 
 template <class S>
@@ -116,6 +151,17 @@ void fill_pattern(void* dst, int elem_bytes, uint64_t pattern, const StridedLayo
 
 void add_inplace(void* acc, const void* g, DType dtype, int64_t n, cudaStream_t st) {
   if (n == 0) return;
+  if (candidate_enabled(Candidate::pointwise_vectorized) && aligned16(acc) && aligned16(g)) {
+    switch (dtype) {
+      case DType::f32: launch_add_vec<float>(acc, g, n, st); break;
+      case DType::f64: launch_add_vec<double>(acc, g, n, st); break;
+      case DType::bf16: launch_add_vec<__nv_bfloat16>(acc, g, n, st); break;
+      case DType::f16: launch_add_vec<__half>(acc, g, n, st); break;
+      default: break;
+    }
+    ATH_CUDA_LAUNCHED("add_vec_kernel");
+    return;
+  }
   switch (dtype) {
     case DType::f32: add_kernel<float, float><<<blocks_for(n), kThreads, 0, st>>>(static_cast<float*>(acc), static_cast<const float*>(g), n); break;
     case DType::f64: add_kernel<double, double><<<blocks_for(n), kThreads, 0, st>>>(static_cast<double*>(acc), static_cast<const double*>(g), n); break;

@@ -7,7 +7,9 @@
 //  - up to kMaxCopyDims dims; a 0 stride in src broadcasts; element offsets are int64;
 //  - a copy between f32, bf16 and f16 converts through f32 with round-to-nearest-even (the
 //    CPU's cast, core/half.h); other dtypes copy only to their own dtype (same bits);
-//  - add_inplace computes in f32 (f64 for f64) and rounds once, as the CPU's add_into.
+//  - add_inplace computes in f32 (f64 for f64) and rounds once, as the CPU's add_into; with
+//    the candidate pointwise_vectorized (candidates.h) and 16-byte aligned buffers it reads
+//    and writes 16 bytes at a time, with the same bits.
 #include <cuda_runtime_api.h>
 
 #include <cstdint>

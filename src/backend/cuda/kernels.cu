@@ -556,16 +556,16 @@ void cross_entropy_backward(const void* logits, DType dtype, const int64_t* targ
   ATH_CUDA_LAUNCHED("ce_bwd_kernel");
 }
 
-void cross_entropy_forward(const double* logits, const int64_t* target, double* stats, double* loss, int64_t N, int64_t C,
-                           int64_t ignore_index, double label_smoothing, cudaStream_t stream) {
+void cross_entropy_forward_f64(const double* logits, const int64_t* target, double* stats, double* loss, int64_t N,
+                               int64_t C, int64_t ignore_index, double label_smoothing, cudaStream_t stream) {
   if (N == 0) return;
   ce_fwd_kernel<<<grid_rows(N), kRowThreads, 0, stream>>>(logits, target, stats, loss, C, ignore_index, label_smoothing);
   ATH_CUDA_LAUNCHED("ce_fwd_kernel f64");
 }
 
-void cross_entropy_backward(const double* logits, const int64_t* target, const double* stats, const double* factor,
-                            int64_t factor_stride, double* dlogits, int64_t N, int64_t C, int64_t ignore_index,
-                            double label_smoothing, cudaStream_t stream) {
+void cross_entropy_backward_f64(const double* logits, const int64_t* target, const double* stats, const double* factor,
+                                int64_t factor_stride, double* dlogits, int64_t N, int64_t C, int64_t ignore_index,
+                                double label_smoothing, cudaStream_t stream) {
   if (N == 0) return;
   ce_bwd_kernel<<<grid_rows(N), kRowThreads, 0, stream>>>(logits, target, stats, factor, factor_stride, dlogits, C,
                                                             ignore_index, label_smoothing);

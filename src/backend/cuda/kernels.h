@@ -53,12 +53,13 @@ void cross_entropy_forward(const void* logits, DType dtype, const int64_t* targe
 void cross_entropy_backward(const void* logits, DType dtype, const int64_t* target, const float* stats, const float* factor,
                             int64_t factor_stride, void* dlogits, int64_t N, int64_t C, int64_t ignore_index,
                             double label_smoothing, cudaStream_t stream);
-// f64 logits: the same formulas with the math, stats, loss and factor in double.
-void cross_entropy_forward(const double* logits, const int64_t* target, double* stats, double* loss, int64_t N, int64_t C,
+// f64 logits: the same formulas with the math, stats, loss and factor in double (named apart
+// from the overloads above: callers take those by address).
+void cross_entropy_forward_f64(const double* logits, const int64_t* target, double* stats, double* loss, int64_t N, int64_t C,
                            int64_t ignore_index, double label_smoothing, cudaStream_t stream);
-void cross_entropy_backward(const double* logits, const int64_t* target, const double* stats, const double* factor,
-                            int64_t factor_stride, double* dlogits, int64_t N, int64_t C, int64_t ignore_index,
-                            double label_smoothing, cudaStream_t stream);
+void cross_entropy_backward_f64(const double* logits, const int64_t* target, const double* stats, const double* factor,
+                                int64_t factor_stride, double* dlogits, int64_t N, int64_t C, int64_t ignore_index,
+                                double label_smoothing, cudaStream_t stream);
 
 // Inverted dropout on a contiguous buffer (x may be y).
 void dropout_apply(const float* x, float* y, int64_t n, uint64_t seed, uint64_t offset, uint32_t threshold,

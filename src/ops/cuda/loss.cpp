@@ -43,6 +43,8 @@
 #include "athanor/autograd/function.h"
 #include "athanor/autograd/retain_graph.h"
 #include "athanor/ops/loss.h"
+#include "backend/cuda/candidates.h"
+#include "backend/cuda/cross_entropy_vec.h"
 #include "backend/cuda/kernels.h"
 #include "backend/cuda/loss_targets.h"
 #include "backend/cuda/runtime.h"
@@ -62,6 +64,12 @@ struct CrossEntropyCudaSaved : OpSaved {
   double label_smoothing = 0;
   Reduction reduction = Reduction::mean;
 };
+
+// The vectorized kernels (a candidate: cross_entropy_vec.h) where they take the rows.
+bool vectorized_ce(const void* logits, DType dtype, int64_t C, const void* dlogits) {
+  return cuda::candidate_enabled(cuda::Candidate::cross_entropy_vectorized) &&
+         cuda::cross_entropy_vectorized_supported(logits, dtype, C, dlogits);
+}
 
 std::vector<Tensor> cross_entropy_cuda(OpCall& c) {
   const char* op = "cross_entropy";
@@ -88,9 +96,13 @@ std::vector<Tensor> cross_entropy_cuda(OpCall& c) {
   const TensorOptions stat_on = f64 ? TensorOptions(DType::f64).with_device(dev_of) : f32_on;
   Tensor stats = empty({N, 2}, stat_on), rows = empty({N}, stat_on);
   if (C > 0 && N > 0 && f64)
-    cuda::cross_entropy_forward(static_cast<const double*>(lc.device_data()), static_cast<const int64_t*>(ids.device_data()),
-                                static_cast<double*>(stats.device_data()), static_cast<double*>(rows.device_data()), N, C,
-                                ignore_index, label_smoothing, s);
+    cuda::cross_entropy_forward_f64(static_cast<const double*>(lc.device_data()),
+                                    static_cast<const int64_t*>(ids.device_data()), static_cast<double*>(stats.device_data()),
+                                    static_cast<double*>(rows.device_data()), N, C, ignore_index, label_smoothing, s);
+  else if (C > 0 && N > 0 && vectorized_ce(lc.device_data(), lc.dtype(), C, nullptr))
+    cuda::cross_entropy_forward_vectorized(lc.device_data(), lc.dtype(), static_cast<const int64_t*>(ids.device_data()),
+                                           static_cast<float*>(stats.device_data()), static_cast<float*>(rows.device_data()),
+                                           N, C, ignore_index, label_smoothing, s);
   else if (C > 0 && N > 0)
     cuda::cross_entropy_forward(lc.device_data(), lc.dtype(), static_cast<const int64_t*>(ids.device_data()),
                                 static_cast<float*>(stats.device_data()), static_cast<float*>(rows.device_data()), N, C,
@@ -158,20 +170,23 @@ Grads cross_entropy_backward_cuda(const Node& nd, const Grads& g, const OpSaved&
         cuda::loss_grad_factor(static_cast<const double*>(gc.device_data()), static_cast<const double*>(count.device_data()),
                                s.reduction == Reduction::mean, static_cast<double*>(factor.device_data()), cs);
       }
-      cuda::cross_entropy_backward(static_cast<const double*>(lc.device_data()), static_cast<const int64_t*>(t.device_data()),
-                                   static_cast<const double*>(stats.device_data()),
-                                   static_cast<const double*>(factor.device_data()), s.reduction == Reduction::none ? 1 : 0,
-                                   static_cast<double*>(dx.device_data()), s.N, s.C, s.ignore_index, s.label_smoothing, cs);
+      cuda::cross_entropy_backward_f64(static_cast<const double*>(lc.device_data()),
+                                       static_cast<const int64_t*>(t.device_data()),
+                                       static_cast<const double*>(stats.device_data()),
+                                       static_cast<const double*>(factor.device_data()), s.reduction == Reduction::none ? 1 : 0,
+                                       static_cast<double*>(dx.device_data()), s.N, s.C, s.ignore_index, s.label_smoothing, cs);
     } else {
       if (s.reduction != Reduction::none) {
         factor = empty({1}, TensorOptions(DType::f32).with_device(lc.device()).with_tag(MemTag::workspace));
         cuda::loss_grad_factor(static_cast<const float*>(gc.device_data()), static_cast<const double*>(count.device_data()),
                                s.reduction == Reduction::mean, static_cast<float*>(factor.device_data()), cs);
       }
-      cuda::cross_entropy_backward(lc.device_data(), lc.dtype(), static_cast<const int64_t*>(t.device_data()),
-                                   static_cast<const float*>(stats.device_data()), static_cast<const float*>(factor.device_data()),
-                                   s.reduction == Reduction::none ? 1 : 0, dx.device_data(), s.N, s.C, s.ignore_index,
-                                   s.label_smoothing, cs);
+      const auto run = vectorized_ce(lc.device_data(), lc.dtype(), s.C, dx.device_data())
+                           ? cuda::cross_entropy_backward_vectorized
+                           : cuda::cross_entropy_backward;
+      run(lc.device_data(), lc.dtype(), static_cast<const int64_t*>(t.device_data()),
+          static_cast<const float*>(stats.device_data()), static_cast<const float*>(factor.device_data()),
+          s.reduction == Reduction::none ? 1 : 0, dx.device_data(), s.N, s.C, s.ignore_index, s.label_smoothing, cs);
     }
   }
   if (in_place) dx.bump_version();  // the logits are gone: a stale unpack of them raises

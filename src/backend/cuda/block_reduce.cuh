@@ -1,0 +1,36 @@
+#pragma once
+// Block-wide reductions in a fixed order (a butterfly in each warp, then warp 0 over the warps'
+// partials): the same bits every run, no atomics. `shared` holds 32 values; every thread of the
+// block must call, and every thread gets the result.
+#include <cuda_runtime.h>
+
+#include <cmath>
+
+namespace athanor::cuda {
+
+template <class T>
+__device__ __forceinline__ T block_sum(T v, T* shared) {
+  for (int o = 16; o > 0; o >>= 1) v += __shfl_xor_sync(0xffffffffu, v, o);
+  const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
+  __syncthreads();  // `shared` may still be read from a previous call
+  if (lane == 0) shared[warp] = v;
+  __syncthreads();
+  const int nwarps = blockDim.x / 32;
+  v = lane < nwarps ? shared[lane] : T(0);
+  for (int o = 16; o > 0; o >>= 1) v += __shfl_xor_sync(0xffffffffu, v, o);
+  return v;
+}
+
+__device__ __forceinline__ float block_max(float v, float* shared) {
+  for (int o = 16; o > 0; o >>= 1) v = fmaxf(v, __shfl_xor_sync(0xffffffffu, v, o));
+  const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
+  __syncthreads();
+  if (lane == 0) shared[warp] = v;
+  __syncthreads();
+  const int nwarps = blockDim.x / 32;
+  v = lane < nwarps ? shared[lane] : -INFINITY;
+  for (int o = 16; o > 0; o >>= 1) v = fmaxf(v, __shfl_xor_sync(0xffffffffu, v, o));
+  return v;
+}
+
+}  // namespace athanor::cuda
