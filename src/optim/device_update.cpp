@@ -4,6 +4,7 @@
 #include "athanor/core/error.h"
 #if ATHANOR_HAS_CUDA
 #include "backend/cuda/amp.h"
+#include "backend/cuda/candidates.h"
 #include "backend/cuda/elementwise.h"
 #include "backend/cuda/kernels.h"
 #include "backend/cuda/runtime.h"
@@ -34,8 +35,8 @@ template <class W, class Body> void over_runs(const std::vector<W>& work, const 
 }
 }  // namespace
 
-void adam_on_device(int device, const std::vector<AdamDeviceWork>& work, const DeviceStepGuard* guard, double beta1,
-                    double beta2) {
+void adam_on_device(int device, const std::vector<AdamDeviceWork>& work, DType copy_dtype, const DeviceStepGuard* guard,
+                    double beta1, double beta2) {
   cuda::DeviceGuard dg(device);
   const cudaStream_t s = cuda::compute_stream(device);
   over_runs(work, [&](std::size_t a, std::size_t b) {
@@ -43,20 +44,25 @@ void adam_on_device(int device, const std::vector<AdamDeviceWork>& work, const D
     std::vector<const float*> g;
     std::vector<int64_t> n;
     std::vector<double*> steps;
+    std::vector<void*> copies;
+    bool any_copy = false;
     for (std::size_t i = a; i < b; ++i) {
       w.push_back(work[i].w), g.push_back(work[i].g), m.push_back(work[i].m), v.push_back(work[i].v), n.push_back(work[i].n);
       steps.push_back(work[i].step);
+      copies.push_back(work[i].copy);
+      any_copy = any_copy || work[i].copy;
     }
     const cpu::AdamConsts& k = work[a].k;
     const cuda::AdamArgs args{k.beta1, k.beta2, k.eps, k.wd, k.step_size, k.inv_sqrt_bc2, k.decay, k.l2, k.grad_scale};
     cuda::StepGuard sg;
     if (guard) sg = {guard->skip, guard->grad_scale, work[a].lr, beta1, beta2};
     cuda::adam_multi_tensor(w.data(), g.data(), m.data(), v.data(), n.data(), static_cast<int>(n.size()), args, s, sg,
-                            guard ? steps.data() : nullptr);
+                            guard ? steps.data() : nullptr,
+                            cuda::WeightCopies{any_copy ? copies.data() : nullptr, copy_dtype});
   });
 }
 
-void sgd_on_device(int device, const std::vector<SgdDeviceWork>& work, const DeviceStepGuard* guard) {
+void sgd_on_device(int device, const std::vector<SgdDeviceWork>& work, DType copy_dtype, const DeviceStepGuard* guard) {
   cuda::DeviceGuard dg(device);
   const cudaStream_t s = cuda::compute_stream(device);
   over_runs(work, [&](std::size_t a, std::size_t b) {
@@ -64,19 +70,31 @@ void sgd_on_device(int device, const std::vector<SgdDeviceWork>& work, const Dev
     std::vector<const float*> g;
     std::vector<int64_t> n;
     std::vector<double*> steps;
-    bool momentum = false;
+    std::vector<void*> copies;
+    bool momentum = false, any_copy = false;
     for (std::size_t i = a; i < b; ++i) {
       w.push_back(work[i].w), g.push_back(work[i].g), buf.push_back(work[i].b), n.push_back(work[i].n);
       steps.push_back(work[i].step);
+      copies.push_back(work[i].copy);
       momentum = momentum || work[i].b;
+      any_copy = any_copy || work[i].copy;
     }
     const cpu::SgdConsts& k = work[a].k;
     const cuda::SgdArgs args{k.lr, k.wd, k.momentum, k.one_minus_dampening, k.nesterov, k.first, k.grad_scale};
     cuda::StepGuard sg;
     if (guard) sg = {guard->skip, guard->grad_scale, 0, 0, 0};
     cuda::sgd_multi_tensor(w.data(), g.data(), momentum ? buf.data() : nullptr, n.data(), static_cast<int>(n.size()), args, s,
-                           sg, guard ? steps.data() : nullptr);
+                           sg, guard ? steps.data() : nullptr,
+                           cuda::WeightCopies{any_copy ? copies.data() : nullptr, copy_dtype});
   });
+}
+
+bool device_copies_enabled() { return cuda::candidate_enabled(cuda::Candidate::lowp_copies); }
+
+void narrow_on_device(const Tensor& p, const Tensor& copy) {
+  ATH_ASSERT(!p.device().is_cpu() && copy.device() == p.device() && p.dtype() == DType::f32 && p.is_contiguous() &&
+             copy.is_contiguous() && copy.sizes() == p.sizes());
+  copy_into(copy, p);  // the device's cast (core's copy on the device: the cast op's own path)
 }
 
 void advance_steps_on_device(int device, const std::vector<double*>& steps, const float* skip) {
@@ -129,8 +147,10 @@ namespace {
            Hint{"this is a bug: report it with the command that gave it"});
 }
 }  // namespace
-void adam_on_device(int, const std::vector<AdamDeviceWork>&, const DeviceStepGuard*, double, double) { no_cuda(); }
-void sgd_on_device(int, const std::vector<SgdDeviceWork>&, const DeviceStepGuard*) { no_cuda(); }
+void adam_on_device(int, const std::vector<AdamDeviceWork>&, DType, const DeviceStepGuard*, double, double) { no_cuda(); }
+void sgd_on_device(int, const std::vector<SgdDeviceWork>&, DType, const DeviceStepGuard*) { no_cuda(); }
+bool device_copies_enabled() { return false; }
+void narrow_on_device(const Tensor&, const Tensor&) { no_cuda(); }
 void advance_steps_on_device(int, const std::vector<double*>&, const float*) { no_cuda(); }
 Tensor sum_squares_tensor_on_device(int, const std::vector<const float*>&, const std::vector<int64_t>&) { no_cuda(); }
 void step_guard_on_device(const Tensor&, const Tensor&, const Tensor&, double, const Tensor&, const Tensor&) { no_cuda(); }

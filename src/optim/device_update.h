@@ -20,6 +20,7 @@ struct AdamDeviceWork {
   cpu::AdamConsts k;
   double lr = 0;           // the group's (the step guard computes the bias corrections from it)
   double* step = nullptr;  // the step guard's step count of this parameter (f64, on the device)
+  void* copy = nullptr;    // the weight's bf16/f16 copy written in the pass (device_copies_enabled), or null
 };
 struct SgdDeviceWork {
   float* w;
@@ -28,6 +29,7 @@ struct SgdDeviceWork {
   int64_t n;
   cpu::SgdConsts k;
   double* step = nullptr;  // as in AdamDeviceWork
+  void* copy = nullptr;    // as in AdamDeviceWork
 };
 // The step guard (Optimizer::set_device_guard): skip (f32, 1 = skip) and the gradient scale
 // (f64) on the device, read by the kernels instead of the host's decision and constants.
@@ -38,9 +40,17 @@ struct DeviceStepGuard {
 // One launch per run of consecutive tensors with equal constants (one per parameter group
 // and step count in practice). Asynchronous on the device's compute stream. With a guard,
 // each work item's `step` must be set; the counts advance (unless skipped) after the update.
-void adam_on_device(int device, const std::vector<AdamDeviceWork>& work, const DeviceStepGuard* guard = nullptr,
-                    double beta1 = 0, double beta2 = 0);
-void sgd_on_device(int device, const std::vector<SgdDeviceWork>& work, const DeviceStepGuard* guard = nullptr);
+// Work items with a `copy` get it written in the same pass, in `copy_dtype` (bf16 or f16),
+// rounded as the cast kernel rounds (backend/cuda/kernels.h: WeightCopies).
+void adam_on_device(int device, const std::vector<AdamDeviceWork>& work, DType copy_dtype,
+                    const DeviceStepGuard* guard = nullptr, double beta1 = 0, double beta2 = 0);
+void sgd_on_device(int device, const std::vector<SgdDeviceWork>& work, DType copy_dtype,
+                   const DeviceStepGuard* guard = nullptr);
+// Whether the device update passes write the low-precision weight copies (the CUDA candidate
+// lowp_copies, backend/cuda/candidates.h); false in a build without CUDA.
+bool device_copies_enabled();
+// copy = cast(p) on p's device (the copies' first fill, before any update pass writes them).
+void narrow_on_device(const Tensor& p, const Tensor& copy);
 // *steps[i] += 1 unless *skip (the optimizer's total count with the parameters').
 void advance_steps_on_device(int device, const std::vector<double*>& steps, const float* skip);
 // Σ g² as above, left on the device: a 1-element f64 tensor (no host read).

@@ -55,11 +55,15 @@ void Optimizer::enable_low_precision_copies(DType dtype) {
   copy_dtype_ = dtype;
   NoGradGuard ng;
   for (auto& g : groups_)
-    for (auto& [name, p] : g.params)
-      if (void* buf = copy_buffer(name, p)) {
-        detail::narrow_f32(static_cast<const float*>(p.raw_data()), buf, p.numel(), dtype);
-        publish_copy(name, p);
-      }
+    for (auto& [name, p] : g.params) cast_into_copy(name, p);
+}
+
+void Optimizer::cast_into_copy(const std::string& name, const Tensor& p) {
+  void* buf = copy_buffer(name, p);
+  if (!buf) return;
+  if (p.device().is_cpu()) detail::narrow_f32(static_cast<const float*>(p.raw_data()), buf, p.numel(), copy_dtype_);
+  else detail::narrow_on_device(p, copies_.at(name));  // queued on the device's compute stream, before any later update
+  publish_copy(name, p);
 }
 
 void Optimizer::disable_low_precision_copies() {
@@ -73,12 +77,19 @@ void Optimizer::disable_low_precision_copies() {
 }
 
 void* Optimizer::copy_buffer(const std::string& name, const Tensor& p) {
-  // (No device copies yet: on CUDA, bf16 autocast over f32 master weights is refused by linear.)
-  if (copy_dtype_ == DType::f32 || p.dtype() != DType::f32 || !p.is_contiguous() || !p.device().is_cpu()) return nullptr;
+  if (copy_dtype_ == DType::f32 || p.dtype() != DType::f32 || !p.is_contiguous()) return nullptr;
+  // On a CUDA device the update kernels write the copies only with the lowp_copies candidate
+  // on (backend/cuda/candidates.h); off, autocast casts the weights as before.
+  if (!p.device().is_cpu() && !detail::device_copies_enabled()) return nullptr;
   Tensor& c = copies_[name];
-  if (!c.defined()) c = empty(p.sizes(), TensorOptions(copy_dtype_).with_tag(MemTag::parameter));
+  if (!c.defined() || c.device() != p.device()) {  // (a parameter moved since: its copy follows it)
+    c = empty(p.sizes(), TensorOptions(copy_dtype_).with_device(p.device()).with_tag(MemTag::parameter));
+    // A device update the step guard skips writes no copy, and the copy is published all the
+    // same: a new one must already hold cast(p) (queued before the update that overwrites it).
+    if (!p.device().is_cpu()) detail::narrow_on_device(p, c);
+  }
   c.bump_version();  // about to be overwritten: a graph that saved the old copy must notice
-  return c.raw_data();
+  return p.device().is_cpu() ? c.raw_data() : c.device_data();
 }
 
 void Optimizer::publish_copy(const std::string& name, const Tensor& p) {
@@ -135,11 +146,7 @@ void Optimizer::for_each_param(const std::function<void(ParamGroup&, const std::
       }
       fn(g, name, p, grad);
       p.bump_version();
-      if (!writes_copies_in_pass())
-        if (void* buf = copy_buffer(name, p)) {  // a cast after the update (one more read of p)
-          detail::narrow_f32(static_cast<const float*>(p.raw_data()), buf, p.numel(), copy_dtype_);
-          publish_copy(name, p);
-        }
+      if (!writes_copies_in_pass()) cast_into_copy(name, p);  // a cast after the update (one more read of p)
     }
   grad_scale_ = 1.0;  // one step's
 }

@@ -9,7 +9,8 @@
 // Networks").
 // Parameters on a CUDA device (SGD, Adam, AdamW; f32): the same constants, one multi-tensor
 // kernel launch per group after the loop (optim/device_update.h), asynchronous on the compute
-// stream; the others refuse them (Optimizer::steps_on_cuda).
+// stream, writing the low-precision copies too when they are on (the lowp_copies candidate);
+// the others refuse them (Optimizer::steps_on_cuda).
 #include <algorithm>
 #include <cmath>
 #include <utility>
@@ -66,10 +67,13 @@ class SGD final : public Optimizer {
         const float damp = static_cast<float>(o_.dampening);
         const detail::SgdConsts k{static_cast<float>(g.lr), static_cast<float>(g.weight_decay),
                                   static_cast<float>(o_.momentum), 1.0f - damp, o_.nesterov, first, grad_scale()};
-        if (!p.device().is_cpu()) {  // the device's multi-tensor pass (after the loop)
+        if (!p.device().is_cpu()) {  // the device's multi-tensor pass (after the loop), its copy written in it
+          void* copy = copy_buffer(name, p);
           device_work_.push_back({static_cast<float*>(p.device_data()), static_cast<const float*>(grad.device_data()),
-                                  buf.defined() ? static_cast<float*>(buf.device_data()) : nullptr, p.numel(), k, dstep});
+                                  buf.defined() ? static_cast<float*>(buf.device_data()) : nullptr, p.numel(), k, dstep,
+                                  copy});
           device_ = p.device().index;
+          if (copy) published_.emplace_back(&name, p);
           return;
         }
         void* copy = copy_buffer(name, p);
@@ -94,7 +98,7 @@ class SGD final : public Optimizer {
     });
     if (!device_work_.empty()) {
       const detail::DeviceStepGuard guard{guard_skip(), guard_grad_scale()};
-      detail::sgd_on_device(device_, device_work_, guard.skip ? &guard : nullptr);
+      detail::sgd_on_device(device_, device_work_, cd, guard.skip ? &guard : nullptr);
       advance_device_steps(device_);
     }
     for (const auto& [name, p] : published_) publish_copy(*name, p);
@@ -200,11 +204,13 @@ class Adam final : public Optimizer {
                                    static_cast<float>(g.weight_decay), static_cast<float>(step_size),
                                    static_cast<float>(inv_sqrt_bc2), static_cast<float>(decay), !decoupled_,
                                    grad_scale()};
-        if (!p.device().is_cpu()) {  // the device's multi-tensor pass (after the loop)
+        if (!p.device().is_cpu()) {  // the device's multi-tensor pass (after the loop), its copy written in it
+          void* copy = copy_buffer(name, p);
           device_work_.push_back({static_cast<float*>(p.device_data()), static_cast<const float*>(grad.device_data()),
                                   static_cast<float*>(m.device_data()), static_cast<float*>(v.device_data()), p.numel(), k,
-                                  g.lr, dstep});
+                                  g.lr, dstep, copy});
           device_ = p.device().index;
+          if (copy) published_.emplace_back(&name, p);
           return;
         }
         void* copy = copy_buffer(name, p);
@@ -235,7 +241,7 @@ class Adam final : public Optimizer {
     });
     if (!device_work_.empty()) {
       const detail::DeviceStepGuard guard{guard_skip(), guard_grad_scale()};
-      detail::adam_on_device(device_, device_work_, guard.skip ? &guard : nullptr, o_.beta1, o_.beta2);
+      detail::adam_on_device(device_, device_work_, cd, guard.skip ? &guard : nullptr, o_.beta1, o_.beta2);
       advance_device_steps(device_);
     }
     for (const auto& [name, p] : published_) publish_copy(*name, p);

@@ -1,5 +1,6 @@
 // The warp-per-row norm kernels (src/backend/cuda/norm_rows_vec.h, candidate norm_vectorized)
-// against kernels.h's block-per-row ones on the device: y, mean, rstd and dx within a few f32
+// against kernels.h's block-per-row ones on the device (kernels.h's entry points with the
+// candidate pinned off, since they route to the warp-per-row kernels when it is on): y, mean, rstd and dx within a few f32
 // roundings (the row sums are added in another order), the low-precision copy equal to the
 // host's rounding of y bit for bit, the same bits on a second run; RMSNorm alike; the support
 // rule host-side.
@@ -10,6 +11,7 @@
 #include <vector>
 
 #include "athanor/core/half.h"
+#include "backend/cuda/candidates.h"
 #include "backend/cuda/kernels.h"
 #include "backend/cuda/norm_rows_vec.h"
 #include "gpu_test.h"
@@ -42,6 +44,7 @@ std::string name(const Case& c) {
 
 TEST(GpuNormVectorized, LayerNormForwardAndDxMatchTheBlockKernels) {
   ATH_REQUIRE_GPU();
+  cuda::CandidateOverride established(cuda::Candidate::norm_vectorized, false);
   for (const Case& c : kCases) {
     SCOPED_TRACE(name(c));
     const std::size_t n = static_cast<std::size_t>(c.rows * c.cols), cols = static_cast<std::size_t>(c.cols);
@@ -73,6 +76,7 @@ TEST(GpuNormVectorized, LayerNormForwardAndDxMatchTheBlockKernels) {
 
 TEST(GpuNormVectorized, RmsNormForwardAndDxMatchTheBlockKernels) {
   ATH_REQUIRE_GPU();
+  cuda::CandidateOverride established(cuda::Candidate::norm_vectorized, false);
   for (const Case& c : kCases) {
     SCOPED_TRACE(name(c));
     const std::size_t n = static_cast<std::size_t>(c.rows * c.cols), cols = static_cast<std::size_t>(c.cols);
@@ -97,6 +101,7 @@ TEST(GpuNormVectorized, RmsNormForwardAndDxMatchTheBlockKernels) {
 // their two-pass column sums; RMSNorm's dx and dw alike; the same bits on a second run.
 TEST(GpuNormVectorized, FusedBackwardMatchesTheBlockKernels) {
   ATH_REQUIRE_GPU();
+  cuda::CandidateOverride established(cuda::Candidate::norm_vectorized, false);
   for (const Case& c : kCases) {
     if (c.cols > cuda::kNormFusedMaxCols) continue;
     for (bool rms : {false, true}) {

@@ -81,7 +81,11 @@ class Optimizer {
   // parameter's new version. Autocast then uses the copy instead of casting the
   // parameter, for as long as nothing else changes the parameter. Enabling makes
   // the copies of all f32 parameters at once (so the next forward already uses
-  // them). Memory: 2 bytes per f32 parameter, tagged MemTag::parameter.
+  // them). Memory: 2 bytes per f32 parameter, tagged MemTag::parameter, on the
+  // parameter's device. On CUDA only with the lowp_copies candidate on
+  // (backend/cuda/candidates.h; the update kernels write them); off, CUDA parameters
+  // get no copy and autocast casts them. A step the device guard skips writes neither
+  // weights nor copies: each copy still equals the cast of its (unchanged) weight.
   void enable_low_precision_copies(DType dtype);
   void disable_low_precision_copies();
   DType low_precision_copies() const { return copy_dtype_; }  // f32 when off
@@ -100,8 +104,11 @@ class Optimizer {
   // Low-precision copies (see enable_low_precision_copies): the buffer that receives
   // parameter `name`'s copy (allocated on first use), or null when copies are off or
   // the parameter is not f32. After the pass that filled it, publish_copy registers it.
+  // Returns a host pointer for a CPU parameter, a device pointer for a CUDA one.
   void* copy_buffer(const std::string& name, const Tensor& p);
   void publish_copy(const std::string& name, const Tensor& p);
+  // copy_buffer + a cast of p into it (on p's device) + publish_copy; nothing when copy_buffer is null.
+  void cast_into_copy(const std::string& name, const Tensor& p);
   // True for optimizers whose update pass writes the copies; the others get a cast
   // after each parameter's update (in for_each_param).
   virtual bool writes_copies_in_pass() const { return false; }

@@ -6,9 +6,12 @@
 
 #include <algorithm>
 #include <cmath>
+#include <type_traits>
 
 #include "athanor/core/error.h"
+#include "backend/cuda/candidates.h"
 #include "backend/cuda/kernels.h"
+#include "backend/cuda/norm_rows_vec.h"
 #include "backend/cuda/philox.cuh"
 #include "backend/cuda/runtime.h"
 
@@ -57,25 +60,45 @@ __device__ T block_max(T v, T* shared) {
 unsigned grid_rows(int64_t rows) { return static_cast<unsigned>(rows); }
 
 // ---- LayerNorm / RMSNorm ----------------------------------------------------------------
+// Templated on the element type T (float or double): statistics and every sum in T, so the
+// f64 kernels are the f32 ones in double (f64 gradchecks on the GPU). The f32 instantiations
+// (without a 16-bit copy) compile to the PTX of the f32 kernels before the template.
 
-__global__ void layer_norm_fwd_kernel(const float* x, const float* w, const float* b, float* y, float* mean,
-                                      float* rstd, int64_t cols, float eps) {
-  __shared__ float sh[32];
+template <class T> __device__ __forceinline__ T rsqrt_of(T v);
+template <> __device__ __forceinline__ float rsqrt_of<float>(float v) { return rsqrtf(v); }
+template <> __device__ __forceinline__ double rsqrt_of<double>(double v) { return 1.0 / sqrt(v); }  // the CPU's f64 formula
+
+// The 16-bit copy of an f32 value written beside it (a norm's offered cast, an updated weight's
+// copy): rounded to nearest even by the same intrinsics as the cast kernel (copy.cu's narrow),
+// so it is cast(value) bit for bit.
+__device__ __forceinline__ void store_lowp(void* p, bool bf16, int64_t i, float v) {
+  if (bf16) static_cast<__nv_bfloat16*>(p)[i] = __float2bfloat16_rn(v);
+  else static_cast<__half*>(p)[i] = __float2half_rn(v);
+}
+
+// kLow (f32 only): y rounded to bf16 (y_low_bf16) or f16 into y_low in the same pass. Without it
+// the kernel is the one before the copies existed, instruction for instruction.
+template <class T, bool kLow>
+__global__ void layer_norm_fwd_kernel(const T* x, const T* w, const T* b, T* y, T* mean, T* rstd, int64_t cols, T eps,
+                                      void* y_low, bool y_low_bf16) {
+  __shared__ T sh[32];
   const int64_t row = blockIdx.x;
-  const float* xr = x + row * cols;
-  float s = 0;
+  const T* xr = x + row * cols;
+  T s = 0;
   for (int64_t c = threadIdx.x; c < cols; c += blockDim.x) s += xr[c];
-  const float mu = block_sum(s, sh) / cols;
-  float ss = 0;  // two passes: (x - mean)^2 loses nothing to a large common offset
+  const T mu = block_sum(s, sh) / cols;
+  T ss = 0;  // two passes: (x - mean)^2 loses nothing to a large common offset
   for (int64_t c = threadIdx.x; c < cols; c += blockDim.x) {
-    const float d = xr[c] - mu;
+    const T d = xr[c] - mu;
     ss += d * d;
   }
-  const float r = rsqrtf(block_sum(ss, sh) / cols + eps);
-  float* yr = y + row * cols;
+  const T r = rsqrt_of(block_sum(ss, sh) / cols + eps);
+  T* yr = y + row * cols;
   for (int64_t c = threadIdx.x; c < cols; c += blockDim.x) {
-    const float v = (xr[c] - mu) * r;
-    yr[c] = v * (w ? w[c] : 1.0f) + (b ? b[c] : 0.0f);
+    const T v = (xr[c] - mu) * r;
+    const T out = v * (w ? w[c] : T(1)) + (b ? b[c] : T(0));
+    yr[c] = out;
+    if constexpr (kLow) store_lowp(y_low, y_low_bf16, row * cols + c, out);
   }
   if (threadIdx.x == 0) {
     mean[row] = mu;
@@ -84,24 +107,25 @@ __global__ void layer_norm_fwd_kernel(const float* x, const float* w, const floa
 }
 
 // dnorm = dy w;  dx = rstd (dnorm - mean(dnorm) - xhat mean(dnorm xhat))
-__global__ void layer_norm_bwd_dx_kernel(const float* dy, const float* x, const float* w, const float* mean,
-                                         const float* rstd, float* dx, int64_t cols) {
-  __shared__ float sh[32];
+template <class T>
+__global__ void layer_norm_bwd_dx_kernel(const T* dy, const T* x, const T* w, const T* mean, const T* rstd, T* dx,
+                                         int64_t cols) {
+  __shared__ T sh[32];
   const int64_t row = blockIdx.x;
-  const float* xr = x + row * cols;
-  const float* dyr = dy + row * cols;
-  const float mu = mean[row], r = rstd[row];
-  float a = 0, bsum = 0;
+  const T* xr = x + row * cols;
+  const T* dyr = dy + row * cols;
+  const T mu = mean[row], r = rstd[row];
+  T a = 0, bsum = 0;
   for (int64_t c = threadIdx.x; c < cols; c += blockDim.x) {
-    const float dn = dyr[c] * (w ? w[c] : 1.0f), xh = (xr[c] - mu) * r;
+    const T dn = dyr[c] * (w ? w[c] : T(1)), xh = (xr[c] - mu) * r;
     a += dn;
     bsum += dn * xh;
   }
-  const float mdn = block_sum(a, sh) / cols;
-  const float mdnx = block_sum(bsum, sh) / cols;
-  float* dxr = dx + row * cols;
+  const T mdn = block_sum(a, sh) / cols;
+  const T mdnx = block_sum(bsum, sh) / cols;
+  T* dxr = dx + row * cols;
   for (int64_t c = threadIdx.x; c < cols; c += blockDim.x) {
-    const float dn = dyr[c] * (w ? w[c] : 1.0f), xh = (xr[c] - mu) * r;
+    const T dn = dyr[c] * (w ? w[c] : T(1)), xh = (xr[c] - mu) * r;
     dxr[c] = r * (dn - mdn - xh * mdnx);
   }
 }
@@ -112,62 +136,69 @@ __global__ void layer_norm_bwd_dx_kernel(const float* dy, const float* x, const 
 // sums in warp order into the chunk's partial. Pass 2: one thread per column adds the chunks'
 // partials in chunk order. mean == nullptr: RMSNorm's xhat.
 constexpr int kDwWarps = 8;
-__global__ void norm_bwd_dw_partial_kernel(const float* dy, const float* x, const float* mean, const float* rstd,
-                                           float* part_w, float* part_b, int64_t rows, int64_t cols, int64_t chunk_rows) {
-  __shared__ float sw[kDwWarps][33], sb[kDwWarps][33];
+template <class T>
+__global__ void norm_bwd_dw_partial_kernel(const T* dy, const T* x, const T* mean, const T* rstd, T* part_w, T* part_b,
+                                           int64_t rows, int64_t cols, int64_t chunk_rows) {
+  __shared__ T sw[kDwWarps][33], sb[kDwWarps][33];
   const int lane = threadIdx.x % 32, warp = threadIdx.x / 32;
   const int64_t c = blockIdx.x * 32LL + lane;
   const int64_t r0 = blockIdx.y * chunk_rows, r1 = r0 + chunk_rows < rows ? r0 + chunk_rows : rows;
-  float aw = 0, ab = 0;
+  T aw = 0, ab = 0;
   if (c < cols)
     for (int64_t r = r0 + warp; r < r1; r += kDwWarps) {
-      const float g = dy[r * cols + c];
-      aw += g * ((x[r * cols + c] - (mean ? mean[r] : 0.0f)) * rstd[r]);
+      const T g = dy[r * cols + c];
+      aw += g * ((x[r * cols + c] - (mean ? mean[r] : T(0))) * rstd[r]);
       ab += g;
     }
   sw[warp][lane] = aw;
   sb[warp][lane] = ab;
   __syncthreads();
   if (warp == 0 && c < cols) {
-    float tw = 0, tb = 0;
+    T tw = 0, tb = 0;
     for (int w = 0; w < kDwWarps; ++w) tw += sw[w][lane], tb += sb[w][lane];
     part_w[blockIdx.y * cols + c] = tw;
     part_b[blockIdx.y * cols + c] = tb;
   }
 }
-__global__ void norm_bwd_dw_finish_kernel(const float* part_w, const float* part_b, int64_t chunks, int64_t cols, float* dw,
-                                          float* db) {
+template <class T>
+__global__ void norm_bwd_dw_finish_kernel(const T* part_w, const T* part_b, int64_t chunks, int64_t cols, T* dw, T* db) {
   const int64_t c = blockIdx.x * static_cast<int64_t>(blockDim.x) + threadIdx.x;
   if (c >= cols) return;
-  float tw = 0, tb = 0;
+  T tw = 0, tb = 0;
   for (int64_t k = 0; k < chunks; ++k) tw += part_w[k * cols + c], tb += part_b[k * cols + c];
   if (dw) dw[c] = tw;
   if (db) db[c] = tb;
 }
 
-__global__ void rms_norm_fwd_kernel(const float* x, const float* w, float* y, float* rstd, int64_t cols, float eps) {
-  __shared__ float sh[32];
+template <class T, bool kLow>  // kLow: as layer_norm_fwd_kernel's
+__global__ void rms_norm_fwd_kernel(const T* x, const T* w, T* y, T* rstd, int64_t cols, T eps, void* y_low,
+                                    bool y_low_bf16) {
+  __shared__ T sh[32];
   const int64_t row = blockIdx.x;
-  const float* xr = x + row * cols;
-  float ss = 0;
+  const T* xr = x + row * cols;
+  T ss = 0;
   for (int64_t c = threadIdx.x; c < cols; c += blockDim.x) ss += xr[c] * xr[c];
-  const float r = rsqrtf(block_sum(ss, sh) / cols + eps);
-  for (int64_t c = threadIdx.x; c < cols; c += blockDim.x) y[row * cols + c] = xr[c] * r * (w ? w[c] : 1.0f);
+  const T r = rsqrt_of(block_sum(ss, sh) / cols + eps);
+  for (int64_t c = threadIdx.x; c < cols; c += blockDim.x) {
+    const T out = xr[c] * r * (w ? w[c] : T(1));
+    y[row * cols + c] = out;
+    if constexpr (kLow) store_lowp(y_low, y_low_bf16, row * cols + c, out);
+  }
   if (threadIdx.x == 0) rstd[row] = r;
 }
 
 // dn = dy w;  dx = rstd (dn - xhat mean(dn xhat)),  xhat = x rstd
-__global__ void rms_norm_bwd_dx_kernel(const float* dy, const float* x, const float* w, const float* rstd, float* dx,
-                                       int64_t cols) {
-  __shared__ float sh[32];
+template <class T>
+__global__ void rms_norm_bwd_dx_kernel(const T* dy, const T* x, const T* w, const T* rstd, T* dx, int64_t cols) {
+  __shared__ T sh[32];
   const int64_t row = blockIdx.x;
-  const float r = rstd[row];
-  float a = 0;
+  const T r = rstd[row];
+  T a = 0;
   for (int64_t c = threadIdx.x; c < cols; c += blockDim.x)
-    a += dy[row * cols + c] * (w ? w[c] : 1.0f) * x[row * cols + c] * r;
-  const float m = block_sum(a, sh) / cols;
+    a += dy[row * cols + c] * (w ? w[c] : T(1)) * x[row * cols + c] * r;
+  const T m = block_sum(a, sh) / cols;
   for (int64_t c = threadIdx.x; c < cols; c += blockDim.x) {
-    const float dn = dy[row * cols + c] * (w ? w[c] : 1.0f), xh = x[row * cols + c] * r;
+    const T dn = dy[row * cols + c] * (w ? w[c] : T(1)), xh = x[row * cols + c] * r;
     dx[row * cols + c] = r * (dn - xh * m);
   }
 }
@@ -303,6 +334,7 @@ struct TensorTable {
   int64_t n[kMaxTensors];
   int64_t first_block[kMaxTensors + 1];
   int count;
+  void* c[kMaxTensors];  // the updated weights' bf16/f16 copies (kernels.h: WeightCopies; null: none)
 };
 
 __device__ int find_tensor(const TensorTable& t, int64_t block) {
@@ -320,7 +352,10 @@ __device__ float scaled_grad(float g, double grad_scale, bool scale) {
 // fmaf where the CPU fuses, so the bits are the CPU's.
 // With a step guard (kernels.h: StepGuard) the skip, the gradient scale and the bias
 // corrections come from the device, computed as the CPU's Adam::step computes them.
-__global__ void adam_kernel(TensorTable t, AdamArgs k, bool scale, StepGuard guard) {
+// kCopy: the launch has weight copies (WeightCopies; a tensor's entry may still be null). Without
+// them the kernel is the one before the copies existed.
+template <bool kCopy>
+__global__ void adam_kernel(TensorTable t, AdamArgs k, bool scale, StepGuard guard, bool copy_bf16) {
   const int ti = find_tensor(t, blockIdx.x);
   if (guard.skip) {
     if (*guard.skip != 0.0f) return;
@@ -335,6 +370,7 @@ __global__ void adam_kernel(TensorTable t, AdamArgs k, bool scale, StepGuard gua
   const int64_t end = min(base + kChunk, t.n[ti]);
   float *w = t.a[ti], *m = t.s1[ti], *v = t.s2[ti];
   const float* g = t.g[ti];
+  void* const copy = t.c[ti];
   const float omb1 = __fsub_rn(1.0f, k.beta1), omb2 = __fsub_rn(1.0f, k.beta2);
   for (int64_t i = base + threadIdx.x; i < end; i += blockDim.x) {
     const float gi = scaled_grad(g[i], k.grad_scale, scale);
@@ -346,12 +382,16 @@ __global__ void adam_kernel(TensorTable t, AdamArgs k, bool scale, StepGuard gua
     const float decayed = __fmul_rn(w[i], k.decay), delta = __fdiv_rn(__fmul_rn(k.step_size, mi), den);
     m[i] = mi;
     v[i] = vi;
-    w[i] = __fsub_rn(decayed, delta);
+    const float wi = __fsub_rn(decayed, delta);
+    w[i] = wi;
+    if constexpr (kCopy)
+      if (copy) store_lowp(copy, copy_bf16, i, wi);  // the weight's copy (WeightCopies)
   }
 }
 
 // d = g + wd w; b = first ? d : momentum b + (1 - dampening) d; d = nesterov ? d + momentum b : b; w -= lr d
-__global__ void sgd_kernel(TensorTable t, SgdArgs k, bool scale, StepGuard guard) {
+template <bool kCopy>  // as adam_kernel's
+__global__ void sgd_kernel(TensorTable t, SgdArgs k, bool scale, StepGuard guard, bool copy_bf16) {
   const int ti = find_tensor(t, blockIdx.x);
   if (guard.skip) {
     if (*guard.skip != 0.0f) return;
@@ -363,6 +403,7 @@ __global__ void sgd_kernel(TensorTable t, SgdArgs k, bool scale, StepGuard guard
   const int64_t end = min(base + kChunk, t.n[ti]);
   float *w = t.a[ti], *b = t.s1[ti];
   const float* g = t.g[ti];
+  void* const copy = t.c[ti];
   for (int64_t i = base + threadIdx.x; i < end; i += blockDim.x) {
     float d = fmaf(w[i], k.wd, scaled_grad(g[i], k.grad_scale, scale));
     if (b) {
@@ -370,7 +411,10 @@ __global__ void sgd_kernel(TensorTable t, SgdArgs k, bool scale, StepGuard guard
       b[i] = bi;
       d = k.nesterov ? fmaf(bi, k.momentum, d) : bi;
     }
-    w[i] = fmaf(-d, k.lr, w[i]);
+    const float wi = fmaf(-d, k.lr, w[i]);
+    w[i] = wi;
+    if constexpr (kCopy)
+      if (copy) store_lowp(copy, copy_bf16, i, wi);  // the weight's copy (WeightCopies)
   }
 }
 
@@ -426,63 +470,158 @@ void for_tensor_groups(int n_tensors, const int64_t* n, Fill fill, Launch launch
 
 }  // namespace
 
-void layer_norm_forward(const float* x, const float* w, const float* b, float* y, float* mean, float* rstd,
-                        int64_t rows, int64_t cols, double eps, cudaStream_t stream) {
+namespace {
+void check_lowp_copy(void* y_low, DType y_low_dtype, const char* op) {
+  ATH_CHECK(!y_low || y_low_dtype == DType::bf16 || y_low_dtype == DType::f16, op, "the low-precision copy of the output is ",
+            dtype_name(y_low_dtype), Hint{"this is a bug in athanor (the copy is bf16 or f16); please report it"});
+}
+
+template <class T>
+void layer_norm_forward_t(const T* x, const T* w, const T* b, T* y, T* mean, T* rstd, int64_t rows, int64_t cols, double eps,
+                          cudaStream_t stream, void* y_low, bool y_low_bf16) {
   if (rows == 0) return;
-  layer_norm_fwd_kernel<<<grid_rows(rows), kRowThreads, 0, stream>>>(x, w, b, y, mean, rstd, cols, static_cast<float>(eps));
+  if constexpr (std::is_same_v<T, float>)  // (the copy is of an f32 output only)
+    if (y_low) {
+      layer_norm_fwd_kernel<T, true><<<grid_rows(rows), kRowThreads, 0, stream>>>(x, w, b, y, mean, rstd, cols,
+                                                                                  static_cast<T>(eps), y_low, y_low_bf16);
+      ATH_CUDA_LAUNCHED("layer_norm_fwd_kernel");
+      return;
+    }
+  layer_norm_fwd_kernel<T, false><<<grid_rows(rows), kRowThreads, 0, stream>>>(x, w, b, y, mean, rstd, cols,
+                                                                               static_cast<T>(eps), nullptr, false);
   ATH_CUDA_LAUNCHED("layer_norm_fwd_kernel");
+}
+}  // namespace
+
+// The f32 norms take the warp-per-row kernels (norm_rows_vec.h) under the candidate
+// norm_vectorized, where those take the rows.
+namespace {
+bool norm_rows(int64_t cols, const void* a, const void* b, const void* c, const void* d, const void* e,
+               const void* y_low = nullptr) {
+  return candidate_enabled(Candidate::norm_vectorized) && norm_rows_vectorized_supported(cols, a, b, c, d, e, y_low);
+}
+}  // namespace
+
+void layer_norm_forward(const float* x, const float* w, const float* b, float* y, float* mean, float* rstd,
+                        int64_t rows, int64_t cols, double eps, cudaStream_t stream, void* y_low, DType y_low_dtype) {
+  check_lowp_copy(y_low, y_low_dtype, "layer_norm");
+  if (norm_rows(cols, x, w, b, y, nullptr, y_low))
+    return layer_norm_forward_vectorized(x, w, b, y, mean, rstd, rows, cols, eps, stream, y_low, y_low_dtype);
+  layer_norm_forward_t(x, w, b, y, mean, rstd, rows, cols, eps, stream, y_low, y_low_dtype == DType::bf16);
+}
+void layer_norm_forward(const double* x, const double* w, const double* b, double* y, double* mean, double* rstd,
+                        int64_t rows, int64_t cols, double eps, cudaStream_t stream) {
+  layer_norm_forward_t(x, w, b, y, mean, rstd, rows, cols, eps, stream, nullptr, false);
 }
 
 namespace {
 // Rows per chunk of the parameter-gradient pass: at least 256 (8 warps x 32 rows), at most 1024
-// chunks (the scratch stays 8 KB per column).
+// chunks (the scratch stays 8 KB per column in f32, 16 KB in f64).
 int64_t dw_chunk_rows(int64_t rows) { return std::max<int64_t>(256, (rows + 1023) / 1024); }
 int64_t dw_chunks(int64_t rows) { return (rows + dw_chunk_rows(rows) - 1) / dw_chunk_rows(rows); }
 
-void norm_backward_params(const float* dy, const float* x, const float* mean, const float* rstd, float* dw, float* db,
-                          int64_t rows, int64_t cols, float* workspace, cudaStream_t stream) {
+template <class T>
+void norm_backward_params(const T* dy, const T* x, const T* mean, const T* rstd, T* dw, T* db, int64_t rows, int64_t cols,
+                          T* workspace, cudaStream_t stream) {
   const int64_t chunks = dw_chunks(rows);
-  float* part_w = workspace;
-  float* part_b = workspace + chunks * cols;
+  T* part_w = workspace;
+  T* part_b = workspace + chunks * cols;
   const dim3 grid(static_cast<unsigned>((cols + 31) / 32), static_cast<unsigned>(chunks));
-  norm_bwd_dw_partial_kernel<<<grid, 32 * kDwWarps, 0, stream>>>(dy, x, mean, rstd, part_w, part_b, rows, cols,
-                                                                 dw_chunk_rows(rows));
+  norm_bwd_dw_partial_kernel<T><<<grid, 32 * kDwWarps, 0, stream>>>(dy, x, mean, rstd, part_w, part_b, rows, cols,
+                                                                    dw_chunk_rows(rows));
   ATH_CUDA_LAUNCHED("norm_bwd_dw_partial_kernel");
-  norm_bwd_dw_finish_kernel<<<static_cast<unsigned>((cols + 255) / 256), 256, 0, stream>>>(part_w, part_b, chunks, cols,
-                                                                                           dw, db);
+  norm_bwd_dw_finish_kernel<T><<<static_cast<unsigned>((cols + 255) / 256), 256, 0, stream>>>(part_w, part_b, chunks, cols,
+                                                                                              dw, db);
   ATH_CUDA_LAUNCHED("norm_bwd_dw_finish_kernel");
+}
+
+template <class T>
+void layer_norm_backward_t(const T* dy, const T* x, const T* w, const T* mean, const T* rstd, T* dx, T* dw, T* db,
+                           int64_t rows, int64_t cols, void* workspace, cudaStream_t stream) {
+  if (rows == 0) return;
+  if (dx) {
+    layer_norm_bwd_dx_kernel<T><<<grid_rows(rows), kRowThreads, 0, stream>>>(dy, x, w, mean, rstd, dx, cols);
+    ATH_CUDA_LAUNCHED("layer_norm_bwd_dx_kernel");
+  }
+  if (dw || db) norm_backward_params(dy, x, mean, rstd, dw, db, rows, cols, static_cast<T*>(workspace), stream);
+}
+
+template <class T>
+void rms_norm_forward_t(const T* x, const T* w, T* y, T* rstd, int64_t rows, int64_t cols, double eps, cudaStream_t stream,
+                        void* y_low, bool y_low_bf16) {
+  if (rows == 0) return;
+  if constexpr (std::is_same_v<T, float>)  // (the copy is of an f32 output only)
+    if (y_low) {
+      rms_norm_fwd_kernel<T, true><<<grid_rows(rows), kRowThreads, 0, stream>>>(x, w, y, rstd, cols, static_cast<T>(eps),
+                                                                                y_low, y_low_bf16);
+      ATH_CUDA_LAUNCHED("rms_norm_fwd_kernel");
+      return;
+    }
+  rms_norm_fwd_kernel<T, false><<<grid_rows(rows), kRowThreads, 0, stream>>>(x, w, y, rstd, cols, static_cast<T>(eps),
+                                                                             nullptr, false);
+  ATH_CUDA_LAUNCHED("rms_norm_fwd_kernel");
+}
+
+template <class T>
+void rms_norm_backward_t(const T* dy, const T* x, const T* w, const T* rstd, T* dx, T* dw, int64_t rows, int64_t cols,
+                         void* workspace, cudaStream_t stream) {
+  if (rows == 0) return;
+  if (dx) {
+    rms_norm_bwd_dx_kernel<T><<<grid_rows(rows), kRowThreads, 0, stream>>>(dy, x, w, rstd, dx, cols);
+    ATH_CUDA_LAUNCHED("rms_norm_bwd_dx_kernel");
+  }
+  if (dw) norm_backward_params<T>(dy, x, nullptr, rstd, dw, nullptr, rows, cols, static_cast<T*>(workspace), stream);
 }
 }  // namespace
 
-int64_t norm_backward_workspace_bytes(int64_t rows, int64_t cols) {
-  return rows <= 0 ? 0 : 2 * dw_chunks(rows) * cols * static_cast<int64_t>(sizeof(float));
+int64_t norm_backward_workspace_bytes(int64_t rows, int64_t cols, DType dtype) {
+  const int64_t elem = dtype == DType::f64 ? static_cast<int64_t>(sizeof(double)) : static_cast<int64_t>(sizeof(float));
+  const int64_t bytes = rows <= 0 ? 0 : 2 * dw_chunks(rows) * cols * elem;
+  // (the warp-per-row kernels' chunks are smaller, so more of them)
+  if (dtype != DType::f64 && candidate_enabled(Candidate::norm_vectorized))
+    return std::max(bytes, norm_rows_workspace_bytes(rows, cols));
+  return bytes;
 }
+
+namespace {
+// The fused backward (dx, dw, db from one read) where the rows fit its registers.
+bool norm_rows_backward(int64_t cols, const void* dy, const void* x, const void* w, const void* dx, const void* ws) {
+  return cols <= kNormFusedMaxCols && norm_rows(cols, dy, x, w, dx, ws);
+}
+}  // namespace
 
 void layer_norm_backward(const float* dy, const float* x, const float* w, const float* mean, const float* rstd,
                          float* dx, float* dw, float* db, int64_t rows, int64_t cols, void* workspace, cudaStream_t stream) {
-  if (rows == 0) return;
-  if (dx) {
-    layer_norm_bwd_dx_kernel<<<grid_rows(rows), kRowThreads, 0, stream>>>(dy, x, w, mean, rstd, dx, cols);
-    ATH_CUDA_LAUNCHED("layer_norm_bwd_dx_kernel");
-  }
-  if (dw || db) norm_backward_params(dy, x, mean, rstd, dw, db, rows, cols, static_cast<float*>(workspace), stream);
+  if (norm_rows_backward(cols, dy, x, w, dx, workspace))
+    return layer_norm_backward_vectorized(dy, x, w, mean, rstd, dx, dw, db, rows, cols, workspace, stream);
+  layer_norm_backward_t(dy, x, w, mean, rstd, dx, dw, db, rows, cols, workspace, stream);
+}
+void layer_norm_backward(const double* dy, const double* x, const double* w, const double* mean, const double* rstd,
+                         double* dx, double* dw, double* db, int64_t rows, int64_t cols, void* workspace, cudaStream_t stream) {
+  layer_norm_backward_t(dy, x, w, mean, rstd, dx, dw, db, rows, cols, workspace, stream);
 }
 
 void rms_norm_forward(const float* x, const float* w, float* y, float* rstd, int64_t rows, int64_t cols, double eps,
+                      cudaStream_t stream, void* y_low, DType y_low_dtype) {
+  check_lowp_copy(y_low, y_low_dtype, "rms_norm");
+  if (norm_rows(cols, x, w, y, nullptr, nullptr, y_low))
+    return rms_norm_forward_vectorized(x, w, y, rstd, rows, cols, eps, stream, y_low, y_low_dtype);
+  rms_norm_forward_t(x, w, y, rstd, rows, cols, eps, stream, y_low, y_low_dtype == DType::bf16);
+}
+void rms_norm_forward(const double* x, const double* w, double* y, double* rstd, int64_t rows, int64_t cols, double eps,
                       cudaStream_t stream) {
-  if (rows == 0) return;
-  rms_norm_fwd_kernel<<<grid_rows(rows), kRowThreads, 0, stream>>>(x, w, y, rstd, cols, static_cast<float>(eps));
-  ATH_CUDA_LAUNCHED("rms_norm_fwd_kernel");
+  rms_norm_forward_t(x, w, y, rstd, rows, cols, eps, stream, nullptr, false);
 }
 
 void rms_norm_backward(const float* dy, const float* x, const float* w, const float* rstd, float* dx, float* dw,
                        int64_t rows, int64_t cols, void* workspace, cudaStream_t stream) {
-  if (rows == 0) return;
-  if (dx) {
-    rms_norm_bwd_dx_kernel<<<grid_rows(rows), kRowThreads, 0, stream>>>(dy, x, w, rstd, dx, cols);
-    ATH_CUDA_LAUNCHED("rms_norm_bwd_dx_kernel");
-  }
-  if (dw) norm_backward_params(dy, x, nullptr, rstd, dw, nullptr, rows, cols, static_cast<float*>(workspace), stream);
+  if (norm_rows_backward(cols, dy, x, w, dx, workspace))
+    return rms_norm_backward_vectorized(dy, x, w, rstd, dx, dw, rows, cols, workspace, stream);
+  rms_norm_backward_t(dy, x, w, rstd, dx, dw, rows, cols, workspace, stream);
+}
+void rms_norm_backward(const double* dy, const double* x, const double* w, const double* rstd, double* dx, double* dw,
+                       int64_t rows, int64_t cols, void* workspace, cudaStream_t stream) {
+  rms_norm_backward_t(dy, x, w, rstd, dx, dw, rows, cols, workspace, stream);
 }
 
 void softmax_forward(const float* x, float* y, int64_t rows, int64_t cols, cudaStream_t stream) {
@@ -588,12 +727,19 @@ void dropout_apply(const double* x, double* y, int64_t n, uint64_t seed, uint64_
   dropout_kernel<<<static_cast<unsigned>((blocks + 255) / 256), 256, 0, stream>>>(x, y, n, seed, offset, threshold, scale);
   ATH_CUDA_LAUNCHED("dropout_kernel f64");
 }
+namespace {
+void check_copies(const WeightCopies& c, const char* op) {
+  ATH_CHECK(!c.ptr || c.dtype == DType::bf16 || c.dtype == DType::f16, op, "weight copies of dtype ", dtype_name(c.dtype),
+            Hint{"this is a bug in athanor (the copies are bf16 or f16); please report it"});
+}
+}  // namespace
 
 void adam_multi_tensor(float* const* w, const float* const* g, float* const* m, float* const* v, const int64_t* n,
                        int n_tensors, const AdamArgs& a, cudaStream_t stream, const StepGuard& guard,
-                       double* const* steps) {
+                       double* const* steps, const WeightCopies& copies) {
   ATH_CHECK(!guard.skip || (guard.grad_scale && steps), "adam", "a step guard needs its gradient scale and step counts",
             Hint{"this is a bug in athanor; please report it"});
+  check_copies(copies, "adam");
   for_tensor_groups(
       n_tensors, n,
       [&](TensorTable& t, int j, int i) {
@@ -602,17 +748,24 @@ void adam_multi_tensor(float* const* w, const float* const* g, float* const* m, 
         t.s1[j] = m[i];
         t.s2[j] = v[i];
         t.step[j] = steps ? steps[i] : nullptr;
+        t.c[j] = copies.ptr ? copies.ptr[i] : nullptr;
       },
       [&](const TensorTable& t, int64_t blocks, int) {
-        adam_kernel<<<static_cast<unsigned>(blocks), 256, 0, stream>>>(t, a, a.grad_scale != 1.0, guard);
+        const bool bf16 = copies.dtype == DType::bf16;
+        if (copies.ptr)
+          adam_kernel<true><<<static_cast<unsigned>(blocks), 256, 0, stream>>>(t, a, a.grad_scale != 1.0, guard, bf16);
+        else
+          adam_kernel<false><<<static_cast<unsigned>(blocks), 256, 0, stream>>>(t, a, a.grad_scale != 1.0, guard, bf16);
         ATH_CUDA_LAUNCHED("adam_kernel");
       });
 }
 
 void sgd_multi_tensor(float* const* w, const float* const* g, float* const* b, const int64_t* n, int n_tensors,
-                      const SgdArgs& a, cudaStream_t stream, const StepGuard& guard, double* const* steps) {
+                      const SgdArgs& a, cudaStream_t stream, const StepGuard& guard, double* const* steps,
+                      const WeightCopies& copies) {
   ATH_CHECK(!guard.skip || (guard.grad_scale && steps), "sgd", "a step guard needs its gradient scale and step counts",
             Hint{"this is a bug in athanor; please report it"});
+  check_copies(copies, "sgd");
   for_tensor_groups(
       n_tensors, n,
       [&](TensorTable& t, int j, int i) {
@@ -620,9 +773,14 @@ void sgd_multi_tensor(float* const* w, const float* const* g, float* const* b, c
         t.g[j] = g[i];
         t.s1[j] = b ? b[i] : nullptr;
         t.step[j] = steps ? steps[i] : nullptr;
+        t.c[j] = copies.ptr ? copies.ptr[i] : nullptr;
       },
       [&](const TensorTable& t, int64_t blocks, int) {
-        sgd_kernel<<<static_cast<unsigned>(blocks), 256, 0, stream>>>(t, a, a.grad_scale != 1.0, guard);
+        const bool bf16 = copies.dtype == DType::bf16;
+        if (copies.ptr)
+          sgd_kernel<true><<<static_cast<unsigned>(blocks), 256, 0, stream>>>(t, a, a.grad_scale != 1.0, guard, bf16);
+        else
+          sgd_kernel<false><<<static_cast<unsigned>(blocks), 256, 0, stream>>>(t, a, a.grad_scale != 1.0, guard, bf16);
         ATH_CUDA_LAUNCHED("sgd_kernel");
       });
 }
