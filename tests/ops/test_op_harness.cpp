@@ -19,6 +19,7 @@
 
 #include "athanor/ops/autocast.h"
 #include "athanor/ops/op_harness.h"
+#include "op_case_gradcheck.h"
 #include "test_util.h"
 
 namespace athanor {
@@ -96,13 +97,6 @@ Tolerance coarser(DType a, DType b) {
                                            << std::fabs(f[i] - r[i]) << " > " << bound << ")";
   }
   return ::testing::AssertionSuccess();
-}
-
-std::vector<Tensor> floating_outputs(const std::vector<Tensor>& outs) {
-  std::vector<Tensor> r;
-  for (const Tensor& o : outs)
-    if (o.defined() && is_floating(o.dtype())) r.push_back(o);
-  return r;
 }
 
 // Runs body; an Error it throws fails the test here, under the caller's SCOPED_TRACE (the op
@@ -238,15 +232,7 @@ TEST(OpHarness, GradientsMatchFiniteDifferencesInF64) {
       bool any = false;
       for (const Tensor& t : in) any = any || (t.defined() && t.requires_grad());
       if (!any) continue;
-      // One output for the gradcheck: the floating outputs flattened and joined.
-      auto fn = [&c](const std::vector<Tensor>& x) {
-        const std::vector<Tensor> outs = floating_outputs(c.call(x));
-        if (outs.size() == 1) return outs[0];
-        std::vector<Tensor> flat;
-        for (const Tensor& o : outs) flat.push_back(reshape(o, {-1}));
-        return cat(flat, 0);
-      };
-      guarded([&] { EXPECT_TRUE(gradcheck(fn, in)); });
+      guarded([&] { EXPECT_TRUE(op_case_gradcheck(c, in)); });  // op_case_gradcheck.h: shared with the GPU's
       ops.insert(op->name);
       ++cases;
     }

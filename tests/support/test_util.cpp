@@ -1,5 +1,7 @@
 #include "test_util.h"
 
+#include "op_case_gradcheck.h"
+
 #include "athanor/core/allocator.h"
 #include "athanor/ops/autocast.h"
 #include "backend/cpu/isa.h"
@@ -101,7 +103,7 @@ Tensor make_noncontiguous(const Tensor& t) {
   Generator wg(12345);
   Tensor w = randn(out.sizes(), TensorOptions(out.dtype()), wg);
   const std::vector<double> wv = w.to_vector();
-  backward({out}, {w});
+  backward({out}, {out.device().is_cpu() ? w : w.to(out.device())});
 
   std::ostringstream failures;
   int bad = 0;
@@ -109,19 +111,26 @@ Tensor make_noncontiguous(const Tensor& t) {
     const Tensor& in = inputs[k];
     if (!in.defined() || !in.requires_grad()) continue;
     Tensor g = in.grad();
-    std::vector<double> analytic = g.defined() ? g.to_vector() : std::vector<double>(in.numel(), 0.0);
-    double* data = in.data_ptr<double>();
+    std::vector<double> analytic = g.defined() ? g.to_vector() : std::vector<double>(in.numel(), 0.0);  // to_vector: to the host
+    // Element i set to v: in place in host memory, or on the device through a 0-d view of it.
+    const bool on_host = in.device().is_cpu();
+    double* data = on_host ? in.data_ptr<double>() : nullptr;
+    const std::vector<double> values = on_host ? std::vector<double>() : in.to_vector();
+    auto set = [&](int64_t off, double v) {
+      if (on_host) data[off] = v;
+      else copy_into(make_view(in, {}, {}, in.storage_offset() + off), full({}, v, TensorOptions(DType::f64)));
+    };
     for (int64_t i = 0; i < in.numel(); ++i) {
       const int64_t off = element_offset(in, i);
-      const double orig = data[off];
+      const double orig = on_host ? data[off] : values[static_cast<size_t>(i)];
       double fp, fm;
       {
         NoGradGuard ng;
-        data[off] = orig + opts.eps;
+        set(off, orig + opts.eps);
         fp = dot(fn(inputs), wv);
-        data[off] = orig - opts.eps;
+        set(off, orig - opts.eps);
         fm = dot(fn(inputs), wv);
-        data[off] = orig;
+        set(off, orig);
       }
       const double numeric = (fp - fm) / (2 * opts.eps);
       const double diff = std::fabs(numeric - analytic[i]);
@@ -134,6 +143,25 @@ Tensor make_noncontiguous(const Tensor& t) {
   }
   if (bad) return ::testing::AssertionFailure() << bad << " gradient element(s) differ:" << failures.str();
   return ::testing::AssertionSuccess();
+}
+
+std::vector<Tensor> floating_outputs(const std::vector<Tensor>& outs) {
+  std::vector<Tensor> r;
+  for (const Tensor& o : outs)
+    if (o.defined() && is_floating(o.dtype())) r.push_back(o);
+  return r;
+}
+
+::testing::AssertionResult op_case_gradcheck(const OpCase& c, const std::vector<Tensor>& inputs, GradcheckOptions opts) {
+  // One output for the gradcheck: the floating outputs flattened and joined.
+  auto fn = [&c](const std::vector<Tensor>& x) {
+    const std::vector<Tensor> outs = floating_outputs(c.call(x));
+    if (outs.size() == 1) return outs[0];
+    std::vector<Tensor> flat;
+    for (const Tensor& o : outs) flat.push_back(reshape(o, {-1}));
+    return cat(flat, 0);
+  };
+  return gradcheck(fn, inputs, opts);
 }
 
 ::testing::AssertionResult all_close(const Tensor& actual, const Tensor& expected, double atol, double rtol) {

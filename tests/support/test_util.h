@@ -1,6 +1,7 @@
 #pragma once
 // Shared test machinery:
-//  - gradcheck: autograd gradients vs central finite differences in f64;
+//  - gradcheck: autograd gradients vs central finite differences in f64 (inputs on the CPU or
+//    on a device: the op harness's f64 gradchecks run on the GPU too);
 //  - make_noncontiguous: the same values in a strided (non-contiguous) layout;
 //  - expect_close: elementwise |a - b| <= atol + rtol * |b| with a report of the worst element;
 //  - ThreadCount: the OpenMP thread count for a scope;
@@ -42,8 +43,11 @@ struct GradcheckOptions {
 // fn maps the inputs to one output. Inputs that require grad are checked: the
 // gradient of <w, fn(x)> for a random w, computed by autograd (backward with an
 // explicit gradient), is compared with central differences of the same function.
+// The inputs may live on a device (f64 there too): w is sent to the output's device, each
+// element is perturbed in place on the device, and everything read comes back to the host.
 ::testing::AssertionResult gradcheck(const std::function<Tensor(const std::vector<Tensor>&)>& fn,
                                      const std::vector<Tensor>& inputs, GradcheckOptions opts = {});
+
 
 // f64 leaf with N(0,1) values from `seed` (requires grad by default).
 Tensor randn64(const Shape& shape, uint64_t seed, bool requires_grad = true);

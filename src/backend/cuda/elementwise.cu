@@ -99,8 +99,15 @@ __global__ void embedding_fwd_kernel(const W* w, const int64_t* idx, W* out, int
 // by the forward) and padding_idx add nothing.
 constexpr int kEmbRowGroups = 128;  // a power of two
 constexpr int kEmbChunk = 1024;
-__global__ void embedding_bwd_kernel(const void* dy, DType dy_dtype, const int64_t* idx, float* dw, int64_t N,
-                                     int64_t num, int64_t dim, int64_t padding_idx) {
+// Acc: float (dy f32, bf16, f16 into an f32 dW) or double (f64 dy into an f64 dW, summed in f64).
+template <class Acc> __device__ __forceinline__ Acc load_acc(const void* dy, DType dt, int64_t i);
+template <> __device__ __forceinline__ float load_acc<float>(const void* dy, DType dt, int64_t i) { return load_as_f32(dy, dt, i); }
+template <> __device__ __forceinline__ double load_acc<double>(const void* dy, DType, int64_t i) {
+  return static_cast<const double*>(dy)[i];
+}
+template <class Acc>
+__global__ void embedding_bwd_kernel(const void* dy, DType dy_dtype, const int64_t* idx, Acc* dw, int64_t N, int64_t num,
+                                     int64_t dim, int64_t padding_idx) {
   __shared__ int64_t rows[kEmbChunk];
   const int64_t group = blockIdx.x;
   const int64_t c = blockIdx.y * static_cast<int64_t>(blockDim.x) + threadIdx.x;
@@ -117,7 +124,7 @@ __global__ void embedding_bwd_kernel(const void* dy, DType dy_dtype, const int64
     for (int64_t j = 0; j < len; ++j) {
       const int64_t row = rows[j];
       if (row < 0) continue;
-      dw[row * dim + c] += load_as_f32(dy, dy_dtype, (n0 + j) * dim + c);
+      dw[row * dim + c] += load_acc<Acc>(dy, dy_dtype, (n0 + j) * dim + c);
     }
   }
 }
@@ -164,9 +171,12 @@ void gelu_tanh_backward(const float* dy, const float* x, float* dx, int64_t n, c
 void embedding_forward(const void* weight, DType dtype, const int64_t* idx, void* out, int64_t N, int64_t num,
                        int64_t dim, DeviceErrorRecord* err, cudaStream_t stream) {
   if (N == 0) return;
-  ATH_CHECK(dtype == DType::f32 || dtype == DType::bf16 || dtype == DType::f16, "embedding", "a ", dtype_name(dtype),
-            " table on cuda", Hint{"use an f32, bf16 or f16 table"});
-  if (dtype == DType::f32)
+  ATH_CHECK(dtype == DType::f32 || dtype == DType::bf16 || dtype == DType::f16 || dtype == DType::f64, "embedding", "a ",
+            dtype_name(dtype), " table on cuda", Hint{"use an f32, bf16, f16 or f64 table"});
+  if (dtype == DType::f64)
+    embedding_fwd_kernel<<<static_cast<unsigned>(N), kThreads, 0, stream>>>(static_cast<const uint64_t*>(weight), idx,
+                                                                             static_cast<uint64_t*>(out), num, dim, err);
+  else if (dtype == DType::f32)
     embedding_fwd_kernel<<<static_cast<unsigned>(N), kThreads, 0, stream>>>(static_cast<const uint32_t*>(weight), idx,
                                                                              static_cast<uint32_t*>(out), num, dim, err);
   else
@@ -180,6 +190,13 @@ void embedding_backward(const void* dy, DType dy_dtype, const int64_t* idx, floa
   const dim3 grid(kEmbRowGroups, static_cast<unsigned>((dim + kThreads - 1) / kThreads));
   embedding_bwd_kernel<<<grid, kThreads, 0, stream>>>(dy, dy_dtype, idx, dweight, N, num, dim, padding_idx);
   ATH_CUDA_LAUNCHED("embedding_bwd_kernel");
+}
+void embedding_backward(const double* dy, const int64_t* idx, double* dweight, int64_t N, int64_t num, int64_t dim,
+                        int64_t padding_idx, cudaStream_t stream) {
+  if (N == 0) return;
+  const dim3 grid(kEmbRowGroups, static_cast<unsigned>((dim + kThreads - 1) / kThreads));
+  embedding_bwd_kernel<<<grid, kThreads, 0, stream>>>(dy, DType::f64, idx, dweight, N, num, dim, padding_idx);
+  ATH_CUDA_LAUNCHED("embedding_bwd_kernel f64");
 }
 
 }  // namespace athanor::cuda

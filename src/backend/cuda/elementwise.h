@@ -28,7 +28,7 @@ void gelu_tanh_forward(const float* x, float* y, int64_t n, cudaStream_t stream)
 void gelu_tanh_backward(const float* dy, const float* x, float* dx, int64_t n, cudaStream_t stream);
 
 // out[n, :] = weight[idx[n], :] for n < N, rows of `dim` elements of `dtype` (f32, bf16, f16:
-// copied bit for bit), the table `num` rows. An id outside [0, num) is validated on the
+// copied bit for bit; f64 too), the table `num` rows. An id outside [0, num) is validated on the
 // device: recorded in `err` (device_error.h: raised at the next read from the device, no host
 // sync here) and its row left zero.
 void embedding_forward(const void* weight, DType dtype, const int64_t* idx, void* out, int64_t N, int64_t num,
@@ -37,5 +37,8 @@ void embedding_forward(const void* weight, DType dtype, const int64_t* idx, void
 // f16); rows n with idx[n] == padding_idx or out of range are skipped.
 void embedding_backward(const void* dy, DType dy_dtype, const int64_t* idx, float* dweight, int64_t N, int64_t num,
                         int64_t dim, int64_t padding_idx, cudaStream_t stream);
+// The same for an f64 table: f64 dy summed in f64 (same order) into an f64 [num, dim] buffer.
+void embedding_backward(const double* dy, const int64_t* idx, double* dweight, int64_t N, int64_t num, int64_t dim,
+                        int64_t padding_idx, cudaStream_t stream);
 
 }  // namespace athanor::cuda

@@ -60,6 +60,7 @@ cudaDataType_t cuda_type(DType d) {
     case DType::f32: return CUDA_R_32F;
     case DType::bf16: return CUDA_R_16BF;
     case DType::f16: return CUDA_R_16F;
+    case DType::f64: return CUDA_R_64F;
     default: return CUDA_R_32F;
   }
 }
@@ -90,13 +91,22 @@ void layout(cublasLtMatrixLayout_t* l, cudaDataType_t t, int64_t rows, int64_t c
 
 // The GEMM, or false before any launch when `may_decline` and cuBLASLt has no algorithm.
 bool run_gemm(const GemmArgs& g, int device, cudaStream_t stream, bool may_decline) {
-  ATH_CHECK(g.dtype == DType::f32 || g.dtype == DType::bf16 || g.dtype == DType::f16, "cuda gemm",
-            "dtype ", dtype_name(g.dtype), " is not supported", Hint{"use f32, bf16 or f16 (f64 matmuls run on the CPU)"});
+  ATH_CHECK(g.dtype == DType::f32 || g.dtype == DType::bf16 || g.dtype == DType::f16 || g.dtype == DType::f64, "cuda gemm",
+            "dtype ", dtype_name(g.dtype), " is not supported", Hint{"use f32, bf16, f16 or f64"});
+  // f64 takes no epilogue: cuBLASLt documents its epilogues for the 16/32-bit types, and the
+  // f64 path is the exact reference (gradchecks), not a fast one; a bias is added by the
+  // caller through beta = 1 over C pre-filled with it (device_ops.h: cuda_gemm).
+  const bool f64 = g.dtype == DType::f64;
+  ATH_CHECK(!f64 || g.epilogue == GemmEpilogue::none || may_decline, "cuda gemm", "f64 GEMMs take no epilogue (asked for ",
+            static_cast<int>(g.epilogue), ")", Hint{"add the bias through beta = 1 over C filled with it (cuda_gemm does)"});
+  if (f64 && g.epilogue != GemmEpilogue::none) return false;  // try_gemm: the caller's unfused path
+  ATH_CHECK(!f64 || !g.allow_tf32, "cuda gemm", "allow_tf32 with f64 operands", Hint{"TF32 is for f32 data"});
   ATH_CHECK(g.m >= 0 && g.n >= 0 && g.k >= 0 && g.batch >= 1, "cuda gemm", "bad sizes m=", g.m, " n=", g.n, " k=", g.k,
             " batch=", g.batch, Hint{"sizes must be non-negative and batch at least 1"});
   const bool has_bias =
       g.epilogue == GemmEpilogue::bias || g.epilogue == GemmEpilogue::bias_gelu || g.epilogue == GemmEpilogue::bias_relu;
-  ATH_CHECK(!g.c_f32 || g.dtype != DType::f32, "cuda gemm", "c_f32 is for 16-bit operands (dtype ", dtype_name(g.dtype), ")");
+  ATH_CHECK(!g.c_f32 || g.dtype == DType::bf16 || g.dtype == DType::f16, "cuda gemm", "c_f32 is for 16-bit operands (dtype ",
+            dtype_name(g.dtype), ")");
   ATH_CHECK(!has_bias || g.bias, "cuda gemm", "a bias epilogue needs a bias pointer",
             Hint{"pass the bias, or use GemmEpilogue::none / gelu"});
   const bool backward_epi = g.epilogue == GemmEpilogue::dgelu || g.epilogue == GemmEpilogue::bias_grad;
@@ -120,11 +130,12 @@ bool run_gemm(const GemmArgs& g, int device, cudaStream_t stream, bool may_decli
   DeviceGuard dg(device);
   // Row-major C = op(A) op(B) is column-major C^T = op(B)^T op(A)^T: cuBLASLt sees B first.
   const cudaDataType_t t = cuda_type(g.dtype), ct = g.c_f32 ? CUDA_R_32F : t;
-  const cublasComputeType_t compute = g.dtype == DType::f32
-                                          ? (g.allow_tf32 ? CUBLAS_COMPUTE_32F_FAST_TF32 : CUBLAS_COMPUTE_32F)
-                                          : CUBLAS_COMPUTE_32F;
+  const cublasComputeType_t compute = f64                    ? CUBLAS_COMPUTE_64F
+                                      : g.dtype == DType::f32 ? (g.allow_tf32 ? CUBLAS_COMPUTE_32F_FAST_TF32 : CUBLAS_COMPUTE_32F)
+                                                              : CUBLAS_COMPUTE_32F;
   Descs d;
-  ATH_CUBLAS(cublasLtMatmulDescCreate(&d.op, compute, CUDA_R_32F));
+  // The scale type (alpha, beta) is the compute type's: f64 for f64 data, else f32.
+  ATH_CUBLAS(cublasLtMatmulDescCreate(&d.op, compute, f64 ? CUDA_R_64F : CUDA_R_32F));
   const cublasOperation_t opb = g.trans_b ? CUBLAS_OP_T : CUBLAS_OP_N, opa = g.trans_a ? CUBLAS_OP_T : CUBLAS_OP_N;
   ATH_CUBLAS(cublasLtMatmulDescSetAttribute(d.op, CUBLASLT_MATMUL_DESC_TRANSA, &opb, sizeof opb));
   ATH_CUBLAS(cublasLtMatmulDescSetAttribute(d.op, CUBLASLT_MATMUL_DESC_TRANSB, &opa, sizeof opa));
@@ -202,8 +213,11 @@ bool run_gemm(const GemmArgs& g, int device, cudaStream_t stream, bool may_decli
       ctx.plans.emplace(key, algo);
     }
   }
-  ATH_CUBLAS(cublasLtMatmul(ctx.handle, d.op, &g.alpha, g.b, d.a, g.a, d.b, &g.beta, g.c, d.c, g.c, d.c, &algo,
-                            ctx.workspace, kWorkspace, stream));
+  const double alpha64 = g.alpha, beta64 = g.beta;
+  const void* alpha = f64 ? static_cast<const void*>(&alpha64) : &g.alpha;
+  const void* beta = f64 ? static_cast<const void*>(&beta64) : &g.beta;
+  ATH_CUBLAS(cublasLtMatmul(ctx.handle, d.op, alpha, g.b, d.a, g.a, d.b, beta, g.c, d.c, g.c, d.c, &algo, ctx.workspace,
+                            kWorkspace, stream));
   return true;
 }
 

@@ -15,6 +15,8 @@
 //    config's switch); bf16 and f16 data accumulate in f32; C has A's dtype, or f32 with
 //    `c_f32` (16-bit A and B, the f32 accumulators written as they are: the gradient of an
 //    f32 master weight from bf16 operands); the bias has C's dtype;
+//  - f64 data computes in f64 (CUBLAS_COMPUTE_64F, alpha and beta as doubles), with no
+//    epilogue (gemm() rejects one, try_gemm() declines): the exact path gradchecks run on;
 //  - one cuBLASLt handle and one 32 MiB workspace per device (the workspace from the
 //    caching allocator, tag workspace); the heuristic's algorithm is cached per
 //    (shape, dtype, layout, epilogue), so a training step asks the heuristic once per shape;

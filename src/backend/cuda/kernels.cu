@@ -35,15 +35,25 @@ __device__ T block_sum(T v, T* shared) {
   for (int o = 16; o > 0; o >>= 1) v += __shfl_xor_sync(0xffffffffu, v, o);
   return v;  // every thread holds the sum
 }
-__device__ float block_max(float v, float* shared) {
-  for (int o = 16; o > 0; o >>= 1) v = fmaxf(v, __shfl_xor_sync(0xffffffffu, v, o));
+// The math of the row kernels in their accumulation type: f32 (the f32, bf16 and f16 data) or
+// f64 (f64 data, math and accumulation in double).
+__device__ __forceinline__ float max_of(float a, float b) { return fmaxf(a, b); }
+__device__ __forceinline__ double max_of(double a, double b) { return fmax(a, b); }
+__device__ __forceinline__ float exp_of(float v) { return expf(v); }
+__device__ __forceinline__ double exp_of(double v) { return exp(v); }
+__device__ __forceinline__ float log_of(float v) { return logf(v); }
+__device__ __forceinline__ double log_of(double v) { return log(v); }
+
+template <class T>
+__device__ T block_max(T v, T* shared) {
+  for (int o = 16; o > 0; o >>= 1) v = max_of(v, __shfl_xor_sync(0xffffffffu, v, o));
   const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
   __syncthreads();
   if (lane == 0) shared[warp] = v;
   __syncthreads();
   const int nwarps = blockDim.x / 32;
-  v = lane < nwarps ? shared[lane] : -INFINITY;
-  for (int o = 16; o > 0; o >>= 1) v = fmaxf(v, __shfl_xor_sync(0xffffffffu, v, o));
+  v = lane < nwarps ? shared[lane] : T(-INFINITY);
+  for (int o = 16; o > 0; o >>= 1) v = max_of(v, __shfl_xor_sync(0xffffffffu, v, o));
   return v;
 }
 
@@ -194,42 +204,49 @@ __global__ void rms_norm_bwd_dx_kernel(const T* dy, const T* x, const T* w, cons
 }
 
 // ---- softmax and cross-entropy ----------------------------------------------------------
+// T: the data; the math in T as well (f32 for f32, f64 for f64).
 
-__global__ void softmax_kernel(const float* x, float* y, int64_t cols) {
-  __shared__ float sh[32];
-  const float* xr = x + blockIdx.x * cols;
-  float m = -INFINITY;
-  for (int64_t c = threadIdx.x; c < cols; c += blockDim.x) m = fmaxf(m, xr[c]);
+template <class T>
+__global__ void softmax_kernel(const T* x, T* y, int64_t cols) {
+  __shared__ T sh[32];
+  const T* xr = x + blockIdx.x * cols;
+  T m = T(-INFINITY);
+  for (int64_t c = threadIdx.x; c < cols; c += blockDim.x) m = max_of(m, xr[c]);
   m = block_max(m, sh);
-  float s = 0;
-  for (int64_t c = threadIdx.x; c < cols; c += blockDim.x) s += expf(xr[c] - m);
-  const float inv = 1.0f / block_sum(s, sh);
-  for (int64_t c = threadIdx.x; c < cols; c += blockDim.x) y[blockIdx.x * cols + c] = expf(xr[c] - m) * inv;
+  T s = 0;
+  for (int64_t c = threadIdx.x; c < cols; c += blockDim.x) s += exp_of(xr[c] - m);
+  const T inv = T(1) / block_sum(s, sh);
+  for (int64_t c = threadIdx.x; c < cols; c += blockDim.x) y[blockIdx.x * cols + c] = exp_of(xr[c] - m) * inv;
 }
 
-__global__ void softmax_bwd_kernel(const float* dy, const float* y, float* dx, int64_t cols) {
-  __shared__ float sh[32];
+template <class T>
+__global__ void softmax_bwd_kernel(const T* dy, const T* y, T* dx, int64_t cols) {
+  __shared__ T sh[32];
   const int64_t off = blockIdx.x * cols;
-  float s = 0;
+  T s = 0;
   for (int64_t c = threadIdx.x; c < cols; c += blockDim.x) s += dy[off + c] * y[off + c];
   s = block_sum(s, sh);
   for (int64_t c = threadIdx.x; c < cols; c += blockDim.x) dx[off + c] = y[off + c] * (dy[off + c] - s);
 }
 
-// Logits of any of f32, bf16, f16, read as f32.
+// Logits of any of f32, bf16, f16, read as f32; f64 logits as they are.
 __device__ __forceinline__ float widen(float v) { return v; }
 __device__ __forceinline__ float widen(__nv_bfloat16 v) { return __bfloat162float(v); }
 __device__ __forceinline__ float widen(__half v) { return __half2float(v); }
+__device__ __forceinline__ double widen(double v) { return v; }
 template <class T> __device__ __forceinline__ T narrow(float v);
 template <> __device__ __forceinline__ float narrow<float>(float v) { return v; }
 template <> __device__ __forceinline__ __nv_bfloat16 narrow<__nv_bfloat16>(float v) { return __float2bfloat16_rn(v); }
 template <> __device__ __forceinline__ __half narrow<__half>(float v) { return __float2half_rn(v); }
+template <class T> __device__ __forceinline__ T narrow(double v);
+template <> __device__ __forceinline__ double narrow<double>(double v) { return v; }
 
-// loss = logsum - (1 - eps)(x[t] - max) - eps mean_c(x[c] - max)
-template <class T>
-__global__ void ce_fwd_kernel(const T* logits, const int64_t* target, float* stats, float* loss, int64_t C,
-                              int64_t ignore_index, float smoothing) {
-  __shared__ float sh[32];
+// loss = logsum - (1 - eps)(x[t] - max) - eps mean_c(x[c] - max); A: the math's type (f32 for
+// f32/bf16/f16 logits, f64 for f64 ones), also the type of stats and loss.
+template <class T, class A>
+__global__ void ce_fwd_kernel(const T* logits, const int64_t* target, A* stats, A* loss, int64_t C, int64_t ignore_index,
+                              A smoothing) {
+  __shared__ A sh[32];
   const int64_t n = blockIdx.x;
   const int64_t t = target[n];
   if (t == ignore_index) {
@@ -240,55 +257,59 @@ __global__ void ce_fwd_kernel(const T* logits, const int64_t* target, float* sta
   // One read of the row (an online softmax; the fused classifier, issue 22): each thread keeps
   // its running max mt, the sum st of exp(v - mt) (rescaled when mt grows) and the plain sum of
   // v (label smoothing's mean); the block then rescales every st to the row's max. A NaN
-  // compares false and reaches st through expf, so the loss is NaN, as before.
-  float mt = -INFINITY, st = 0, sv = 0;
+  // compares false and reaches st through exp, so the loss is NaN, as before.
+  A mt = A(-INFINITY), st = 0, sv = 0;
   for (int64_t c = threadIdx.x; c < C; c += blockDim.x) {
-    const float v = widen(xr[c]);
+    const A v = widen(xr[c]);
     if (v > mt) {
-      st = st * expf(mt - v) + 1.0f;  // expf(-inf) = 0 on a thread's first element
+      st = st * exp_of(mt - v) + A(1);  // exp(-inf) = 0 on a thread's first element
       mt = v;
-    } else if (v != -INFINITY) {  // a masked logit adds nothing (and -inf - -inf would be NaN)
-      st += expf(v - mt);
+    } else if (v != A(-INFINITY)) {  // a masked logit adds nothing (and -inf - -inf would be NaN)
+      st += exp_of(v - mt);
     }
     sv += v;
   }
-  const float m = block_max(mt, sh);
+  const A m = block_max(mt, sh);
   // A thread that saw no element (C < blockDim) holds mt = -inf, st = 0: it adds nothing.
-  const float logsum = logf(block_sum(mt == -INFINITY ? 0.0f : st * expf(mt - m), sh));
-  const float mean_shifted = block_sum(sv, sh) / C - m;
+  const A logsum = log_of(block_sum(mt == A(-INFINITY) ? A(0) : st * exp_of(mt - m), sh));
+  const A mean_shifted = block_sum(sv, sh) / C - m;
   if (threadIdx.x == 0) {
     stats[2 * n] = m;
     stats[2 * n + 1] = logsum;
     // Without smoothing the mean is not used at all: a masked (-inf) logit makes it -inf, and
     // 0 * -inf would be NaN.
-    loss[n] = logsum - (1.0f - smoothing) * (widen(xr[t]) - m) - (smoothing != 0.0f ? smoothing * mean_shifted : 0.0f);
+    loss[n] = logsum - (A(1) - smoothing) * (widen(xr[t]) - m) - (smoothing != A(0) ? smoothing * mean_shifted : A(0));
   }
 }
 
-template <class T>
-__global__ void ce_bwd_kernel(const T* logits, const int64_t* target, const float* stats, const float* factor,
-                              int64_t factor_stride, T* dlogits, int64_t C, int64_t ignore_index, float smoothing) {
+template <class T, class A>
+__global__ void ce_bwd_kernel(const T* logits, const int64_t* target, const A* stats, const A* factor, int64_t factor_stride,
+                              T* dlogits, int64_t C, int64_t ignore_index, A smoothing) {
   const int64_t n = blockIdx.x;
   const int64_t t = target[n];
-  const float m = stats[2 * n], logsum = stats[2 * n + 1];
-  const float scale = factor[n * factor_stride];
+  const A m = stats[2 * n], logsum = stats[2 * n + 1];
+  const A scale = factor[n * factor_stride];
   const T* xr = logits + n * C;
   T* dr = dlogits + n * C;
-  const float uniform = smoothing / C;
+  const A uniform = smoothing / C;
   for (int64_t c = threadIdx.x; c < C; c += blockDim.x) {
     if (t == ignore_index) {
-      dr[c] = narrow<T>(0.0f);
+      dr[c] = narrow<T>(A(0));
       continue;
     }
-    const float p = expf((widen(xr[c]) - m) - logsum);  // read before the in-place write below
-    dr[c] = narrow<T>(scale * (p - (c == t ? 1.0f - smoothing : 0.0f) - uniform));
+    const A p = exp_of((widen(xr[c]) - m) - logsum);  // read before the in-place write below
+    dr[c] = narrow<T>(scale * (p - (c == t ? A(1) - smoothing : A(0)) - uniform));
   }
 }
 
 // ---- dropout ----------------------------------------------------------------------------
 
-__global__ void dropout_kernel(const float* x, float* y, int64_t n, uint64_t seed, uint64_t offset, uint32_t threshold,
-                               float scale) {
+__device__ __forceinline__ float mul_rn(float a, float b) { return __fmul_rn(a, b); }
+__device__ __forceinline__ double mul_rn(double a, double b) { return __dmul_rn(a, b); }
+
+// T: float or double (the scale in T: f32 rounded for f32 data, as the CPU's).
+template <class T>
+__global__ void dropout_kernel(const T* x, T* y, int64_t n, uint64_t seed, uint64_t offset, uint32_t threshold, T scale) {
   const int64_t blk = blockIdx.x * static_cast<int64_t>(blockDim.x) + threadIdx.x;  // one Philox block: 4 elements
   if (blk * 4 >= n) return;
   const uint4 r = philox4x32_device(seed, offset + static_cast<uint64_t>(blk));
@@ -296,7 +317,7 @@ __global__ void dropout_kernel(const float* x, float* y, int64_t n, uint64_t see
 #pragma unroll
   for (int k = 0; k < 4; ++k) {
     const int64_t i = blk * 4 + k;
-    if (i < n) y[i] = (words[k] >> 8) >= threshold ? __fmul_rn(x[i], scale) : 0.0f;
+    if (i < n) y[i] = (words[k] >> 8) >= threshold ? mul_rn(x[i], scale) : T(0);
   }
 }
 
@@ -615,6 +636,18 @@ void softmax_backward(const float* dy, const float* y, float* dx, int64_t rows, 
   ATH_CUDA_LAUNCHED("softmax_bwd_kernel");
 }
 
+void softmax_forward(const double* x, double* y, int64_t rows, int64_t cols, cudaStream_t stream) {
+  if (rows == 0) return;
+  softmax_kernel<<<grid_rows(rows), kRowThreads, 0, stream>>>(x, y, cols);
+  ATH_CUDA_LAUNCHED("softmax_kernel f64");
+}
+
+void softmax_backward(const double* dy, const double* y, double* dx, int64_t rows, int64_t cols, cudaStream_t stream) {
+  if (rows == 0) return;
+  softmax_bwd_kernel<<<grid_rows(rows), kRowThreads, 0, stream>>>(dy, y, dx, cols);
+  ATH_CUDA_LAUNCHED("softmax_bwd_kernel f64");
+}
+
 void cross_entropy_forward(const void* logits, DType dtype, const int64_t* target, float* stats, float* loss, int64_t N,
                            int64_t C, int64_t ignore_index, double label_smoothing, cudaStream_t stream) {
   if (N == 0) return;
@@ -662,6 +695,22 @@ void cross_entropy_backward(const void* logits, DType dtype, const int64_t* targ
   ATH_CUDA_LAUNCHED("ce_bwd_kernel");
 }
 
+void cross_entropy_forward_f64(const double* logits, const int64_t* target, double* stats, double* loss, int64_t N,
+                               int64_t C, int64_t ignore_index, double label_smoothing, cudaStream_t stream) {
+  if (N == 0) return;
+  ce_fwd_kernel<<<grid_rows(N), kRowThreads, 0, stream>>>(logits, target, stats, loss, C, ignore_index, label_smoothing);
+  ATH_CUDA_LAUNCHED("ce_fwd_kernel f64");
+}
+
+void cross_entropy_backward_f64(const double* logits, const int64_t* target, const double* stats, const double* factor,
+                                int64_t factor_stride, double* dlogits, int64_t N, int64_t C, int64_t ignore_index,
+                                double label_smoothing, cudaStream_t stream) {
+  if (N == 0) return;
+  ce_bwd_kernel<<<grid_rows(N), kRowThreads, 0, stream>>>(logits, target, stats, factor, factor_stride, dlogits, C,
+                                                            ignore_index, label_smoothing);
+  ATH_CUDA_LAUNCHED("ce_bwd_kernel f64");
+}
+
 void dropout_apply(const float* x, float* y, int64_t n, uint64_t seed, uint64_t offset, uint32_t threshold,
                    double scale, cudaStream_t stream) {
   if (n == 0) return;
@@ -671,6 +720,13 @@ void dropout_apply(const float* x, float* y, int64_t n, uint64_t seed, uint64_t 
   ATH_CUDA_LAUNCHED("dropout_kernel");
 }
 
+void dropout_apply(const double* x, double* y, int64_t n, uint64_t seed, uint64_t offset, uint32_t threshold,
+                   double scale, cudaStream_t stream) {
+  if (n == 0) return;
+  const int64_t blocks = (n + 3) / 4;
+  dropout_kernel<<<static_cast<unsigned>((blocks + 255) / 256), 256, 0, stream>>>(x, y, n, seed, offset, threshold, scale);
+  ATH_CUDA_LAUNCHED("dropout_kernel f64");
+}
 namespace {
 void check_copies(const WeightCopies& c, const char* op) {
   ATH_CHECK(!c.ptr || c.dtype == DType::bf16 || c.dtype == DType::f16, op, "weight copies of dtype ", dtype_name(c.dtype),

@@ -5,7 +5,7 @@
 //
 // Invariants:
 //  - statistics and accumulations are in f32 (f64 for the squared norm; in f64 throughout for
-//    the f64 overloads of the norms), as on the CPU;
+//    the f64 overloads of the norms, softmax and cross-entropy), as on the CPU;
 //  - every reduction has a fixed order (one block per row, a tree in shared memory of a
 //    fixed shape; column sums over rows in a fixed two-pass order), so results are
 //    bit-identical run to run, and no float atomics are used;
@@ -51,6 +51,9 @@ void rms_norm_backward(const double* dy, const double* x, const double* w, const
 // dx = y (dy - Σ_c dy y).
 void softmax_forward(const float* x, float* y, int64_t rows, int64_t cols, cudaStream_t stream);
 void softmax_backward(const float* dy, const float* y, float* dx, int64_t rows, int64_t cols, cudaStream_t stream);
+// The same in f64 (math and sums in double).
+void softmax_forward(const double* x, double* y, int64_t rows, int64_t cols, cudaStream_t stream);
+void softmax_backward(const double* dy, const double* y, double* dx, int64_t rows, int64_t cols, cudaStream_t stream);
 
 // Cross-entropy fused with log-softmax (cpu/cross_entropy.h's formulas) over logits [N, C]
 // in f32, bf16 or f16 (read in place, math in f32): stats[2n] = max, stats[2n+1] = log sum
@@ -63,9 +66,19 @@ void cross_entropy_forward(const void* logits, DType dtype, const int64_t* targe
 void cross_entropy_backward(const void* logits, DType dtype, const int64_t* target, const float* stats, const float* factor,
                             int64_t factor_stride, void* dlogits, int64_t N, int64_t C, int64_t ignore_index,
                             double label_smoothing, cudaStream_t stream);
+// f64 logits: the same formulas with the math, stats, loss and factor in double (named apart
+// from the overloads above: callers take those by address).
+void cross_entropy_forward_f64(const double* logits, const int64_t* target, double* stats, double* loss, int64_t N, int64_t C,
+                           int64_t ignore_index, double label_smoothing, cudaStream_t stream);
+void cross_entropy_backward_f64(const double* logits, const int64_t* target, const double* stats, const double* factor,
+                                int64_t factor_stride, double* dlogits, int64_t N, int64_t C, int64_t ignore_index,
+                                double label_smoothing, cudaStream_t stream);
 
 // Inverted dropout on a contiguous buffer (x may be y).
 void dropout_apply(const float* x, float* y, int64_t n, uint64_t seed, uint64_t offset, uint32_t threshold,
+                   double scale, cudaStream_t stream);
+// The same on f64 data, the scale in f64 (the CPU's f64 dropout).
+void dropout_apply(const double* x, double* y, int64_t n, uint64_t seed, uint64_t offset, uint32_t threshold,
                    double scale, cudaStream_t stream);
 
 // Adam/AdamW over several tensors in one launch (cpu/optimizer_update.h's arithmetic,

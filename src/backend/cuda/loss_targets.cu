@@ -33,12 +33,15 @@ __global__ void prepare_kernel(const I* t, int64_t N, int64_t C, int64_t ignore_
     __threadfence();
   }
 }
-__global__ void reduce_kernel(const double* sum, const double* count, bool mean, float* out) {
-  if (!mean) *out = static_cast<float>(*sum);
-  else *out = *count > 0 ? static_cast<float>(*sum * (1.0 / *count)) : NAN;
+// O, G: f32 (f32, bf16, f16 logits) or f64 (f64 logits).
+template <class O>
+__global__ void reduce_kernel(const double* sum, const double* count, bool mean, O* out) {
+  if (!mean) *out = static_cast<O>(*sum);
+  else *out = *count > 0 ? static_cast<O>(*sum * (1.0 / *count)) : static_cast<O>(NAN);
 }
-__global__ void factor_kernel(const float* g, const double* count, bool mean, float* f) {
-  *f = mean ? static_cast<float>(static_cast<double>(*g) * (1.0 / *count)) : *g;
+template <class G>
+__global__ void factor_kernel(const G* g, const double* count, bool mean, G* f) {
+  *f = mean ? static_cast<G>(static_cast<double>(*g) * (1.0 / *count)) : *g;
 }
 }  // namespace
 
@@ -61,6 +64,14 @@ void loss_reduce(const double* sum, const double* count, bool mean, float* out, 
 void loss_grad_factor(const float* g, const double* count, bool mean, float* factor, cudaStream_t stream) {
   factor_kernel<<<1, 1, 0, stream>>>(g, count, mean, factor);
   ATH_CUDA_LAUNCHED("loss factor_kernel");
+}
+void loss_reduce(const double* sum, const double* count, bool mean, double* out, cudaStream_t stream) {
+  reduce_kernel<<<1, 1, 0, stream>>>(sum, count, mean, out);
+  ATH_CUDA_LAUNCHED("loss reduce_kernel f64");
+}
+void loss_grad_factor(const double* g, const double* count, bool mean, double* factor, cudaStream_t stream) {
+  factor_kernel<<<1, 1, 0, stream>>>(g, count, mean, factor);
+  ATH_CUDA_LAUNCHED("loss factor_kernel f64");
 }
 
 namespace {

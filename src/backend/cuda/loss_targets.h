@@ -21,6 +21,9 @@ void prepare_targets(const void* target, DType dtype, int64_t N, int64_t C, int6
 void loss_reduce(const double* sum, const double* count, bool mean, float* out, cudaStream_t stream);
 // factor = g (mean: g (1 / count)): the upstream gradient of a reduced loss per row.
 void loss_grad_factor(const float* g, const double* count, bool mean, float* factor, cudaStream_t stream);
+// The same for f64 logits: the loss and the factor in f64.
+void loss_reduce(const double* sum, const double* count, bool mean, double* out, cudaStream_t stream);
+void loss_grad_factor(const double* g, const double* count, bool mean, double* factor, cudaStream_t stream);
 
 // The fused classifier (issue 22): cross_entropy's backward writes the [N, C] logits gradient
 // over its saved logits when nothing else can see them (src/ops/cuda/loss.cpp), instead of

@@ -4,7 +4,7 @@
 // in a fixed order (strided_index.h's reduce_chunks: each chunk's elements in index order,
 // then the chunks of an output in chunk order), so the result is the same bits every run, with no
 // atomics. x in f32, bf16 or f16 (read in place at its strides); out contiguous over the
-// kept dims, in f32, bf16 or f16, rounded once from f64.
+// kept dims, in f32, bf16 or f16, rounded once from f64. f64 x sums into an f64 out.
 #include <cuda_runtime_api.h>
 
 #include <cstdint>
@@ -28,5 +28,13 @@ struct ReduceSumArgs {
 // Doubles of scratch reduce_sum needs for these sizes.
 int64_t reduce_sum_scratch(int64_t outputs, int64_t reduced);
 void reduce_sum(const ReduceSumArgs& args, double* scratch, cudaStream_t stream);
+
+// The sum's adjoint in f64: out (contiguous over `sizes`) = scale g[i at g_strides] (stride 0 on
+// the broadcast dims): the backward of an f64 sum or mean, with the scale applied in f64.
+struct BroadcastArgs {
+  int ndim = 0;
+  int64_t sizes[kMaxIndexDims] = {}, g_strides[kMaxIndexDims] = {};
+};
+void broadcast_scale(const double* g, const BroadcastArgs& b, double scale, double* out, cudaStream_t stream);
 
 }  // namespace athanor::cuda

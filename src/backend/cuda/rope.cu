@@ -12,7 +12,24 @@ namespace athanor::cuda {
 
 namespace {
 
+// A: the math's type, float for f32, bf16 and f16 data (read and written through f32) or
+// double for f64 data (its table in f64).
+template <class A> __device__ __forceinline__ A load_as(const void* p, DType dt, int64_t i);
+template <> __device__ __forceinline__ float load_as<float>(const void* p, DType dt, int64_t i) { return load_as_f32(p, dt, i); }
+template <> __device__ __forceinline__ double load_as<double>(const void* p, DType, int64_t i) {
+  return static_cast<const double*>(p)[i];
+}
+__device__ __forceinline__ void store_as(void* p, DType dt, int64_t i, float v) { store_from_f32(p, dt, i, v); }
+__device__ __forceinline__ void store_as(void* p, DType, int64_t i, double v) { static_cast<double*>(p)[i] = v; }
+template <class A> __device__ __forceinline__ A cos_at(const RopeArgs& a, int64_t i);
+template <> __device__ __forceinline__ float cos_at<float>(const RopeArgs& a, int64_t i) { return a.cos[i]; }
+template <> __device__ __forceinline__ double cos_at<double>(const RopeArgs& a, int64_t i) { return a.cos64[i]; }
+template <class A> __device__ __forceinline__ A sin_at(const RopeArgs& a, int64_t i);
+template <> __device__ __forceinline__ float sin_at<float>(const RopeArgs& a, int64_t i) { return a.sin[i]; }
+template <> __device__ __forceinline__ double sin_at<double>(const RopeArgs& a, int64_t i) { return a.sin64[i]; }
+
 // One thread per pair (row, i < D/2); rows are (b, t, h) in row-major order.
+template <class A>
 __global__ void rope_kernel(const RopeArgs a, int64_t pairs) {
   const int64_t half = a.D / 2;
   const int64_t step = static_cast<int64_t>(gridDim.x) * blockDim.x;
@@ -20,21 +37,26 @@ __global__ void rope_kernel(const RopeArgs a, int64_t pairs) {
     const int64_t i = p % half, row = p / half;
     const int64_t h = row % a.H, t = (row / a.H) % a.T, b = row / (a.H * a.T);
     const int64_t base = b * a.sb + t * a.st + h * a.sh;
-    const float x1 = load_as_f32(a.x, a.dtype, base + i * a.sd), x2 = load_as_f32(a.x, a.dtype, base + (i + half) * a.sd);
-    const float c = a.cos[t * half + i], s = a.sign > 0 ? a.sin[t * half + i] : -a.sin[t * half + i];
-    store_from_f32(a.out, a.dtype, row * a.D + i, x1 * c - x2 * s);
-    store_from_f32(a.out, a.dtype, row * a.D + i + half, x2 * c + x1 * s);
+    const A x1 = load_as<A>(a.x, a.dtype, base + i * a.sd), x2 = load_as<A>(a.x, a.dtype, base + (i + half) * a.sd);
+    const A c = cos_at<A>(a, t * half + i), s = a.sign > 0 ? sin_at<A>(a, t * half + i) : -sin_at<A>(a, t * half + i);
+    store_as(a.out, a.dtype, row * a.D + i, x1 * c - x2 * s);
+    store_as(a.out, a.dtype, row * a.D + i + half, x2 * c + x1 * s);
   }
 }
 }  // namespace
 
 void rope_apply(const RopeArgs& a, cudaStream_t stream) {
-  ATH_CHECK(a.dtype == DType::f32 || a.dtype == DType::bf16 || a.dtype == DType::f16, "rope",
-            "dtype ", dtype_name(a.dtype), " on cuda", Hint{"the CUDA rope takes f32, bf16 and f16"});
+  ATH_CHECK(a.dtype == DType::f32 || a.dtype == DType::bf16 || a.dtype == DType::f16 || a.dtype == DType::f64, "rope",
+            "dtype ", dtype_name(a.dtype), " on cuda", Hint{"the CUDA rope takes f32, bf16, f16 and f64"});
+  const bool f64 = a.dtype == DType::f64;
+  ATH_CHECK(f64 ? (a.cos64 && a.sin64) : (a.cos && a.sin), "rope", "no ", f64 ? "f64" : "f32", " cos/sin table for ",
+            dtype_name(a.dtype), " data", Hint{"this is a bug in athanor; please report it"});
   const int64_t pairs = a.B * a.T * a.H * (a.D / 2);
   if (pairs == 0) return;
   const int64_t blocks = (pairs + 255) / 256;
-  rope_kernel<<<static_cast<unsigned>(blocks < 65536 * 4 ? blocks : 65536 * 4), 256, 0, stream>>>(a, pairs);
+  const unsigned grid = static_cast<unsigned>(blocks < 65536 * 4 ? blocks : 65536 * 4);
+  if (f64) rope_kernel<double><<<grid, 256, 0, stream>>>(a, pairs);
+  else rope_kernel<float><<<grid, 256, 0, stream>>>(a, pairs);
   ATH_CUDA_LAUNCHED("rope_kernel");
 }
 

@@ -3,7 +3,8 @@
 // cpu/rope.h): for x [B, T, H, D] at any strides (in elements) and element i < D/2 of a row,
 //   out[i] = x[i] cos - sign x[i + D/2] sin,   out[i + D/2] = x[i + D/2] cos + sign x[i] sin,
 // with cos, sin [T, D/2] (f32, the CPU's table uploaded) and sign -1 for the backward (the
-// inverse rotation). Math in f32, one rounding into out (contiguous, x's dtype: f32, bf16, f16).
+// inverse rotation). Math in f32, one rounding into out (contiguous, x's dtype: f32, bf16, f16);
+// f64 x: math and table (cos64, sin64) in f64.
 #include <cuda_runtime_api.h>
 
 #include <cstdint>
@@ -21,6 +22,8 @@ struct RopeArgs {
   const float* sin = nullptr;
   int sign = 1;
   void* out = nullptr;
+  const double* cos64 = nullptr;  // f64 data: the table in f64 (the CPU's f64 table)
+  const double* sin64 = nullptr;
 };
 void rope_apply(const RopeArgs& a, cudaStream_t stream);
 

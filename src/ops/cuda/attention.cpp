@@ -8,7 +8,9 @@
 //    (AttentionLayout::packed_qkv) and writes O as [B, T, d]; dqkv is one [B, T, 3 d] tensor.
 // Saved for backward: the operands as read, O and lse [B, H, Tq] (f32). Nothing of size
 // Tq x Tk exists at any time. The backward is deterministic (no atomics; attention.h).
-// Head dims above 256, D != Dv and f64: "not yet supported on cuda", before any work.
+// Head dims above 256 and D != Dv: "not yet supported on cuda", before any work.
+// f64 runs on its own plain kernel (attention_f64.h: any head dims, lse in f64), the exact
+// path of the f64 gradchecks.
 #include <algorithm>
 #include <cmath>
 #include <string>
@@ -17,6 +19,7 @@
 #include "athanor/autograd/function.h"
 #include "athanor/ops/attention.h"
 #include "backend/cuda/attention.h"
+#include "backend/cuda/attention_f64.h"
 #include "backend/cuda/runtime.h"
 #include "ops/cuda/cuda_kernels.h"
 #include "ops/op_args.h"
@@ -27,8 +30,13 @@ namespace athanor::detail {
 namespace {
 
 void check_kernel_takes(const char* op, DType dt, int64_t D, int64_t Dv) {
+  if (dt == DType::f64) {  // attention_f64.h: any head dims >= 1
+    if (D < 1 || Dv < 1)
+      cuda_unsupported(op, "head dims D = " + std::to_string(D) + ", Dv = " + std::to_string(Dv) + " (at least 1)");
+    return;
+  }
   if (dt != DType::f32 && dt != DType::bf16 && dt != DType::f16)
-    cuda_unsupported(op, std::string("dtype ") + dtype_name(dt) + " (the CUDA attention kernels take f32, bf16, f16)");
+    cuda_unsupported(op, std::string("dtype ") + dtype_name(dt) + " (the CUDA attention kernels take f32, bf16, f16, f64)");
   if (D != Dv)
     cuda_unsupported(op, "head dims D = " + std::to_string(D) + " != Dv = " + std::to_string(Dv) +
                              " (the CUDA attention kernels need D == Dv)");
@@ -41,6 +49,14 @@ Tensor kernel_operand(const Tensor& t) { return dense_rows_layout(t) ? t : cuda_
 cuda::AttentionStrides strides_of(const Tensor& t) { return {t.stride(0), t.stride(1), t.stride(2)}; }
 Tensor empty_like_strided(const Tensor& t) {
   return make_view(empty({t.numel()}, TensorOptions(t.dtype()).with_device(t.device())), t.sizes(), t.strides(), 0);
+}
+// lse's dtype: f32 for the flash kernels, f64 for the f64 kernel.
+DType lse_dtype(DType dt) { return dt == DType::f64 ? DType::f64 : DType::f32; }
+const double* f64p(const Tensor& t) { return static_cast<const double*>(t.device_data()); }
+double* f64p_mut(const Tensor& t) { return static_cast<double*>(t.device_data()); }
+// The f64 kernel's Delta scratch: B H Tq doubles.
+Tensor delta_for(const cuda::AttentionDims& d, Device dev) {
+  return empty({std::max<int64_t>(d.B * d.H * d.Tq, 1)}, TensorOptions(DType::f64).with_device(dev).with_tag(MemTag::workspace));
 }
 Tensor workspace_for(const cuda::AttentionDims& d, Device dev) {
   const int64_t floats = (cuda::attention_backward_workspace(d) + 3) / 4;
@@ -88,10 +104,15 @@ std::vector<Tensor> sdpa_cuda(OpCall& c) {
   Tensor out = time_major ? make_view(empty({d.B, d.Tq, d.H, d.Dv}, on), {d.B, d.H, d.Tq, d.Dv},
                                       {d.Tq * d.H * d.Dv, d.Dv, d.H * d.Dv, 1}, 0)
                           : empty({d.B, d.H, d.Tq, d.Dv}, on);
-  Tensor lse = empty({d.B, d.H, d.Tq}, TensorOptions(DType::f32).with_device(q.device()));
+  Tensor lse = empty({d.B, d.H, d.Tq}, TensorOptions(lse_dtype(dt)).with_device(q.device()));
   const int dev = cuda_index(c);
   cuda::DeviceGuard g(dev);
-  if (out.numel() > 0 && d.Tk > 0)
+  if (dt == DType::f64) cuda::attention_f64_check(d, op);
+  if (out.numel() > 0 && d.Tk > 0 && dt == DType::f64)
+    cuda::attention_f64_forward(f64p(q), f64p(k), f64p(v), f64p_mut(out), f64p_mut(lse), d,
+                                {strides_of(q), strides_of(k), strides_of(v), strides_of(out)}, is_causal, scale,
+                                cuda::compute_stream(dev));
+  else if (out.numel() > 0 && d.Tk > 0)
     cuda::attention_forward(q.device_data(), k.device_data(), v.device_data(), out.device_data(),
                             static_cast<float*>(lse.device_data()), d,
                             {strides_of(q), strides_of(k), strides_of(v), strides_of(out)}, is_causal, scale, dt,
@@ -122,7 +143,12 @@ Grads sdpa_backward_cuda(const Node& n, const Grads& g, const OpSaved& saved) {
   Tensor dq = empty_like_strided(qv), dk = empty_like_strided(kv), dv = empty_like_strided(vv);
   const int dev = qv.device().index;
   cuda::DeviceGuard guard(dev);
-  if (qv.numel() > 0 && kv.numel() > 0) {
+  if (qv.numel() > 0 && kv.numel() > 0 && s.dtype == DType::f64) {
+    const Tensor delta = delta_for(s.d, qv.device());
+    cuda::attention_f64_backward(f64p(qv), f64p(kv), f64p(vv), f64p(ov), f64p(dout), f64p(lv), f64p_mut(dq), f64p_mut(dk),
+                                 f64p_mut(dv), s.d, {strides_of(qv), strides_of(kv), strides_of(vv), strides_of(ov)},
+                                 s.causal, s.scale, f64p_mut(delta), cuda::compute_stream(dev));
+  } else if (qv.numel() > 0 && kv.numel() > 0) {
     Tensor ws = workspace_for(s.d, qv.device());
     cuda::attention_backward(qv.device_data(), kv.device_data(), vv.device_data(), ov.device_data(), dout.device_data(),
                              static_cast<const float*>(lv.device_data()), dq.device_data(), dk.device_data(),
@@ -152,10 +178,15 @@ std::vector<Tensor> csa_cuda(OpCall& c) {
   const Tensor qkv = cuda_contiguous(qkv_in);
   const DType dt = qkv.dtype();
   Tensor out = empty({B, T, d_model}, TensorOptions(dt).with_device(qkv.device()));
-  Tensor lse = empty({B, n_head, T}, TensorOptions(DType::f32).with_device(qkv.device()));
+  Tensor lse = empty({B, n_head, T}, TensorOptions(lse_dtype(dt)).with_device(qkv.device()));
   const int dev = cuda_index(c);
   cuda::DeviceGuard g(dev);
-  if (qkv.numel() > 0) {
+  if (dt == DType::f64) cuda::attention_f64_check(d, op);
+  if (qkv.numel() > 0 && dt == DType::f64) {
+    const double* base = f64p(qkv);
+    cuda::attention_f64_forward(base, base + d_model, base + 2 * d_model, f64p_mut(out), f64p_mut(lse), d,
+                                cuda::AttentionLayout::packed_qkv(d), /*causal=*/true, scale, cuda::compute_stream(dev));
+  } else if (qkv.numel() > 0) {
     const std::size_t es = dtype_size(dt);
     const char* base = static_cast<const char*>(qkv.device_data());
     cuda::attention_forward(base, base + d_model * es, base + 2 * d_model * es, out.device_data(),
@@ -178,7 +209,15 @@ Grads csa_backward_cuda(const Node& n, const Grads& g, const OpSaved& saved) {
   Tensor dqkv = empty(qv.sizes(), TensorOptions(s.dtype).with_device(qv.device()));  // every element written
   const int dev = qv.device().index;
   cuda::DeviceGuard guard(dev);
-  if (qv.numel() > 0) {
+  if (qv.numel() > 0 && s.dtype == DType::f64) {
+    const int64_t off = s.d.H * s.d.D;  // elements between q's, k's and v's columns
+    const double* base = f64p(qv);
+    double* grad = f64p_mut(dqkv);
+    const Tensor delta = delta_for(s.d, qv.device());
+    cuda::attention_f64_backward(base, base + off, base + 2 * off, f64p(ov), f64p(dout), f64p(lv), grad, grad + off,
+                                 grad + 2 * off, s.d, cuda::AttentionLayout::packed_qkv(s.d), /*causal=*/true, s.scale,
+                                 f64p_mut(delta), cuda::compute_stream(dev));
+  } else if (qv.numel() > 0) {
     const std::size_t es = dtype_size(s.dtype);
     const int64_t off = s.d.H * s.d.D * static_cast<int64_t>(es);
     const char* base = static_cast<const char*>(qv.device_data());

@@ -1,4 +1,7 @@
-// CUDA kernels of the ConvNet ops: conv2d, max_pool2d and batch_norm, in f32, bf16 and f16.
+// CUDA kernels of the ConvNet ops: conv2d, max_pool2d and batch_norm, in f32, bf16 and f16;
+// conv2d and max_pool2d in f64 too (f64 math, f64 column buffers, the NCHW moves through core's
+// copy; the conv bias through the f64 GEMM's beta, device_ops.h); batch_norm on f64 keeps its
+// statistics and xhat in f64 with exact constants (it runs once the pointwise kernel takes f64).
 //
 // conv2d: im2col + one cuBLASLt GEMM per group (backend/cuda/conv.h; no cuDNN):
 //   cols [P, K] (P = N OH OW, K = C/g KH KW), out [P, OC/g] = cols W_g^T (+ b in the epilogue),
@@ -56,8 +59,9 @@ std::vector<Tensor> conv2d_cuda(OpCall& c) {
   const Tensor &x = c.in(0), &w = c.in(1), &b = c.in(2);
   const ConvArgs& a = c.args<ConvArgs>();
   const cpu::Conv2dGeom g = conv2d_geometry(x, w, b, a.stride, a.padding, a.dilation, a.groups);
-  check_cuda_dtype("conv2d", x, "input");
+  check_cuda_dtype_or_f64("conv2d", x, "input");
   const DType dt = x.dtype();
+  const bool f64 = dt == DType::f64;
   const Device d = x.device();
   const int dev = d.index;
   const Tensor xc = cuda_contiguous(x), wc = cuda_contiguous(w), bc = cuda_contiguous(b);
@@ -78,7 +82,7 @@ std::vector<Tensor> conv2d_cuda(OpCall& c) {
       }
       // out [N, OH OW, OCg] -> y[:, gi OCg .. (gi + 1) OCg] (NCHW)
       const Tensor nchw = make_view(out, {g.N, OCg, g.OH * g.OW}, {g.OH * g.OW * OCg, 1, OCg}, out.storage_offset());
-      const Tensor yg = cuda_pointwise(PointwiseOp::copy, {nchw}, {g.N, OCg, g.OH * g.OW}, dt);
+      const Tensor yg = f64 ? cuda_contiguous(nchw) : cuda_pointwise(PointwiseOp::copy, {nchw}, {g.N, OCg, g.OH * g.OW}, dt);
       if (g.groups == 1) {
         y = make_view(yg, y.sizes(), contiguous_strides(y.sizes()), yg.storage_offset());
       } else {
@@ -102,7 +106,8 @@ Grads conv2d_backward_cuda(const Node& n, const Grads& gr, const OpSaved& saved)
   const DType dt = x.dtype();
   const Device d = x.device();
   const int dev = d.index;
-  const Tensor dy = cuda_as(gr[0], dt);
+  const bool f64 = dt == DType::f64;
+  const Tensor dy = f64 ? cuda_contiguous_as(gr[0], dt) : cuda_as(gr[0], dt);
   const cuda::ConvGeom cg = group_geom(g);
   const int64_t P = g.N * g.OH * g.OW, K = cg.C * g.KH * g.KW, OCg = g.OC / g.groups, HW = g.OH * g.OW;
   Grads r(3);
@@ -117,13 +122,13 @@ Grads conv2d_backward_cuda(const Node& n, const Grads& gr, const OpSaved& saved)
     return r;
   }
   Tensor cols = want_w ? dev_empty({P, K}, dt, d) : Tensor();
-  Tensor dcols = want_x ? dev_empty({P, K}, DType::f32, d) : Tensor();
+  Tensor dcols = want_x ? dev_empty({P, K}, f64 ? DType::f64 : DType::f32, d) : Tensor();
   cuda::DeviceGuard guard(dev);
   const cudaStream_t st = cuda::compute_stream(dev);
   for (int64_t gi = 0; gi < g.groups; ++gi) {
     // dy's group as rows [P, OCg] (NCHW -> rows of output positions)
     const Tensor rows_view = make_view(dy, {g.N, HW, OCg}, {g.OC * HW, 1, HW}, dy.storage_offset() + gi * OCg * HW);
-    const Tensor dyr = cuda_pointwise(PointwiseOp::copy, {rows_view}, {g.N, HW, OCg}, dt);
+    const Tensor dyr = f64 ? cuda_contiguous(rows_view) : cuda_pointwise(PointwiseOp::copy, {rows_view}, {g.N, HW, OCg}, dt);
     const Tensor dyr2 = block(dyr, {P, OCg}, 0);
     if (want_w) {
       cuda::im2col(x.device_data(), dt, cg, g.C, gi * cg.C, cols.device_data(), st);
@@ -131,8 +136,12 @@ Grads conv2d_backward_cuda(const Node& n, const Grads& gr, const OpSaved& saved)
     }
     if (want_x) {
       cuda_gemm(dev, dt, false, false, P, K, OCg, dyr2, block(w, {OCg, K}, gi * OCg * K), dcols, Tensor(), 1,
-                cuda::GemmEpilogue::none, dt != DType::f32);
-      cuda::col2im(static_cast<const float*>(dcols.device_data()), cg, g.C, gi * cg.C, r[0].device_data(), dt, st);
+                cuda::GemmEpilogue::none, dt != DType::f32 && !f64);
+      if (f64)
+        cuda::col2im(static_cast<const double*>(dcols.device_data()), cg, g.C, gi * cg.C,
+                     static_cast<double*>(r[0].device_data()), st);
+      else
+        cuda::col2im(static_cast<const float*>(dcols.device_data()), cg, g.C, gi * cg.C, r[0].device_data(), dt, st);
     }
   }
   return r;
@@ -149,7 +158,7 @@ std::vector<Tensor> max_pool2d_cuda(OpCall& c) {
   const Tensor& x = c.in(0);
   const PoolArgs& a = c.args<PoolArgs>();
   const cpu::Pool2dGeom pg = pool2d_geometry(c.name(), x, a.kernel, a.stride, a.padding);
-  check_cuda_dtype("max_pool2d", x, "input");
+  check_cuda_dtype_or_f64("max_pool2d", x, "input");
   cuda::ConvGeom g;
   g.N = pg.N, g.C = pg.C, g.H = pg.H, g.W = pg.W, g.KH = pg.KH, g.KW = pg.KW;
   g.sh = pg.sh, g.sw = pg.sw, g.ph = pg.ph, g.pw = pg.pw, g.OH = pg.OH, g.OW = pg.OW;
@@ -170,7 +179,7 @@ std::vector<Tensor> max_pool2d_cuda(OpCall& c) {
 Grads max_pool2d_backward_cuda(const Node& n, const Grads& gr, const OpSaved& saved) {
   const PoolCudaSaved& s = saved.as<PoolCudaSaved>();
   const Tensor idx = s.idx.unpack(n);
-  const Tensor dy = cuda_as(gr[0], s.dtype);
+  const Tensor dy = s.dtype == DType::f64 ? cuda_contiguous_as(gr[0], s.dtype) : cuda_as(gr[0], s.dtype);
   Tensor dx = dev_empty({s.g.N, s.g.C, s.g.H, s.g.W}, s.dtype, dy.device());
   const int dev = dy.device().index;
   cuda::DeviceGuard guard(dev);
@@ -196,13 +205,13 @@ std::vector<Tensor> batch_norm_cuda(OpCall& c) {
   const Tensor &weight = c.in(3), &bias = c.in(4);
   const auto [training, momentum, eps] = c.args<BatchNormArgs>();
   check_floating(x, op, "x");
-  check_cuda_dtype(op, x, "x");
+  check_cuda_dtype_or_f64(op, x, "x");
   ATH_CHECK(x.dim() >= 2, op, "expected input [N, C] or [N, C, *], got ", x.describe(),
             Hint{"add a batch dimension with unsqueeze(x, 0)"});
   const int64_t N = x.size(0), C = x.size(1), L = N * C == 0 ? 0 : x.numel() / (N * C), M = N * L;
   for (const auto& [t, name] : {std::pair{weight, "weight"}, {bias, "bias"}, {running_mean, "running_mean"}, {running_var, "running_var"}}) {
     if (!t.defined()) continue;
-    check_cuda_dtype(op, t, name);
+    check_cuda_dtype_or_f64(op, t, name);
     ATH_CHECK(t.dim() == 1 && t.size(0) == C, op, name, " must be 1-D of size C = ", C, " for input ", x.describe(), ", got ",
               t.describe(), Hint{"give the layer num_features equal to the input's channel dim (dim 1)"});
   }
@@ -211,36 +220,41 @@ std::vector<Tensor> batch_norm_cuda(OpCall& c) {
   ATH_CHECK(!batch_stats || M > 1 || x.numel() == 0, op, "expected more than 1 value per channel when training, got input ",
             x.describe(), Hint{"use a batch size > 1, or eval mode (running statistics)"});
   const Device d = x.device();
-  const Tensor x32 = cuda_as(x, DType::f32);
+  // The statistics' dtype: f32 (the CPU's norm_stat_t for f32, bf16, f16), f64 for f64 x; the
+  // constants exact in f64, rounded to f32 as before otherwise.
+  const bool f64 = x.dtype() == DType::f64;
+  const DType st = f64 ? DType::f64 : DType::f32;
+  auto k = [f64](double v) -> double { return f64 ? v : static_cast<float>(v); };
+  const Tensor x32 = f64 ? cuda_contiguous_as(x, st) : cuda_as(x, DType::f32);
   const Tensor x3 = make_view(x32, {N, C, L}, contiguous_strides({N, C, L}), x32.storage_offset());
   const Shape s3{N, C, L};
   Tensor xhat, rstd;
   if (batch_stats) {
-    const Tensor mean = cuda_sum_dims(x3, {0, 2}, false, M > 0 ? 1.0 / static_cast<double>(M) : NAN, DType::f32);
-    const Tensor diff = cuda_pointwise(PointwiseOp::sub, {x3, per_channel(mean, C)}, s3, DType::f32);
-    const Tensor var = cuda_sum_dims(cuda_pointwise(PointwiseOp::mul, {diff, diff}, s3, DType::f32), {0, 2}, false,
-                                     M > 0 ? 1.0 / static_cast<double>(M) : NAN, DType::f32);
-    rstd = cuda_pointwise(PointwiseOp::rsqrt_add, {var}, {C}, DType::f32, static_cast<float>(eps));
-    xhat = cuda_pointwise(PointwiseOp::mul, {diff, per_channel(rstd, C)}, s3, DType::f32);
+    const Tensor mean = cuda_sum_dims(x3, {0, 2}, false, M > 0 ? 1.0 / static_cast<double>(M) : NAN, st);
+    const Tensor diff = cuda_pointwise(PointwiseOp::sub, {x3, per_channel(mean, C)}, s3, st);
+    const Tensor var = cuda_sum_dims(cuda_pointwise(PointwiseOp::mul, {diff, diff}, s3, st), {0, 2}, false,
+                                     M > 0 ? 1.0 / static_cast<double>(M) : NAN, st);
+    rstd = cuda_pointwise(PointwiseOp::rsqrt_add, {var}, {C}, st, k(eps));
+    xhat = cuda_pointwise(PointwiseOp::mul, {diff, per_channel(rstd, C)}, s3, st);
     if (training && running_mean.defined() && M > 0) {
       NoGradGuard no_grad;
       const double bessel = static_cast<double>(M) / static_cast<double>(M - 1);
-      const float keep = static_cast<float>(1.0 - momentum);
+      const double keep = k(1.0 - momentum);
       auto blend = [&](Tensor& run, const Tensor& stat, double factor) {
-        const Tensor a = cuda_pointwise(PointwiseOp::scale, {run}, {C}, DType::f32, keep);
-        const Tensor b = cuda_pointwise(PointwiseOp::scale, {stat}, {C}, DType::f32, static_cast<float>(momentum * factor));
-        run.copy_(cuda_pointwise(PointwiseOp::add, {a, b}, {C}, DType::f32));  // converts dtype, bumps the version
+        const Tensor a = cuda_pointwise(PointwiseOp::scale, {run}, {C}, st, keep);
+        const Tensor b = cuda_pointwise(PointwiseOp::scale, {stat}, {C}, st, k(momentum * factor));
+        run.copy_(cuda_pointwise(PointwiseOp::add, {a, b}, {C}, st));  // converts dtype, bumps the version
       };
       blend(running_mean, mean, 1.0);
       blend(running_var, var, bessel);  // the unbiased variance
     }
   } else {
-    rstd = cuda_pointwise(PointwiseOp::rsqrt_add, {running_var}, {C}, DType::f32, static_cast<float>(eps));
-    const Tensor diff = cuda_pointwise(PointwiseOp::sub, {x3, per_channel(running_mean, C)}, s3, DType::f32);
-    xhat = cuda_pointwise(PointwiseOp::mul, {diff, per_channel(rstd, C)}, s3, DType::f32);
+    rstd = cuda_pointwise(PointwiseOp::rsqrt_add, {running_var}, {C}, st, k(eps));
+    const Tensor diff = cuda_pointwise(PointwiseOp::sub, {x3, per_channel(running_mean, C)}, s3, st);
+    xhat = cuda_pointwise(PointwiseOp::mul, {diff, per_channel(rstd, C)}, s3, st);
   }
   Tensor y = xhat;
-  if (weight.defined()) y = cuda_pointwise(PointwiseOp::mul, {y, per_channel(weight, C)}, s3, bias.defined() ? DType::f32 : x.dtype());
+  if (weight.defined()) y = cuda_pointwise(PointwiseOp::mul, {y, per_channel(weight, C)}, s3, bias.defined() ? st : x.dtype());
   if (bias.defined()) y = cuda_pointwise(PointwiseOp::add, {y, per_channel(bias, C)}, s3, x.dtype());
   y = cuda_as(y, x.dtype());
   y = make_view(y, x.sizes(), contiguous_strides(x.sizes()), y.storage_offset());
@@ -262,22 +276,24 @@ Grads batch_norm_backward_cuda(const Node& n, const Grads& gr, const OpSaved& sa
   const Tensor w = s.w.defined() ? s.w.unpack(n) : Tensor();
   const int64_t N = xhat.size(0), C = xhat.size(1), L = xhat.size(2), M = N * L;
   const Shape s3{N, C, L};
-  const Tensor g32 = cuda_as(gr[0], DType::f32);
+  const DType st = xhat.dtype();  // the statistics' dtype (f64 for f64 x)
+  const bool f64 = st == DType::f64;
+  const Tensor g32 = f64 ? cuda_contiguous_as(gr[0], st) : cuda_as(gr[0], DType::f32);
   const Tensor g3 = make_view(g32, s3, contiguous_strides(s3), g32.storage_offset());
   Grads r(5);
   const bool want_w = w.defined() && needs_grad(n, 3), want_b = s.has_bias && needs_grad(n, 4);
-  const Tensor db = cuda_sum_dims(g3, {0, 2}, false, 1.0, DType::f32);
-  const Tensor dw = cuda_sum_dims(cuda_pointwise(PointwiseOp::mul, {g3, xhat}, s3, DType::f32), {0, 2}, false, 1.0, DType::f32);
+  const Tensor db = cuda_sum_dims(g3, {0, 2}, false, 1.0, st);
+  const Tensor dw = cuda_sum_dims(cuda_pointwise(PointwiseOp::mul, {g3, xhat}, s3, st), {0, 2}, false, 1.0, st);
   if (needs_grad(n, 0)) {
-    const Tensor k = w.defined() ? cuda_pointwise(PointwiseOp::mul, {rstd, w}, {C}, DType::f32) : rstd;
+    const Tensor k = w.defined() ? cuda_pointwise(PointwiseOp::mul, {rstd, w}, {C}, st) : rstd;
     Tensor v = g3;
     if (s.batch_stats && M > 0) {
-      const float inv = static_cast<float>(1.0 / static_cast<double>(M));
-      const Tensor mg = cuda_pointwise(PointwiseOp::scale, {db}, {C}, DType::f32, inv);
-      const Tensor mgx = cuda_pointwise(PointwiseOp::scale, {dw}, {C}, DType::f32, inv);
-      const Tensor t = cuda_pointwise(PointwiseOp::sub, {g3, per_channel(mg, C)}, s3, DType::f32);
-      const Tensor u = cuda_pointwise(PointwiseOp::mul, {xhat, per_channel(mgx, C)}, s3, DType::f32);
-      v = cuda_pointwise(PointwiseOp::sub, {t, u}, s3, DType::f32);
+      const double inv = f64 ? 1.0 / static_cast<double>(M) : static_cast<float>(1.0 / static_cast<double>(M));
+      const Tensor mg = cuda_pointwise(PointwiseOp::scale, {db}, {C}, st, inv);
+      const Tensor mgx = cuda_pointwise(PointwiseOp::scale, {dw}, {C}, st, inv);
+      const Tensor t = cuda_pointwise(PointwiseOp::sub, {g3, per_channel(mg, C)}, s3, st);
+      const Tensor u = cuda_pointwise(PointwiseOp::mul, {xhat, per_channel(mgx, C)}, s3, st);
+      v = cuda_pointwise(PointwiseOp::sub, {t, u}, s3, st);
     }
     const Tensor dx = cuda_pointwise(PointwiseOp::mul, {v, per_channel(k, C)}, s3, s.x_dtype);
     r[0] = make_view(dx, s.x_shape, contiguous_strides(s.x_shape), dx.storage_offset());

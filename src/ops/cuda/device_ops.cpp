@@ -51,8 +51,8 @@ Tensor cuda_pointwise(cuda::PointwiseOp op, const std::vector<Tensor>& inputs, c
                       double alpha) {
   ATH_ASSERT(!inputs.empty() && inputs.size() <= 3);
   check_rank("cuda pointwise", static_cast<int64_t>(shape.size()));
-  // An op built from the pointwise kernel called with a dtype that kernel does not take:
-  // "not yet supported on cuda", before any work.
+  // An op built from the pointwise kernel (mse_loss, batch_norm, swiglu, ...) called with a
+  // dtype that kernel does not take: "not yet supported on cuda", before any work.
   for (const Tensor& t : inputs) check_cuda_dtype_or_f64("cuda pointwise", t, "an operand");
   if (!cuda_pointwise_dtype(out_dtype) && out_dtype != DType::f64)
     cuda_unsupported("cuda pointwise", std::string("the result dtype ") + dtype_name(out_dtype));
@@ -143,10 +143,20 @@ void cuda_gemm(int dev, DType dt, bool ta, bool tb, int64_t m, int64_t n, int64_
     if (epi == cuda::GemmEpilogue::none) g.epilogue = cuda::GemmEpilogue::bias;
     if (epi == cuda::GemmEpilogue::relu) g.epilogue = cuda::GemmEpilogue::bias_relu;
   }
+  if (dt == DType::f64 && g.epilogue != cuda::GemmEpilogue::none) {
+    // f64 GEMMs take no epilogue (gemm.h): C = the bias broadcast over the rows (core's copy
+    // of a stride-0 view), then C = op(A) op(B) + 1 C in one f64 GEMM.
+    ATH_CHECK(g.epilogue == cuda::GemmEpilogue::bias && batch == 1, "cuda gemm",
+              "an f64 GEMM takes a bias only (no activation epilogue, batch 1)",
+              Hint{"apply the activation as its own op after the f64 GEMM"});
+    const Tensor c2 = make_view(c, {m, n}, {n, 1}, c.storage_offset());
+    copy_into(c2, make_view(bias, {m, n}, {0, 1}, bias.storage_offset()));
+    g.bias = nullptr, g.epilogue = cuda::GemmEpilogue::none, g.beta = 1.0f;
+  }
   g.batch = batch;
   g.stride_a = m * k, g.stride_b = k * n, g.stride_c = m * n;
   g.allow_tf32 = false;  // the config's switch is not wired yet: exact f32, as the CPU
-  g.c_f32 = c_f32 && dt != DType::f32;
+  g.c_f32 = c_f32 && (dt == DType::bf16 || dt == DType::f16);  // f32 and f64 C are their operands' dtype
   cuda::DeviceGuard guard(dev);
   cuda::gemm(g, dev, cuda::compute_stream(dev));
 }
@@ -154,6 +164,11 @@ void cuda_gemm(int dev, DType dt, bool ta, bool tb, int64_t m, int64_t n, int64_
 Tensor cuda_as(const Tensor& t, DType dtype) {
   if (!t.defined() || (t.dtype() == dtype && t.is_contiguous())) return t;
   return cuda_pointwise(cuda::PointwiseOp::copy, {t}, t.sizes(), dtype);
+}
+
+Tensor cuda_contiguous_as(const Tensor& t, DType dtype) {
+  if (!t.defined() || t.dtype() != dtype) return cuda_as(t, dtype);
+  return cuda_contiguous(t);
 }
 
 }  // namespace athanor::detail

@@ -36,5 +36,7 @@ void cuda_gemm(int dev, DType dt, bool ta, bool tb, int64_t m, int64_t n, int64_
                cuda::GemmEpilogue epi = cuda::GemmEpilogue::none, bool c_f32 = false);
 // t as a contiguous tensor of `dtype` on its device (t itself when it already is one).
 Tensor cuda_as(const Tensor& t, DType dtype);
+// cuda_as, but a same-dtype copy goes through core's copy (any dtype, f64 included).
+Tensor cuda_contiguous_as(const Tensor& t, DType dtype);
 
 }  // namespace athanor::detail

@@ -1,4 +1,4 @@
-// CUDA kernel of embedding (an f32, bf16 or f16 table, i64 ids; src/backend/cuda/elementwise.h).
+// CUDA kernel of embedding (an f32, bf16, f16 or f64 table, i64 ids; src/backend/cuda/elementwise.h).
 // Forward: out[p, :] = weight[ids[p], :], the ids validated on the device (no host read of
 // the ids in the step): an out-of-range id is recorded (backend/cuda/device_error.h), its row
 // left zero, and raised as an Error naming the id and its position at the next read from the
@@ -6,7 +6,7 @@
 // A 16-bit table is read in place (its rows copied bit for bit into a 16-bit output): no f32
 // copy of the table. Backward beside it: grad_weight[v, :] = Σ_{p : ids[p] = v} g[p, :] (0 for
 // padding_idx), summed in f32 in p order whatever g's dtype and rounded once to the table's
-// dtype (the CPU's order and rounding), deterministic without float atomics (each thread owns a
+// dtype (the CPU's order and rounding; an f64 table: summed in f64), deterministic without float atomics (each thread owns a
 // column), as a dense [num, dim] gradient (the CPU's row-sparse emission has no CUDA twin yet).
 #include <string>
 
@@ -35,8 +35,8 @@ std::vector<Tensor> embedding_cuda(OpCall& c) {
   const char* op = "embedding";
   ATH_CHECK(ids.defined(), op, "ids is undefined");
   const DType dt = weight.dtype();
-  if (dt != DType::f32 && dt != DType::bf16 && dt != DType::f16)
-    cuda_unsupported(op, "weight is " + weight.describe() + " (the CUDA kernel takes f32, bf16 or f16)");
+  if (dt != DType::f32 && dt != DType::bf16 && dt != DType::f16 && dt != DType::f64)
+    cuda_unsupported(op, "weight is " + weight.describe() + " (the CUDA kernel takes f32, bf16, f16 or f64)");
   if (ids.dtype() != DType::i64) cuda_unsupported(op, "ids are " + ids.describe() + " (the CUDA kernel takes i64)");
   ATH_CHECK(weight.dim() == 2, op, "weight must be 2-D [num_embeddings, dim], got ", weight.describe(),
             Hint{"reshape the table to [num_embeddings, embedding_dim]"});
@@ -68,9 +68,21 @@ std::vector<Tensor> embedding_cuda(OpCall& c) {
 Grads embedding_backward_cuda(const Node& n, const Grads& g, const OpSaved& saved) {
   const EmbeddingCudaSaved& s = saved.as<EmbeddingCudaSaved>();
   const DType gdt = g[0].dtype();
-  if (gdt != DType::f32 && gdt != DType::bf16 && gdt != DType::f16)
-    cuda_unsupported("embedding backward", "grad is " + g[0].describe() + " (f32, bf16 or f16)");
+  if (gdt != DType::f32 && gdt != DType::bf16 && gdt != DType::f16 && gdt != DType::f64)
+    cuda_unsupported("embedding backward", "grad is " + g[0].describe() + " (f32, bf16, f16 or f64)");
   const Tensor ids = s.ids.unpack(n), gy = cuda_contiguous(g[0]);
+  if (s.dtype == DType::f64 || gdt == DType::f64) {  // f64: summed in f64 into an f64 gradient
+    if (s.dtype != DType::f64 || gdt != DType::f64)
+      cuda_unsupported("embedding backward", "grad is " + g[0].describe() + " for a " + dtype_name(s.dtype) + " table");
+    Tensor dw = zeros({s.num, s.dim}, TensorOptions(DType::f64).with_device(gy.device()));
+    const int dev = gy.device().index;
+    cuda::DeviceGuard guard(dev);
+    if (ids.numel() > 0 && s.dim > 0)
+      cuda::embedding_backward(static_cast<const double*>(gy.device_data()), static_cast<const int64_t*>(ids.device_data()),
+                               static_cast<double*>(dw.device_data()), ids.numel(), s.num, s.dim, s.pad,
+                               cuda::compute_stream(dev));
+    return {dw, Tensor()};
+  }
   Tensor dw = zeros({s.num, s.dim}, TensorOptions(DType::f32).with_device(gy.device()));
   const int dev = gy.device().index;
   cuda::DeviceGuard guard(dev);

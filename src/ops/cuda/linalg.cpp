@@ -1,6 +1,7 @@
 // CUDA kernels of linear, gelu_linear, linear_relu and matmul on cuBLASLt
 // (src/backend/cuda/gemm.h), row-major as on the CPU; f32 (TF32 off: exact f32 products, as
-// the CPU), bf16 and f16 (f32 accumulation).
+// the CPU), bf16 and f16 (f32 accumulation), f64 (f64 throughout: no epilogue, the bias through
+// beta = 1, a ReLU after the GEMM; device_ops.h's cuda_gemm).
 //
 // linear: y = x W^T + b over the rows of x [.., in] (W [out, in], b [out]), one GEMM with
 // the bias epilogue. Backward beside it:
@@ -33,11 +34,12 @@
 namespace athanor::detail {
 namespace {
 
-bool gemm_dtype(DType d) { return d == DType::f32 || d == DType::bf16 || d == DType::f16; }
+bool gemm_dtype(DType d) { return d == DType::f32 || d == DType::bf16 || d == DType::f16 || d == DType::f64; }
+bool is_lowp(DType d) { return d == DType::bf16 || d == DType::f16; }
 
 void check_operand(const char* op, const Tensor& t, const char* name, DType dtype) {
   if (!gemm_dtype(t.dtype()))
-    cuda_unsupported(op, std::string(name) + " is " + t.describe() + " (cuBLASLt takes f32, bf16 and f16)");
+    cuda_unsupported(op, std::string(name) + " is " + t.describe() + " (cuBLASLt takes f32, bf16, f16 and f64)");
   if (t.dtype() != dtype)
     ATH_FAIL(op, name, " is ", t.describe(), " but the first input is ", dtype_name(dtype),
              Hint{"give every input of '" + std::string(op) + "' one dtype (or use autocast)"});
@@ -81,6 +83,10 @@ Tensor linear_forward(int dev, const Tensor& h, const Tensor& wc, const Tensor& 
       y.zero_();  // an empty inner dim: x W^T is 0 (then the bias, through the pointwise add)
       if (bc.defined()) y = cuda_pointwise(cuda::PointwiseOp::add, {y, bc}, y.sizes(), y.dtype());
       if (epi == cuda::GemmEpilogue::relu) y = cuda_pointwise(cuda::PointwiseOp::relu, {y}, y.sizes(), y.dtype());
+    } else if (h.dtype() == DType::f64 && epi == cuda::GemmEpilogue::relu) {
+      // f64 GEMMs take no activation epilogue (gemm.h): the GEMM (bias through beta), then the ReLU.
+      cuda_gemm(dev, h.dtype(), false, true, M, out, in, h, wc, y, bc, 1, cuda::GemmEpilogue::none);
+      y = cuda_pointwise(cuda::PointwiseOp::relu, {y}, y.sizes(), y.dtype());
     } else {
       cuda_gemm(dev, h.dtype(), false, true, M, out, in, h, wc, y, bc, 1, epi);
     }
@@ -99,10 +105,11 @@ void linear_grads(const Tensor& dz, int64_t in, const Tensor& w, H&& h_for_dw, b
   const int dev = dz.device().index;
   const int64_t out = dz.size(-1), M = out == 0 ? 0 : dz.numel() / out;
   if (dh) {
-    *dh = device_empty(with_last(dz.sizes(), in), dh_f32 ? DType::f32 : dt, dz.device());
+    const bool dh32 = dh_f32 && dt != DType::f64;  // f64 stays f64
+    *dh = device_empty(with_last(dz.sizes(), in), dh32 ? DType::f32 : dt, dz.device());
     if (M * in > 0) {
       if (out == 0) dh->zero_();
-      else cuda_gemm(dev, dt, false, false, M, in, out, dz, w, *dh, Tensor(), 1, cuda::GemmEpilogue::none, dh_f32);
+      else cuda_gemm(dev, dt, false, false, M, in, out, dz, w, *dh, Tensor(), 1, cuda::GemmEpilogue::none, dh32);
     }
   }
   const DType pdt = master ? DType::f32 : dt;
@@ -112,7 +119,7 @@ void linear_grads(const Tensor& dz, int64_t in, const Tensor& w, H&& h_for_dw, b
     if (out * in > 0) {
       if (M == 0) {
         dw->zero_();
-      } else if (db && dt != DType::f32 && cuda::fused_epilogues_enabled()) {
+      } else if (db && is_lowp(dt) && cuda::fused_epilogues_enabled()) {
         // dW and db from one read of dz: bias_grad's db[o] = Σ_rows dz[:, o] (op(A) = dz^T).
         *db = device_empty({out}, pdt, dz.device());
         const Tensor h = h_for_dw();
@@ -195,7 +202,7 @@ std::vector<Tensor> gelu_linear_cuda(OpCall& c) {
 // cuBLASLt declines (then nothing was written).
 bool gelu_linear_dx_fused(const Tensor& gy, const Tensor& w, const Tensor& x, Tensor* dx) {
   const int64_t out = gy.size(-1), in = x.size(-1), M = out == 0 ? 0 : gy.numel() / out;
-  if (!cuda::fused_epilogues_enabled() || gy.dtype() == DType::f32 || x.dtype() != gy.dtype() || w.dtype() != gy.dtype() ||
+  if (!cuda::fused_epilogues_enabled() || !is_lowp(gy.dtype()) || x.dtype() != gy.dtype() || w.dtype() != gy.dtype() ||
       M == 0 || in == 0 || out == 0)
     return false;
   const int dev = gy.device().index;

@@ -10,6 +10,7 @@
 // into the input's dtype (the parameters' for dw, db) — or kept in f32 for a 16-bit x under
 // autocast, as the CPU's reads_lowp path returns. A 16-bit x is saved as it is (no f32 copy
 // kept for the backward). Reading 16-bit rows inside the kernels is the speed work's.
+// softmax on f64: the f64 row kernels (math and sums in double), no f32 step.
 // f64 (layer_norm, rms_norm): x, weight and bias all f64, the kernels' f64 instantiation
 // (statistics in f64), for gradchecks on the GPU.
 // Under bf16/f16 autocast with the lowp_copies candidate on (backend/cuda/candidates.h), an f32
@@ -252,10 +253,26 @@ struct SoftmaxCudaSaved : OpSaved {
   DType x_dtype = DType::f32;
 };
 
+const double* f64p(const Tensor& t) { return static_cast<const double*>(t.device_data()); }
+double* f64p_mut(const Tensor& t) { return static_cast<double*>(t.device_data()); }
+
 std::vector<Tensor> softmax_cuda(OpCall& c) {
   const Tensor& x = c.in(0);
-  check_cuda_dtype("softmax", x, "x");
+  check_cuda_dtype_or_f64("softmax", x, "x");
   const int64_t dim = wrap_dim(c.args<SoftmaxArgs>().dim, x.dim(), "softmax");
+  if (x.dtype() == DType::f64) {  // the f64 kernel on x's rows (dim last), math in f64
+    const Tensor xs = cuda_contiguous(swap_last(x, dim));
+    const int64_t cols = x.dim() == 0 ? 1 : xs.size(-1), rows = cols == 0 ? 0 : x.numel() / cols;
+    Tensor y = empty(xs.sizes(), TensorOptions(DType::f64).with_device(x.device()));
+    const int dev = cuda_index(c);
+    cuda::DeviceGuard g(dev);
+    if (x.numel() > 0) cuda::softmax_forward(f64p(xs), f64p_mut(y), rows, cols, cuda::compute_stream(dev));
+    if (c.records()) {
+      SoftmaxCudaSaved& s = c.save<SoftmaxCudaSaved>();
+      s.y = save(y, "result"), s.dim = dim, s.x_dtype = DType::f64;
+    }
+    return {swap_last(y, dim)};
+  }
   const Tensor xs = cuda_as(swap_last(x, dim), DType::f32);
   const int64_t cols = x.dim() == 0 ? 1 : xs.size(-1), rows = cols == 0 ? 0 : x.numel() / cols;
   Tensor y = f32_empty(xs.sizes(), x.device());
@@ -272,6 +289,18 @@ std::vector<Tensor> softmax_cuda(OpCall& c) {
 
 Grads softmax_backward_cuda(const Node& n, const Grads& g, const OpSaved& saved) {
   const SoftmaxCudaSaved& s = saved.as<SoftmaxCudaSaved>();
+  if (s.x_dtype == DType::f64) {
+    check_cuda_dtype_or_f64("softmax backward", g[0], "grad");
+    if (g[0].dtype() != DType::f64) cuda_unsupported("softmax backward", "an f64 softmax with a grad of " + g[0].describe());
+    const Tensor y = s.y.unpack(n);  // dim last, contiguous f64
+    const Tensor gs = cuda_contiguous(swap_last(g[0], s.dim));
+    const int64_t cols = y.dim() == 0 ? 1 : y.size(-1), rows = cols == 0 ? 0 : y.numel() / cols;
+    Tensor dx = empty(y.sizes(), TensorOptions(DType::f64).with_device(y.device()));
+    const int dev = y.device().index;
+    cuda::DeviceGuard guard(dev);
+    if (y.numel() > 0) cuda::softmax_backward(f64p(gs), f64p(y), f64p_mut(dx), rows, cols, cuda::compute_stream(dev));
+    return {swap_last(dx, s.dim)};
+  }
   const Tensor y = cuda_as(s.y.unpack(n), DType::f32);  // dim last
   check_cuda_dtype("softmax backward", g[0], "grad");
   const Tensor gs = cuda_as(swap_last(g[0], s.dim), DType::f32);
