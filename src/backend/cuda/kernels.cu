@@ -270,8 +270,9 @@ __global__ void ce_fwd_kernel(const T* logits, const int64_t* target, A* stats, 
     sv += v;
   }
   const A m = block_max(mt, sh);
-  // A thread that saw no element (C < blockDim) holds mt = -inf, st = 0: it adds nothing.
-  const A logsum = log_of(block_sum(mt == A(-INFINITY) ? A(0) : st * exp_of(mt - m), sh));
+  // A thread whose max is still -inf saw no finite logit: its st is 0 (no element, as when
+  // C < blockDim, or only -inf) or NaN (a NaN logit, which must reach the loss): it adds st.
+  const A logsum = log_of(block_sum(mt == A(-INFINITY) ? st : st * exp_of(mt - m), sh));
   const A mean_shifted = block_sum(sv, sh) / C - m;
   if (threadIdx.x == 0) {
     stats[2 * n] = m;
