@@ -16,8 +16,6 @@
 //                        [--impl both|reference|fast]
 #include <cuda_runtime_api.h>
 
-#include <algorithm>
-#include <chrono>
 #include <cmath>
 #include <cstdio>
 #include <cstdlib>
@@ -30,8 +28,10 @@
 #include "backend/cuda/attention.h"
 #include "backend/cuda/attention_fast.h"
 #include "backend/cuda/runtime.h"
+#include "cuda_bench.h"
 
 using namespace athanor;
+using athanor::bench::device_alloc;
 
 namespace {
 
@@ -70,30 +70,6 @@ Options parse(int argc, char** argv) {
   return o;
 }
 
-void* device_alloc(std::size_t bytes) {
-  void* p = nullptr;
-  ATH_CUDA(cudaMalloc(&p, bytes));
-  return p;
-}
-
-// Random bits as small values of the dtype: uniform in [-1, 1) rounded (host, then copied).
-void fill(void* dev, int64_t n, DType dt, unsigned seed) {
-  std::vector<uint16_t> h16;
-  std::vector<float> h32(n);
-  uint32_t s = seed * 2654435761u + 1;
-  for (auto& x : h32) {
-    s = s * 1664525u + 1013904223u;
-    x = static_cast<float>(s >> 8) / 8388608.0f - 1.0f;
-  }
-  if (dt == DType::f32) {
-    ATH_CUDA(cudaMemcpy(dev, h32.data(), n * 4, cudaMemcpyHostToDevice));
-    return;
-  }
-  h16.resize(n);
-  for (int64_t i = 0; i < n; ++i) h16[i] = dt == DType::bf16 ? float_to_bf16_bits(h32[i]) : float_to_f16_bits(h32[i]);
-  ATH_CUDA(cudaMemcpy(dev, h16.data(), n * 2, cudaMemcpyHostToDevice));
-}
-
 }  // namespace
 
 int main(int argc, char** argv) try {
@@ -109,8 +85,8 @@ int main(int argc, char** argv) try {
   void *in = device_alloc(n_in * es), *gin = device_alloc(n_in * es), *out = device_alloc(n_out * es),
        *dout = device_alloc(n_out * es), *ws = device_alloc(cuda::attention_backward_workspace(d));
   auto* lse = static_cast<float*>(device_alloc(o.B * o.H * o.T * 4));
-  fill(in, n_in, o.dtype, 1);
-  fill(dout, n_out, o.dtype, 2);
+  bench::fill_random(in, n_in, o.dtype, 1);
+  bench::fill_random(dout, n_out, o.dtype, 2);
   // Operand base pointers: packed, k and v are column offsets of the one qkv buffer.
   auto* base = static_cast<char*>(in);
   auto* gbase = static_cast<char*>(gin);
@@ -125,30 +101,8 @@ int main(int argc, char** argv) try {
                              gbase + voff * es, d, L, o.causal, scale, o.dtype, ws, st);
   };
 
-  cudaEvent_t e0, e1;
-  ATH_CUDA(cudaEventCreate(&e0));
-  ATH_CUDA(cudaEventCreate(&e1));
-  const auto wall0 = std::chrono::steady_clock::now();
-  // ms per call of `fn`: a warm-up, then `iters` calls between two events (fewer when the
-  // time budget runs out), the median of 3 such batches.
-  auto time_ms = [&](auto&& fn) {
-    fn();
-    ATH_CUDA(cudaStreamSynchronize(st));
-    std::vector<float> batches;
-    for (int rep = 0; rep < 3; ++rep) {
-      const double spent = std::chrono::duration<double>(std::chrono::steady_clock::now() - wall0).count();
-      if (rep > 0 && spent > o.max_seconds) break;
-      ATH_CUDA(cudaEventRecord(e0, st));
-      for (int i = 0; i < o.iters; ++i) fn();
-      ATH_CUDA(cudaEventRecord(e1, st));
-      ATH_CUDA(cudaEventSynchronize(e1));
-      float ms = 0;
-      ATH_CUDA(cudaEventElapsedTime(&ms, e0, e1));
-      batches.push_back(ms / o.iters);
-    }
-    std::sort(batches.begin(), batches.end());
-    return static_cast<double>(batches[batches.size() / 2]);
-  };
+  bench::EventTimer timer(st, o.iters, o.max_seconds);
+  auto time_ms = [&](auto&& fn) { return timer.ms(fn); };
   const double fwd_flop = 4.0 * o.B * o.H * o.T * o.T * o.D * (o.causal ? 0.5 : 1.0);
   auto tflops = [](double flop, double ms) { return flop / (ms * 1e-3) / 1e12; };
   // One implementation's figures as a JSON object.

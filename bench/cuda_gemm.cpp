@@ -11,18 +11,18 @@
 #include <cuda_runtime_api.h>
 
 #include <algorithm>
-#include <chrono>
 #include <cstdio>
 #include <string>
 #include <vector>
 
 #include "athanor/core/dtype.h"
 #include "athanor/core/error.h"
-#include "athanor/core/half.h"
 #include "backend/cuda/gemm.h"
 #include "backend/cuda/runtime.h"
+#include "cuda_bench.h"
 
 using namespace athanor;
+using athanor::bench::device_alloc;
 
 namespace {
 
@@ -57,24 +57,6 @@ Options parse(int argc, char** argv) {
   return o;
 }
 
-void* device_alloc(std::size_t bytes) {
-  void* p = nullptr;
-  ATH_CUDA(cudaMalloc(&p, bytes));
-  return p;
-}
-
-// Small values in [-1, 1) of the dtype (host, then copied): timings of zeros would flatter.
-void fill(void* dev, int64_t n, DType dt, unsigned seed) {
-  std::vector<uint16_t> h(static_cast<std::size_t>(n));
-  uint32_t s = seed * 2654435761u + 1;
-  for (auto& x : h) {
-    s = s * 1664525u + 1013904223u;
-    const float v = static_cast<float>(s >> 8) / 8388608.0f - 1.0f;
-    x = dt == DType::bf16 ? float_to_bf16_bits(v) : float_to_f16_bits(v);
-  }
-  ATH_CUDA(cudaMemcpy(dev, h.data(), h.size() * 2, cudaMemcpyHostToDevice));
-}
-
 struct Linear {
   const char* name;
   int64_t out, in, per_step;
@@ -103,34 +85,16 @@ int main(int argc, char** argv) try {
   void* y = device_alloc(M * std::max(max_out, max_in) * es);  // y [M, out] or dx [M, in]
   void* dw = device_alloc(max_out * max_in * 4);               // f32 (the master weight's gradient)
   void* db = device_alloc(max_out * 4);
-  fill(x, M * max_in, o.dtype, 1);
-  fill(g, M * max_out, o.dtype, 2);
-  fill(w, max_out * max_in, o.dtype, 3);
-  fill(b, max_out, o.dtype, 4);
+  bench::fill_random(x, M * max_in, o.dtype, 1);
+  bench::fill_random(g, M * max_out, o.dtype, 2);
+  bench::fill_random(w, max_out * max_in, o.dtype, 3);
+  bench::fill_random(b, max_out, o.dtype, 4);
 
-  cudaEvent_t e0, e1;
-  ATH_CUDA(cudaEventCreate(&e0));
-  ATH_CUDA(cudaEventCreate(&e1));
-  const auto wall0 = std::chrono::steady_clock::now();
-  // ms per call: a warm-up (which also asks the heuristic), then `iters` calls between two events,
-  // the median of 3 batches (fewer when the time budget runs out). -1: cuBLASLt declined.
+  bench::EventTimer timer(st, o.iters, o.max_seconds);
+  // ms per call (the warm-up also asks the heuristic); -1: cuBLASLt declined.
   auto time_ms = [&](const cuda::GemmArgs& a) -> double {
     if (!cuda::try_gemm(a, 0, st)) return -1;
-    ATH_CUDA(cudaStreamSynchronize(st));
-    std::vector<float> batches;
-    for (int rep = 0; rep < 3; ++rep) {
-      const double spent = std::chrono::duration<double>(std::chrono::steady_clock::now() - wall0).count();
-      if (rep > 0 && spent > o.max_seconds) break;
-      ATH_CUDA(cudaEventRecord(e0, st));
-      for (int i = 0; i < o.iters; ++i) cuda::gemm(a, 0, st);
-      ATH_CUDA(cudaEventRecord(e1, st));
-      ATH_CUDA(cudaEventSynchronize(e1));
-      float ms = 0;
-      ATH_CUDA(cudaEventElapsedTime(&ms, e0, e1));
-      batches.push_back(ms / o.iters);
-    }
-    std::sort(batches.begin(), batches.end());
-    return batches[batches.size() / 2];
+    return timer.ms([&] { cuda::gemm(a, 0, st); });
   };
   std::string rows;
   double step_ms = 0, step_flop = 0;

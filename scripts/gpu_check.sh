@@ -403,6 +403,19 @@ PY
   echo "$status"
 }
 
+# run_bench LIMIT OUTFILE LOG CMD...: CMD under LIMIT seconds, its stdout into OUTFILE and then the
+# log, its stderr into the log; prints its status (passed, timed out, failed).
+run_bench() {
+  local limit=$1 file=$2 log=$3 rc
+  shift 3
+  set +e
+  timeout "$limit" "$@" >"$file" 2>>"$log"
+  rc=$?
+  set -e
+  cat "$file" >>"$log" 2>/dev/null || true
+  if ((rc == 0)); then echo passed; elif ((rc == 124)); then echo "timed out after $limit s"; else echo "failed (exit $rc)"; fi
+}
+
 cmd_run() {
   local out=${OUT:-$ROOT/gpu_check_out}
   mkdir -p "$out"
@@ -437,28 +450,13 @@ cmd_run() {
     cand_s=$(($(date +%s) - t0))
   fi
 
-  # 1b. The attention micro-benchmark: forward+backward TFLOP/s at GPT-2-124M's shape (one JSON
-  # line; its own budget caps the timing loops at ~6 s).
-  local attn_status
-  set +e
-  timeout 15 ./bin/bench_cuda_attention --max-seconds 6 >"$out/attention_bench.json" 2>>"$log"
-  rc=$?
-  set -e
-  attn_status=$([[ $rc -eq 0 ]] && echo passed || ([[ $rc -eq 124 ]] && echo "timed out after 15 s" || echo "failed (exit $rc)"))
-  cat "$out/attention_bench.json" >>"$log" 2>/dev/null || true
-  # 1c. The GEMMs of a GPT-2 124M step at batch 16, each alone (bench/cuda_gemm.cpp; ~10 s).
-  local gemm_status
-  set +e
-  timeout 30 ./bin/bench_cuda_gemm --max-seconds 15 >"$out/gemm_bench.json" 2>>"$log"
-  rc=$?
-  set -e
-  gemm_status=$([[ $rc -eq 0 ]] && echo passed || ([[ $rc -eq 124 ]] && echo "timed out after 30 s" || echo "failed (exit $rc)"))
-  cat "$out/gemm_bench.json" >>"$log" 2>/dev/null || true
-  # 1d. The step's pointwise passes, the generic kernel against the vectorized candidate (~2 s).
-  set +e
-  timeout 20 ./bin/bench_cuda_pointwise >"$out/pointwise_bench.txt" 2>>"$log"
-  set -e
-  cat "$out/pointwise_bench.txt" >>"$log" 2>/dev/null || true
+  # 1b. The micro-benchmarks (run_bench): the attention's forward+backward TFLOP/s at GPT-2-124M's
+  # shape (its own budget caps the timing loops at ~6 s), the GEMMs of a GPT-2 124M step at batch
+  # 16 each alone (~10 s), the step's pointwise passes, generic against the vectorized candidate (~2 s).
+  local attn_status gemm_status
+  attn_status=$(run_bench 15 "$out/attention_bench.json" "$log" ./bin/bench_cuda_attention --max-seconds 6)
+  gemm_status=$(run_bench 30 "$out/gemm_bench.json" "$log" ./bin/bench_cuda_gemm --max-seconds 15)
+  run_bench 20 "$out/pointwise_bench.txt" "$log" ./bin/bench_cuda_pointwise >/dev/null
 
   # 2. CPU/GPU parity (issue 30): the same 200 steps of examples/gpt-char.yaml from the same
   # seed with dropout 0.1 (identical Philox masks) on cpu and on cuda, in f32 (TF32 off: the

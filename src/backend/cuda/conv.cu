@@ -19,16 +19,7 @@ unsigned grid_for(int64_t n) {
 #define ATH_GRID_LOOP(i, n) \
   for (int64_t i = blockIdx.x * static_cast<int64_t>(blockDim.x) + threadIdx.x; i < (n); i += static_cast<int64_t>(gridDim.x) * blockDim.x)
 
-// A: the math's type, float for f32, bf16 and f16 data (read and written through f32) or
-// double for f64 data.
-template <class A> __device__ __forceinline__ A load_as(const void* p, DType dt, int64_t i);
-template <> __device__ __forceinline__ float load_as<float>(const void* p, DType dt, int64_t i) { return load_as_f32(p, dt, i); }
-template <> __device__ __forceinline__ double load_as<double>(const void* p, DType, int64_t i) {
-  return static_cast<const double*>(p)[i];
-}
-__device__ __forceinline__ void store_as(void* p, DType dt, int64_t i, float v) { store_from_f32(p, dt, i, v); }
-__device__ __forceinline__ void store_as(void* p, DType, int64_t i, double v) { static_cast<double*>(p)[i] = v; }
-
+// A: the math's type (float_access.cuh's load_as / store_as).
 template <class A>
 __global__ void im2col_kernel(const void* x, DType dt, ConvGeom g, int64_t C_total, int64_t c0, void* cols) {
   const int64_t K = g.C * g.KH * g.KW, total = g.N * g.OH * g.OW * K;

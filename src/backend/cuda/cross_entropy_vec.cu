@@ -30,42 +30,36 @@ template <> struct Lanes<float> {
     return make_uint4(__float_as_uint(f[0]), __float_as_uint(f[1]), __float_as_uint(f[2]), __float_as_uint(f[3]));
   }
 };
-template <> struct Lanes<__nv_bfloat16> {
+// 16-bit lanes: 4 pairs (H2 = __nv_bfloat162 or __half2) a vector.
+__device__ __forceinline__ float2 to_float2(__nv_bfloat162 h) { return __bfloat1622float2(h); }
+__device__ __forceinline__ float2 to_float2(__half2 h) { return __half22float2(h); }
+template <class H2> __device__ __forceinline__ H2 pair_rn(float a, float b);
+template <> __device__ __forceinline__ __nv_bfloat162 pair_rn<__nv_bfloat162>(float a, float b) {
+  return __halves2bfloat162(__float2bfloat16_rn(a), __float2bfloat16_rn(b));
+}
+template <> __device__ __forceinline__ __half2 pair_rn<__half2>(float a, float b) {
+  return __halves2half2(__float2half_rn(a), __float2half_rn(b));
+}
+template <class H2> struct Lanes16 {
   static constexpr int kN = 8;
   __device__ static void unpack(const uint4& u, float* f) {
-    const __nv_bfloat162* h = reinterpret_cast<const __nv_bfloat162*>(&u);
+    const H2* h = reinterpret_cast<const H2*>(&u);
 #pragma unroll
     for (int i = 0; i < 4; ++i) {
-      const float2 p = __bfloat1622float2(h[i]);
+      const float2 p = to_float2(h[i]);
       f[2 * i] = p.x, f[2 * i + 1] = p.y;
     }
   }
   __device__ static uint4 pack(const float* f) {
     uint4 u;
-    __nv_bfloat162* h = reinterpret_cast<__nv_bfloat162*>(&u);
+    H2* h = reinterpret_cast<H2*>(&u);
 #pragma unroll
-    for (int i = 0; i < 4; ++i) h[i] = __halves2bfloat162(__float2bfloat16_rn(f[2 * i]), __float2bfloat16_rn(f[2 * i + 1]));
+    for (int i = 0; i < 4; ++i) h[i] = pair_rn<H2>(f[2 * i], f[2 * i + 1]);
     return u;
   }
 };
-template <> struct Lanes<__half> {
-  static constexpr int kN = 8;
-  __device__ static void unpack(const uint4& u, float* f) {
-    const __half2* h = reinterpret_cast<const __half2*>(&u);
-#pragma unroll
-    for (int i = 0; i < 4; ++i) {
-      const float2 p = __half22float2(h[i]);
-      f[2 * i] = p.x, f[2 * i + 1] = p.y;
-    }
-  }
-  __device__ static uint4 pack(const float* f) {
-    uint4 u;
-    __half2* h = reinterpret_cast<__half2*>(&u);
-#pragma unroll
-    for (int i = 0; i < 4; ++i) h[i] = __halves2half2(__float2half_rn(f[2 * i]), __float2half_rn(f[2 * i + 1]));
-    return u;
-  }
-};
+template <> struct Lanes<__nv_bfloat16> : Lanes16<__nv_bfloat162> {};
+template <> struct Lanes<__half> : Lanes16<__half2> {};
 
 __device__ __forceinline__ float widen(float v) { return v; }
 __device__ __forceinline__ float widen(__nv_bfloat16 v) { return __bfloat162float(v); }

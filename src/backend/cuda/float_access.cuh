@@ -48,4 +48,14 @@ __device__ __forceinline__ void store_from_f64(void* p, DType dt, int64_t i, dou
   }
 }
 
+// Through the math's type A of a kernel templated on it: float for f32, bf16 and f16 data, double
+// for f64 data.
+template <class A> __device__ __forceinline__ A load_as(const void* p, DType dt, int64_t i);
+template <> __device__ __forceinline__ float load_as<float>(const void* p, DType dt, int64_t i) { return load_as_f32(p, dt, i); }
+template <> __device__ __forceinline__ double load_as<double>(const void* p, DType dt, int64_t i) {
+  return load_as_f64(p, dt, i);
+}
+__device__ __forceinline__ void store_as(void* p, DType dt, int64_t i, float v) { store_from_f32(p, dt, i, v); }
+__device__ __forceinline__ void store_as(void* p, DType dt, int64_t i, double v) { store_from_f64(p, dt, i, v); }
+
 }  // namespace athanor::cuda

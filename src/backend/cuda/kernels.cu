@@ -9,6 +9,7 @@
 #include <type_traits>
 
 #include "athanor/core/error.h"
+#include "backend/cuda/block_reduce.cuh"
 #include "backend/cuda/candidates.h"
 #include "backend/cuda/kernels.h"
 #include "backend/cuda/norm_rows_vec.h"
@@ -21,41 +22,12 @@ namespace {
 
 constexpr int kRowThreads = 256;
 
-// A block-wide sum in a fixed order: a butterfly in each warp, then warp 0 over the
-// warps' partials. The same bits every run (no atomics).
-template <class T>
-__device__ T block_sum(T v, T* shared) {
-  for (int o = 16; o > 0; o >>= 1) v += __shfl_xor_sync(0xffffffffu, v, o);
-  const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
-  __syncthreads();  // `shared` may still be read from a previous call
-  if (lane == 0) shared[warp] = v;
-  __syncthreads();
-  const int nwarps = blockDim.x / 32;
-  v = lane < nwarps ? shared[lane] : T(0);
-  for (int o = 16; o > 0; o >>= 1) v += __shfl_xor_sync(0xffffffffu, v, o);
-  return v;  // every thread holds the sum
-}
 // The math of the row kernels in their accumulation type: f32 (the f32, bf16 and f16 data) or
-// f64 (f64 data, math and accumulation in double).
-__device__ __forceinline__ float max_of(float a, float b) { return fmaxf(a, b); }
-__device__ __forceinline__ double max_of(double a, double b) { return fmax(a, b); }
+// f64 (f64 data, math and accumulation in double); block_sum, block_max, max_of: block_reduce.cuh.
 __device__ __forceinline__ float exp_of(float v) { return expf(v); }
 __device__ __forceinline__ double exp_of(double v) { return exp(v); }
 __device__ __forceinline__ float log_of(float v) { return logf(v); }
 __device__ __forceinline__ double log_of(double v) { return log(v); }
-
-template <class T>
-__device__ T block_max(T v, T* shared) {
-  for (int o = 16; o > 0; o >>= 1) v = max_of(v, __shfl_xor_sync(0xffffffffu, v, o));
-  const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
-  __syncthreads();
-  if (lane == 0) shared[warp] = v;
-  __syncthreads();
-  const int nwarps = blockDim.x / 32;
-  v = lane < nwarps ? shared[lane] : T(-INFINITY);
-  for (int o = 16; o > 0; o >>= 1) v = max_of(v, __shfl_xor_sync(0xffffffffu, v, o));
-  return v;
-}
 
 unsigned grid_rows(int64_t rows) { return static_cast<unsigned>(rows); }
 

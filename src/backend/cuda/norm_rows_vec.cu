@@ -93,38 +93,6 @@ __global__ void __launch_bounds__(32 * kWarps) norm_fwd_vec_kernel(const float* 
   }
 }
 
-template <bool kRms>
-__global__ void __launch_bounds__(32 * kWarps) norm_bwd_dx_vec_kernel(const float* dy, const float* x, const float* w,
-                                                                      const float* mean, const float* rstd, float* dx,
-                                                                      int64_t rows, int64_t cols) {
-  int64_t r;
-  int lane;
-  if (!warp_row(rows, r, lane)) return;
-  const int64_t n4 = cols / 4;
-  const float* xr = x + r * cols;
-  const float* dyr = dy + r * cols;
-  const float mu = kRms ? 0.0f : mean[r], rs = rstd[r];
-  float a = 0, bs = 0;  // Σ dn, Σ dn xhat
-  for (int64_t i = lane; i < n4; i += 32) {
-    const float4 g = ld4(dyr, i), v = ld4(xr, i), wv = ld4_or(w, i, 1.0f);
-    const float n0 = g.x * wv.x, n1 = g.y * wv.y, n2 = g.z * wv.z, n3 = g.w * wv.w;
-    a += (n0 + n1) + (n2 + n3);
-    bs += (n0 * ((v.x - mu) * rs) + n1 * ((v.y - mu) * rs)) + (n2 * ((v.z - mu) * rs) + n3 * ((v.w - mu) * rs));
-  }
-  const float mdn = kRms ? 0.0f : warp_sum(a) / cols;
-  const float mdnx = warp_sum(bs) / cols;
-  float* dxr = dx + r * cols;
-  for (int64_t i = lane; i < n4; i += 32) {
-    const float4 g = ld4(dyr, i), v = ld4(xr, i), wv = ld4_or(w, i, 1.0f);
-    float4 o;
-    o.x = rs * (g.x * wv.x - mdn - (v.x - mu) * rs * mdnx);
-    o.y = rs * (g.y * wv.y - mdn - (v.y - mu) * rs * mdnx);
-    o.z = rs * (g.z * wv.z - mdn - (v.z - mu) * rs * mdnx);
-    o.w = rs * (g.w * wv.w - mdn - (v.w - mu) * rs * mdnx);
-    st4(dxr, i, o);
-  }
-}
-
 // ---- dx with the parameter gradients (layer_norm_backward_vectorized) ----------------------
 // A block takes kChunkRows rows, each warp every kWarps-th of them; a lane keeps its columns'
 // sums of dy xhat and dy in registers (float4 i = lane + 32 j, j < kMaxJ), the warps' sums are
@@ -252,14 +220,6 @@ void layer_norm_forward_vectorized(const float* x, const float* w, const float* 
   ATH_CUDA_LAUNCHED("norm_fwd_vec_kernel");
 }
 
-void layer_norm_backward_dx_vectorized(const float* dy, const float* x, const float* w, const float* mean,
-                                       const float* rstd, float* dx, int64_t rows, int64_t cols, cudaStream_t stream) {
-  check_supported("layer_norm backward", norm_rows_vectorized_supported(cols, dy, x, w, dx), cols);
-  if (rows == 0) return;
-  norm_bwd_dx_vec_kernel<false><<<blocks_for(rows), 32 * kWarps, 0, stream>>>(dy, x, w, mean, rstd, dx, rows, cols);
-  ATH_CUDA_LAUNCHED("norm_bwd_dx_vec_kernel");
-}
-
 int64_t norm_rows_workspace_bytes(int64_t rows, int64_t cols) {
   return rows <= 0 ? 0 : 2 * chunks_of(rows) * cols * static_cast<int64_t>(sizeof(float));
 }
@@ -305,14 +265,6 @@ void rms_norm_forward_vectorized(const float* x, const float* w, float* y, float
   norm_fwd_vec_kernel<true><<<blocks_for(rows), 32 * kWarps, 0, stream>>>(x, w, nullptr, y, nullptr, rstd, rows, cols,
                                                                          static_cast<float>(eps), y_low, y_low_dtype);
   ATH_CUDA_LAUNCHED("norm_fwd_vec_kernel");
-}
-
-void rms_norm_backward_dx_vectorized(const float* dy, const float* x, const float* w, const float* rstd, float* dx,
-                                     int64_t rows, int64_t cols, cudaStream_t stream) {
-  check_supported("rms_norm backward", norm_rows_vectorized_supported(cols, dy, x, w, dx), cols);
-  if (rows == 0) return;
-  norm_bwd_dx_vec_kernel<true><<<blocks_for(rows), 32 * kWarps, 0, stream>>>(dy, x, w, nullptr, rstd, dx, rows, cols);
-  ATH_CUDA_LAUNCHED("norm_bwd_dx_vec_kernel");
 }
 
 }  // namespace athanor::cuda

@@ -1,7 +1,7 @@
 #pragma once
 // Layer norm and RMSNorm over f32 rows, one warp per row with 16-byte loads and stores: the
-// forward and the backward's dx of kernels.h's layer_norm / rms_norm (the same arguments and
-// formulas; the parameter gradients stay kernels.h's column sums), a candidate
+// forward and the backward of kernels.h's layer_norm / rms_norm (the same arguments and
+// formulas; the backward's dx, dw and db from one read of dy and x), a candidate
 // (Candidate::norm_vectorized, candidates.h). The established kernels run a 256-thread block per
 // row (GPT-2's 768 columns: 3 elements a thread, two block-wide reductions with their barriers
 // per pass); here a warp holds a row and reduces with shuffles alone.
@@ -30,10 +30,8 @@ bool norm_rows_vectorized_supported(int64_t cols, const void* a, const void* b =
 void layer_norm_forward_vectorized(const float* x, const float* w, const float* b, float* y, float* mean, float* rstd,
                                    int64_t rows, int64_t cols, double eps, cudaStream_t stream, void* y_low = nullptr,
                                    DType y_low_dtype = DType::bf16);
-// dx = rstd (dn - mean(dn) - xhat mean(dn xhat)), dn = dy w.
-void layer_norm_backward_dx_vectorized(const float* dy, const float* x, const float* w, const float* mean,
-                                       const float* rstd, float* dx, int64_t rows, int64_t cols, cudaStream_t stream);
-// dx as above and, when dw / db are not null, the parameter gradients dw = Σ_rows dy xhat,
+// dx = rstd (dn - mean(dn) - xhat mean(dn xhat)), dn = dy w (RMSNorm: dx = rstd (dn - xhat
+// mean(dn xhat)), xhat = x rstd; dx may be null) and, when dw / db are not null, the parameter gradients dw = Σ_rows dy xhat,
 // db = Σ_rows dy from the same read of dy and x: each block sums its chunk of rows (its warps'
 // partials added in warp order) into `workspace`, then the chunks are added in chunk order (a
 // fixed order: the same bits run to run). cols at most kNormFusedMaxCols; workspace:
@@ -47,8 +45,5 @@ void rms_norm_backward_vectorized(const float* dy, const float* x, const float* 
                                   int64_t rows, int64_t cols, void* workspace, cudaStream_t stream);
 void rms_norm_forward_vectorized(const float* x, const float* w, float* y, float* rstd, int64_t rows, int64_t cols,
                                  double eps, cudaStream_t stream, void* y_low = nullptr, DType y_low_dtype = DType::bf16);
-// dx = rstd (dn - xhat mean(dn xhat)), xhat = x rstd.
-void rms_norm_backward_dx_vectorized(const float* dy, const float* x, const float* w, const float* rstd, float* dx,
-                                     int64_t rows, int64_t cols, cudaStream_t stream);
 
 }  // namespace athanor::cuda

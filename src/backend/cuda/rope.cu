@@ -12,15 +12,7 @@ namespace athanor::cuda {
 
 namespace {
 
-// A: the math's type, float for f32, bf16 and f16 data (read and written through f32) or
-// double for f64 data (its table in f64).
-template <class A> __device__ __forceinline__ A load_as(const void* p, DType dt, int64_t i);
-template <> __device__ __forceinline__ float load_as<float>(const void* p, DType dt, int64_t i) { return load_as_f32(p, dt, i); }
-template <> __device__ __forceinline__ double load_as<double>(const void* p, DType, int64_t i) {
-  return static_cast<const double*>(p)[i];
-}
-__device__ __forceinline__ void store_as(void* p, DType dt, int64_t i, float v) { store_from_f32(p, dt, i, v); }
-__device__ __forceinline__ void store_as(void* p, DType, int64_t i, double v) { static_cast<double*>(p)[i] = v; }
+// A: the math's type (float_access.cuh's load_as / store_as); f64 data uses the f64 table.
 template <class A> __device__ __forceinline__ A cos_at(const RopeArgs& a, int64_t i);
 template <> __device__ __forceinline__ float cos_at<float>(const RopeArgs& a, int64_t i) { return a.cos[i]; }
 template <> __device__ __forceinline__ double cos_at<double>(const RopeArgs& a, int64_t i) { return a.cos64[i]; }
