@@ -15,6 +15,7 @@ const char* candidate_name(Candidate c) {
     case Candidate::lowp_copies: return "lowp_copies";
     case Candidate::cross_entropy_vectorized: return "cross_entropy_vectorized";
     case Candidate::norm_vectorized: return "norm_vectorized";
+    case Candidate::attention_cudnn: return "attention_cudnn";
     case Candidate::count: break;
   }
   return "?";

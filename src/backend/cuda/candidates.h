@@ -18,7 +18,8 @@ enum class Candidate : uint8_t {
   pointwise_vectorized,  // pointwise.cu: contiguous operands in 16-byte vectors, dtypes as template parameters
   lowp_copies,           // the optimizer's bf16/f16 weight copies and layer_norm's autocast output written in-kernel
   cross_entropy_vectorized,  // cross_entropy_vec.h: rows read and written 16 bytes at a time
-  norm_vectorized,           // norm_rows_vec.h: layer_norm / rms_norm forward and dx, a warp per row
+  norm_vectorized,           // norm_rows_vec.h: layer_norm / rms_norm forward and backward, a warp per row
+  attention_cudnn,           // attention_cudnn.h: cuDNN's fused flash attention (forward and backward)
   count
 };
 
