@@ -11,15 +11,22 @@
 // do not take the shape (f32, D not 64/128) the "fast" entry says "fallback": true (it then
 // times the reference kernels again).
 //
+// --tiles picks the fast kernels' tile configuration (attention_fast.h's names, as
+// ATHANOR_CUDA_ATTENTION_TILES, which is ignored here): "<forward>,<backward>" runs the "fast"
+// entry in it; "all" also times the forward and the backward of every configuration, alone, in
+// a "tiles" object ({"fwd": {name: {...}}, "bwd": {name: {...}}}), so one run ranks them (a
+// configuration without kernels at this D says "instantiated": false: it runs the default's).
+//
 //   bench_cuda_attention [--B 16] [--H 12] [--Hkv H] [--T 1024] [--D 64] [--dtype bf16|f16|f32]
 //                        [--noncausal] [--contiguous] [--iters 20] [--max-seconds 10]
-//                        [--impl both|reference|fast]
+//                        [--impl both|reference|fast] [--tiles default|all|<forward>,<backward>]
 #include <cuda_runtime_api.h>
 
 #include <cmath>
 #include <cstdio>
 #include <cstdlib>
 #include <cstring>
+#include <functional>
 #include <string>
 #include <vector>
 
@@ -42,6 +49,7 @@ struct Options {
   int iters = 20;
   double max_seconds = 10;
   std::string impl = "both";
+  std::string tiles = "default";
 };
 
 Options parse(int argc, char** argv) {
@@ -63,17 +71,50 @@ Options parse(int argc, char** argv) {
     else if (a == "--iters") o.iters = std::stoi(next());
     else if (a == "--max-seconds") o.max_seconds = std::stod(next());
     else if (a == "--impl") o.impl = next();
+    else if (a == "--tiles") o.tiles = next();
     else ATH_FAIL("bench_cuda_attention", "unknown argument ", a, Hint{"see the usage at the top of bench/cuda_attention.cpp"});
   }
   ATH_CHECK(o.impl == "both" || o.impl == "reference" || o.impl == "fast", "bench_cuda_attention", "--impl ", o.impl,
             " is not one of both, reference, fast", Hint{"see the usage at the top of bench/cuda_attention.cpp"});
+  if (o.tiles != "default" && o.tiles != "all") cuda::parse_attention_tiles(o.tiles.c_str());  // names checked up front
   return o;
+}
+
+// --tiles all: the fast forward in every forward configuration and the fast backward in every
+// backward configuration (the other half in the default), as the "tiles" JSON object.
+template <class Time>
+std::string measure_tiles(const Time& time_ms, const std::function<void()>& fwd, const std::function<void()>& bwd,
+                          double fwd_flop, int64_t D) {
+  auto tflops = [](double flop, double ms) { return flop / (ms * 1e-3) / 1e12; };
+  const cuda::AttentionTiles saved = cuda::attention_tiles();
+  std::string f_json, b_json;
+  char buf[256];
+  for (const cuda::FwdTiles t : cuda::kFwdTilesAll) {
+    cuda::set_attention_tiles({t, cuda::AttentionTiles{}.bwd});
+    const double ms = time_ms(fwd);
+    std::snprintf(buf, sizeof buf, "%s\"%s\": {\"instantiated\": %s, \"fwd_ms\": %.4f, \"fwd_tflops\": %.2f}",
+                  f_json.empty() ? "" : ", ", cuda::fwd_tiles_name(t),
+                  cuda::attention_tiles_instantiated(t, D) ? "true" : "false", ms, tflops(fwd_flop, ms));
+    f_json += buf;
+  }
+  for (const cuda::BwdTiles t : cuda::kBwdTilesAll) {
+    cuda::set_attention_tiles({cuda::AttentionTiles{}.fwd, t});
+    const double ms = time_ms(bwd);
+    std::snprintf(buf, sizeof buf, "%s\"%s\": {\"instantiated\": %s, \"bwd_ms\": %.4f, \"bwd_tflops\": %.2f}",
+                  b_json.empty() ? "" : ", ", cuda::bwd_tiles_name(t),
+                  cuda::attention_tiles_instantiated(t, D) ? "true" : "false", ms, tflops(2.5 * fwd_flop, ms));
+    b_json += buf;
+  }
+  cuda::set_attention_tiles(saved);
+  return "\"tiles\": {\"fwd\": {" + f_json + "}, \"bwd\": {" + b_json + "}}";
 }
 
 }  // namespace
 
 int main(int argc, char** argv) try {
   const Options o = parse(argc, argv);
+  if (o.tiles != "default" && o.tiles != "all") cuda::set_attention_tiles(cuda::parse_attention_tiles(o.tiles.c_str()));
+  else cuda::set_attention_tiles(cuda::AttentionTiles{});
   const int64_t Hkv = o.Hkv > 0 ? o.Hkv : o.H;
   const cuda::AttentionDims d{o.B, o.H, o.T, o.T, o.D, o.D, Hkv};
   const cuda::AttentionLayout L = o.packed ? cuda::AttentionLayout::packed_qkv(d) : cuda::AttentionLayout::contiguous(d);
@@ -130,13 +171,22 @@ int main(int argc, char** argv) try {
   if (o.impl != "fast") results += "\"reference\": " + measure(cuda::AttentionImpl::reference);
   if (o.impl != "reference")
     results += std::string(results.empty() ? "" : ", ") + "\"fast\": " + measure(cuda::AttentionImpl::fast);
+  if (o.tiles == "all") {
+    cuda::set_attention_impl(cuda::AttentionImpl::fast);
+    const bool taken = cuda::attention_fast_backward_supported(base, base + koff * es, base + voff * es, out, dout, gbase,
+                                                               gbase + koff * es, gbase + voff * es, d, L, o.dtype);
+    results += std::string(results.empty() ? "" : ", ") +
+               (taken ? measure_tiles(time_ms, fwd, bwd, fwd_flop, o.D) : std::string("\"tiles\": \"fallback\""));
+  }
+  const cuda::AttentionTiles o_tiles = cuda::attention_tiles();  // the "fast" entry's
   const cuda::DeviceInfo info = cuda::device_info(0);
   std::printf(
       "{\"bench\": \"cuda_attention\", \"gpu\": \"%s\", \"B\": %lld, \"H\": %lld, \"Hkv\": %lld, \"T\": %lld, \"D\": %lld, "
-      "\"dtype\": \"%s\", \"causal\": %s, \"layout\": \"%s\", %s}\n",
+      "\"dtype\": \"%s\", \"causal\": %s, \"layout\": \"%s\", \"fast_tiles\": \"%s,%s\", %s}\n",
       info.name.c_str(), static_cast<long long>(o.B), static_cast<long long>(o.H), static_cast<long long>(Hkv),
       static_cast<long long>(o.T), static_cast<long long>(o.D), dtype_name(o.dtype), o.causal ? "true" : "false",
-      o.packed ? "packed_qkv" : "contiguous", results.c_str());
+      o.packed ? "packed_qkv" : "contiguous", cuda::fwd_tiles_name(o_tiles.fwd), cuda::bwd_tiles_name(o_tiles.bwd),
+      results.c_str());
   for (void* p : {in, gin, out, dout, ws, static_cast<void*>(lse)}) ATH_CUDA(cudaFree(p));
   return 0;
 } catch (const std::exception& e) {
