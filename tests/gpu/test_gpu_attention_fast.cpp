@@ -195,8 +195,8 @@ TEST(GpuAttentionFast, TilesParsing) {
       const cuda::AttentionTiles want{f, b};
       EXPECT_EQ(cuda::parse_attention_tiles(v.c_str()), want) << v;
     }
-  EXPECT_EQ(cuda::parse_attention_tiles("f128x64w4,b128x64w8"),
-            (cuda::AttentionTiles{cuda::FwdTiles::f128x64w4, cuda::BwdTiles::b128x64w8}));
+  EXPECT_EQ(cuda::parse_attention_tiles("f128x64w4,b128x16w4"),
+            (cuda::AttentionTiles{cuda::FwdTiles::f128x64w4, cuda::BwdTiles::b128x16w4}));
   EXPECT_STREQ(cuda::fwd_tiles_name(cuda::FwdTiles::f128x64w8), "f128x64w8");
   EXPECT_STREQ(cuda::bwd_tiles_name(cuda::BwdTiles::b64x64w4), "b64x64w4");
   for (const char* bad : {"f64x64w4", "f64x64w4,", ",b64x64w4", "b64x64w4,f64x64w4", "f64x64w4,b64x64w4,",
@@ -209,7 +209,7 @@ TEST(GpuAttentionFast, TilesParsing) {
       EXPECT_NE(w.find("ATHANOR_CUDA_ATTENTION_TILES"), std::string::npos) << w;
       EXPECT_NE(w.find(std::string("'") + bad + "'"), std::string::npos) << w;
       EXPECT_NE(w.find("forward: f64x64w4, f128x64w8, f128x64w4"), std::string::npos) << w;
-      EXPECT_NE(w.find("backward: b64x64w4, b128x64w8"), std::string::npos) << w;
+      EXPECT_NE(w.find("backward: b64x64w4, b128x64w8, b128x16w4"), std::string::npos) << w;
     }
   }
   {
@@ -219,11 +219,13 @@ TEST(GpuAttentionFast, TilesParsing) {
     cuda::set_attention_tiles(other);
     EXPECT_EQ(cuda::attention_tiles(), other);
   }
-  // Two m-tiles per warp has kernels at D 64 only; the rest at both head dims.
+  // Two m-tiles per warp have kernels at D 64 only; the rest at both head dims.
   EXPECT_TRUE(cuda::attention_tiles_instantiated(cuda::FwdTiles::f128x64w4, 64));
   EXPECT_FALSE(cuda::attention_tiles_instantiated(cuda::FwdTiles::f128x64w4, 128));
   EXPECT_TRUE(cuda::attention_tiles_instantiated(cuda::FwdTiles::f128x64w8, 128));
   EXPECT_TRUE(cuda::attention_tiles_instantiated(cuda::BwdTiles::b128x64w8, 128));
+  EXPECT_TRUE(cuda::attention_tiles_instantiated(cuda::BwdTiles::b128x16w4, 64));
+  EXPECT_FALSE(cuda::attention_tiles_instantiated(cuda::BwdTiles::b128x16w4, 128));
 }
 
 TEST(GpuAttentionFast, SwitchParsing) {

@@ -57,6 +57,7 @@ const char* fwd_tiles_name(FwdTiles t) {
 const char* bwd_tiles_name(BwdTiles t) {
   switch (t) {
     case BwdTiles::b128x64w8: return "b128x64w8";
+    case BwdTiles::b128x16w4: return "b128x16w4";
     default: return "b64x64w4";
   }
 }
@@ -106,9 +107,9 @@ AttentionTiles attention_tiles() {
 
 void set_attention_tiles(AttentionTiles tiles) { g_tiles.store(encode(tiles), std::memory_order_release); }
 
-// Two m-tiles per warp (f128x64w4) has kernels at D 64 only (attention_fast.h).
+// Two m-tiles per warp (f128x64w4, b128x16w4) have kernels at D 64 only (attention_fast.h).
 bool attention_tiles_instantiated(FwdTiles t, int64_t D) { return t != FwdTiles::f128x64w4 || D == 64; }
-bool attention_tiles_instantiated(BwdTiles, int64_t) { return true; }
+bool attention_tiles_instantiated(BwdTiles t, int64_t D) { return t != BwdTiles::b128x16w4 || D == 64; }
 
 namespace {
 bool aligned16(const void* p) { return reinterpret_cast<uintptr_t>(p) % 16 == 0; }

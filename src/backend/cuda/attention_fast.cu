@@ -356,10 +356,10 @@ __global__ void __launch_bounds__(256) attn_fast_delta_kernel(BwdArgs a, int64_t
   if (lane == 0) a.delta[r] = acc;
 }
 
-// dK/dV pass tile shape: W warps x 16 keys; query tiles of Bq rows (32 at D = 128 in every
-// configuration: the accumulators dK, dV take 2 x 64 registers there).
-template <int D, int W, int Bq> struct DkvCfg {
-  static constexpr int kD = D, kW = W, kBk = 16 * kW, kBq = D <= 64 ? Bq : 32, kLd = D + 8;
+// dK/dV pass tile shape: W warps x M m-tiles of 16 keys (Bk = 16 M W); query tiles of Bq rows
+// (32 at D = 128 in every configuration: the accumulators dK, dV take 2 x 64 registers there).
+template <int D, int W, int M, int Bq> struct DkvCfg {
+  static constexpr int kD = D, kW = W, kM = M, kBk = 16 * M * W, kBq = D <= 64 ? Bq : 32, kLd = D + 8;
   static constexpr unsigned kKBytes = kBk * kLd * 2, kQBytes = kBq * kLd * 2, kStats = kBq * 4;
   // K, V, then two buffers each of Q, dO, lse, Delta.
   static constexpr unsigned kBytes = 2 * kKBytes + 4 * kQBytes + 4 * kStats;
@@ -367,7 +367,7 @@ template <int D, int W, int Bq> struct DkvCfg {
 
 template <class T, class C>
 __global__ void __launch_bounds__(32 * C::kW) attn_fast_dkdv_kernel(BwdArgs a) {
-  constexpr int D = C::kD, Bk = C::kBk, Bq = C::kBq, LD = C::kLd;
+  constexpr int D = C::kD, M = C::kM, Bk = C::kBk, Bq = C::kBq, LD = C::kLd;
   extern __shared__ __align__(128) unsigned char smem[];
   T* Ks = reinterpret_cast<T*>(smem);
   T* Vs = reinterpret_cast<T*>(smem + C::kKBytes);
@@ -406,14 +406,21 @@ __global__ void __launch_bounds__(32 * C::kW) attn_fast_dkdv_kernel(BwdArgs a) {
   if (ntiles > 0) issue(0, 0);
   cp_async_commit();  // K, V (and step 0)
 
-  float dk[D / 8][4], dv[D / 8][4];  // C fragments: the warp's 16 keys x 8 columns of D each
+  // The warp owns M m-tiles of 16 keys (keys warp * 16M + 16 mt ..); every array below has the
+  // m-tile as its first index, and each Q/dO fragment loaded from shared memory feeds the M
+  // m-tiles' MMAs. Per m-tile the arithmetic (and its order) is that of M = 1.
+  float dk[M][D / 8][4], dv[M][D / 8][4];  // C fragments: 16 keys x 8 columns of D each
+  int key0[M];                             // key of c[0], c[1]; key0 + 8 of c[2], c[3]
 #pragma unroll
-  for (int dt = 0; dt < D / 8; ++dt)
+  for (int mt = 0; mt < M; ++mt) {
 #pragma unroll
-    for (int e = 0; e < 4; ++e) dk[dt][e] = dv[dt][e] = 0.0f;
-  const int key0 = k0 + warp * 16 + g;  // key of c[0], c[1]; key0 + 8 of c[2], c[3]
-  const T* Kw = Ks + warp * 16 * LD;
-  const T* Vw = Vs + warp * 16 * LD;
+    for (int dt = 0; dt < D / 8; ++dt)
+#pragma unroll
+      for (int e = 0; e < 4; ++e) dk[mt][dt][e] = dv[mt][dt][e] = 0.0f;
+    key0[mt] = k0 + (warp * M + mt) * 16 + g;
+  }
+  const T* Kw = Ks + warp * M * 16 * LD;  // the warp's first key row; m-tile mt at + 16 mt rows
+  const T* Vw = Vs + warp * M * 16 * LD;
 
   for (int t = 0; t < ntiles; ++t) {
     const int buf = t & 1, i0 = qstart + (t % ntq) * Bq;
@@ -430,65 +437,80 @@ __global__ void __launch_bounds__(32 * C::kW) attn_fast_dkdv_kernel(BwdArgs a) {
     const float* lse2 = lse2s + buf * Bq;
     const float* delta = deltas + buf * Bq;
 
-    // S^T = K Q^T and dP^T = V dO^T: 16 keys x Bq queries, Bq / 8 C fragments each.
-    float st[Bq / 8][4], dpt[Bq / 8][4];
+    // S^T = K Q^T and dP^T = V dO^T: 16 keys x Bq queries per m-tile, Bq / 8 C fragments each.
+    float st[M][Bq / 8][4], dpt[M][Bq / 8][4];
 #pragma unroll
-    for (int nt = 0; nt < Bq / 8; ++nt)
+    for (int mt = 0; mt < M; ++mt)
 #pragma unroll
-      for (int e = 0; e < 4; ++e) st[nt][e] = dpt[nt][e] = 0.0f;
+      for (int nt = 0; nt < Bq / 8; ++nt)
+#pragma unroll
+        for (int e = 0; e < 4; ++e) st[mt][nt][e] = dpt[mt][nt][e] = 0.0f;
 #pragma unroll
     for (int kk = 0; kk < D / 16; kk += 2) {
-      uint32_t ka[2][4], va[2][4];  // A fragments (the warp's 16 key rows) of k-steps kk, kk + 1
+      uint32_t ka[M][2][4], va[M][2][4];  // A fragments (the m-tile's 16 key rows) of k-steps kk, kk + 1
 #pragma unroll
-      for (int j = 0; j < 2; ++j) {
-        ldmatrix_x4(ka[j], Kw + (lane % 8 + (lane / 8) % 2 * 8) * LD + (kk + j) * 16 + lane / 16 * 8);
-        ldmatrix_x4(va[j], Vw + (lane % 8 + (lane / 8) % 2 * 8) * LD + (kk + j) * 16 + lane / 16 * 8);
-      }
+      for (int mt = 0; mt < M; ++mt)
+#pragma unroll
+        for (int j = 0; j < 2; ++j) {
+          ldmatrix_x4(ka[mt][j], Kw + (mt * 16 + lane % 8 + (lane / 8) % 2 * 8) * LD + (kk + j) * 16 + lane / 16 * 8);
+          ldmatrix_x4(va[mt][j], Vw + (mt * 16 + lane % 8 + (lane / 8) % 2 * 8) * LD + (kk + j) * 16 + lane / 16 * 8);
+        }
 #pragma unroll
       for (int nt = 0; nt < Bq / 8; ++nt) {
         uint32_t qb[4], ob[4];  // B fragments: queries nt*8.. as columns, k-steps kk and kk + 1
         ldmatrix_x4(qb, Qt + (nt * 8 + lane % 8) * LD + kk * 16 + lane / 8 * 8);
         ldmatrix_x4(ob, dOt + (nt * 8 + lane % 8) * LD + kk * 16 + lane / 8 * 8);
-        mma16816<T>(st[nt], ka[0], qb[0], qb[1]);
-        mma16816<T>(st[nt], ka[1], qb[2], qb[3]);
-        mma16816<T>(dpt[nt], va[0], ob[0], ob[1]);
-        mma16816<T>(dpt[nt], va[1], ob[2], ob[3]);
+#pragma unroll
+        for (int mt = 0; mt < M; ++mt) {
+          mma16816<T>(st[mt][nt], ka[mt][0], qb[0], qb[1]);
+          mma16816<T>(st[mt][nt], ka[mt][1], qb[2], qb[3]);
+          mma16816<T>(dpt[mt][nt], va[mt][0], ob[0], ob[1]);
+          mma16816<T>(dpt[mt][nt], va[mt][1], ob[2], ob[3]);
+        }
       }
     }
     // P^T and dS^T in place (st -> P^T, dpt -> dS^T); masked: keys past Tk, queries past Tq,
     // causal keys after the query.
 #pragma unroll
-    for (int nt = 0; nt < Bq / 8; ++nt) {
+    for (int mt = 0; mt < M; ++mt)
 #pragma unroll
-      for (int e = 0; e < 4; ++e) {
-        const int key = key0 + (e >= 2 ? 8 : 0), col = nt * 8 + 2 * tg + (e & 1), query = i0 + col;
-        const bool vis = key < a.Tk && query < a.Tq && (!a.causal || key <= query);
-        const float p = vis ? exp2f(st[nt][e] * a.scale_log2 - lse2[col]) : 0.0f;
-        st[nt][e] = p;
-        dpt[nt][e] = p * (dpt[nt][e] - delta[col]);
+      for (int nt = 0; nt < Bq / 8; ++nt) {
+#pragma unroll
+        for (int e = 0; e < 4; ++e) {
+          const int key = key0[mt] + (e >= 2 ? 8 : 0), col = nt * 8 + 2 * tg + (e & 1), query = i0 + col;
+          const bool vis = key < a.Tk && query < a.Tq && (!a.causal || key <= query);
+          const float p = vis ? exp2f(st[mt][nt][e] * a.scale_log2 - lse2[col]) : 0.0f;
+          st[mt][nt][e] = p;
+          dpt[mt][nt][e] = p * (dpt[mt][nt][e] - delta[col]);
+        }
       }
-    }
     // dV += P^T dO, dK += dS^T Q: k-steps of 16 queries; B(k = query, n = d) by ldmatrix .trans.
 #pragma unroll
     for (int kk = 0; kk < Bq / 16; ++kk) {
-      uint32_t pa[4], sa[4];
-      pa[0] = pack2<T>(st[2 * kk][0], st[2 * kk][1]);
-      pa[1] = pack2<T>(st[2 * kk][2], st[2 * kk][3]);
-      pa[2] = pack2<T>(st[2 * kk + 1][0], st[2 * kk + 1][1]);
-      pa[3] = pack2<T>(st[2 * kk + 1][2], st[2 * kk + 1][3]);
-      sa[0] = pack2<T>(dpt[2 * kk][0], dpt[2 * kk][1]);
-      sa[1] = pack2<T>(dpt[2 * kk][2], dpt[2 * kk][3]);
-      sa[2] = pack2<T>(dpt[2 * kk + 1][0], dpt[2 * kk + 1][1]);
-      sa[3] = pack2<T>(dpt[2 * kk + 1][2], dpt[2 * kk + 1][3]);
+      uint32_t pa[M][4], sa[M][4];
+#pragma unroll
+      for (int mt = 0; mt < M; ++mt) {
+        pa[mt][0] = pack2<T>(st[mt][2 * kk][0], st[mt][2 * kk][1]);
+        pa[mt][1] = pack2<T>(st[mt][2 * kk][2], st[mt][2 * kk][3]);
+        pa[mt][2] = pack2<T>(st[mt][2 * kk + 1][0], st[mt][2 * kk + 1][1]);
+        pa[mt][3] = pack2<T>(st[mt][2 * kk + 1][2], st[mt][2 * kk + 1][3]);
+        sa[mt][0] = pack2<T>(dpt[mt][2 * kk][0], dpt[mt][2 * kk][1]);
+        sa[mt][1] = pack2<T>(dpt[mt][2 * kk][2], dpt[mt][2 * kk][3]);
+        sa[mt][2] = pack2<T>(dpt[mt][2 * kk + 1][0], dpt[mt][2 * kk + 1][1]);
+        sa[mt][3] = pack2<T>(dpt[mt][2 * kk + 1][2], dpt[mt][2 * kk + 1][3]);
+      }
 #pragma unroll
       for (int dt = 0; dt < D / 8; dt += 2) {
         uint32_t ob[4], qb[4];
         ldmatrix_x4_trans(ob, dOt + (kk * 16 + lane % 8 + (lane / 8) % 2 * 8) * LD + dt * 8 + lane / 16 * 8);
         ldmatrix_x4_trans(qb, Qt + (kk * 16 + lane % 8 + (lane / 8) % 2 * 8) * LD + dt * 8 + lane / 16 * 8);
-        mma16816<T>(dv[dt], pa, ob[0], ob[1]);
-        mma16816<T>(dv[dt + 1], pa, ob[2], ob[3]);
-        mma16816<T>(dk[dt], sa, qb[0], qb[1]);
-        mma16816<T>(dk[dt + 1], sa, qb[2], qb[3]);
+#pragma unroll
+        for (int mt = 0; mt < M; ++mt) {
+          mma16816<T>(dv[mt][dt], pa[mt], ob[0], ob[1]);
+          mma16816<T>(dv[mt][dt + 1], pa[mt], ob[2], ob[3]);
+          mma16816<T>(dk[mt][dt], sa[mt], qb[0], qb[1]);
+          mma16816<T>(dk[mt][dt + 1], sa[mt], qb[2], qb[3]);
+        }
       }
     }
     __syncthreads();  // buffer `buf` is refilled by the next step's prefetch
@@ -498,17 +520,19 @@ __global__ void __launch_bounds__(32 * C::kW) attn_fast_dkdv_kernel(BwdArgs a) {
   T* dkp = static_cast<T*>(a.dk) + b * a.sk.b + hk * a.sk.h;
   T* dvp = static_cast<T*>(a.dv) + b * a.sv.b + hk * a.sv.h;
 #pragma unroll
-  for (int r = 0; r < 2; ++r) {
-    const int key = key0 + 8 * r;
-    if (key >= a.Tk) continue;
+  for (int mt = 0; mt < M; ++mt)
 #pragma unroll
-    for (int dt = 0; dt < D / 8; ++dt) {
-      const int c = dt * 8 + 2 * tg;
-      *reinterpret_cast<uint32_t*>(dkp + key * a.sk.t + c) =
-          pack2<T>(dk[dt][2 * r] * a.scale, dk[dt][2 * r + 1] * a.scale);
-      *reinterpret_cast<uint32_t*>(dvp + key * a.sv.t + c) = pack2<T>(dv[dt][2 * r], dv[dt][2 * r + 1]);
+    for (int r = 0; r < 2; ++r) {
+      const int key = key0[mt] + 8 * r;
+      if (key >= a.Tk) continue;
+#pragma unroll
+      for (int dt = 0; dt < D / 8; ++dt) {
+        const int c = dt * 8 + 2 * tg;
+        *reinterpret_cast<uint32_t*>(dkp + key * a.sk.t + c) =
+            pack2<T>(dk[mt][dt][2 * r] * a.scale, dk[mt][dt][2 * r + 1] * a.scale);
+        *reinterpret_cast<uint32_t*>(dvp + key * a.sv.t + c) = pack2<T>(dv[mt][dt][2 * r], dv[mt][dt][2 * r + 1]);
+      }
     }
-  }
 }
 
 // dQ pass tile shape: W warps x 16 query rows, key tiles of Bc rows.
@@ -678,8 +702,10 @@ template <class T, class C> void launch(const FastArgs& a, const AttentionDims& 
   ATH_CUDA_LAUNCHED("attn_fast_fwd_kernel");
 }
 
-// The configurations (attention_fast.h's names). Two m-tiles per warp (f128x64w4) exist at
-// D 64 only: at D 128 its Q fragments and O accumulators alone would take 192 registers.
+// The configurations (attention_fast.h's names). Two m-tiles per warp (f128x64w4, b128x16w4)
+// exist at D 64 only: at D 128 the forward's Q fragments and O accumulators alone would take
+// 192 registers, the dK/dV pass's dK and dV accumulators 256. b128x16w4's 16-query steps keep
+// its dK/dV kernel at ~243 registers without spills (32-query steps spill, per ptxas -v).
 template <class T, int D> void launch_forward_tiles(FwdTiles tiles, const FastArgs& a, const AttentionDims& d,
                                                     cudaStream_t stream) {
   switch (tiles) {
@@ -694,8 +720,11 @@ template <class T, int D> void launch_forward_tiles(FwdTiles tiles, const FastAr
 template <class T, int D> void launch_backward_tiles(BwdTiles tiles, const BwdArgs& a, const AttentionDims& d,
                                                      cudaStream_t stream) {
   switch (tiles) {
-    case BwdTiles::b128x64w8: return launch_backward<T, DkvCfg<D, 8, 64>, DqCfg<D, 8, 64>>(a, d, stream);
-    default: return launch_backward<T, DkvCfg<D, 4, 64>, DqCfg<D, 4, 64>>(a, d, stream);
+    case BwdTiles::b128x64w8: return launch_backward<T, DkvCfg<D, 8, 1, 64>, DqCfg<D, 8, 64>>(a, d, stream);
+    case BwdTiles::b128x16w4:
+      if constexpr (D == 64) return launch_backward<T, DkvCfg<D, 4, 2, 16>, DqCfg<D, 4, 64>>(a, d, stream);
+      else return launch_backward<T, DkvCfg<D, 4, 1, 64>, DqCfg<D, 4, 64>>(a, d, stream);
+    default: return launch_backward<T, DkvCfg<D, 4, 1, 64>, DqCfg<D, 4, 64>>(a, d, stream);
   }
 }
 

@@ -43,19 +43,25 @@ AttentionImpl attention_impl();
 void set_attention_impl(AttentionImpl impl);
 
 // Tile configurations of the fast kernels, chosen at run time so that one bench run ranks them
-// (bench/cuda_attention.cpp --tiles all). Names: f<query rows>x<key rows>w<warps> for the
-// forward (a warp owns query rows / warps rows: 16 = one m16 tile, 32 = two, each K/V fragment
-// from shared memory then feeding two MMAs); b<keys>x<queries>w<warps> for the backward (the
-// dK/dV pass's key and query tiles, which are the dQ pass's query and key tiles, both passes
-// with that many warps; at D 128 the dK/dV query tile is halved, for the registers). Two
-// m-tiles per warp (f128x64w4) exist at D 64 only (GPT-2's heads); at D 128 that name runs
-// f64x64w4 (attention_tiles_instantiated says so); every other name has kernels at D 64 and 128.
-// Every configuration is deterministic and matches the reference kernels within the tests'
-// tolerances; configurations sum in different orders, so they differ from each other in bits.
+// (bench/cuda_attention.cpp --tiles all). Forward names f<query rows>x<key rows>w<warps>: a warp
+// owns query rows / warps of them, 16 (one m16 tile) or 32 (two m-tiles: each K/V fragment
+// loaded from shared memory feeds two MMAs). Backward names b<keys>x<queries>w<warps> give the
+// dK/dV pass (a warp owns keys / warps keys: 16, or 32 as two m-tiles sharing each Q/dO
+// fragment); the dQ pass runs the same number of warps, 16 query rows each, key tiles of 64.
+//   f64x64w4   forward 4 warps x 16 rows, 64 keys a tile (the default: the kernels as before)
+//   f128x64w8  forward 8 warps x 16 rows, 64 keys a tile
+//   f128x64w4  forward 4 warps x 32 rows (two m-tiles), 64 keys a tile            (D 64 only)
+//   b64x64w4   dK/dV 4 warps x 16 keys, 64 queries a step; dQ 4 warps (the default)
+//   b128x64w8  dK/dV 8 warps x 16 keys, 64 queries a step; dQ 8 warps
+//   b128x16w4  dK/dV 4 warps x 32 keys (two m-tiles), 16 queries a step; dQ 4 warps (D 64 only)
+// At D 128 the dK/dV query step is 32 in every configuration (the registers), and a name marked
+// "D 64 only" runs the default's kernels (attention_tiles_instantiated says which).
+// Every configuration is deterministic (bit-identical run to run) and matches the reference
+// kernels within the tests' tolerances; across configurations no bit-identity is promised.
 enum class FwdTiles { f64x64w4, f128x64w8, f128x64w4 };
-enum class BwdTiles { b64x64w4, b128x64w8 };
+enum class BwdTiles { b64x64w4, b128x64w8, b128x16w4 };
 inline constexpr FwdTiles kFwdTilesAll[] = {FwdTiles::f64x64w4, FwdTiles::f128x64w8, FwdTiles::f128x64w4};
-inline constexpr BwdTiles kBwdTilesAll[] = {BwdTiles::b64x64w4, BwdTiles::b128x64w8};
+inline constexpr BwdTiles kBwdTilesAll[] = {BwdTiles::b64x64w4, BwdTiles::b128x64w8, BwdTiles::b128x16w4};
 struct AttentionTiles {
   FwdTiles fwd = FwdTiles::f64x64w4;  // the default: the kernels' configuration before the variants
   BwdTiles bwd = BwdTiles::b64x64w4;
