@@ -208,7 +208,7 @@ TEST(GpuAttentionFast, TilesParsing) {
       const std::string w = e.what();
       EXPECT_NE(w.find("ATHANOR_CUDA_ATTENTION_TILES"), std::string::npos) << w;
       EXPECT_NE(w.find(std::string("'") + bad + "'"), std::string::npos) << w;
-      EXPECT_NE(w.find("forward: f64x64w4, f128x64w8, f128x64w4"), std::string::npos) << w;
+      EXPECT_NE(w.find("forward: f64x64w4, f128x64w8, f128x64w4, f64x128w4"), std::string::npos) << w;
       EXPECT_NE(w.find("backward: b64x64w4, b128x64w8, b128x16w4"), std::string::npos) << w;
     }
   }
@@ -219,9 +219,11 @@ TEST(GpuAttentionFast, TilesParsing) {
     cuda::set_attention_tiles(other);
     EXPECT_EQ(cuda::attention_tiles(), other);
   }
-  // Two m-tiles per warp have kernels at D 64 only; the rest at both head dims.
+  // Two m-tiles per warp and 128-key forward tiles have kernels at D 64 only; the rest at both.
   EXPECT_TRUE(cuda::attention_tiles_instantiated(cuda::FwdTiles::f128x64w4, 64));
   EXPECT_FALSE(cuda::attention_tiles_instantiated(cuda::FwdTiles::f128x64w4, 128));
+  EXPECT_TRUE(cuda::attention_tiles_instantiated(cuda::FwdTiles::f64x128w4, 64));
+  EXPECT_FALSE(cuda::attention_tiles_instantiated(cuda::FwdTiles::f64x128w4, 128));
   EXPECT_TRUE(cuda::attention_tiles_instantiated(cuda::FwdTiles::f128x64w8, 128));
   EXPECT_TRUE(cuda::attention_tiles_instantiated(cuda::BwdTiles::b128x64w8, 128));
   EXPECT_TRUE(cuda::attention_tiles_instantiated(cuda::BwdTiles::b128x16w4, 64));

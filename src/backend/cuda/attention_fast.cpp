@@ -50,6 +50,7 @@ const char* fwd_tiles_name(FwdTiles t) {
   switch (t) {
     case FwdTiles::f128x64w8: return "f128x64w8";
     case FwdTiles::f128x64w4: return "f128x64w4";
+    case FwdTiles::f64x128w4: return "f64x128w4";
     default: return "f64x64w4";
   }
 }
@@ -107,8 +108,10 @@ AttentionTiles attention_tiles() {
 
 void set_attention_tiles(AttentionTiles tiles) { g_tiles.store(encode(tiles), std::memory_order_release); }
 
-// Two m-tiles per warp (f128x64w4, b128x16w4) have kernels at D 64 only (attention_fast.h).
-bool attention_tiles_instantiated(FwdTiles t, int64_t D) { return t != FwdTiles::f128x64w4 || D == 64; }
+// f128x64w4, f64x128w4 and b128x16w4 have kernels at D 64 only (attention_fast.h).
+bool attention_tiles_instantiated(FwdTiles t, int64_t D) {
+  return (t != FwdTiles::f128x64w4 && t != FwdTiles::f64x128w4) || D == 64;
+}
 bool attention_tiles_instantiated(BwdTiles t, int64_t D) { return t != BwdTiles::b128x16w4 || D == 64; }
 
 namespace {

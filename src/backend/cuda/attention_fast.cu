@@ -704,7 +704,8 @@ template <class T, class C> void launch(const FastArgs& a, const AttentionDims& 
 
 // The configurations (attention_fast.h's names). Two m-tiles per warp (f128x64w4, b128x16w4)
 // exist at D 64 only: at D 128 the forward's Q fragments and O accumulators alone would take
-// 192 registers, the dK/dV pass's dK and dV accumulators 256. b128x16w4's 16-query steps keep
+// 192 registers, the dK/dV pass's dK and dV accumulators 256; f64x128w4 too (at D 128 its
+// scores, Q fragments and O would take 160 of them). b128x16w4's 16-query steps keep
 // its dK/dV kernel at ~243 registers without spills (32-query steps spill, per ptxas -v).
 template <class T, int D> void launch_forward_tiles(FwdTiles tiles, const FastArgs& a, const AttentionDims& d,
                                                     cudaStream_t stream) {
@@ -712,6 +713,9 @@ template <class T, int D> void launch_forward_tiles(FwdTiles tiles, const FastAr
     case FwdTiles::f128x64w8: return launch<T, FastCfg<D, 8, 1, 64>>(a, d, stream);
     case FwdTiles::f128x64w4:
       if constexpr (D == 64) return launch<T, FastCfg<D, 4, 2, 64>>(a, d, stream);
+      else return launch<T, FastCfg<D, 4, 1, 64>>(a, d, stream);
+    case FwdTiles::f64x128w4:
+      if constexpr (D == 64) return launch<T, FastCfg<D, 4, 1, 128>>(a, d, stream);
       else return launch<T, FastCfg<D, 4, 1, 64>>(a, d, stream);
     default: return launch<T, FastCfg<D, 4, 1, 64>>(a, d, stream);
   }

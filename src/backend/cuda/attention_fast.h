@@ -51,6 +51,7 @@ void set_attention_impl(AttentionImpl impl);
 //   f64x64w4   forward 4 warps x 16 rows, 64 keys a tile (the default: the kernels as before)
 //   f128x64w8  forward 8 warps x 16 rows, 64 keys a tile
 //   f128x64w4  forward 4 warps x 32 rows (two m-tiles), 64 keys a tile            (D 64 only)
+//   f64x128w4  forward 4 warps x 16 rows, 128 keys a tile (half the tile steps)   (D 64 only)
 //   b64x64w4   dK/dV 4 warps x 16 keys, 64 queries a step; dQ 4 warps (the default)
 //   b128x64w8  dK/dV 8 warps x 16 keys, 64 queries a step; dQ 8 warps
 //   b128x16w4  dK/dV 4 warps x 32 keys (two m-tiles), 16 queries a step; dQ 4 warps (D 64 only)
@@ -58,9 +59,10 @@ void set_attention_impl(AttentionImpl impl);
 // "D 64 only" runs the default's kernels (attention_tiles_instantiated says which).
 // Every configuration is deterministic (bit-identical run to run) and matches the reference
 // kernels within the tests' tolerances; across configurations no bit-identity is promised.
-enum class FwdTiles { f64x64w4, f128x64w8, f128x64w4 };
+enum class FwdTiles { f64x64w4, f128x64w8, f128x64w4, f64x128w4 };
 enum class BwdTiles { b64x64w4, b128x64w8, b128x16w4 };
-inline constexpr FwdTiles kFwdTilesAll[] = {FwdTiles::f64x64w4, FwdTiles::f128x64w8, FwdTiles::f128x64w4};
+inline constexpr FwdTiles kFwdTilesAll[] = {FwdTiles::f64x64w4, FwdTiles::f128x64w8, FwdTiles::f128x64w4,
+                                            FwdTiles::f64x128w4};
 inline constexpr BwdTiles kBwdTilesAll[] = {BwdTiles::b64x64w4, BwdTiles::b128x64w8, BwdTiles::b128x16w4};
 struct AttentionTiles {
   FwdTiles fwd = FwdTiles::f64x64w4;  // the default: the kernels' configuration before the variants
