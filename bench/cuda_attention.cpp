@@ -81,29 +81,42 @@ Options parse(int argc, char** argv) {
 }
 
 // --tiles all: the fast forward in every forward configuration and the fast backward in every
-// backward configuration (the other half in the default), as the "tiles" JSON object.
+// backward configuration (the other half in the default), as the "tiles" JSON object. A
+// configuration that throws (say, more shared memory than this GPU allows) is recorded with its
+// error and the others still run; each result also goes to stderr as it comes (the log keeps
+// what was measured should a later configuration bring the process down).
 template <class Time>
 std::string measure_tiles(const Time& time_ms, const std::function<void()>& fwd, const std::function<void()>& bwd,
                           double fwd_flop, int64_t D) {
   auto tflops = [](double flop, double ms) { return flop / (ms * 1e-3) / 1e12; };
+  // One configuration's JSON entry: "name": {"instantiated": .., "<pass>_ms": .., "<pass>_tflops": ..}.
+  auto entry = [&](const char* name, bool inst, const char* pass, const std::function<void()>& fn, double flop) {
+    char buf[256];
+    try {
+      const double ms = time_ms(fn);
+      std::snprintf(buf, sizeof buf, "\"%s\": {\"instantiated\": %s, \"%s_ms\": %.4f, \"%s_tflops\": %.2f}", name,
+                    inst ? "true" : "false", pass, ms, pass, tflops(flop, ms));
+    } catch (const std::exception& e) {
+      std::string what = e.what();
+      for (char& c : what)
+        if (c == '"' || c == '\\' || c == '\n') c = ' ';
+      std::snprintf(buf, sizeof buf, "\"%s\": {\"instantiated\": %s, \"error\": \"%.180s\"}", name,
+                    inst ? "true" : "false", what.c_str());
+    }
+    std::fprintf(stderr, "bench_cuda_attention: tiles %s\n", buf);
+    return std::string(buf);
+  };
   const cuda::AttentionTiles saved = cuda::attention_tiles();
   std::string f_json, b_json;
-  char buf[256];
   for (const cuda::FwdTiles t : cuda::kFwdTilesAll) {
     cuda::set_attention_tiles({t, cuda::AttentionTiles{}.bwd});
-    const double ms = time_ms(fwd);
-    std::snprintf(buf, sizeof buf, "%s\"%s\": {\"instantiated\": %s, \"fwd_ms\": %.4f, \"fwd_tflops\": %.2f}",
-                  f_json.empty() ? "" : ", ", cuda::fwd_tiles_name(t),
-                  cuda::attention_tiles_instantiated(t, D) ? "true" : "false", ms, tflops(fwd_flop, ms));
-    f_json += buf;
+    f_json += (f_json.empty() ? "" : ", ") +
+              entry(cuda::fwd_tiles_name(t), cuda::attention_tiles_instantiated(t, D), "fwd", fwd, fwd_flop);
   }
   for (const cuda::BwdTiles t : cuda::kBwdTilesAll) {
     cuda::set_attention_tiles({cuda::AttentionTiles{}.fwd, t});
-    const double ms = time_ms(bwd);
-    std::snprintf(buf, sizeof buf, "%s\"%s\": {\"instantiated\": %s, \"bwd_ms\": %.4f, \"bwd_tflops\": %.2f}",
-                  b_json.empty() ? "" : ", ", cuda::bwd_tiles_name(t),
-                  cuda::attention_tiles_instantiated(t, D) ? "true" : "false", ms, tflops(2.5 * fwd_flop, ms));
-    b_json += buf;
+    b_json += (b_json.empty() ? "" : ", ") +
+              entry(cuda::bwd_tiles_name(t), cuda::attention_tiles_instantiated(t, D), "bwd", bwd, 2.5 * fwd_flop);
   }
   cuda::set_attention_tiles(saved);
   return "\"tiles\": {\"fwd\": {" + f_json + "}, \"bwd\": {" + b_json + "}}";
