@@ -133,6 +133,7 @@ int main(int argc, char** argv) try {
   const cuda::AttentionLayout L = o.packed ? cuda::AttentionLayout::packed_qkv(d) : cuda::AttentionLayout::contiguous(d);
   cuda::attention_check(d, L, o.dtype, "bench_cuda_attention");
   cuda::require_device(0, "bench_cuda_attention");
+  const cuda::DeviceInfo info = cuda::device_info(0);  // before any kernel (a fault would stop it later)
   const cudaStream_t st = cuda::compute_stream(0);
   const std::size_t es = dtype_size(o.dtype);
   const int64_t n_in = o.B * o.T * (o.H + 2 * Hkv) * o.D, n_out = o.B * o.T * o.H * o.D;
@@ -192,7 +193,6 @@ int main(int argc, char** argv) try {
                (taken ? measure_tiles(time_ms, fwd, bwd, fwd_flop, o.D) : std::string("\"tiles\": \"fallback\""));
   }
   const cuda::AttentionTiles o_tiles = cuda::attention_tiles();  // the "fast" entry's
-  const cuda::DeviceInfo info = cuda::device_info(0);
   std::printf(
       "{\"bench\": \"cuda_attention\", \"gpu\": \"%s\", \"B\": %lld, \"H\": %lld, \"Hkv\": %lld, \"T\": %lld, \"D\": %lld, "
       "\"dtype\": \"%s\", \"causal\": %s, \"layout\": \"%s\", \"fast_tiles\": \"%s,%s\", %s}\n",
