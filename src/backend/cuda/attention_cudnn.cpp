@@ -52,6 +52,9 @@ bool attention_cudnn_backward(const void*, const void*, const void*, const void*
   return false;
 }
 std::string attention_cudnn_last_failure() { return cudnn_unavailable_reason(); }
+std::string attention_cudnn_graph_check(const AttentionDims&, const AttentionLayout&, bool, DType, bool) {
+  return cudnn_unavailable_reason();
+}
 #else
 
 namespace {
@@ -560,6 +563,24 @@ bool attention_cudnn_backward(const void* q, const void* k, const void* v, const
              {const_cast<void*>(q), const_cast<void*>(k), const_cast<void*>(v), const_cast<void*>(o),
               const_cast<void*>(dout), const_cast<float*>(lse), dq, dk, dv, workspace},
              stream);
+}
+
+std::string attention_cudnn_graph_check(const AttentionDims& d, const AttentionLayout& L, bool causal, DType dtype,
+                                        bool backward) {
+  const CudnnApi* api = cudnn_api();
+  if (!api) return cudnn_unavailable_reason();
+  // cuDNN divides by the sizes while finalizing (a zero size is a SIGFPE there, not a status).
+  if (d.B < 1 || d.H < 1 || d.Tq < 1 || d.Tk < 1 || d.D < 1) return "empty sizes";
+  Builder g(*api, dtype == DType::bf16 ? CUDNN_DATA_BFLOAT16 : CUDNN_DATA_HALF);
+  if (backward)
+    build_backward(g, d, L, causal);
+  else
+    build_forward(g, d, L, causal);
+  Desc graph = g.make(CUDNN_BACKEND_OPERATIONGRAPH_DESCRIPTOR, "operation graph");
+  g.set(graph, CUDNN_ATTR_OPERATIONGRAPH_OPS, CUDNN_TYPE_BACKEND_DESCRIPTOR, static_cast<int64_t>(g.ops.size()),
+        g.ops.data(), "graph ops");
+  g.finalize(graph, "operation graph finalize");
+  return g.err;
 }
 
 std::string attention_cudnn_last_failure() {

@@ -65,6 +65,12 @@ bool attention_cudnn_backward(const void* q, const void* k, const void* v, const
                               const AttentionLayout& layout, bool causal, double scale, DType dtype, void* workspace,
                               cudaStream_t stream);
 
+// Builds the forward or backward operation graph for the call and finalizes it without a device
+// (no handle, no heuristics): "" when cuDNN accepts every node and the graph, else the failure.
+// Host-only (needs the library, not a GPU): tests check the graphs' descriptors here.
+std::string attention_cudnn_graph_check(const AttentionDims& d, const AttentionLayout& layout, bool causal,
+                                        DType dtype, bool backward);
+
 // The last plan-build or execution failure ("" if none): the graph, the cuDNN status string
 // and cuDNN's last error message.
 std::string attention_cudnn_last_failure();
