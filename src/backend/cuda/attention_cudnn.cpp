@@ -7,10 +7,12 @@
 #include <array>
 #include <cstdint>
 #include <cstring>
+#include <exception>
 #include <limits>
 #include <map>
 #include <memory>
 #include <mutex>
+#include <string>
 #include <tuple>
 #include <vector>
 
@@ -373,8 +375,13 @@ void build_plan(Builder& g, cudnnHandle_t handle, bool backward, Plan& plan) {
       if (s == CUDNN_STATUS_SUCCESS)
         s = api.BackendGetAttribute(engine, CUDNN_ATTR_ENGINE_NUMERICAL_NOTE, CUDNN_TYPE_NUMERICAL_NOTE,
                                     CUDNN_NUMERICAL_NOTE_TYPE_COUNT, &nn, notes.data());
+      if (s != CUDNN_STATUS_SUCCESS) {
+        // Unknown determinism is not determinism: skip the config.
+        tried += std::string(" [numerical notes unreadable: ") + api.GetErrorString(s) + "]";
+        continue;
+      }
       bool nondeterministic = false;
-      for (int64_t i = 0; s == CUDNN_STATUS_SUCCESS && i < nn && i < CUDNN_NUMERICAL_NOTE_TYPE_COUNT; ++i)
+      for (int64_t i = 0; i < nn && i < CUDNN_NUMERICAL_NOTE_TYPE_COUNT; ++i)
         nondeterministic |= notes[i] == CUDNN_NUMERICAL_NOTE_NONDETERMINISTIC;
       if (nondeterministic) {
         tried += " [a config noted NONDETERMINISTIC, skipped]";
@@ -422,13 +429,15 @@ struct State {
   std::map<Key, std::unique_ptr<Plan>> plans;
   std::string last_failure;
 };
+// Never destroyed: destroying execution plans at exit could run after the CUDA runtime has
+// been torn down (the handles are kept for the process's life for the same reason).
 State& state() {
-  static State s;
-  return s;
+  static State* s = new State;
+  return *s;
 }
 
 // Finds or builds the plan for the call (under the state's lock); nullptr when none can run.
-const Plan* plan_for(State& st, const CudnnApi& api, cudnnHandle_t handle, const Key& key, const AttentionDims& d,
+Plan* plan_for(State& st, const CudnnApi& api, cudnnHandle_t handle, const Key& key, const AttentionDims& d,
                      const AttentionLayout& L) {
   auto it = st.plans.find(key);
   if (it == st.plans.end()) {
@@ -491,7 +500,7 @@ bool run(bool backward, bool causal, double scale, DType dtype, const AttentionD
     st.last_failure = why;
     return false;
   }
-  const Plan* plan = plan_for(st, *api, handle, make_key(device, backward, causal, dtype, scale, d, L), d, L);
+  Plan* plan = plan_for(st, *api, handle, make_key(device, backward, causal, dtype, scale, d, L), d, L);
   if (!plan) return false;
 
   // Scalars by value: host pointers read when the call is enqueued.
@@ -503,8 +512,18 @@ bool run(bool backward, bool causal, double scale, DType dtype, const AttentionD
   if (backward) uids.push_back(kOne), ptrs.push_back(&one);
 
   DeviceAllocator& alloc = DeviceAllocator::get(device);
-  void* ws = plan->workspace > 0 ? alloc.allocate(static_cast<std::size_t>(plan->workspace), MemTag::workspace, stream)
-                                 : nullptr;
+  void* ws = nullptr;
+  if (plan->workspace > 0) {
+    // The dP workspace is large (about 2 B H Tq Tk bytes): where it does not fit, our kernels
+    // (which need none) run instead of the step failing.
+    try {
+      ws = alloc.allocate(static_cast<std::size_t>(plan->workspace), MemTag::workspace, stream);
+    } catch (const std::exception& e) {
+      st.last_failure = "cuDNN attention: its workspace of " + std::to_string(plan->workspace) +
+                        " bytes could not be allocated: " + e.what();
+      return false;
+    }
+  }
   std::string err;
   cudnnStatus_t s = api->SetStream(handle, stream);
   if (s != CUDNN_STATUS_SUCCESS) err = std::string("cudnnSetStream: ") + api->GetErrorString(s);
@@ -534,6 +553,7 @@ bool run(bool backward, bool causal, double scale, DType dtype, const AttentionD
   if (ws) alloc.deallocate(ws);  // stream-ordered: reused only by work queued after this call
   if (!err.empty()) {
     st.last_failure = err;
+    plan->failure = err;  // this shape runs on our kernels from now on
     return false;
   }
   return true;
