@@ -165,6 +165,20 @@ TEST(GpuAttentionCudnn, DispatchWithTheCandidateOn) {
   EXPECT_TRUE(bits_equal(via.dk, direct.dk));
   EXPECT_TRUE(bits_equal(via.dv, direct.dv));
 
+  // ATHANOR_CUDA_ATTENTION=reference keeps the reference kernels even with the candidate on.
+  const auto ref = run_gpu<bfloat16>(c, Side::reference, Side::reference, x);
+  {
+    const cuda::CandidateOverride on(cuda::Candidate::attention_cudnn, true);
+    const ImplGuard reference(cuda::AttentionImpl::reference);
+    GpuRun<bfloat16> run(c, x);
+    run.forward();
+    run.backward();
+    const auto r = run.result();
+    EXPECT_TRUE(bits_equal(r.o, ref.o));
+    EXPECT_TRUE(bits_equal(r.dq, ref.dq));
+    EXPECT_TRUE(bits_equal(r.dk, ref.dk));
+  }
+
   // GQA: declined, so the candidate's dispatch gives our fast kernels' bits.
   const Case g{1, 8, 2, 64, 64, 64, true, Lay::contiguous};
   const auto gx = inputs<bfloat16>(g, 5);
