@@ -11,6 +11,10 @@
 // do not take the shape (f32, D not 64/128) the "fast" entry says "fallback": true (it then
 // times the reference kernels again).
 //
+// "cudnn": cuDNN's fused attention (candidate attention_cudnn, src/backend/cuda/attention_cudnn.h),
+// timed through attention_forward/backward with the candidate on; {"available": false,
+// "reason": ...} where cuDNN is missing, declines the shape or builds no plan for it.
+//
 // --tiles picks the fast kernels' tile configuration (attention_fast.h's names, as
 // ATHANOR_CUDA_ATTENTION_TILES, which is ignored here): "<forward>,<backward>" runs the "fast"
 // entry in it; "all" also times the forward and the backward of every configuration, alone, in
@@ -19,9 +23,11 @@
 //
 //   bench_cuda_attention [--B 16] [--H 12] [--Hkv H] [--T 1024] [--D 64] [--dtype bf16|f16|f32]
 //                        [--noncausal] [--contiguous] [--iters 20] [--max-seconds 10]
-//                        [--impl both|reference|fast] [--tiles default|all|<forward>,<backward>]
+//                        [--impl both|reference|fast|cudnn] (both: all three)
+//                        [--tiles default|all|<forward>,<backward>]
 #include <cuda_runtime_api.h>
 
+#include <chrono>
 #include <cmath>
 #include <cstdio>
 #include <cstdlib>
@@ -33,7 +39,9 @@
 #include "athanor/core/dtype.h"
 #include "athanor/core/error.h"
 #include "backend/cuda/attention.h"
+#include "backend/cuda/attention_cudnn.h"
 #include "backend/cuda/attention_fast.h"
+#include "backend/cuda/candidates.h"
 #include "backend/cuda/runtime.h"
 #include "cuda_bench.h"
 
@@ -74,10 +82,55 @@ Options parse(int argc, char** argv) {
     else if (a == "--tiles") o.tiles = next();
     else ATH_FAIL("bench_cuda_attention", "unknown argument ", a, Hint{"see the usage at the top of bench/cuda_attention.cpp"});
   }
-  ATH_CHECK(o.impl == "both" || o.impl == "reference" || o.impl == "fast", "bench_cuda_attention", "--impl ", o.impl,
-            " is not one of both, reference, fast", Hint{"see the usage at the top of bench/cuda_attention.cpp"});
+  ATH_CHECK(o.impl == "both" || o.impl == "reference" || o.impl == "fast" || o.impl == "cudnn", "bench_cuda_attention",
+            "--impl ", o.impl, " is not one of both, reference, fast, cudnn",
+            Hint{"see the usage at the top of bench/cuda_attention.cpp"});
   if (o.tiles != "default" && o.tiles != "all") cuda::parse_attention_tiles(o.tiles.c_str());  // names checked up front
   return o;
+}
+
+// JSON string contents: quotes, backslashes and control characters escaped.
+std::string json_escape(const std::string& s) {
+  std::string r;
+  for (const char c : s) {
+    if (c == '"' || c == '\\') r += '\\', r += c;
+    else if (static_cast<unsigned char>(c) < 0x20) r += ' ';
+    else r += c;
+  }
+  return r;
+}
+
+// The "cudnn" entry: cuDNN's forward and backward are first called directly once (so a plan
+// that cuDNN refuses is reported, not timed as our fallback), then timed through
+// attention_forward/backward with the candidate on. `time3` times (fwd, bwd, fwd+bwd) and
+// returns the usual JSON fields.
+template <class Fwd, class Bwd, class Time3>
+std::string cudnn_entry(const void* q, const void* k, const void* v, void* out, float* lse, const void* dout,
+                        void* dq, void* dk, void* dv, void* ws, const cuda::AttentionDims& d,
+                        const cuda::AttentionLayout& L, bool causal, double scale, DType dtype, cudaStream_t st,
+                        Fwd&& fwd, Bwd&& bwd, Time3&& time3) {
+  auto unavailable = [](const std::string& why) {
+    return "{\"available\": false, \"reason\": \"" + json_escape(why) + "\"}";
+  };
+  if (!cuda::attention_cudnn_supported(q, k, v, out, d, L, dtype)) {
+    const std::string rule = cuda::attention_cudnn_decline_reason(d, L, dtype);
+    return unavailable(!rule.empty() ? rule : !cuda::attention_cudnn_unavailable_reason().empty()
+                                                  ? cuda::attention_cudnn_unavailable_reason()
+                                                  : "operands not 16-byte aligned");
+  }
+  // The first calls build cuDNN's plans (heuristics, perhaps a run-time compilation): their
+  // wall time is reported apart ("first_calls_ms").
+  const auto t0 = std::chrono::steady_clock::now();
+  if (!cuda::attention_cudnn_forward(q, k, v, out, lse, d, L, causal, scale, dtype, st) ||
+      !cuda::attention_cudnn_backward(q, k, v, out, dout, lse, dq, dk, dv, d, L, causal, scale, dtype, ws, st))
+    return unavailable(cuda::attention_cudnn_last_failure());
+  ATH_CUDA(cudaStreamSynchronize(st));
+  const double first_ms = std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - t0).count();
+  const cuda::CandidateOverride on(cuda::Candidate::attention_cudnn, true);
+  cuda::set_attention_impl(cuda::AttentionImpl::fast);  // "reference" would bypass the candidate
+  char first[64];
+  std::snprintf(first, sizeof first, "\"first_calls_ms\": %.1f, ", first_ms);
+  return "{\"available\": true, " + std::string(first) + time3(fwd, bwd) + "}";
 }
 
 // --tiles all: the fast forward in every forward configuration and the fast backward in every
@@ -92,19 +145,18 @@ std::string measure_tiles(const Time& time_ms, const std::function<void()>& fwd,
   // One configuration's JSON entry: "name": {"instantiated": .., "<pass>_ms": .., "<pass>_tflops": ..}.
   auto entry = [&](const char* name, bool inst, const char* pass, const std::function<void()>& fn, double flop) {
     char buf[256];
+    std::string r;
     try {
       const double ms = time_ms(fn);
       std::snprintf(buf, sizeof buf, "\"%s\": {\"instantiated\": %s, \"%s_ms\": %.4f, \"%s_tflops\": %.2f}", name,
                     inst ? "true" : "false", pass, ms, pass, tflops(flop, ms));
+      r = buf;
     } catch (const std::exception& e) {
-      std::string what = e.what();
-      for (char& c : what)
-        if (c == '"' || c == '\\' || c == '\n') c = ' ';
-      std::snprintf(buf, sizeof buf, "\"%s\": {\"instantiated\": %s, \"error\": \"%.180s\"}", name,
-                    inst ? "true" : "false", what.c_str());
+      std::snprintf(buf, sizeof buf, "\"%s\": {\"instantiated\": %s, \"error\": \"", name, inst ? "true" : "false");
+      r = buf + json_escape(std::string(e.what()).substr(0, 300)) + "\"}";
     }
-    std::fprintf(stderr, "bench_cuda_attention: tiles %s\n", buf);
-    return std::string(buf);
+    std::fprintf(stderr, "bench_cuda_attention: tiles %s\n", r.c_str());
+    return r;
   };
   const cuda::AttentionTiles saved = cuda::attention_tiles();
   std::string f_json, b_json;
@@ -182,10 +234,32 @@ int main(int argc, char** argv) try {
     return std::string(buf);
   };
   std::string results;
-  if (o.impl != "fast") results += "\"reference\": " + measure(cuda::AttentionImpl::reference);
-  if (o.impl != "reference")
+  if (o.impl == "both" || o.impl == "reference") results += "\"reference\": " + measure(cuda::AttentionImpl::reference);
+  if (o.impl == "both" || o.impl == "fast")
     results += std::string(results.empty() ? "" : ", ") + "\"fast\": " + measure(cuda::AttentionImpl::fast);
+  if (o.impl == "both" || o.impl == "cudnn") {
+    // cuDNN's entry (its own block: cudnn_entry above).
+    auto time3 = [&](auto& f, auto& b) {
+      const double f_ms = time_ms(f), b_ms = time_ms(b);
+      const double fb_ms = time_ms([&] {
+        f();
+        b();
+      });
+      char buf[256];
+      std::snprintf(buf, sizeof buf,
+                    "\"fwd_ms\": %.4f, \"bwd_ms\": %.4f, \"fwd_bwd_ms\": %.4f, \"fwd_tflops\": %.2f, "
+                    "\"bwd_tflops\": %.2f, \"fwd_bwd_tflops\": %.2f",
+                    f_ms, b_ms, fb_ms, tflops(fwd_flop, f_ms), tflops(2.5 * fwd_flop, b_ms), tflops(3.5 * fwd_flop, fb_ms));
+      return std::string(buf);
+    };
+    results += std::string(results.empty() ? "" : ", ") + "\"cudnn\": " +
+               cudnn_entry(base, base + koff * es, base + voff * es, out, lse, dout, gbase, gbase + koff * es,
+                           gbase + voff * es, ws, d, L, o.causal, scale, o.dtype, st, fwd, bwd, time3);
+  }
   if (o.tiles == "all") {
+    // Our kernels in each configuration, cuDNN's candidate off whatever the environment says;
+    // last, so that a fault in a variant leaves the other entries measured.
+    const cuda::CandidateOverride no_cudnn(cuda::Candidate::attention_cudnn, false);
     cuda::set_attention_impl(cuda::AttentionImpl::fast);
     const bool taken = cuda::attention_fast_backward_supported(base, base + koff * es, base + voff * es, out, dout, gbase,
                                                                gbase + koff * es, gbase + voff * es, d, L, o.dtype);

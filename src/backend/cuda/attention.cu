@@ -24,7 +24,9 @@
 #include <type_traits>
 
 #include "athanor/core/error.h"
+#include "backend/cuda/attention_cudnn.h"
 #include "backend/cuda/attention_fast.h"
+#include "backend/cuda/candidates.h"
 #include "backend/cuda/runtime.h"
 
 namespace athanor::cuda {
@@ -616,6 +618,12 @@ void attention_forward(const void* q, const void* k, const void* v, void* o, flo
   attention_check(d, layout, dtype, "cuda attention forward");
   ATH_CHECK(q && k && v && o && lse, "cuda attention forward", "null operand pointer",
             Hint{"pass device buffers for q, k, v, o and lse"});
+  // Candidate attention_cudnn (attention_cudnn.h): cuDNN's fused attention where it takes the
+  // call; false (no plan for the graph) falls through to our kernels. "reference" stays ours.
+  if (candidate_enabled(Candidate::attention_cudnn) && attention_impl() != AttentionImpl::reference &&
+      attention_cudnn_supported(q, k, v, o, d, layout, dtype) &&
+      attention_cudnn_forward(q, k, v, o, lse, d, layout, causal, scale, dtype, stream))
+    return;
   // ATHANOR_CUDA_ATTENTION=fast (the default) or fast_fwd: bf16/f16 at D 64/128 with 16-byte aligned operands
   // run on the register-resident kernel (attention_fast.h); it saves the same lse, so either
   // backward takes its output. Everything else, and f32 always, stays here.
@@ -639,6 +647,10 @@ void attention_backward(const void* q, const void* k, const void* v, const void*
   attention_check(d, layout, dtype, "cuda attention backward");
   ATH_CHECK(q && k && v && o && dout && lse && dq && dk && dv && workspace, "cuda attention backward",
             "null operand pointer", Hint{"pass device buffers for every operand and the workspace"});
+  if (candidate_enabled(Candidate::attention_cudnn) && attention_impl() != AttentionImpl::reference &&
+      attention_cudnn_supported(q, k, v, o, d, layout, dtype) &&
+      attention_cudnn_backward(q, k, v, o, dout, lse, dq, dk, dv, d, layout, causal, scale, dtype, workspace, stream))
+    return;
   // ATHANOR_CUDA_ATTENTION=fast: the fast backward where it takes the call (attention_fast.h);
   // it reads the same Delta workspace size and the lse of either forward.
   if (attention_impl() == AttentionImpl::fast &&
