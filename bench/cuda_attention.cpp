@@ -15,9 +15,16 @@
 // timed through attention_forward/backward with the candidate on; {"available": false,
 // "reason": ...} where cuDNN is missing, declines the shape or builds no plan for it.
 //
+// --tiles picks the fast kernels' tile configuration (attention_fast.h's names, as
+// ATHANOR_CUDA_ATTENTION_TILES, which is ignored here): "<forward>,<backward>" runs the "fast"
+// entry in it; "all" also times the forward and the backward of every configuration, alone, in
+// a "tiles" object ({"fwd": {name: {...}}, "bwd": {name: {...}}}), so one run ranks them (a
+// configuration without kernels at this D says "instantiated": false: it runs the default's).
+//
 //   bench_cuda_attention [--B 16] [--H 12] [--Hkv H] [--T 1024] [--D 64] [--dtype bf16|f16|f32]
 //                        [--noncausal] [--contiguous] [--iters 20] [--max-seconds 10]
 //                        [--impl both|reference|fast|cudnn] (both: all three)
+//                        [--tiles default|all|<forward>,<backward>]
 #include <cuda_runtime_api.h>
 
 #include <chrono>
@@ -25,6 +32,7 @@
 #include <cstdio>
 #include <cstdlib>
 #include <cstring>
+#include <functional>
 #include <string>
 #include <vector>
 
@@ -49,6 +57,7 @@ struct Options {
   int iters = 20;
   double max_seconds = 10;
   std::string impl = "both";
+  std::string tiles = "default";
 };
 
 Options parse(int argc, char** argv) {
@@ -70,11 +79,13 @@ Options parse(int argc, char** argv) {
     else if (a == "--iters") o.iters = std::stoi(next());
     else if (a == "--max-seconds") o.max_seconds = std::stod(next());
     else if (a == "--impl") o.impl = next();
+    else if (a == "--tiles") o.tiles = next();
     else ATH_FAIL("bench_cuda_attention", "unknown argument ", a, Hint{"see the usage at the top of bench/cuda_attention.cpp"});
   }
   ATH_CHECK(o.impl == "both" || o.impl == "reference" || o.impl == "fast" || o.impl == "cudnn", "bench_cuda_attention",
             "--impl ", o.impl, " is not one of both, reference, fast, cudnn",
             Hint{"see the usage at the top of bench/cuda_attention.cpp"});
+  if (o.tiles != "default" && o.tiles != "all") cuda::parse_attention_tiles(o.tiles.c_str());  // names checked up front
   return o;
 }
 
@@ -122,15 +133,59 @@ std::string cudnn_entry(const void* q, const void* k, const void* v, void* out, 
   return "{\"available\": true, " + std::string(first) + time3(fwd, bwd) + "}";
 }
 
+// --tiles all: the fast forward in every forward configuration and the fast backward in every
+// backward configuration (the other half in the default), as the "tiles" JSON object. A
+// configuration that throws (say, more shared memory than this GPU allows) is recorded with its
+// error and the others still run; each result also goes to stderr as it comes (the log keeps
+// what was measured should a later configuration bring the process down).
+template <class Time>
+std::string measure_tiles(const Time& time_ms, const std::function<void()>& fwd, const std::function<void()>& bwd,
+                          double fwd_flop, int64_t D) {
+  auto tflops = [](double flop, double ms) { return flop / (ms * 1e-3) / 1e12; };
+  // One configuration's JSON entry: "name": {"instantiated": .., "<pass>_ms": .., "<pass>_tflops": ..}.
+  auto entry = [&](const char* name, bool inst, const char* pass, const std::function<void()>& fn, double flop) {
+    char buf[256];
+    std::string r;
+    try {
+      const double ms = time_ms(fn);
+      std::snprintf(buf, sizeof buf, "\"%s\": {\"instantiated\": %s, \"%s_ms\": %.4f, \"%s_tflops\": %.2f}", name,
+                    inst ? "true" : "false", pass, ms, pass, tflops(flop, ms));
+      r = buf;
+    } catch (const std::exception& e) {
+      std::snprintf(buf, sizeof buf, "\"%s\": {\"instantiated\": %s, \"error\": \"", name, inst ? "true" : "false");
+      r = buf + json_escape(std::string(e.what()).substr(0, 300)) + "\"}";
+    }
+    std::fprintf(stderr, "bench_cuda_attention: tiles %s\n", r.c_str());
+    return r;
+  };
+  const cuda::AttentionTiles saved = cuda::attention_tiles();
+  std::string f_json, b_json;
+  for (const cuda::FwdTiles t : cuda::kFwdTilesAll) {
+    cuda::set_attention_tiles({t, cuda::AttentionTiles{}.bwd});
+    f_json += (f_json.empty() ? "" : ", ") +
+              entry(cuda::fwd_tiles_name(t), cuda::attention_tiles_instantiated(t, D), "fwd", fwd, fwd_flop);
+  }
+  for (const cuda::BwdTiles t : cuda::kBwdTilesAll) {
+    cuda::set_attention_tiles({cuda::AttentionTiles{}.fwd, t});
+    b_json += (b_json.empty() ? "" : ", ") +
+              entry(cuda::bwd_tiles_name(t), cuda::attention_tiles_instantiated(t, D), "bwd", bwd, 2.5 * fwd_flop);
+  }
+  cuda::set_attention_tiles(saved);
+  return "\"tiles\": {\"fwd\": {" + f_json + "}, \"bwd\": {" + b_json + "}}";
+}
+
 }  // namespace
 
 int main(int argc, char** argv) try {
   const Options o = parse(argc, argv);
+  if (o.tiles != "default" && o.tiles != "all") cuda::set_attention_tiles(cuda::parse_attention_tiles(o.tiles.c_str()));
+  else cuda::set_attention_tiles(cuda::AttentionTiles{});
   const int64_t Hkv = o.Hkv > 0 ? o.Hkv : o.H;
   const cuda::AttentionDims d{o.B, o.H, o.T, o.T, o.D, o.D, Hkv};
   const cuda::AttentionLayout L = o.packed ? cuda::AttentionLayout::packed_qkv(d) : cuda::AttentionLayout::contiguous(d);
   cuda::attention_check(d, L, o.dtype, "bench_cuda_attention");
   cuda::require_device(0, "bench_cuda_attention");
+  const cuda::DeviceInfo info = cuda::device_info(0);  // before any kernel (a fault would stop it later)
   const cudaStream_t st = cuda::compute_stream(0);
   const std::size_t es = dtype_size(o.dtype);
   const int64_t n_in = o.B * o.T * (o.H + 2 * Hkv) * o.D, n_out = o.B * o.T * o.H * o.D;
@@ -201,13 +256,24 @@ int main(int argc, char** argv) try {
                cudnn_entry(base, base + koff * es, base + voff * es, out, lse, dout, gbase, gbase + koff * es,
                            gbase + voff * es, ws, d, L, o.causal, scale, o.dtype, st, fwd, bwd, time3);
   }
-  const cuda::DeviceInfo info = cuda::device_info(0);
+  if (o.tiles == "all") {
+    // Our kernels in each configuration, cuDNN's candidate off whatever the environment says;
+    // last, so that a fault in a variant leaves the other entries measured.
+    const cuda::CandidateOverride no_cudnn(cuda::Candidate::attention_cudnn, false);
+    cuda::set_attention_impl(cuda::AttentionImpl::fast);
+    const bool taken = cuda::attention_fast_backward_supported(base, base + koff * es, base + voff * es, out, dout, gbase,
+                                                               gbase + koff * es, gbase + voff * es, d, L, o.dtype);
+    results += std::string(results.empty() ? "" : ", ") +
+               (taken ? measure_tiles(time_ms, fwd, bwd, fwd_flop, o.D) : std::string("\"tiles\": \"fallback\""));
+  }
+  const cuda::AttentionTiles o_tiles = cuda::attention_tiles();  // the "fast" entry's
   std::printf(
       "{\"bench\": \"cuda_attention\", \"gpu\": \"%s\", \"B\": %lld, \"H\": %lld, \"Hkv\": %lld, \"T\": %lld, \"D\": %lld, "
-      "\"dtype\": \"%s\", \"causal\": %s, \"layout\": \"%s\", %s}\n",
+      "\"dtype\": \"%s\", \"causal\": %s, \"layout\": \"%s\", \"fast_tiles\": \"%s,%s\", %s}\n",
       info.name.c_str(), static_cast<long long>(o.B), static_cast<long long>(o.H), static_cast<long long>(Hkv),
       static_cast<long long>(o.T), static_cast<long long>(o.D), dtype_name(o.dtype), o.causal ? "true" : "false",
-      o.packed ? "packed_qkv" : "contiguous", results.c_str());
+      o.packed ? "packed_qkv" : "contiguous", cuda::fwd_tiles_name(o_tiles.fwd), cuda::bwd_tiles_name(o_tiles.bwd),
+      results.c_str());
   for (void* p : {in, gin, out, dout, ws, static_cast<void*>(lse)}) ATH_CUDA(cudaFree(p));
   return 0;
 } catch (const std::exception& e) {

@@ -451,10 +451,12 @@ cmd_run() {
   fi
 
   # 1b. The micro-benchmarks (run_bench): the attention's forward+backward TFLOP/s at GPT-2-124M's
-  # shape (its own budget caps the timing loops at ~6 s), the GEMMs of a GPT-2 124M step at batch
-  # 16 each alone (~10 s), the step's pointwise passes, generic against the vectorized candidate (~2 s).
+  # shape, cuDNN's beside it and each tile configuration of the fast kernels (--tiles all; its own
+  # budget caps the timing loops at ~6 s, the limit leaves room for cuDNN's plan builds), the GEMMs
+  # of a GPT-2 124M step at batch 16 each alone (~10 s), the step's pointwise passes, generic
+  # against the vectorized candidate (~2 s).
   local attn_status gemm_status
-  attn_status=$(run_bench 15 "$out/attention_bench.json" "$log" ./bin/bench_cuda_attention --max-seconds 6)
+  attn_status=$(run_bench 20 "$out/attention_bench.json" "$log" ./bin/bench_cuda_attention --max-seconds 6 --tiles all)
   gemm_status=$(run_bench 30 "$out/gemm_bench.json" "$log" ./bin/bench_cuda_gemm --max-seconds 15)
   run_bench 20 "$out/pointwise_bench.txt" "$log" ./bin/bench_cuda_pointwise >/dev/null
 

@@ -4,6 +4,7 @@
 #include <cstdint>
 #include <cstdlib>
 #include <cstring>
+#include <string>
 
 #include "athanor/core/error.h"
 #include "backend/cuda/attention_fast.h"
@@ -44,6 +45,74 @@ AttentionImpl attention_impl() {
 }
 
 void set_attention_impl(AttentionImpl impl) { g_impl.store(static_cast<int>(impl), std::memory_order_release); }
+
+const char* fwd_tiles_name(FwdTiles t) {
+  switch (t) {
+    case FwdTiles::f128x64w8: return "f128x64w8";
+    case FwdTiles::f128x64w4: return "f128x64w4";
+    case FwdTiles::f64x128w4: return "f64x128w4";
+    default: return "f64x64w4";
+  }
+}
+
+const char* bwd_tiles_name(BwdTiles t) {
+  switch (t) {
+    case BwdTiles::b128x64w8: return "b128x64w8";
+    case BwdTiles::b128x16w4: return "b128x16w4";
+    default: return "b64x64w4";
+  }
+}
+
+namespace {
+template <class E, std::size_t N> std::string names_of(const E (&all)[N], const char* (*name)(E)) {
+  std::string s;
+  for (const E e : all) s += std::string(s.empty() ? "" : ", ") + name(e);
+  return s;
+}
+}  // namespace
+
+AttentionTiles parse_attention_tiles(const char* value) {
+  AttentionTiles tiles;
+  if (value == nullptr || value[0] == '\0') return tiles;
+  const std::string v = value;
+  const auto comma = v.find(',');
+  const std::string f = v.substr(0, comma), b = comma == std::string::npos ? std::string() : v.substr(comma + 1);
+  bool f_ok = false, b_ok = false;
+  for (const FwdTiles t : kFwdTilesAll)
+    if (f == fwd_tiles_name(t)) tiles.fwd = t, f_ok = true;
+  for (const BwdTiles t : kBwdTilesAll)
+    if (b == bwd_tiles_name(t)) tiles.bwd = t, b_ok = true;
+  if (comma == std::string::npos || !f_ok || !b_ok)
+    ATH_FAIL("ATHANOR_CUDA_ATTENTION_TILES", "'", v, "' is not '<forward>,<backward>' of known tile configurations",
+             Hint{"forward: " + names_of(kFwdTilesAll, fwd_tiles_name) +
+                  "; backward: " + names_of(kBwdTilesAll, bwd_tiles_name) + " (or leave it unset: " +
+                  fwd_tiles_name(AttentionTiles{}.fwd) + "," + bwd_tiles_name(AttentionTiles{}.bwd) + ")"});
+  return tiles;
+}
+
+namespace {
+// -1: not decided yet; otherwise fwd * 256 + bwd (read on first use, as g_impl).
+std::atomic<int> g_tiles{-1};
+int encode(AttentionTiles t) { return static_cast<int>(t.fwd) * 256 + static_cast<int>(t.bwd); }
+}  // namespace
+
+AttentionTiles attention_tiles() {
+  int v = g_tiles.load(std::memory_order_acquire);
+  if (v < 0) {
+    v = encode(parse_attention_tiles(std::getenv("ATHANOR_CUDA_ATTENTION_TILES")));
+    int expected = -1;
+    if (!g_tiles.compare_exchange_strong(expected, v, std::memory_order_acq_rel)) v = expected;
+  }
+  return AttentionTiles{static_cast<FwdTiles>(v / 256), static_cast<BwdTiles>(v % 256)};
+}
+
+void set_attention_tiles(AttentionTiles tiles) { g_tiles.store(encode(tiles), std::memory_order_release); }
+
+// f128x64w4, f64x128w4 and b128x16w4 have kernels at D 64 only (attention_fast.h).
+bool attention_tiles_instantiated(FwdTiles t, int64_t D) {
+  return (t != FwdTiles::f128x64w4 && t != FwdTiles::f64x128w4) || D == 64;
+}
+bool attention_tiles_instantiated(BwdTiles t, int64_t D) { return t != BwdTiles::b128x16w4 || D == 64; }
 
 namespace {
 bool aligned16(const void* p) { return reinterpret_cast<uintptr_t>(p) % 16 == 0; }

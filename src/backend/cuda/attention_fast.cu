@@ -53,12 +53,12 @@ struct FastArgs {
   bool causal;
 };
 
-// Tile shape: W warps of 16 query rows, key/value tiles of kBc rows. Shared rows are D + 8
-// elements (16 bytes of padding): the 8 rows one ldmatrix reads at one column then start in 8
-// different 16-byte bank groups (row stride 144 or 272 bytes, 16 mod 128), so it has no bank
-// conflicts, and every row start stays 16-byte aligned for cp.async.
-template <int D> struct FastCfg {
-  static constexpr int kW = 4, kBr = 16 * kW, kBc = 64, kLd = D + 8;
+// Tile shape: W warps of M m-tiles of 16 query rows each (Br = 16 M W), key/value tiles of Bc
+// rows. Shared rows are D + 8 elements (16 bytes of padding): the 8 rows one ldmatrix reads at
+// one column then start in 8 different 16-byte bank groups (row stride 144 or 272 bytes, 16 mod
+// 128), so it has no bank conflicts, and every row start stays 16-byte aligned for cp.async.
+template <int D, int W, int M, int Bc> struct FastCfg {
+  static constexpr int kD = D, kW = W, kM = M, kBr = 16 * M * W, kBc = Bc, kLd = D + 8;
   static constexpr unsigned kQBytes = kBr * kLd * 2, kKVBytes = kBc * kLd * 2;
   static constexpr unsigned kBytes = kQBytes + 4 * kKVBytes;  // Q, K[2], V[2]
 };
@@ -131,10 +131,9 @@ __device__ __forceinline__ void load_tile(T* dst, const T* src, int64_t st, int 
   }
 }
 
-template <class T, int D>
-__global__ void __launch_bounds__(32 * FastCfg<D>::kW) attn_fast_fwd_kernel(FastArgs a) {
-  using C = FastCfg<D>;
-  constexpr int Br = C::kBr, Bc = C::kBc, LD = C::kLd;
+template <class T, class C>
+__global__ void __launch_bounds__(32 * C::kW) attn_fast_fwd_kernel(FastArgs a) {
+  constexpr int D = C::kD, M = C::kM, Br = C::kBr, Bc = C::kBc, LD = C::kLd;
   extern __shared__ __align__(128) unsigned char smem[];
   T* Qs = reinterpret_cast<T*>(smem);
   T* Ks = reinterpret_cast<T*>(smem + C::kQBytes);                     // two buffers of Bc x LD
@@ -158,15 +157,24 @@ __global__ void __launch_bounds__(32 * FastCfg<D>::kW) attn_fast_fwd_kernel(Fast
   load_tile<T, D, LD>(Vs, v, a.sv.t, min(Bc, a.Tk), Bc);
   cp_async_commit();
 
-  uint32_t qf[D / 16][4];  // the warp's 16 query rows as A fragments, one per 16 columns of D
-  float o[D / 8][4];       // O accumulator: C fragments, one per 8 columns of D
-#pragma unroll
-  for (int dt = 0; dt < D / 8; ++dt) o[dt][0] = o[dt][1] = o[dt][2] = o[dt][3] = 0.0f;
-  // Rows g (index 0) and g + 8 (index 1) of the warp: running max of the log2-unit scores
+  // The warp owns M m-tiles of 16 query rows (rows warp * 16M + 16 mt ..); every array below
+  // has the m-tile as its first index, and each K/V fragment loaded from shared memory feeds
+  // the M m-tiles' MMAs. Per m-tile the arithmetic (and its order) is that of M = 1.
+  uint32_t qf[M][D / 16][4];  // the m-tile's 16 query rows as A fragments, one per 16 columns of D
+  float o[M][D / 8][4];       // O accumulator: C fragments, one per 8 columns of D
+  // Rows g (index 0) and g + 8 (index 1) of each m-tile: running max of the log2-unit scores
   // (the same in the 4 lanes of a row's quad) and this lane's partial sum of exp2(s - max) over
   // its own columns (summed over the quad at the end).
-  float m[2] = {-INFINITY, -INFINITY}, l[2] = {0.0f, 0.0f};
-  const int row0 = i0 + warp * 16 + g;  // query index of c[0], c[1]; row0 + 8 of c[2], c[3]
+  float m[M][2], l[M][2];
+  int row0[M];  // query index of c[0], c[1]; row0 + 8 of c[2], c[3]
+#pragma unroll
+  for (int mt = 0; mt < M; ++mt) {
+#pragma unroll
+    for (int dt = 0; dt < D / 8; ++dt) o[mt][dt][0] = o[mt][dt][1] = o[mt][dt][2] = o[mt][dt][3] = 0.0f;
+    m[mt][0] = m[mt][1] = -INFINITY;
+    l[mt][0] = l[mt][1] = 0.0f;
+    row0[mt] = i0 + (warp * M + mt) * 16 + g;
+  }
 
   for (int t = 0; t < ntiles; ++t) {
     const int j0 = t * Bc, buf = t & 1;
@@ -182,88 +190,104 @@ __global__ void __launch_bounds__(32 * FastCfg<D>::kW) attn_fast_fwd_kernel(Fast
     __syncthreads();
     if (t == 0) {
 #pragma unroll
-      for (int kk = 0; kk < D / 16; ++kk)  // matrices: rows 0-7 | 8-15 at cols 0-7, then at cols 8-15
-        ldmatrix_x4(qf[kk], Qs + (warp * 16 + lane % 8 + (lane / 8) % 2 * 8) * LD + kk * 16 + lane / 16 * 8);
+      for (int mt = 0; mt < M; ++mt)
+#pragma unroll
+        for (int kk = 0; kk < D / 16; ++kk)  // matrices: rows 0-7 | 8-15 at cols 0-7, then at cols 8-15
+          ldmatrix_x4(qf[mt][kk],
+                      Qs + ((warp * M + mt) * 16 + lane % 8 + (lane / 8) % 2 * 8) * LD + kk * 16 + lane / 16 * 8);
     }
     const T* Kt = Ks + buf * Bc * LD;
     const T* Vt = Vs + buf * Bc * LD;
 
-    // S = Q K^T for the warp's 16 rows and the tile's Bc keys: Bc / 8 C fragments.
-    float s[Bc / 8][4];
+    // S = Q K^T for the m-tiles' 16 rows and the tile's Bc keys: Bc / 8 C fragments each.
+    float s[M][Bc / 8][4];
 #pragma unroll
     for (int nt = 0; nt < Bc / 8; ++nt) {
-      s[nt][0] = s[nt][1] = s[nt][2] = s[nt][3] = 0.0f;
+#pragma unroll
+      for (int mt = 0; mt < M; ++mt) s[mt][nt][0] = s[mt][nt][1] = s[mt][nt][2] = s[mt][nt][3] = 0.0f;
 #pragma unroll
       for (int kk = 0; kk < D / 16; kk += 2) {
         // Keys nt*8..nt*8+7, columns 16kk + 8i for matrix i: b0, b1 of k-step kk, then of kk+1.
         uint32_t kb[4];
         ldmatrix_x4(kb, Kt + (nt * 8 + lane % 8) * LD + kk * 16 + lane / 8 * 8);
-        mma16816<T>(s[nt], qf[kk], kb[0], kb[1]);
-        mma16816<T>(s[nt], qf[kk + 1], kb[2], kb[3]);
+#pragma unroll
+        for (int mt = 0; mt < M; ++mt) {
+          mma16816<T>(s[mt][nt], qf[mt][kk], kb[0], kb[1]);
+          mma16816<T>(s[mt][nt], qf[mt][kk + 1], kb[2], kb[3]);
+        }
       }
     }
 
-    // Scale to log2 units; mask keys past Tk and (causal) keys after the row. Only tiles that
-    // reach past Tk or past the warp's first row need the per-element test.
-    const bool need_mask = j0 + Bc > a.Tk || (a.causal && j0 + Bc - 1 > i0 + warp * 16);
-    float mx[2] = {m[0], m[1]};
 #pragma unroll
-    for (int nt = 0; nt < Bc / 8; ++nt) {
+    for (int mt = 0; mt < M; ++mt) {
+      // Scale to log2 units; mask keys past Tk and (causal) keys after the row. Only tiles that
+      // reach past Tk or past the m-tile's first row need the per-element test.
+      const bool need_mask = j0 + Bc > a.Tk || (a.causal && j0 + Bc - 1 > row0[mt] - g);
+      float mx[2] = {m[mt][0], m[mt][1]};
 #pragma unroll
-      for (int e = 0; e < 4; ++e) {
-        float x = s[nt][e] * a.scale_log2;
-        if (need_mask) {
-          const int row = row0 + (e >= 2 ? 8 : 0), col = j0 + nt * 8 + 2 * tg + (e & 1);
-          if (col >= a.Tk || (a.causal && col > row)) x = -INFINITY;
+      for (int nt = 0; nt < Bc / 8; ++nt) {
+#pragma unroll
+        for (int e = 0; e < 4; ++e) {
+          float x = s[mt][nt][e] * a.scale_log2;
+          if (need_mask) {
+            const int row = row0[mt] + (e >= 2 ? 8 : 0), col = j0 + nt * 8 + 2 * tg + (e & 1);
+            if (col >= a.Tk || (a.causal && col > row)) x = -INFINITY;
+          }
+          s[mt][nt][e] = x;
+          mx[e >> 1] = fmaxf(mx[e >> 1], x);
         }
-        s[nt][e] = x;
-        mx[e >> 1] = fmaxf(mx[e >> 1], x);
       }
-    }
-    float corr[2];
+      float corr[2];
 #pragma unroll
-    for (int r = 0; r < 2; ++r) {
-      // The row's max over its quad (lanes 4g..4g+3 differ in the low two bits).
-      mx[r] = fmaxf(mx[r], __shfl_xor_sync(0xffffffffu, mx[r], 1));
-      mx[r] = fmaxf(mx[r], __shfl_xor_sync(0xffffffffu, mx[r], 2));
-      // A row with every key so far masked keeps max -inf: subtract 0 then (all its p are 0).
-      const float ms = mx[r] == -INFINITY ? 0.0f : mx[r];
-      corr[r] = exp2f(m[r] - ms);  // exp2(-inf) = 0 on the first tile
-      m[r] = mx[r];
-      mx[r] = ms;
-      l[r] *= corr[r];
-    }
-#pragma unroll
-    for (int nt = 0; nt < Bc / 8; ++nt) {
-#pragma unroll
-      for (int e = 0; e < 4; ++e) {
-        const float p = exp2f(s[nt][e] - mx[e >> 1]);
-        s[nt][e] = p;
-        l[e >> 1] += p;
+      for (int r = 0; r < 2; ++r) {
+        // The row's max over its quad (lanes 4g..4g+3 differ in the low two bits).
+        mx[r] = fmaxf(mx[r], __shfl_xor_sync(0xffffffffu, mx[r], 1));
+        mx[r] = fmaxf(mx[r], __shfl_xor_sync(0xffffffffu, mx[r], 2));
+        // A row with every key so far masked keeps max -inf: subtract 0 then (all its p are 0).
+        const float ms = mx[r] == -INFINITY ? 0.0f : mx[r];
+        corr[r] = exp2f(m[mt][r] - ms);  // exp2(-inf) = 0 on the first tile
+        m[mt][r] = mx[r];
+        mx[r] = ms;
+        l[mt][r] *= corr[r];
       }
-    }
 #pragma unroll
-    for (int dt = 0; dt < D / 8; ++dt) {
-      o[dt][0] *= corr[0], o[dt][1] *= corr[0];
-      o[dt][2] *= corr[1], o[dt][3] *= corr[1];
+      for (int nt = 0; nt < Bc / 8; ++nt) {
+#pragma unroll
+        for (int e = 0; e < 4; ++e) {
+          const float p = exp2f(s[mt][nt][e] - mx[e >> 1]);
+          s[mt][nt][e] = p;
+          l[mt][e >> 1] += p;
+        }
+      }
+#pragma unroll
+      for (int dt = 0; dt < D / 8; ++dt) {
+        o[mt][dt][0] *= corr[0], o[mt][dt][1] *= corr[0];
+        o[mt][dt][2] *= corr[1], o[mt][dt][3] *= corr[1];
+      }
     }
 
     // O += P V: P's C fragments of keys 16kk..16kk+15 are the A fragment of k-step kk.
 #pragma unroll
     for (int kk = 0; kk < Bc / 16; ++kk) {
-      uint32_t pa[4];
-      pa[0] = pack2<T>(s[2 * kk][0], s[2 * kk][1]);          // row g,     keys 16kk + 2tg, +1
-      pa[1] = pack2<T>(s[2 * kk][2], s[2 * kk][3]);          // row g + 8, keys 16kk + 2tg, +1
-      pa[2] = pack2<T>(s[2 * kk + 1][0], s[2 * kk + 1][1]);  // row g,     keys 16kk + 8 + 2tg, +1
-      pa[3] = pack2<T>(s[2 * kk + 1][2], s[2 * kk + 1][3]);  // row g + 8, keys 16kk + 8 + 2tg, +1
+      uint32_t pa[M][4];
+#pragma unroll
+      for (int mt = 0; mt < M; ++mt) {
+        pa[mt][0] = pack2<T>(s[mt][2 * kk][0], s[mt][2 * kk][1]);          // row g,     keys 16kk + 2tg, +1
+        pa[mt][1] = pack2<T>(s[mt][2 * kk][2], s[mt][2 * kk][3]);          // row g + 8, keys 16kk + 2tg, +1
+        pa[mt][2] = pack2<T>(s[mt][2 * kk + 1][0], s[mt][2 * kk + 1][1]);  // row g,     keys 16kk + 8 + 2tg, +1
+        pa[mt][3] = pack2<T>(s[mt][2 * kk + 1][2], s[mt][2 * kk + 1][3]);  // row g + 8, keys 16kk + 8 + 2tg, +1
+      }
 #pragma unroll
       for (int dt = 0; dt < D / 8; dt += 2) {
         // .trans, matrices: keys 0-7 | 8-15 at columns 8dt..8dt+7, then at 8dt+8..8dt+15:
         // b0, b1 of the n-tile dt, then of dt + 1.
         uint32_t vb[4];
         ldmatrix_x4_trans(vb, Vt + (kk * 16 + lane % 8 + (lane / 8) % 2 * 8) * LD + dt * 8 + lane / 16 * 8);
-        mma16816<T>(o[dt], pa, vb[0], vb[1]);
-        mma16816<T>(o[dt + 1], pa, vb[2], vb[3]);
+#pragma unroll
+        for (int mt = 0; mt < M; ++mt) {
+          mma16816<T>(o[mt][dt], pa[mt], vb[0], vb[1]);
+          mma16816<T>(o[mt][dt + 1], pa[mt], vb[2], vb[3]);
+        }
       }
     }
     __syncthreads();  // every warp is done with buffer `buf` before the next prefetch refills it
@@ -271,18 +295,22 @@ __global__ void __launch_bounds__(32 * FastCfg<D>::kW) attn_fast_fwd_kernel(Fast
 
   T* out = static_cast<T*>(a.out) + b * a.so.b + h * a.so.h;
 #pragma unroll
-  for (int r = 0; r < 2; ++r) {
-    l[r] += __shfl_xor_sync(0xffffffffu, l[r], 1);
-    l[r] += __shfl_xor_sync(0xffffffffu, l[r], 2);
-    const int row = row0 + 8 * r;
-    if (row >= a.Tq) continue;
-    const float inv = 1.0f / l[r];  // l >= 1: the row's max contributes exp2(0)
+  for (int mt = 0; mt < M; ++mt) {
 #pragma unroll
-    for (int dt = 0; dt < D / 8; ++dt) {
-      const uint32_t packed = pack2<T>(o[dt][2 * r] * inv, o[dt][2 * r + 1] * inv);
-      *reinterpret_cast<uint32_t*>(out + row * a.so.t + dt * 8 + 2 * tg) = packed;
+    for (int r = 0; r < 2; ++r) {
+      float lr = l[mt][r];
+      lr += __shfl_xor_sync(0xffffffffu, lr, 1);
+      lr += __shfl_xor_sync(0xffffffffu, lr, 2);
+      const int row = row0[mt] + 8 * r;
+      if (row >= a.Tq) continue;
+      const float inv = 1.0f / lr;  // l >= 1: the row's max contributes exp2(0)
+#pragma unroll
+      for (int dt = 0; dt < D / 8; ++dt) {
+        const uint32_t packed = pack2<T>(o[mt][dt][2 * r] * inv, o[mt][dt][2 * r + 1] * inv);
+        *reinterpret_cast<uint32_t*>(out + row * a.so.t + dt * 8 + 2 * tg) = packed;
+      }
+      if (tg == 0) a.lse[(static_cast<int64_t>(b) * a.H + h) * a.Tq + row] = (m[mt][r] + log2f(lr)) * kLn2;
     }
-    if (tg == 0) a.lse[(static_cast<int64_t>(b) * a.H + h) * a.Tq + row] = (m[r] + log2f(l[r])) * kLn2;
   }
 }
 
@@ -328,19 +356,18 @@ __global__ void __launch_bounds__(256) attn_fast_delta_kernel(BwdArgs a, int64_t
   if (lane == 0) a.delta[r] = acc;
 }
 
-// dK/dV pass tile shape: 4 warps x 16 keys; query tiles of kBq rows (32 at D = 128: the
-// accumulators dK, dV take 2 x 64 registers there).
-template <int D> struct DkvCfg {
-  static constexpr int kW = 4, kBk = 16 * kW, kBq = D <= 64 ? 64 : 32, kLd = D + 8;
+// dK/dV pass tile shape: W warps x M m-tiles of 16 keys (Bk = 16 M W); query tiles of Bq rows
+// (32 at D = 128 in every configuration: the accumulators dK, dV take 2 x 64 registers there).
+template <int D, int W, int M, int Bq> struct DkvCfg {
+  static constexpr int kD = D, kW = W, kM = M, kBk = 16 * M * W, kBq = D <= 64 ? Bq : 32, kLd = D + 8;
   static constexpr unsigned kKBytes = kBk * kLd * 2, kQBytes = kBq * kLd * 2, kStats = kBq * 4;
   // K, V, then two buffers each of Q, dO, lse, Delta.
   static constexpr unsigned kBytes = 2 * kKBytes + 4 * kQBytes + 4 * kStats;
 };
 
-template <class T, int D>
-__global__ void __launch_bounds__(32 * DkvCfg<D>::kW) attn_fast_dkdv_kernel(BwdArgs a) {
-  using C = DkvCfg<D>;
-  constexpr int Bk = C::kBk, Bq = C::kBq, LD = C::kLd;
+template <class T, class C>
+__global__ void __launch_bounds__(32 * C::kW) attn_fast_dkdv_kernel(BwdArgs a) {
+  constexpr int D = C::kD, M = C::kM, Bk = C::kBk, Bq = C::kBq, LD = C::kLd;
   extern __shared__ __align__(128) unsigned char smem[];
   T* Ks = reinterpret_cast<T*>(smem);
   T* Vs = reinterpret_cast<T*>(smem + C::kKBytes);
@@ -379,14 +406,21 @@ __global__ void __launch_bounds__(32 * DkvCfg<D>::kW) attn_fast_dkdv_kernel(BwdA
   if (ntiles > 0) issue(0, 0);
   cp_async_commit();  // K, V (and step 0)
 
-  float dk[D / 8][4], dv[D / 8][4];  // C fragments: the warp's 16 keys x 8 columns of D each
+  // The warp owns M m-tiles of 16 keys (keys warp * 16M + 16 mt ..); every array below has the
+  // m-tile as its first index, and each Q/dO fragment loaded from shared memory feeds the M
+  // m-tiles' MMAs. Per m-tile the arithmetic (and its order) is that of M = 1.
+  float dk[M][D / 8][4], dv[M][D / 8][4];  // C fragments: 16 keys x 8 columns of D each
+  int key0[M];                             // key of c[0], c[1]; key0 + 8 of c[2], c[3]
 #pragma unroll
-  for (int dt = 0; dt < D / 8; ++dt)
+  for (int mt = 0; mt < M; ++mt) {
 #pragma unroll
-    for (int e = 0; e < 4; ++e) dk[dt][e] = dv[dt][e] = 0.0f;
-  const int key0 = k0 + warp * 16 + g;  // key of c[0], c[1]; key0 + 8 of c[2], c[3]
-  const T* Kw = Ks + warp * 16 * LD;
-  const T* Vw = Vs + warp * 16 * LD;
+    for (int dt = 0; dt < D / 8; ++dt)
+#pragma unroll
+      for (int e = 0; e < 4; ++e) dk[mt][dt][e] = dv[mt][dt][e] = 0.0f;
+    key0[mt] = k0 + (warp * M + mt) * 16 + g;
+  }
+  const T* Kw = Ks + warp * M * 16 * LD;  // the warp's first key row; m-tile mt at + 16 mt rows
+  const T* Vw = Vs + warp * M * 16 * LD;
 
   for (int t = 0; t < ntiles; ++t) {
     const int buf = t & 1, i0 = qstart + (t % ntq) * Bq;
@@ -403,65 +437,80 @@ __global__ void __launch_bounds__(32 * DkvCfg<D>::kW) attn_fast_dkdv_kernel(BwdA
     const float* lse2 = lse2s + buf * Bq;
     const float* delta = deltas + buf * Bq;
 
-    // S^T = K Q^T and dP^T = V dO^T: 16 keys x Bq queries, Bq / 8 C fragments each.
-    float st[Bq / 8][4], dpt[Bq / 8][4];
+    // S^T = K Q^T and dP^T = V dO^T: 16 keys x Bq queries per m-tile, Bq / 8 C fragments each.
+    float st[M][Bq / 8][4], dpt[M][Bq / 8][4];
 #pragma unroll
-    for (int nt = 0; nt < Bq / 8; ++nt)
+    for (int mt = 0; mt < M; ++mt)
 #pragma unroll
-      for (int e = 0; e < 4; ++e) st[nt][e] = dpt[nt][e] = 0.0f;
+      for (int nt = 0; nt < Bq / 8; ++nt)
+#pragma unroll
+        for (int e = 0; e < 4; ++e) st[mt][nt][e] = dpt[mt][nt][e] = 0.0f;
 #pragma unroll
     for (int kk = 0; kk < D / 16; kk += 2) {
-      uint32_t ka[2][4], va[2][4];  // A fragments (the warp's 16 key rows) of k-steps kk, kk + 1
+      uint32_t ka[M][2][4], va[M][2][4];  // A fragments (the m-tile's 16 key rows) of k-steps kk, kk + 1
 #pragma unroll
-      for (int j = 0; j < 2; ++j) {
-        ldmatrix_x4(ka[j], Kw + (lane % 8 + (lane / 8) % 2 * 8) * LD + (kk + j) * 16 + lane / 16 * 8);
-        ldmatrix_x4(va[j], Vw + (lane % 8 + (lane / 8) % 2 * 8) * LD + (kk + j) * 16 + lane / 16 * 8);
-      }
+      for (int mt = 0; mt < M; ++mt)
+#pragma unroll
+        for (int j = 0; j < 2; ++j) {
+          ldmatrix_x4(ka[mt][j], Kw + (mt * 16 + lane % 8 + (lane / 8) % 2 * 8) * LD + (kk + j) * 16 + lane / 16 * 8);
+          ldmatrix_x4(va[mt][j], Vw + (mt * 16 + lane % 8 + (lane / 8) % 2 * 8) * LD + (kk + j) * 16 + lane / 16 * 8);
+        }
 #pragma unroll
       for (int nt = 0; nt < Bq / 8; ++nt) {
         uint32_t qb[4], ob[4];  // B fragments: queries nt*8.. as columns, k-steps kk and kk + 1
         ldmatrix_x4(qb, Qt + (nt * 8 + lane % 8) * LD + kk * 16 + lane / 8 * 8);
         ldmatrix_x4(ob, dOt + (nt * 8 + lane % 8) * LD + kk * 16 + lane / 8 * 8);
-        mma16816<T>(st[nt], ka[0], qb[0], qb[1]);
-        mma16816<T>(st[nt], ka[1], qb[2], qb[3]);
-        mma16816<T>(dpt[nt], va[0], ob[0], ob[1]);
-        mma16816<T>(dpt[nt], va[1], ob[2], ob[3]);
+#pragma unroll
+        for (int mt = 0; mt < M; ++mt) {
+          mma16816<T>(st[mt][nt], ka[mt][0], qb[0], qb[1]);
+          mma16816<T>(st[mt][nt], ka[mt][1], qb[2], qb[3]);
+          mma16816<T>(dpt[mt][nt], va[mt][0], ob[0], ob[1]);
+          mma16816<T>(dpt[mt][nt], va[mt][1], ob[2], ob[3]);
+        }
       }
     }
     // P^T and dS^T in place (st -> P^T, dpt -> dS^T); masked: keys past Tk, queries past Tq,
     // causal keys after the query.
 #pragma unroll
-    for (int nt = 0; nt < Bq / 8; ++nt) {
+    for (int mt = 0; mt < M; ++mt)
 #pragma unroll
-      for (int e = 0; e < 4; ++e) {
-        const int key = key0 + (e >= 2 ? 8 : 0), col = nt * 8 + 2 * tg + (e & 1), query = i0 + col;
-        const bool vis = key < a.Tk && query < a.Tq && (!a.causal || key <= query);
-        const float p = vis ? exp2f(st[nt][e] * a.scale_log2 - lse2[col]) : 0.0f;
-        st[nt][e] = p;
-        dpt[nt][e] = p * (dpt[nt][e] - delta[col]);
+      for (int nt = 0; nt < Bq / 8; ++nt) {
+#pragma unroll
+        for (int e = 0; e < 4; ++e) {
+          const int key = key0[mt] + (e >= 2 ? 8 : 0), col = nt * 8 + 2 * tg + (e & 1), query = i0 + col;
+          const bool vis = key < a.Tk && query < a.Tq && (!a.causal || key <= query);
+          const float p = vis ? exp2f(st[mt][nt][e] * a.scale_log2 - lse2[col]) : 0.0f;
+          st[mt][nt][e] = p;
+          dpt[mt][nt][e] = p * (dpt[mt][nt][e] - delta[col]);
+        }
       }
-    }
     // dV += P^T dO, dK += dS^T Q: k-steps of 16 queries; B(k = query, n = d) by ldmatrix .trans.
 #pragma unroll
     for (int kk = 0; kk < Bq / 16; ++kk) {
-      uint32_t pa[4], sa[4];
-      pa[0] = pack2<T>(st[2 * kk][0], st[2 * kk][1]);
-      pa[1] = pack2<T>(st[2 * kk][2], st[2 * kk][3]);
-      pa[2] = pack2<T>(st[2 * kk + 1][0], st[2 * kk + 1][1]);
-      pa[3] = pack2<T>(st[2 * kk + 1][2], st[2 * kk + 1][3]);
-      sa[0] = pack2<T>(dpt[2 * kk][0], dpt[2 * kk][1]);
-      sa[1] = pack2<T>(dpt[2 * kk][2], dpt[2 * kk][3]);
-      sa[2] = pack2<T>(dpt[2 * kk + 1][0], dpt[2 * kk + 1][1]);
-      sa[3] = pack2<T>(dpt[2 * kk + 1][2], dpt[2 * kk + 1][3]);
+      uint32_t pa[M][4], sa[M][4];
+#pragma unroll
+      for (int mt = 0; mt < M; ++mt) {
+        pa[mt][0] = pack2<T>(st[mt][2 * kk][0], st[mt][2 * kk][1]);
+        pa[mt][1] = pack2<T>(st[mt][2 * kk][2], st[mt][2 * kk][3]);
+        pa[mt][2] = pack2<T>(st[mt][2 * kk + 1][0], st[mt][2 * kk + 1][1]);
+        pa[mt][3] = pack2<T>(st[mt][2 * kk + 1][2], st[mt][2 * kk + 1][3]);
+        sa[mt][0] = pack2<T>(dpt[mt][2 * kk][0], dpt[mt][2 * kk][1]);
+        sa[mt][1] = pack2<T>(dpt[mt][2 * kk][2], dpt[mt][2 * kk][3]);
+        sa[mt][2] = pack2<T>(dpt[mt][2 * kk + 1][0], dpt[mt][2 * kk + 1][1]);
+        sa[mt][3] = pack2<T>(dpt[mt][2 * kk + 1][2], dpt[mt][2 * kk + 1][3]);
+      }
 #pragma unroll
       for (int dt = 0; dt < D / 8; dt += 2) {
         uint32_t ob[4], qb[4];
         ldmatrix_x4_trans(ob, dOt + (kk * 16 + lane % 8 + (lane / 8) % 2 * 8) * LD + dt * 8 + lane / 16 * 8);
         ldmatrix_x4_trans(qb, Qt + (kk * 16 + lane % 8 + (lane / 8) % 2 * 8) * LD + dt * 8 + lane / 16 * 8);
-        mma16816<T>(dv[dt], pa, ob[0], ob[1]);
-        mma16816<T>(dv[dt + 1], pa, ob[2], ob[3]);
-        mma16816<T>(dk[dt], sa, qb[0], qb[1]);
-        mma16816<T>(dk[dt + 1], sa, qb[2], qb[3]);
+#pragma unroll
+        for (int mt = 0; mt < M; ++mt) {
+          mma16816<T>(dv[mt][dt], pa[mt], ob[0], ob[1]);
+          mma16816<T>(dv[mt][dt + 1], pa[mt], ob[2], ob[3]);
+          mma16816<T>(dk[mt][dt], sa[mt], qb[0], qb[1]);
+          mma16816<T>(dk[mt][dt + 1], sa[mt], qb[2], qb[3]);
+        }
       }
     }
     __syncthreads();  // buffer `buf` is refilled by the next step's prefetch
@@ -471,30 +520,31 @@ __global__ void __launch_bounds__(32 * DkvCfg<D>::kW) attn_fast_dkdv_kernel(BwdA
   T* dkp = static_cast<T*>(a.dk) + b * a.sk.b + hk * a.sk.h;
   T* dvp = static_cast<T*>(a.dv) + b * a.sv.b + hk * a.sv.h;
 #pragma unroll
-  for (int r = 0; r < 2; ++r) {
-    const int key = key0 + 8 * r;
-    if (key >= a.Tk) continue;
+  for (int mt = 0; mt < M; ++mt)
 #pragma unroll
-    for (int dt = 0; dt < D / 8; ++dt) {
-      const int c = dt * 8 + 2 * tg;
-      *reinterpret_cast<uint32_t*>(dkp + key * a.sk.t + c) =
-          pack2<T>(dk[dt][2 * r] * a.scale, dk[dt][2 * r + 1] * a.scale);
-      *reinterpret_cast<uint32_t*>(dvp + key * a.sv.t + c) = pack2<T>(dv[dt][2 * r], dv[dt][2 * r + 1]);
+    for (int r = 0; r < 2; ++r) {
+      const int key = key0[mt] + 8 * r;
+      if (key >= a.Tk) continue;
+#pragma unroll
+      for (int dt = 0; dt < D / 8; ++dt) {
+        const int c = dt * 8 + 2 * tg;
+        *reinterpret_cast<uint32_t*>(dkp + key * a.sk.t + c) =
+            pack2<T>(dk[mt][dt][2 * r] * a.scale, dk[mt][dt][2 * r + 1] * a.scale);
+        *reinterpret_cast<uint32_t*>(dvp + key * a.sv.t + c) = pack2<T>(dv[mt][dt][2 * r], dv[mt][dt][2 * r + 1]);
+      }
     }
-  }
 }
 
-// dQ pass tile shape: 4 warps x 16 query rows, key tiles of 64.
-template <int D> struct DqCfg {
-  static constexpr int kW = 4, kBr = 16 * kW, kBc = 64, kLd = D + 8;
+// dQ pass tile shape: W warps x 16 query rows, key tiles of Bc rows.
+template <int D, int W, int Bc> struct DqCfg {
+  static constexpr int kD = D, kW = W, kBr = 16 * kW, kBc = Bc, kLd = D + 8;
   static constexpr unsigned kQBytes = kBr * kLd * 2, kKBytes = kBc * kLd * 2;
   static constexpr unsigned kBytes = 2 * kQBytes + 4 * kKBytes;  // Q, dO, K[2], V[2]
 };
 
-template <class T, int D>
-__global__ void __launch_bounds__(32 * DqCfg<D>::kW) attn_fast_dq_kernel(BwdArgs a) {
-  using C = DqCfg<D>;
-  constexpr int Br = C::kBr, Bc = C::kBc, LD = C::kLd;
+template <class T, class C>
+__global__ void __launch_bounds__(32 * C::kW) attn_fast_dq_kernel(BwdArgs a) {
+  constexpr int D = C::kD, Br = C::kBr, Bc = C::kBc, LD = C::kLd;
   extern __shared__ __align__(128) unsigned char smem[];
   T* Qs = reinterpret_cast<T*>(smem);
   T* dOs = reinterpret_cast<T*>(smem + C::kQBytes);
@@ -623,34 +673,70 @@ template <class K> void prepare(K kernel, unsigned bytes, const char* name) {
   ATH_CUDA(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, static_cast<int>(bytes)));
 }
 
-template <class T, int D>
+// The backward's passes in configuration (Kv = DkvCfg, Q = DqCfg).
+template <class T, class Kv, class Q>
 void launch_backward(const BwdArgs& a, const AttentionDims& d, cudaStream_t stream) {
   const int64_t rows = d.B * d.H * d.Tq;
-  attn_fast_delta_kernel<T, D><<<static_cast<unsigned>((rows + 7) / 8), 256, 0, stream>>>(a, rows);
+  attn_fast_delta_kernel<T, Kv::kD><<<static_cast<unsigned>((rows + 7) / 8), 256, 0, stream>>>(a, rows);
   ATH_CUDA_LAUNCHED("attn_fast_delta_kernel");
-  auto dkdv = attn_fast_dkdv_kernel<T, D>;
-  prepare(dkdv, DkvCfg<D>::kBytes, "attn_fast_dkdv_kernel");
-  const dim3 kv_grid(static_cast<unsigned>((d.Tk + DkvCfg<D>::kBk - 1) / DkvCfg<D>::kBk),
-                     static_cast<unsigned>(d.kv_heads()), static_cast<unsigned>(d.B));
-  dkdv<<<kv_grid, 32 * DkvCfg<D>::kW, DkvCfg<D>::kBytes, stream>>>(a);
+  auto dkdv = attn_fast_dkdv_kernel<T, Kv>;
+  prepare(dkdv, Kv::kBytes, "attn_fast_dkdv_kernel");
+  const dim3 kv_grid(static_cast<unsigned>((d.Tk + Kv::kBk - 1) / Kv::kBk), static_cast<unsigned>(d.kv_heads()),
+                     static_cast<unsigned>(d.B));
+  dkdv<<<kv_grid, 32 * Kv::kW, Kv::kBytes, stream>>>(a);
   ATH_CUDA_LAUNCHED("attn_fast_dkdv_kernel");
-  auto dqk = attn_fast_dq_kernel<T, D>;
-  prepare(dqk, DqCfg<D>::kBytes, "attn_fast_dq_kernel");
-  const dim3 q_grid(static_cast<unsigned>((d.Tq + DqCfg<D>::kBr - 1) / DqCfg<D>::kBr), static_cast<unsigned>(d.H),
+  auto dqk = attn_fast_dq_kernel<T, Q>;
+  prepare(dqk, Q::kBytes, "attn_fast_dq_kernel");
+  const dim3 q_grid(static_cast<unsigned>((d.Tq + Q::kBr - 1) / Q::kBr), static_cast<unsigned>(d.H),
                     static_cast<unsigned>(d.B));
-  dqk<<<q_grid, 32 * DqCfg<D>::kW, DqCfg<D>::kBytes, stream>>>(a);
+  dqk<<<q_grid, 32 * Q::kW, Q::kBytes, stream>>>(a);
   ATH_CUDA_LAUNCHED("attn_fast_dq_kernel");
 }
 
-template <class T, int D>
-void launch(const FastArgs& a, const AttentionDims& d, cudaStream_t stream) {
-  using C = FastCfg<D>;
-  auto kernel = attn_fast_fwd_kernel<T, D>;
+template <class T, class C> void launch(const FastArgs& a, const AttentionDims& d, cudaStream_t stream) {
+  auto kernel = attn_fast_fwd_kernel<T, C>;
   prepare(kernel, C::kBytes, "attn_fast_fwd_kernel");
   const dim3 grid(static_cast<unsigned>((d.Tq + C::kBr - 1) / C::kBr), static_cast<unsigned>(d.H),
                   static_cast<unsigned>(d.B));
   kernel<<<grid, 32 * C::kW, C::kBytes, stream>>>(a);
   ATH_CUDA_LAUNCHED("attn_fast_fwd_kernel");
+}
+
+// The configurations (attention_fast.h's names). Two m-tiles per warp (f128x64w4, b128x16w4)
+// exist at D 64 only: at D 128 the forward's Q fragments and O accumulators alone would take
+// 192 registers, the dK/dV pass's dK and dV accumulators 256; f64x128w4 too (at D 128 its
+// scores, Q fragments and O would take 160 of them). b128x16w4's 16-query steps keep
+// its dK/dV kernel at ~243 registers without spills (32-query steps spill, per ptxas -v).
+template <class T, int D> void launch_forward_tiles(FwdTiles tiles, const FastArgs& a, const AttentionDims& d,
+                                                    cudaStream_t stream) {
+  switch (tiles) {
+    case FwdTiles::f128x64w8: return launch<T, FastCfg<D, 8, 1, 64>>(a, d, stream);
+    case FwdTiles::f128x64w4:
+      if constexpr (D == 64) return launch<T, FastCfg<D, 4, 2, 64>>(a, d, stream);
+      else return launch<T, FastCfg<D, 4, 1, 64>>(a, d, stream);
+    case FwdTiles::f64x128w4:
+      if constexpr (D == 64) return launch<T, FastCfg<D, 4, 1, 128>>(a, d, stream);
+      else return launch<T, FastCfg<D, 4, 1, 64>>(a, d, stream);
+    default: return launch<T, FastCfg<D, 4, 1, 64>>(a, d, stream);
+  }
+}
+
+template <class T, int D> void launch_backward_tiles(BwdTiles tiles, const BwdArgs& a, const AttentionDims& d,
+                                                     cudaStream_t stream) {
+  switch (tiles) {
+    case BwdTiles::b128x64w8: return launch_backward<T, DkvCfg<D, 8, 1, 64>, DqCfg<D, 8, 64>>(a, d, stream);
+    case BwdTiles::b128x16w4:
+      if constexpr (D == 64) return launch_backward<T, DkvCfg<D, 4, 2, 16>, DqCfg<D, 4, 64>>(a, d, stream);
+      else return launch_backward<T, DkvCfg<D, 4, 1, 64>, DqCfg<D, 4, 64>>(a, d, stream);
+    default: return launch_backward<T, DkvCfg<D, 4, 1, 64>, DqCfg<D, 4, 64>>(a, d, stream);
+  }
+}
+
+template <class T> void forward_tiles(FwdTiles tiles, const FastArgs& a, const AttentionDims& d, cudaStream_t stream) {
+  d.D == 64 ? launch_forward_tiles<T, 64>(tiles, a, d, stream) : launch_forward_tiles<T, 128>(tiles, a, d, stream);
+}
+template <class T> void backward_tiles(BwdTiles tiles, const BwdArgs& a, const AttentionDims& d, cudaStream_t stream) {
+  d.D == 64 ? launch_backward_tiles<T, 64>(tiles, a, d, stream) : launch_backward_tiles<T, 128>(tiles, a, d, stream);
 }
 
 }  // namespace
@@ -668,11 +754,8 @@ void attention_fast_forward(const void* q, const void* k, const void* v, void* o
   a.Tq = static_cast<int>(d.Tq), a.Tk = static_cast<int>(d.Tk);
   a.scale_log2 = static_cast<float>(scale * 1.4426950408889634);
   a.causal = causal;
-  const bool bf16 = dtype == DType::bf16;
-  if (d.D == 64)
-    bf16 ? launch<__nv_bfloat16, 64>(a, d, stream) : launch<__half, 64>(a, d, stream);
-  else
-    bf16 ? launch<__nv_bfloat16, 128>(a, d, stream) : launch<__half, 128>(a, d, stream);
+  const FwdTiles tiles = attention_tiles().fwd;
+  dtype == DType::bf16 ? forward_tiles<__nv_bfloat16>(tiles, a, d, stream) : forward_tiles<__half>(tiles, a, d, stream);
 }
 
 void attention_fast_backward(const void* q, const void* k, const void* v, const void* o, const void* dout,
@@ -692,11 +775,9 @@ void attention_fast_backward(const void* q, const void* k, const void* v, const 
   a.scale = static_cast<float>(scale);
   a.scale_log2 = static_cast<float>(scale * 1.4426950408889634);
   a.causal = causal;
-  const bool bf16 = dtype == DType::bf16;
-  if (d.D == 64)
-    bf16 ? launch_backward<__nv_bfloat16, 64>(a, d, stream) : launch_backward<__half, 64>(a, d, stream);
-  else
-    bf16 ? launch_backward<__nv_bfloat16, 128>(a, d, stream) : launch_backward<__half, 128>(a, d, stream);
+  const BwdTiles tiles = attention_tiles().bwd;
+  dtype == DType::bf16 ? backward_tiles<__nv_bfloat16>(tiles, a, d, stream)
+                       : backward_tiles<__half>(tiles, a, d, stream);
 }
 
 }  // namespace athanor::cuda
