@@ -212,6 +212,20 @@ int main(int argc, char** argv) try {
   auto time_ms = [&](auto&& fn) { return timer.ms(fn); };
   const double fwd_flop = 4.0 * o.B * o.H * o.T * o.T * o.D * (o.causal ? 0.5 : 1.0);
   auto tflops = [](double flop, double ms) { return flop / (ms * 1e-3) / 1e12; };
+  // Forward, backward and both of (f, b): ms and TFLOP/s as JSON fields.
+  auto time3 = [&](auto& f, auto& b) {
+    const double f_ms = time_ms(f), b_ms = time_ms(b);
+    const double fb_ms = time_ms([&] {
+      f();
+      b();
+    });
+    char buf[256];
+    std::snprintf(buf, sizeof buf,
+                  "\"fwd_ms\": %.4f, \"bwd_ms\": %.4f, \"fwd_bwd_ms\": %.4f, \"fwd_tflops\": %.2f, "
+                  "\"bwd_tflops\": %.2f, \"fwd_bwd_tflops\": %.2f",
+                  f_ms, b_ms, fb_ms, tflops(fwd_flop, f_ms), tflops(2.5 * fwd_flop, b_ms), tflops(3.5 * fwd_flop, fb_ms));
+    return std::string(buf);
+  };
   // One implementation's figures as a JSON object.
   auto measure = [&](cuda::AttentionImpl impl) {
     cuda::set_attention_impl(impl);
@@ -219,19 +233,7 @@ int main(int argc, char** argv) try {
                           !cuda::attention_fast_backward_supported(base, base + koff * es, base + voff * es, out, dout,
                                                                    gbase, gbase + koff * es, gbase + voff * es, d, L,
                                                                    o.dtype);
-    const double f_ms = time_ms(fwd);
-    const double b_ms = time_ms(bwd);
-    const double fb_ms = time_ms([&] {
-      fwd();
-      bwd();
-    });
-    char buf[512];
-    std::snprintf(buf, sizeof buf,
-                  "{\"fallback\": %s, \"fwd_ms\": %.4f, \"bwd_ms\": %.4f, \"fwd_bwd_ms\": %.4f, \"fwd_tflops\": %.2f, "
-                  "\"bwd_tflops\": %.2f, \"fwd_bwd_tflops\": %.2f}",
-                  fallback ? "true" : "false", f_ms, b_ms, fb_ms, tflops(fwd_flop, f_ms), tflops(2.5 * fwd_flop, b_ms),
-                  tflops(3.5 * fwd_flop, fb_ms));
-    return std::string(buf);
+    return std::string("{\"fallback\": ") + (fallback ? "true" : "false") + ", " + time3(fwd, bwd) + "}";
   };
   std::string results;
   if (o.impl == "both" || o.impl == "reference") results += "\"reference\": " + measure(cuda::AttentionImpl::reference);
@@ -239,19 +241,6 @@ int main(int argc, char** argv) try {
     results += std::string(results.empty() ? "" : ", ") + "\"fast\": " + measure(cuda::AttentionImpl::fast);
   if (o.impl == "both" || o.impl == "cudnn") {
     // cuDNN's entry (its own block: cudnn_entry above).
-    auto time3 = [&](auto& f, auto& b) {
-      const double f_ms = time_ms(f), b_ms = time_ms(b);
-      const double fb_ms = time_ms([&] {
-        f();
-        b();
-      });
-      char buf[256];
-      std::snprintf(buf, sizeof buf,
-                    "\"fwd_ms\": %.4f, \"bwd_ms\": %.4f, \"fwd_bwd_ms\": %.4f, \"fwd_tflops\": %.2f, "
-                    "\"bwd_tflops\": %.2f, \"fwd_bwd_tflops\": %.2f",
-                    f_ms, b_ms, fb_ms, tflops(fwd_flop, f_ms), tflops(2.5 * fwd_flop, b_ms), tflops(3.5 * fwd_flop, fb_ms));
-      return std::string(buf);
-    };
     results += std::string(results.empty() ? "" : ", ") + "\"cudnn\": " +
                cudnn_entry(base, base + koff * es, base + voff * es, out, lse, dout, gbase, gbase + koff * es,
                            gbase + voff * es, ws, d, L, o.causal, scale, o.dtype, st, fwd, bwd, time3);
