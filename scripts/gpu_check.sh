@@ -614,8 +614,9 @@ EOF
 # (default 450), then every file written packed into $OUT/gpu_all.tgz beside the summaries (a
 # device call brings back 8 files at most; the check alone writes ~20). The speed step:
 #   GPU_ALL_BENCH=compare (default): scripts/gpu_bench.sh, athanor against torch.compile;
-#   GPU_ALL_BENCH=athanor: athanor alone on gpt2-124m-gpu at batch 64, once with the CUDA
-#     candidates off and once with all on (ATHANOR_CUDA_CANDIDATES=none, all): no PyTorch compile
+#   GPU_ALL_BENCH=athanor: athanor alone on gpt2-124m-gpu at batch 64, once per value of
+#     ATHANOR_CUDA_CANDIDATES in GPU_ALL_VARIANTS (default "none all"; e.g. "none all
+#     pointwise_vectorized,lowp_copies" to time a subset too; ~30 s each): no PyTorch compile
 #     (~45 s) in the call, for a call too short to hold it.
 # With 40 s still left, the op profile of a GPT-2 124M step at batch 16 (where its device time
 # goes), with the candidates on when their gpu tests passed.
@@ -630,7 +631,7 @@ cmd_all() {
   local left=$((total - ($(date +%s) - t0) - 45)) d=/tmp/athanor-gpu-run/athanor-gpu impl
   if [[ ${GPU_ALL_BENCH:-compare} == athanor ]]; then
     rc_bench=0
-    for cands in none all; do
+    for cands in ${GPU_ALL_VARIANTS:-none all}; do
       left=$((total - ($(date +%s) - t0) - 45))
       ((left >= 30)) || { echo "no time left for the run with candidates $cands" >>"$work/bench/stdout.txt"; continue; }
       ((left > 60)) && left=60
@@ -659,7 +660,7 @@ cmd_all() {
   cat "$work/check/gpu_check.json" 2>/dev/null || tail -40 "$work/check/stdout.txt"
   grep -h -E "^\[  FAILED  \] [A-Za-z]|crashed|timed out" "$work/check/gpu_check.log" 2>/dev/null | sort | uniq -c | sort -rn | head -40
   tail -30 "$work/bench/gpu_bench.log" 2>/dev/null || cat "$work/bench/stdout.txt"
-  for cands in none all; do
+  for cands in ${GPU_ALL_VARIANTS:-none all}; do
     [[ -s $work/bench/athanor_b64_candidates_$cands.json ]] && python3 -c 'import json,sys; b=json.load(open(sys.argv[1])); print("candidates", sys.argv[2], b.get("throughput"), "tok/s", b.get("median_ms"), "ms", "mfu", b.get("mfu"), "loss", b.get("final_loss"))' \
       "$work/bench/athanor_b64_candidates_$cands.json" "$cands" 2>/dev/null
   done
