@@ -459,6 +459,11 @@ Plan* plan_for(State& st, const CudnnApi& api, cudnnHandle_t handle, const Key& 
       plan->plan = nullptr;
     }
     it = st.plans.emplace(key, std::move(plan)).first;
+    // cuDNN's plan build makes runtime calls of its own (a config that does not finalize, say,
+    // one asking for more shared memory than this GPU has, may leave a non-sticky error behind,
+    // even when a later config finalizes): not ours to report. Cleared, or the next
+    // ATH_CUDA_LAUNCHED check (our fallback kernels', or any later op's) would throw it.
+    cudaGetLastError();
   }
   if (!it->second->failure.empty()) {
     st.last_failure = it->second->failure;
@@ -552,6 +557,10 @@ bool run(bool backward, bool causal, double scale, DType dtype, const AttentionD
   if (pack) api->BackendDestroyDescriptor(pack);
   if (ws) alloc.deallocate(ws);  // stream-ordered: reused only by work queued after this call
   if (!err.empty()) {
+    // A failed execution may leave a non-sticky launch error behind: cleared, so that the
+    // fallback kernels' launch checks do not report cuDNN's failure as theirs (a sticky error
+    // stays, and surfaces there).
+    cudaGetLastError();
     st.last_failure = err;
     plan->failure = err;  // this shape runs on our kernels from now on
     return false;
