@@ -572,6 +572,12 @@ bool run(bool backward, bool causal, double scale, DType dtype, const AttentionD
 
 bool attention_cudnn_forward(const void* q, const void* k, const void* v, void* o, float* lse, const AttentionDims& d,
                              const AttentionLayout& L, bool causal, double scale, DType dtype, cudaStream_t stream) {
+  // lse (the Stats tensor, declared 16-byte aligned) is not among supported()'s operands.
+  if (reinterpret_cast<std::uintptr_t>(lse) % 16 != 0) {
+    std::lock_guard<std::mutex> lock(state().mu);
+    state().last_failure = "cuDNN attention forward: lse is not 16-byte aligned";
+    return false;
+  }
   return run(false, causal, scale, dtype, d, L, {kQ, kK, kV, kO, kStats},
              {const_cast<void*>(q), const_cast<void*>(k), const_cast<void*>(v), o, lse}, stream);
 }
