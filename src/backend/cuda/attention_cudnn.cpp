@@ -28,6 +28,9 @@ std::string attention_cudnn_decline_reason(const AttentionDims& d, const Attenti
   if (d.D != d.Dv) return "D != Dv";
   if (d.D < 8 || d.D > 128 || d.D % 8 != 0) return "head dim " + std::to_string(d.D) + " (cuDNN's path takes 8..128, a multiple of 8)";
   if (d.B < 1 || d.H < 1 || d.Tq < 1 || d.Tk < 1) return "empty sizes";
+  // cudnn-frontend's SDPA backward refuses s_q = s_kv = 1 (its support surface), so we do not
+  // hand it to the backend either (the forward too: one rule for both directions).
+  if (d.Tq == 1 && d.Tk == 1) return "Tq = Tk = 1 (cuDNN's fused attention backward does not support it)";
   for (const AttentionStrides* s : {&L.q, &L.k, &L.v, &L.o})
     if (s->b % 8 != 0 || s->h % 8 != 0 || s->t % 8 != 0 || s->b < 0 || s->h < 0 || s->t < 0)
       return "a stride that is not a multiple of 8 elements (16 bytes)";

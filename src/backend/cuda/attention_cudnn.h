@@ -30,7 +30,7 @@
 //  - not bit-identical to our kernels (different tiling and rounding): compared with tolerances;
 //  - declined (our kernels run): f32/f64, grouped-query heads (Hkv != H: cuDNN's backward needs
 //    full-head dK/dV buffers and a reduction we have not wired), D not a multiple of 8 or above
-//    128, strides or pointers not 16-byte aligned, cuDNN missing, and any graph cuDNN refuses
+//    128, Tq = Tk = 1, strides or pointers not 16-byte aligned, cuDNN missing, and any graph cuDNN refuses
 //    at plan-build time (the cuDNN status and message kept: attention_cudnn_last_failure);
 //  - no host synchronisation (cuDNN's handle and plans are built on a shape's first call, and
 //    kept for the process's life); the plan cache is process-wide, guarded by a mutex.
