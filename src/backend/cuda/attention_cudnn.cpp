@@ -527,8 +527,13 @@ bool run(bool backward, bool causal, double scale, DType dtype, const AttentionD
     try {
       ws = alloc.allocate(static_cast<std::size_t>(plan->workspace), MemTag::workspace, stream);
     } catch (const std::exception& e) {
+      // Kept as the plan's failure: this shape stays on our kernels. Retrying every call would
+      // repeat the allocator's out-of-memory path each step (it waits for the streams and gives
+      // every cached segment back to cudaFree before it throws), flushing the cache that our
+      // kernels and every other op then refill.
       st.last_failure = "cuDNN attention: its workspace of " + std::to_string(plan->workspace) +
                         " bytes could not be allocated: " + e.what();
+      plan->failure = st.last_failure;
       return false;
     }
   }

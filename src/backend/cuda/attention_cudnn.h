@@ -24,7 +24,7 @@
 //    passed it, treat this path as NOT proven deterministic. The dP workspace costs
 //    about 2 * B * H * Tq * Tk bytes of device workspace per backward call (from the caching
 //    allocator, tag workspace, freed in stream order after the call; where it does not fit,
-//    the call falls back to our kernels);
+//    the call falls back to our kernels, and so does every later call of that shape);
 //  - the backward's Delta_i = dO_i . O_i (cuDNN's "softmax_sum") lives in the caller's
 //    attention_backward workspace (B H Tq floats: the size attention_backward_workspace gives);
 //  - not bit-identical to our kernels (different tiling and rounding): compared with tolerances;
