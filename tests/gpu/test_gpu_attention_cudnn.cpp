@@ -243,6 +243,10 @@ TEST(GpuAttentionCudnn, DeclineRule) {
     EXPECT_NE(cuda::attention_cudnn_decline_reason(d, cuda::AttentionLayout::contiguous(d), DType::bf16), "")
         << "D=" << D;
   }
+  // Tq = Tk = 1: cuDNN's backward does not take it (cudnn-frontend's support surface); one row is fine.
+  const cuda::AttentionDims one{2, 4, 1, 1, 64, 64}, one_row{2, 4, 1, 64, 64, 64};
+  EXPECT_NE(cuda::attention_cudnn_decline_reason(one, cuda::AttentionLayout::contiguous(one), DType::bf16), "");
+  EXPECT_EQ(cuda::attention_cudnn_decline_reason(one_row, cuda::AttentionLayout::contiguous(one_row), DType::bf16), "");
   const cuda::AttentionDims dv{1, 2, 64, 64, 64, 128};
   EXPECT_NE(cuda::attention_cudnn_decline_reason(dv, cuda::AttentionLayout::contiguous(dv), DType::bf16), "");
   // Strides that are not 16 bytes apart.

@@ -28,6 +28,9 @@ std::string attention_cudnn_decline_reason(const AttentionDims& d, const Attenti
   if (d.D != d.Dv) return "D != Dv";
   if (d.D < 8 || d.D > 128 || d.D % 8 != 0) return "head dim " + std::to_string(d.D) + " (cuDNN's path takes 8..128, a multiple of 8)";
   if (d.B < 1 || d.H < 1 || d.Tq < 1 || d.Tk < 1) return "empty sizes";
+  // cudnn-frontend's SDPA backward refuses s_q = s_kv = 1 (its support surface), so we do not
+  // hand it to the backend either (the forward too: one rule for both directions).
+  if (d.Tq == 1 && d.Tk == 1) return "Tq = Tk = 1 (cuDNN's fused attention backward does not support it)";
   for (const AttentionStrides* s : {&L.q, &L.k, &L.v, &L.o})
     if (s->b % 8 != 0 || s->h % 8 != 0 || s->t % 8 != 0 || s->b < 0 || s->h < 0 || s->t < 0)
       return "a stride that is not a multiple of 8 elements (16 bytes)";
@@ -459,6 +462,11 @@ Plan* plan_for(State& st, const CudnnApi& api, cudnnHandle_t handle, const Key& 
       plan->plan = nullptr;
     }
     it = st.plans.emplace(key, std::move(plan)).first;
+    // cuDNN's plan build makes runtime calls of its own (a config that does not finalize, say,
+    // one asking for more shared memory than this GPU has, may leave a non-sticky error behind,
+    // even when a later config finalizes): not ours to report. Cleared, or the next
+    // ATH_CUDA_LAUNCHED check (our fallback kernels', or any later op's) would throw it.
+    cudaGetLastError();
   }
   if (!it->second->failure.empty()) {
     st.last_failure = it->second->failure;
@@ -519,8 +527,13 @@ bool run(bool backward, bool causal, double scale, DType dtype, const AttentionD
     try {
       ws = alloc.allocate(static_cast<std::size_t>(plan->workspace), MemTag::workspace, stream);
     } catch (const std::exception& e) {
+      // Kept as the plan's failure: this shape stays on our kernels. Retrying every call would
+      // repeat the allocator's out-of-memory path each step (it waits for the streams and gives
+      // every cached segment back to cudaFree before it throws), flushing the cache that our
+      // kernels and every other op then refill.
       st.last_failure = "cuDNN attention: its workspace of " + std::to_string(plan->workspace) +
                         " bytes could not be allocated: " + e.what();
+      plan->failure = st.last_failure;
       return false;
     }
   }
@@ -552,6 +565,10 @@ bool run(bool backward, bool causal, double scale, DType dtype, const AttentionD
   if (pack) api->BackendDestroyDescriptor(pack);
   if (ws) alloc.deallocate(ws);  // stream-ordered: reused only by work queued after this call
   if (!err.empty()) {
+    // A failed execution may leave a non-sticky launch error behind: cleared, so that the
+    // fallback kernels' launch checks do not report cuDNN's failure as theirs (a sticky error
+    // stays, and surfaces there).
+    cudaGetLastError();
     st.last_failure = err;
     plan->failure = err;  // this shape runs on our kernels from now on
     return false;
@@ -563,6 +580,12 @@ bool run(bool backward, bool causal, double scale, DType dtype, const AttentionD
 
 bool attention_cudnn_forward(const void* q, const void* k, const void* v, void* o, float* lse, const AttentionDims& d,
                              const AttentionLayout& L, bool causal, double scale, DType dtype, cudaStream_t stream) {
+  // lse (the Stats tensor, declared 16-byte aligned) is not among supported()'s operands.
+  if (reinterpret_cast<std::uintptr_t>(lse) % 16 != 0) {
+    std::lock_guard<std::mutex> lock(state().mu);
+    state().last_failure = "cuDNN attention forward: lse is not 16-byte aligned";
+    return false;
+  }
   return run(false, causal, scale, dtype, d, L, {kQ, kK, kV, kO, kStats},
              {const_cast<void*>(q), const_cast<void*>(k), const_cast<void*>(v), o, lse}, stream);
 }

@@ -24,13 +24,13 @@
 //    passed it, treat this path as NOT proven deterministic. The dP workspace costs
 //    about 2 * B * H * Tq * Tk bytes of device workspace per backward call (from the caching
 //    allocator, tag workspace, freed in stream order after the call; where it does not fit,
-//    the call falls back to our kernels);
+//    the call falls back to our kernels, and so does every later call of that shape);
 //  - the backward's Delta_i = dO_i . O_i (cuDNN's "softmax_sum") lives in the caller's
 //    attention_backward workspace (B H Tq floats: the size attention_backward_workspace gives);
 //  - not bit-identical to our kernels (different tiling and rounding): compared with tolerances;
 //  - declined (our kernels run): f32/f64, grouped-query heads (Hkv != H: cuDNN's backward needs
 //    full-head dK/dV buffers and a reduction we have not wired), D not a multiple of 8 or above
-//    128, strides or pointers not 16-byte aligned, cuDNN missing, and any graph cuDNN refuses
+//    128, Tq = Tk = 1, strides or pointers not 16-byte aligned, cuDNN missing, and any graph cuDNN refuses
 //    at plan-build time (the cuDNN status and message kept: attention_cudnn_last_failure);
 //  - no host synchronisation (cuDNN's handle and plans are built on a shape's first call, and
 //    kept for the process's life); the plan cache is process-wide, guarded by a mutex.
