@@ -7,8 +7,12 @@ reuse (C of S -> A of P), masks and online softmax, with ldmatrix (.trans or not
 mma.m16n8k16 emulated from the PTX ISA's fragment figures. Checked against plain attention in
 float64 (no bf16 rounding), it catches index errors that would otherwise only show on a GPU:
 a wrong address formula gives errors of order 1, the transcription matches to ~1e-15.
+Every tile configuration of attention_fast.h (FWD, BWD below; the D-64-only ones at D 64): a warp
+with M m-tiles runs as M warps of one m-tile each, whose first row (key) is (warp M + mt) 16, as
+in the kernels (each m-tile's arithmetic is that of M = 1; only the shared K/V or Q/dO fragments
+are loaded once for both).
 Not part of ctest (needs numpy); run by hand after changing the kernels' index arithmetic:
-    python3 tests/gpu/attention_fast_emulation.py
+    python3 tests/gpu/attention_fast_emulation.py [configuration names...]
 """
 import numpy as np, math, sys
 
@@ -47,15 +51,15 @@ def mma(c, a, b0, b1):
         g, tg = l // 4, l % 4
         c[l][0:2] = Dm[g, 2*tg:2*tg+2]; c[l][2:4] = Dm[g+8, 2*tg:2*tg+2]
 
-def block(q, k, v, i0, Tq, Tk, D, causal, scale):
-    W, Br, Bc, LD = 4, 64, 64, D + 8
+def block(q, k, v, i0, Tq, Tk, D, causal, scale, W=4, M=1, Bc=64):
+    Br, LD = 16 * M * W, D + 8
     sl2 = scale * 1.4426950408889634
     Qs = np.zeros((Br, LD)); 
     rows = min(Br, Tq - i0); Qs[:rows, :D] = q[i0:i0 + rows]
     kend = min(Tk, i0 + Br) if causal else Tk
     ntiles = (kend + Bc - 1) // Bc
     O = np.zeros((Tq, D)); L = np.zeros(Tq)
-    for warp in range(W):
+    for warp in range(W * M):
         qf = []
         for kk in range(D // 16):
             addr = [(warp*16 + l % 8 + (l // 8) % 2 * 8, kk*16 + l // 16 * 8) for l in range(32)]
@@ -137,14 +141,14 @@ def c2a(s, kk):
     return [((s[2*kk][l][0], s[2*kk][l][1]), (s[2*kk][l][2], s[2*kk][l][3]),
              (s[2*kk+1][l][0], s[2*kk+1][l][1]), (s[2*kk+1][l][2], s[2*kk+1][l][3])) for l in range(32)]
 
-def dkdv(q, k, v, do, lse, delta, Tq, Tk, D, causal, scale, k0):
-    Bk, Bq, LD = 64, (64 if D <= 64 else 32), D + 8
+def dkdv(q, k, v, do, lse, delta, Tq, Tk, D, causal, scale, k0, W=4, M=1, Bq0=64):
+    Bk, Bq, LD = 16 * M * W, (Bq0 if D <= 64 else 32), D + 8
     Ks = np.zeros((Bk, LD)); Vs = np.zeros((Bk, LD))
     kr = min(Bk, Tk - k0); Ks[:kr, :D] = k[k0:k0+kr]; Vs[:kr, :D] = v[k0:k0+kr]
     qstart = k0 // Bq * Bq if causal else 0
     ntq = (Tq - qstart + Bq - 1) // Bq if qstart < Tq else 0
     dK = np.zeros((Tk, D)); dV = np.zeros((Tk, D))
-    for warp in range(4):
+    for warp in range(W * M):
         dk = [[np.zeros(4) for _ in range(32)] for _ in range(D // 8)]
         dv = [[np.zeros(4) for _ in range(32)] for _ in range(D // 8)]
         for t in range(ntq):  # group 1
@@ -186,13 +190,13 @@ def dkdv(q, k, v, do, lse, delta, Tq, Tk, D, causal, scale, k0):
                     dK[key, c:c+2] = dk[dt][l][2*r:2*r+2] * scale; dV[key, c:c+2] = dv[dt][l][2*r:2*r+2]
     return dK, dV
 
-def dq_block(q, k, v, do, lse, delta, Tq, Tk, D, causal, scale, i0):
-    Br, Bc, LD = 64, 64, D + 8
+def dq_block(q, k, v, do, lse, delta, Tq, Tk, D, causal, scale, i0, W=4, Bc=64):
+    Br, LD = 16 * W, D + 8
     Qs = np.zeros((Br, LD)); dOs = np.zeros((Br, LD)); rows = min(Br, Tq - i0)
     Qs[:rows, :D] = q[i0:i0+rows]; dOs[:rows, :D] = do[i0:i0+rows]
     kend = min(Tk, i0 + Br) if causal else Tk
     dQ = np.zeros((Tq, D))
-    for warp in range(4):
+    for warp in range(W):
         dq = [[np.zeros(4) for _ in range(32)] for _ in range(D // 8)]
         for t in range((kend + Bc - 1) // Bc):
             j0 = t * Bc; Kt = np.zeros((Bc, LD)); Vt = np.zeros((Bc, LD)); kr = min(Bc, Tk - j0)
@@ -239,29 +243,40 @@ def ref_grads(q, k, v, do, causal, scale):
     return O, dS @ k * scale, dS.T @ q * scale, dV
 
 if __name__ == "__main__":
+  FWD = {"f64x64w4": (4, 1, 64), "f128x64w8": (8, 1, 64), "f128x64w4": (4, 2, 64), "f64x128w4": (4, 1, 128)}
+  BWD = {"b64x64w4": (4, 1, 64, 4), "b128x64w8": (8, 1, 64, 8), "b128x16w4": (4, 2, 16, 4)}
+  only = sys.argv[1:]
   rng = np.random.default_rng(0)
-  for (Tq, Tk, D, causal) in [(77, 77, 64, True), (130, 70, 64, False), (40, 150, 128, True), (90, 40, 64, True), (200, 200, 64, True)]:
+  for name, (W, M, Bc) in FWD.items():
+    if only and name not in only: continue
+    for (Tq, Tk, D, causal) in [(77, 77, 64, True), (130, 70, 64, False), (40, 150, 128, True), (90, 40, 64, True), (150, 150, 64, True)]:
+      if (M > 1 or Bc > 64) and D != 64: continue
+      Br = 16 * M * W
       q = rng.uniform(-2.5, 2.5, (Tq, D)); k = rng.uniform(-1, 1, (Tk, D)); v = rng.uniform(-1, 1, (Tk, D))
       scale = 1 / math.sqrt(D)
-      O = np.zeros((Tq, D)); L = np.zeros(Tq)
-      for i0 in range(0, Tq, 64):
-          Ob, Lb = block(q, k, v, i0, Tq, Tk, D, causal, scale)
-          O[i0:i0+64] = Ob[i0:i0+64]; L[i0:i0+64] = Lb[i0:i0+64]
+      O = np.full((Tq, D), np.nan); L = np.full(Tq, np.nan)
+      for i0 in range(0, Tq, Br):
+          Ob, Lb = block(q, k, v, i0, Tq, Tk, D, causal, scale, W, M, Bc)
+          O[i0:i0+Br] = Ob[i0:i0+Br]; L[i0:i0+Br] = Lb[i0:i0+Br]
       Or, Lr = ref(q, k, v, causal, scale)
-      print(Tq, Tk, D, causal, "max|dO|", np.abs(O - Or).max(), "max|dlse|", np.abs(L - Lr).max(), flush=True)
+      print(name, Tq, Tk, D, causal, "max|dO|", np.abs(O - Or).max(), "max|dlse|", np.abs(L - Lr).max(), flush=True)
       assert np.abs(O - Or).max() < 1e-9 and np.abs(L - Lr).max() < 1e-9, "forward emulation differs"
   rng = np.random.default_rng(1)
-  for (Tq, Tk, D, causal) in [(77, 77, 64, True), (130, 70, 64, False), (40, 150, 128, True), (90, 40, 64, True), (70, 70, 128, False)]:
+  for name, (W, M, Bq, Wq) in BWD.items():
+    if only and name not in only: continue
+    for (Tq, Tk, D, causal) in [(77, 77, 64, True), (130, 70, 64, False), (40, 150, 128, True), (90, 40, 64, True), (70, 70, 128, False), (150, 150, 64, True)]:
+      if M > 1 and D != 64: continue
+      Bk, Br = 16 * M * W, 16 * Wq
       q = rng.uniform(-2.5, 2.5, (Tq, D)); k = rng.uniform(-1, 1, (Tk, D)); v = rng.uniform(-1, 1, (Tk, D)); do = rng.uniform(-1, 1, (Tq, D))
       scale = 1 / math.sqrt(D)
       O, lse = ref(q, k, v, causal, scale)
       delta = (O * do).sum(1)
       _, dQr, dKr, dVr = ref_grads(q, k, v, do, causal, scale)
-      dK = np.zeros((Tk, D)); dV = np.zeros((Tk, D)); dQ = np.zeros((Tq, D))
-      for k0 in range(0, Tk, 64):
-          a, b = dkdv(q, k, v, do, lse, delta, Tq, Tk, D, causal, scale, k0)
-          dK[k0:k0+64] = a[k0:k0+64]; dV[k0:k0+64] = b[k0:k0+64]
-      for i0 in range(0, Tq, 64):
-          dQ[i0:i0+64] = dq_block(q, k, v, do, lse, delta, Tq, Tk, D, causal, scale, i0)[i0:i0+64]
-      print(Tq, Tk, D, causal, "dq", np.abs(dQ - dQr).max(), "dk", np.abs(dK - dKr).max(), "dv", np.abs(dV - dVr).max(), flush=True)
+      dK = np.full((Tk, D), np.nan); dV = np.full((Tk, D), np.nan); dQ = np.full((Tq, D), np.nan)
+      for k0 in range(0, Tk, Bk):
+          a, b = dkdv(q, k, v, do, lse, delta, Tq, Tk, D, causal, scale, k0, W, M, Bq)
+          dK[k0:k0+Bk] = a[k0:k0+Bk]; dV[k0:k0+Bk] = b[k0:k0+Bk]
+      for i0 in range(0, Tq, Br):
+          dQ[i0:i0+Br] = dq_block(q, k, v, do, lse, delta, Tq, Tk, D, causal, scale, i0, Wq, 64)[i0:i0+Br]
+      print(name, Tq, Tk, D, causal, "dq", np.abs(dQ - dQr).max(), "dk", np.abs(dK - dKr).max(), "dv", np.abs(dV - dVr).max(), flush=True)
       assert max(np.abs(dQ - dQr).max(), np.abs(dK - dKr).max(), np.abs(dV - dVr).max()) < 1e-9, "backward emulation differs"

@@ -27,6 +27,7 @@
 #include "athanor/core/half.h"
 #include "backend/cuda/attention.h"
 #include "backend/cuda/attention_fast.h"
+#include "backend/cuda/candidates.h"
 #include "attention_test_case.h"
 #include "gpu_test.h"
 
@@ -74,6 +75,10 @@ GpuResult<H> run_gpu(const Case& c, Impl fwd, Impl bwd, const Inputs<H>& x,
                      cuda::AttentionTiles tiles = cuda::AttentionTiles{}) {
   const TilesGuard tiles_guard(tiles);
   const ImplGuard guard(fwd);
+  // cuDNN's candidate off: with ATHANOR_CUDA_CANDIDATES=all (gpu_check.sh's candidates
+  // pass) attention_forward/backward would hand these calls to cuDNN before the fast kernels, and
+  // every case here would test cuDNN (test_gpu_attention_cudnn.cpp's job) instead of ours.
+  const cuda::CandidateOverride no_cudnn(cuda::Candidate::attention_cudnn, false);
   GpuRun<H> run(c, x);
   // The fast cases must take the fast kernels, not fall back (or this test checks nothing new).
   EXPECT_TRUE(cuda::attention_fast_backward_supported(run.q(), run.k(), run.v(), run.o(), run.dout(), run.dq(),
