@@ -109,3 +109,27 @@ TEST(GpuAttentionOps, HeadDimAboveTheLimitIsAClearError) {
     EXPECT_NE(m.find("1 to 256"), std::string::npos) << m;
   }
 }
+
+// No queries: the keys and values get a zero gradient (no kernel runs, the buffers are written
+// anyway), as on the CPU; f32 and f64 (the f64 path has its own kernels).
+TEST(GpuAttentionOps, NoQueriesGiveZeroKeyAndValueGradients) {
+  ATH_REQUIRE_GPU();
+  for (DType dt : {DType::f32, DType::f64}) {
+    const TensorOptions o = TensorOptions(dt).with_device(Device::cuda(0));
+    // Blocks of the gradients' size holding non-zero bytes, freed to the caching allocator
+    // first, so that a gradient nobody wrote shows as 7, not as a lucky 0.
+    {
+      std::vector<Tensor> junk;
+      for (int i = 0; i < 8; ++i) junk.push_back(full({1, 2, 5, 16}, 7.0, o));
+    }
+    Tensor q = zeros({1, 2, 0, 16}, o).requires_grad_(true);
+    Tensor k = full({1, 2, 5, 16}, 0.5, o).requires_grad_(true);
+    Tensor v = full({1, 2, 5, 16}, -0.25, o).requires_grad_(true);
+    Tensor y = scaled_dot_product_attention(q, k, v, false);
+    backward({y}, {zeros(y.sizes(), o)});
+    for (const Tensor* t : {&k, &v}) {
+      ASSERT_TRUE(t->grad().defined()) << dtype_name(dt);
+      for (double x : host_values(t->grad())) ASSERT_EQ(x, 0.0) << dtype_name(dt);
+    }
+  }
+}

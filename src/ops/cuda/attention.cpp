@@ -154,6 +154,8 @@ Grads sdpa_backward_cuda(const Node& n, const Grads& g, const OpSaved& saved) {
                              static_cast<const float*>(lv.device_data()), dq.device_data(), dk.device_data(),
                              dv.device_data(), s.d, {strides_of(qv), strides_of(kv), strides_of(vv), strides_of(ov)},
                              s.causal, s.scale, s.dtype, ws.device_data(), cuda::compute_stream(dev));
+  } else {  // no queries or no keys: nothing depends on the other side (the kernels ran on none)
+    dq.zero_(), dk.zero_(), dv.zero_();
   }
   return {needs_grad(n, 0) ? dq : Tensor(), needs_grad(n, 1) ? dk : Tensor(), needs_grad(n, 2) ? dv : Tensor()};
 }
