@@ -164,6 +164,17 @@ bool cross_entropy_vectorized_supported(const void* logits, DType dtype, int64_t
   return w > 0 && C > 0 && C % w == 0 && aligned16(logits) && (dlogits == nullptr || aligned16(dlogits));
 }
 
+namespace {
+// f(T{}) with T the logits' C++ type (cross_entropy_vectorized_supported has excluded the rest).
+template <class F> void with_logits_type(DType dtype, F&& f) {
+  switch (dtype) {
+    case DType::f32: f(float{}); break;
+    case DType::bf16: f(__nv_bfloat16{}); break;
+    default: f(__half{}); break;
+  }
+}
+}  // namespace
+
 void cross_entropy_forward_vectorized(const void* logits, DType dtype, const int64_t* target, float* stats, float* loss,
                                       int64_t N, int64_t C, int64_t ignore_index, double label_smoothing,
                                       cudaStream_t stream) {
@@ -171,22 +182,11 @@ void cross_entropy_forward_vectorized(const void* logits, DType dtype, const int
             "the vectorized kernel was given logits it does not take (", dtype_name(dtype), ", C = ", C, ")",
             Hint{"check cross_entropy_vectorized_supported first (an internal error)"});
   if (N == 0) return;
-  const float eps = static_cast<float>(label_smoothing);
-  const unsigned grid = static_cast<unsigned>(N);
-  switch (dtype) {
-    case DType::f32:
-      ce_fwd_vec_kernel<<<grid, kThreads, 0, stream>>>(static_cast<const float*>(logits), target, stats, loss, C,
-                                                       ignore_index, eps);
-      break;
-    case DType::bf16:
-      ce_fwd_vec_kernel<<<grid, kThreads, 0, stream>>>(static_cast<const __nv_bfloat16*>(logits), target, stats, loss, C,
-                                                       ignore_index, eps);
-      break;
-    default:
-      ce_fwd_vec_kernel<<<grid, kThreads, 0, stream>>>(static_cast<const __half*>(logits), target, stats, loss, C,
-                                                       ignore_index, eps);
-      break;
-  }
+  with_logits_type(dtype, [&](auto t) {
+    using T = decltype(t);
+    ce_fwd_vec_kernel<<<static_cast<unsigned>(N), kThreads, 0, stream>>>(
+        static_cast<const T*>(logits), target, stats, loss, C, ignore_index, static_cast<float>(label_smoothing));
+  });
   ATH_CUDA_LAUNCHED("ce_fwd_vec_kernel");
 }
 
@@ -197,23 +197,12 @@ void cross_entropy_backward_vectorized(const void* logits, DType dtype, const in
             "the vectorized kernel was given logits it does not take (", dtype_name(dtype), ", C = ", C, ")",
             Hint{"check cross_entropy_vectorized_supported first (an internal error)"});
   if (N == 0) return;
-  const float eps = static_cast<float>(label_smoothing);
-  const unsigned grid = static_cast<unsigned>(N);
-  switch (dtype) {
-    case DType::f32:
-      ce_bwd_vec_kernel<<<grid, kThreads, 0, stream>>>(static_cast<const float*>(logits), target, stats, factor,
-                                                       factor_stride, static_cast<float*>(dlogits), C, ignore_index, eps);
-      break;
-    case DType::bf16:
-      ce_bwd_vec_kernel<<<grid, kThreads, 0, stream>>>(static_cast<const __nv_bfloat16*>(logits), target, stats, factor,
-                                                       factor_stride, static_cast<__nv_bfloat16*>(dlogits), C,
-                                                       ignore_index, eps);
-      break;
-    default:
-      ce_bwd_vec_kernel<<<grid, kThreads, 0, stream>>>(static_cast<const __half*>(logits), target, stats, factor,
-                                                       factor_stride, static_cast<__half*>(dlogits), C, ignore_index, eps);
-      break;
-  }
+  with_logits_type(dtype, [&](auto t) {
+    using T = decltype(t);
+    ce_bwd_vec_kernel<<<static_cast<unsigned>(N), kThreads, 0, stream>>>(
+        static_cast<const T*>(logits), target, stats, factor, factor_stride, static_cast<T*>(dlogits), C, ignore_index,
+        static_cast<float>(label_smoothing));
+  });
   ATH_CUDA_LAUNCHED("ce_bwd_vec_kernel");
 }
 
