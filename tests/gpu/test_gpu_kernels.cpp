@@ -13,6 +13,7 @@
 #include "backend/cpu/optimizer_update.h"
 #include "backend/cpu/softmax.h"
 #include "backend/cuda/kernels.h"
+#include "backend/cuda/norm_kernels.h"
 #include "gpu_test.h"
 
 using namespace athanor;

@@ -46,6 +46,7 @@
 #include "backend/cpu/optimizer_update.h"
 #include "backend/cuda/candidates.h"
 #include "backend/cuda/kernels.h"
+#include "backend/cuda/norm_kernels.h"
 #include "gpu_test.h"
 #include "optim/device_update.h"
 #include "test_util.h"

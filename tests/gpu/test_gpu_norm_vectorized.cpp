@@ -13,7 +13,7 @@
 
 #include "athanor/core/half.h"
 #include "backend/cuda/candidates.h"
-#include "backend/cuda/kernels.h"
+#include "backend/cuda/norm_kernels.h"
 #include "backend/cuda/norm_rows_vec.h"
 #include "gpu_test.h"
 

@@ -8,6 +8,9 @@
 
 namespace athanor::cuda {
 
+// The block size of the one-block-per-row kernels (norms, softmax, cross-entropy).
+inline constexpr int kRowThreads = 256;
+
 __device__ __forceinline__ float max_of(float a, float b) { return fmaxf(a, b); }
 __device__ __forceinline__ double max_of(double a, double b) { return fmax(a, b); }
 

@@ -48,6 +48,14 @@ __device__ __forceinline__ void store_from_f64(void* p, DType dt, int64_t i, dou
   }
 }
 
+// The 16-bit copy of an f32 value written beside it (a norm's offered cast, an updated weight's
+// copy): rounded to nearest even by the same intrinsics as the cast kernel (copy.cu's narrow),
+// so it is cast(value) bit for bit.
+__device__ __forceinline__ void store_lowp(void* p, bool bf16, int64_t i, float v) {
+  if (bf16) static_cast<__nv_bfloat16*>(p)[i] = __float2bfloat16_rn(v);
+  else static_cast<__half*>(p)[i] = __float2half_rn(v);
+}
+
 // Through the math's type A of a kernel templated on it: float for f32, bf16 and f16 data, double
 // for f64 data.
 template <class A> __device__ __forceinline__ A load_as(const void* p, DType dt, int64_t i);

@@ -28,6 +28,7 @@
 #include "athanor/ops/softmax.h"
 #include "backend/cuda/candidates.h"
 #include "backend/cuda/kernels.h"
+#include "backend/cuda/norm_kernels.h"
 #include "backend/cuda/runtime.h"
 #include "ops/cuda/cuda_kernels.h"
 #include "ops/cuda/device_ops.h"
