@@ -18,6 +18,7 @@
 #include "backend/cuda/candidates.h"
 #include "backend/cuda/pointwise.h"
 #include "backend/cuda/runtime.h"
+#include "cuda_bench.h"
 
 using namespace athanor;
 
@@ -30,21 +31,12 @@ struct Pass {
   int64_t n;
 };
 
+// ms per pass with the generic kernel (vectorized false) or the candidate: bench::EventTimer's
+// median of 3 batches of `iters`.
 double time_ms(const cuda::PointwiseArgs& a, bool vectorized, int iters, cudaStream_t s) {
   cuda::CandidateOverride o(cuda::Candidate::pointwise_vectorized, vectorized);
-  for (int i = 0; i < 3; ++i) cuda::pointwise(a, s);  // warm-up
-  cudaEvent_t e0, e1;
-  ATH_CUDA(cudaEventCreate(&e0));
-  ATH_CUDA(cudaEventCreate(&e1));
-  ATH_CUDA(cudaEventRecord(e0, s));
-  for (int i = 0; i < iters; ++i) cuda::pointwise(a, s);
-  ATH_CUDA(cudaEventRecord(e1, s));
-  ATH_CUDA(cudaEventSynchronize(e1));
-  float ms = 0;
-  ATH_CUDA(cudaEventElapsedTime(&ms, e0, e1));
-  ATH_CUDA(cudaEventDestroy(e0));
-  ATH_CUDA(cudaEventDestroy(e1));
-  return ms / iters;
+  bench::EventTimer timer(s, iters, 10.0);
+  return timer.ms([&] { cuda::pointwise(a, s); });
 }
 
 }  // namespace
