@@ -9,6 +9,7 @@
 #include "athanor/core/error.h"
 #include "backend/cuda/block_reduce.cuh"
 #include "backend/cuda/cross_entropy_vec.h"
+#include "backend/cuda/float_access.cuh"
 #include "backend/cuda/runtime.h"
 
 namespace athanor::cuda {
@@ -61,9 +62,6 @@ template <class H2> struct Lanes16 {
 template <> struct Lanes<__nv_bfloat16> : Lanes16<__nv_bfloat162> {};
 template <> struct Lanes<__half> : Lanes16<__half2> {};
 
-__device__ __forceinline__ float widen(float v) { return v; }
-__device__ __forceinline__ float widen(__nv_bfloat16 v) { return __bfloat162float(v); }
-__device__ __forceinline__ float widen(__half v) { return __half2float(v); }
 
 // loss = logsum - (1 - eps)(x[t] - max) - eps mean_c(x[c] - max), one block per row.
 template <class T>

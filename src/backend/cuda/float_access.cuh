@@ -48,6 +48,12 @@ __device__ __forceinline__ void store_from_f64(void* p, DType dt, int64_t i, dou
   }
 }
 
+// A value of a typed buffer in its math type: f32 for f32, bf16 and f16 (exact), f64 for f64.
+__device__ __forceinline__ float widen(float v) { return v; }
+__device__ __forceinline__ float widen(__nv_bfloat16 v) { return __bfloat162float(v); }
+__device__ __forceinline__ float widen(__half v) { return __half2float(v); }
+__device__ __forceinline__ double widen(double v) { return v; }
+
 // The 16-bit copy of an f32 value written beside it (a norm's offered cast, an updated weight's
 // copy): rounded to nearest even by the same intrinsics as the cast kernel (copy.cu's narrow),
 // so it is cast(value) bit for bit.

@@ -54,11 +54,8 @@ __global__ void softmax_bwd_kernel(const T* dy, const T* y, T* dx, int64_t cols)
   for (int64_t c = threadIdx.x; c < cols; c += blockDim.x) dx[off + c] = y[off + c] * (dy[off + c] - s);
 }
 
-// Logits of any of f32, bf16, f16, read as f32; f64 logits as they are.
-__device__ __forceinline__ float widen(float v) { return v; }
-__device__ __forceinline__ float widen(__nv_bfloat16 v) { return __bfloat162float(v); }
-__device__ __forceinline__ float widen(__half v) { return __half2float(v); }
-__device__ __forceinline__ double widen(double v) { return v; }
+// Logits of any of f32, bf16, f16 are read as f32 (float_access.cuh's widen), f64 ones as they
+// are; narrow writes a result back in the logits' dtype.
 template <class T> __device__ __forceinline__ T narrow(float v);
 template <> __device__ __forceinline__ float narrow<float>(float v) { return v; }
 template <> __device__ __forceinline__ __nv_bfloat16 narrow<__nv_bfloat16>(float v) { return __float2bfloat16_rn(v); }
