@@ -1,7 +1,7 @@
 // CUDA kernels of the ConvNet ops: conv2d, max_pool2d and batch_norm, in f32, bf16 and f16;
 // conv2d and max_pool2d in f64 too (f64 math, f64 column buffers, the NCHW moves through core's
 // copy; the conv bias through the f64 GEMM's beta, device_ops.h); batch_norm on f64 keeps its
-// statistics and xhat in f64 with exact constants (it runs once the pointwise kernel takes f64).
+// statistics and xhat in f64 with exact constants (the pointwise kernel's f64 path).
 //
 // conv2d: im2col + one cuBLASLt GEMM per group (backend/cuda/conv.h; no cuDNN):
 //   cols [P, K] (P = N OH OW, K = C/g KH KW), out [P, OC/g] = cols W_g^T (+ b in the epilogue),
@@ -107,7 +107,7 @@ Grads conv2d_backward_cuda(const Node& n, const Grads& gr, const OpSaved& saved)
   const Device d = x.device();
   const int dev = d.index;
   const bool f64 = dt == DType::f64;
-  const Tensor dy = f64 ? cuda_contiguous_as(gr[0], dt) : cuda_as(gr[0], dt);
+  const Tensor dy = cuda_as(gr[0], dt);
   const cuda::ConvGeom cg = group_geom(g);
   const int64_t P = g.N * g.OH * g.OW, K = cg.C * g.KH * g.KW, OCg = g.OC / g.groups, HW = g.OH * g.OW;
   Grads r(3);
@@ -179,7 +179,7 @@ std::vector<Tensor> max_pool2d_cuda(OpCall& c) {
 Grads max_pool2d_backward_cuda(const Node& n, const Grads& gr, const OpSaved& saved) {
   const PoolCudaSaved& s = saved.as<PoolCudaSaved>();
   const Tensor idx = s.idx.unpack(n);
-  const Tensor dy = s.dtype == DType::f64 ? cuda_contiguous_as(gr[0], s.dtype) : cuda_as(gr[0], s.dtype);
+  const Tensor dy = cuda_as(gr[0], s.dtype);
   Tensor dx = dev_empty({s.g.N, s.g.C, s.g.H, s.g.W}, s.dtype, dy.device());
   const int dev = dy.device().index;
   cuda::DeviceGuard guard(dev);
@@ -225,7 +225,7 @@ std::vector<Tensor> batch_norm_cuda(OpCall& c) {
   const bool f64 = x.dtype() == DType::f64;
   const DType st = f64 ? DType::f64 : DType::f32;
   auto k = [f64](double v) -> double { return f64 ? v : static_cast<float>(v); };
-  const Tensor x32 = f64 ? cuda_contiguous_as(x, st) : cuda_as(x, DType::f32);
+  const Tensor x32 = cuda_as(x, st);
   const Tensor x3 = make_view(x32, {N, C, L}, contiguous_strides({N, C, L}), x32.storage_offset());
   const Shape s3{N, C, L};
   Tensor xhat, rstd;
@@ -278,7 +278,7 @@ Grads batch_norm_backward_cuda(const Node& n, const Grads& gr, const OpSaved& sa
   const Shape s3{N, C, L};
   const DType st = xhat.dtype();  // the statistics' dtype (f64 for f64 x)
   const bool f64 = st == DType::f64;
-  const Tensor g32 = f64 ? cuda_contiguous_as(gr[0], st) : cuda_as(gr[0], DType::f32);
+  const Tensor g32 = cuda_as(gr[0], st);
   const Tensor g3 = make_view(g32, s3, contiguous_strides(s3), g32.storage_offset());
   Grads r(5);
   const bool want_w = w.defined() && needs_grad(n, 3), want_b = s.has_bias && needs_grad(n, 4);

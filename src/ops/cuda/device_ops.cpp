@@ -162,13 +162,8 @@ void cuda_gemm(int dev, DType dt, bool ta, bool tb, int64_t m, int64_t n, int64_
 }
 
 Tensor cuda_as(const Tensor& t, DType dtype) {
-  if (!t.defined() || (t.dtype() == dtype && t.is_contiguous())) return t;
+  if (!t.defined() || t.dtype() == dtype) return cuda_contiguous(t);
   return cuda_pointwise(cuda::PointwiseOp::copy, {t}, t.sizes(), dtype);
-}
-
-Tensor cuda_contiguous_as(const Tensor& t, DType dtype) {
-  if (!t.defined() || t.dtype() != dtype) return cuda_as(t, dtype);
-  return cuda_contiguous(t);
 }
 
 }  // namespace athanor::detail

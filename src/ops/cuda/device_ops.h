@@ -34,9 +34,9 @@ Tensor cuda_sum_dims(const Tensor& x, const std::vector<int64_t>& dims, bool kee
 void cuda_gemm(int dev, DType dt, bool ta, bool tb, int64_t m, int64_t n, int64_t k, const Tensor& a, const Tensor& b,
                const Tensor& c, const Tensor& bias = Tensor(), int64_t batch = 1,
                cuda::GemmEpilogue epi = cuda::GemmEpilogue::none, bool c_f32 = false);
-// t as a contiguous tensor of `dtype` on its device (t itself when it already is one).
+// t as a contiguous tensor of `dtype` on its device (t itself when it already is one): a
+// same-dtype copy through core's copy (the bits, any dtype), a conversion through the pointwise
+// kernel (f32, bf16, f16, f64).
 Tensor cuda_as(const Tensor& t, DType dtype);
-// cuda_as, but a same-dtype copy goes through core's copy (any dtype, f64 included).
-Tensor cuda_contiguous_as(const Tensor& t, DType dtype);
 
 }  // namespace athanor::detail

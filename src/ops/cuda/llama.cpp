@@ -7,7 +7,7 @@
 //   rotation runs in backend/cuda/rope.h, x read in place at its strides. Backward: the same
 //   rotation with -sin (the rotation is orthogonal). Nothing is saved but the options.
 // swiglu: y = silu(x W_gate^T) * (x W_up^T): two cuBLASLt GEMMs and one pointwise pass (f64:
-//   f64 GEMMs and sums; it runs once the pointwise kernel takes f64).
+//   f64 GEMMs, sums and the pointwise kernel's f64 path).
 //   Backward: dg = dy u silu'(g), du = dy silu(g) (pointwise), dx = dg W_gate + du W_up,
 //   dW_gate = dg^T x, dW_up = du^T x (in f32 from bf16 GEMMs under the f32-master rule).
 //   Saved: x, g, u and the weights, as on the CPU.
@@ -127,7 +127,7 @@ std::vector<Tensor> rope_cuda(OpCall& c) {
 Grads rope_backward_cuda(const Node& n, const Grads& g, const OpSaved& saved) {
   const RopeCudaSaved& s = saved.as<RopeCudaSaved>();
   if (!g[0].defined() || !needs_grad(n, 0)) return {Tensor()};
-  return {rope_rotate(s.dtype == DType::f64 ? cuda_contiguous_as(g[0], s.dtype) : cuda_as(g[0], s.dtype), s.opt, -1)};
+  return {rope_rotate(cuda_as(g[0], s.dtype), s.opt, -1)};
 }
 
 // ---- swiglu
@@ -177,7 +177,7 @@ Grads swiglu_backward_cuda(const Node& n, const Grads& gr, const OpSaved& saved)
   const int64_t M = g.size(0), I = g.size(1), d = wg.size(1);
   const DType dt = g.dtype();
   const int dev = g.device().index;
-  const Tensor dy = dt == DType::f64 ? cuda_contiguous_as(gr[0], dt) : cuda_as(gr[0], dt);
+  const Tensor dy = cuda_as(gr[0], dt);
   const Tensor dy2 = make_view(dy, {M, I}, contiguous_strides({M, I}), dy.storage_offset());
   const Tensor dg = cuda_pointwise(cuda::PointwiseOp::silu_mul_grad_gate, {g, u, dy2}, {M, I}, dt);
   const Tensor du = cuda_pointwise(cuda::PointwiseOp::silu_mul_grad_up, {g, u, dy2}, {M, I}, dt);

@@ -27,7 +27,7 @@
 // The write bumps the storage's version, so a stale read of the logits raises.
 //
 // mse_loss (input, target of one shape and dtype: f32, bf16, f16; f64 with its difference and
-// squares in f64 once the pointwise kernel takes f64), composed from the pointwise
+// squares in f64, the pointwise kernel's f64 path), composed from the pointwise
 // kernel and the deterministic sum (ops/cuda/device_ops.h), with the CPU op's roundings
 // (src/backend/cpu/cross_entropy.cpp, math in f32): d = a - b in f32 (inputs read in place at
 // their strides); none: d^2 rounded once into the dtype; sum / mean: d^2 in f32 summed in f64
