@@ -16,7 +16,8 @@ to cuBLAS) issues for nn.Linear under bf16 autocast, on operands already in the 
                    (timed on its own as "separate_ms", not added to "ms")
   dW               g^T @ x, written in the autocast dtype (the bf16 weight copy's gradient,
                    which autograd then adds into the f32 .grad: a separate op, not timed)
-  dW (bias_grad)   g^T @ x, then db = g.sum(0): both kernels, the work our epilogue fuses
+  dW (bias_grad)   g^T @ x, then db = g.sum(0): both kernels, the work our epilogue fuses (the
+                   sum alone: "separate_ms")
 Each is timed with CUDA events around each call after a warm-up: median, min and max over --iters
 calls (3 calls each once --max-seconds have passed). TF32 is allowed as in the speed comparison
 (bench/compare_pytorch_gpu.py). Prints one JSON line, keyed as bench_cuda_gemm's where the meaning
