@@ -35,7 +35,11 @@ Per config:
     the timed steps (torch.cuda.max_memory_allocated after a reset; athanor's caching allocator
     peak, reset after its warm-up); the ratio athanor ÷ torch.compile paired per repeat.
 Prints a Markdown table for bench/RESULTS.md (the device named on every row); --out FILE keeps
-every raw result. The GPU machine's Python has torch and numpy but no PyYAML: the configs are
+every raw result. --torch-profile-steps N (off by default; --torch-profile-configs picks the
+configs) then runs N more compiled steps of the worker under torch.profiler, after the timed
+repeats, and reports torch.compile's device time per step by kernel category and its top 15
+kernels (bench/torch_profile.py), in the config's record ("torch_profile") and as short tables
+after the main one. The GPU machine's Python has torch and numpy but no PyYAML: the configs are
 read by a small reader of the two-level YAML in bench/configs (PyYAML when present).
 """
 import argparse
@@ -50,7 +54,13 @@ import time
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 ROOT = os.path.dirname(HERE)
+if HERE not in sys.path:  # bench/torch_profile.py beside this file (also when loaded by path, as the tests do)
+    sys.path.insert(0, HERE)
+import torch_profile  # noqa: E402
 DEFAULT_CONFIGS = ["gpt2-124m-gpu", "gpt2-350m-gpu"]
+# --torch-profile-steps starts only with this much of --budget-s left (a few steps under the
+# profiler and the reading of its records).
+PROFILE_MIN_BUDGET_S = 30
 H100_BF16_TFLOPS = 989.0
 # --tiny: a model small enough for two CPU steps in a unit test (byte tokenizer: no BPE shards
 # needed), f32, on the CPU, eager (torch 1.13 has no torch.compile).
@@ -307,10 +317,16 @@ def torch_worker(args):
     emit({"event": "ready", "batch": batch, "compiled": compile_ok, "warmup_s": warm_s,
           "compile_s": max(0.0, warm_s - len(first) * (min(first) if first else 0.0)), "torch": torch.__version__})
 
-    # 3. one timed repeat per "run" line on stdin, the cache emptied between them (athanor runs then).
+    # 3. one timed repeat per "run" line on stdin, the cache emptied between them (athanor runs then);
+    # "profile N": N more steps under torch.profiler (after the timed repeats, never timed).
     k = 0
     for line in sys.stdin:
-        if line.strip() != "run":
+        cmd = line.split()
+        if len(cmd) == 2 and cmd[0] == "profile":
+            emit(profile_steps(torch, step_fn, data, k, int(cmd[1]), cuda, sync, batch))
+            k += int(cmd[1])
+            continue
+        if cmd != ["run"]:
             break
         if cuda:
             torch.cuda.reset_peak_memory_stats()
@@ -329,6 +345,37 @@ def torch_worker(args):
                            float(loss), peak, reserved, args.device, precision,
                            torch.cuda.get_device_name() if cuda else "cpu", torch.__version__))
     return 0
+
+
+def profile_steps(torch, step_fn, data, k, n, cuda, sync, batch):
+    """The "profile" event: n steps under torch.profiler (CPU and, on a GPU, CUDA activity), each
+    ended by a device sync; the device time per step by kernel category and the top kernels
+    (torch_profile.summarize), the wall time per profiled step (the profiler's overhead in it), the
+    cuBLAS/cuDNN libraries this process loaded. A failure is reported in the event, not raised:
+    the profile is a diagnostic beside the comparison."""
+    t0 = time.perf_counter()
+    try:
+        from torch.profiler import ProfilerActivity, profile
+
+        acts = [ProfilerActivity.CPU] + ([ProfilerActivity.CUDA] if cuda else [])
+        walls = []
+        with profile(activities=acts) as prof:
+            for i in range(n):
+                s0 = time.perf_counter()
+                step_fn(data[(k + i) % len(data)])
+                sync()
+                walls.append((time.perf_counter() - s0) * 1e3)
+        records = torch_profile.device_records(prof, cuda)
+        if cuda and not records:
+            raise RuntimeError("the profiler recorded no CUDA activity (is CUPTI loadable?)")
+        out = torch_profile.summarize(records, n)
+        out.update(step_ms=statistics.median(walls), batch=batch,
+                   device=torch.cuda.get_device_name() if cuda else "cpu (dry run: the categories are of aten ops' CPU time)",
+                   libraries=torch_profile.loaded_libraries())
+    except Exception as e:  # noqa: BLE001 (any failure of the profiler is reported, the worker goes on)
+        out = {"steps": n, "error": f"{type(e).__name__}: {str(e).splitlines()[0][:300] if str(e) else ''}"}
+    out.update(event="profile", wall_s=time.perf_counter() - t0)
+    return out
 
 
 def make_step(torch, model, runner, opt, clip, precision, cuda):
@@ -495,6 +542,23 @@ def compare_config(args, name, budget, rec, save=lambda: None):
             log(f"[{name} B={B} repeat {rep + 1}/{args.repeats}] athanor {a['throughput']:,.0f} tok/s "
                 f"({a['median_ms']:.1f} ms/step), {t['engine']} {t['throughput']:,.0f} tok/s ({t['median_ms']:.1f} ms/step): "
                 f"{a['throughput'] / t['throughput']:.3f}x")
+        if args.torch_profile_steps > 0 and (args.torch_profile_configs is None or name in args.torch_profile_configs):
+            # After the timed repeats, so that it cannot disturb them; skipped when the budget is spent.
+            if rec.get("stopped") or budget.left() < PROFILE_MIN_BUDGET_S:
+                rec["torch_profile"] = {"skipped": f"budget: {budget.left():.0f} s left"}
+            else:
+                w.stdin.write(f"profile {args.torch_profile_steps}\n")
+                w.stdin.flush()
+                ev = read_event("profile")
+                rec["torch_profile"] = {k: v for k, v in ev.items() if k != "event"}
+                prof = rec["torch_profile"]
+                if "error" in prof:
+                    log(f"[{name}] torch profile failed: {prof['error']}")
+                else:
+                    log(f"[{name}] torch profile: {prof['device_ms_per_step']:.1f} ms of device time per step ("
+                        + ", ".join(f"{c} {v['ms_per_step']:.1f}" for c, v in prof["categories"].items() if v["ms_per_step"] > 0)
+                        + f"); {prof['wall_s']:.1f} s")
+            save()
     finally:
         try:
             w.stdin.write("quit\n")
@@ -568,6 +632,17 @@ def table(results, peak_tflops=H100_BF16_TFLOPS):
         for why in ("stopped", "error"):  # repeats that ran before the budget or a failure ended the config
             if rec.get(why):
                 lines.append(f"  ({rec['config']}, {why}: {rec[why]})")
+    for rec in results["configs"]:  # torch.compile's step by kernel category (--torch-profile-steps)
+        prof = rec.get("torch_profile")
+        if not prof:
+            continue
+        engine = "torch.compile" if rec.get("torch_compiled") else "PyTorch eager"
+        lines.append("")
+        if "categories" in prof:
+            lines += torch_profile.markdown(rec["config"], prof, engine)
+        else:
+            lines.append(f"{engine}'s step on the device, {rec['config']}: not profiled "
+                         f"({prof.get('error') or prof.get('skipped') or 'no record'})")
     return "\n".join(lines)
 
 
@@ -591,6 +666,10 @@ def main():
     ap.add_argument("--peak-tflops", type=float, default=H100_BF16_TFLOPS, help="MFU denominator (989: H100 SXM dense bf16)")
     ap.add_argument("--budget-s", type=float, default=0, help="stop starting repeats/configs past this many seconds (0: none)")
     ap.add_argument("--timeout", type=float, default=240, help="seconds per athanor process")
+    ap.add_argument("--torch-profile-steps", type=int, default=0,
+                    help="after a config's timed repeats, profile this many more torch.compile steps (0: none)")
+    ap.add_argument("--torch-profile-configs", nargs="+", default=None,
+                    help="the configs --torch-profile-steps profiles (default: every config run)")
     ap.add_argument("--out", default=None, help="write every raw result as JSON here")
     ap.add_argument("--table", default=None, help="print the Markdown table of a saved --out file and exit")
     ap.add_argument("--worker", action="store_true", help=argparse.SUPPRESS)
@@ -606,6 +685,8 @@ def main():
         return 0
     if args.device.startswith("cuda") and args.steps < 20:
         raise SystemExit(f"--steps {args.steps}: the GPU comparison times at least 20 steps (issue 22)")
+    if args.torch_profile_steps < 0:
+        raise SystemExit(f"--torch-profile-steps {args.torch_profile_steps}: give 0 (no profile) or a number of steps")
     if sorted(args.batches, reverse=True) != args.batches or min(args.batches) < 1:
         raise SystemExit(f"--batches {args.batches}: give positive sizes, largest first")
     if not os.access(args.athanor, os.X_OK):
@@ -621,7 +702,8 @@ def main():
         except (OSError, IndexError, subprocess.TimeoutExpired):
             pass
     for i, name in enumerate(configs):
-        done = [r.get("wall_s", 0) for r in results["configs"]]
+        # A config's cost, its torch profile left out (a later config may not be profiled).
+        done = [r.get("wall_s", 0) - r.get("torch_profile", {}).get("wall_s", 0) for r in results["configs"]]
         if i > 0 and budget.left() < (max(done) if done else 0):
             results["configs"].append({"config": name, "repeats": [], "stopped": f"budget: {budget.left():.0f} s left"})
             log(f"[{name}] skipped: {budget.left():.0f} s of the budget left")

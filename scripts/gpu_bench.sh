@@ -7,9 +7,11 @@
 #   bash scripts/gpu_bench.sh run      on the GPU machine, from the repository root with gpu_pack/
 #                                      carried: unpack, then bench/compare_pytorch_gpu.py on
 #                                      gpt2-124m-gpu, gpt2-350m-gpu and (when the budget still
-#                                      holds it) gpt2-124m-gpu-ckpt; writes $OUT/gpu_bench.json (the
-#                                      raw results), $OUT/gpu_bench.md (the table for
-#                                      bench/RESULTS.md) and $OUT/gpu_bench.log
+#                                      holds it) gpt2-124m-gpu-ckpt, with a torch.profiler run of 3
+#                                      more torch.compile steps after gpt2-124m-gpu's repeats (its
+#                                      device time by kernel category: bench/torch_profile.py);
+#                                      writes $OUT/gpu_bench.json (the raw results), $OUT/gpu_bench.md
+#                                      (the tables for bench/RESULTS.md) and $OUT/gpu_bench.log
 #
 # Budget, as measured on an H200 (2026-11-27, bench/RESULTS.md): the machine's start and the
 # carried archive (~37 MiB) ~35 s; unpack 5 s; per config, compare_pytorch_gpu.py (2 paired
@@ -21,6 +23,10 @@
 # (after a config's first) and no config that the time left cannot hold, and reports what it
 # skipped; a hard timeout (budget + 20 s) ends it regardless, the configs finished before that
 # kept in the JSON (written after every config). The ckpt variant runs only with time left.
+# The profile (not yet timed on a GPU: 3 steps of ~130 ms under the profiler, then the reading of
+# its records) is inside gpt2-124m-gpu's time and the budget: it starts only with 30 s of the
+# budget left, and the estimate that decides whether a later config starts leaves it out (the
+# later configs are not profiled).
 # GPU_BENCH_CONFIGS overrides the list (e.g. "gpt2-350m-gpu" for a second call); GPU_BENCH_ARGS adds
 # arguments to compare_pytorch_gpu.py and GPU_BENCH_PYTHON names its interpreter (the plumbing's
 # dry run here: GPU_BENCH_PYTHON=/usr/bin/python3 GPU_BENCH_ARGS="--device cpu --tiny --steps 2
@@ -56,7 +62,8 @@ cmd_run_bench() {
   local rc=0
   # shellcheck disable=SC2086  # the config list splits into arguments
   timeout $((budget + 20)) "$py" "$d/bench/compare_pytorch_gpu.py" --configs $configs --athanor "$d/bin/athanor" --cwd "$d" \
-    --repeats 2 --steps 20 --warmup 3 --budget-s "$budget" --timeout 90 --out "$json" ${GPU_BENCH_ARGS:-} \
+    --repeats 2 --steps 20 --warmup 3 --budget-s "$budget" --timeout 90 --out "$json" \
+    --torch-profile-steps 3 --torch-profile-configs gpt2-124m-gpu ${GPU_BENCH_ARGS:-} \
     >"$out/gpu_bench.md" 2>>"$log" || rc=$?
   if [[ $rc -eq 124 && -f "$json" ]]; then  # killed: the table of the configs that finished
     "$py" "$d/bench/compare_pytorch_gpu.py" --table "$json" >"$out/gpu_bench.md" 2>>"$log" || true

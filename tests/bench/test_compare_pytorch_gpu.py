@@ -8,8 +8,8 @@
 - the script's YAML reader (the GPU machine's Python has no PyYAML) reads them as PyYAML does;
 - the table and its statistics on a fixed set of results (medians, spreads, paired ratios, MFU,
   memory, a config that failed);
-- the CPU smoke path: both engines, 2 repeats of 2 steps on a tiny model, eager PyTorch
-  (skipped, saying so, where this Python has no torch).
+- the CPU smoke path: both engines, 2 repeats of 2 steps on a tiny model, eager PyTorch, and
+  --torch-profile-steps after them (skipped, saying so, where this Python has no torch).
 """
 import importlib.util
 import json
@@ -194,6 +194,28 @@ class CpuSmoke(unittest.TestCase):
             for r in (a, t):  # GPT-2's init: every logit near 0, so the loss starts near ln(vocab)
                 self.assertLess(abs(r["final_loss"] - math.log(512)), 0.3, r)
         self.assertIn("| gpt2-124m-gpu | cpu | 4 × 32 |", p.stdout)
+
+    def test_the_torch_profile_of_a_config(self):
+        require_torch(self)
+        with tempfile.TemporaryDirectory() as d:
+            out = os.path.join(d, "r.json")
+            p = subprocess.run([sys.executable, SCRIPT, "--device", "cpu", "--tiny", "--batches", "2", "--repeats", "1",
+                                "--steps", "2", "--warmup", "1", "--athanor", CLI, "--out", out, "--torch-profile-steps", "2",
+                                "--torch-profile-configs", "gpt2-124m-gpu"],
+                               capture_output=True, text=True, timeout=240, env=dict(os.environ, OMP_NUM_THREADS="2"))
+            self.assertEqual(p.returncode, 0, p.stdout + p.stderr)
+            with open(out) as fh:
+                rec = json.load(fh)["configs"][0]
+        prof = rec["torch_profile"]
+        self.assertNotIn("error", prof)
+        self.assertEqual((prof["steps"], prof["batch"]), (2, 2))
+        self.assertGreater(prof["device_ms_per_step"], 0)
+        self.assertGreater(prof["categories"]["gemm"]["ms_per_step"], 0)  # the CPU's aten::mm / addmm
+        self.assertTrue(0 < len(prof["top_kernels"]) <= 15)
+        self.assertLess(prof["wall_s"], rec["wall_s"])
+        self.assertEqual(len(rec["repeats"]), 1)  # the profile runs after the timed repeats, never in them
+        self.assertIn("PyTorch eager's step on the device, gpt2-124m-gpu (batch 2, 2 profiled steps", p.stdout)
+        self.assertIn("| gemm |", p.stdout)
 
 
 if __name__ == "__main__":
