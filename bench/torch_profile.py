@@ -49,20 +49,19 @@ def kernel_category(name):
                 return "attention"
             if _TEMPLATE_GEMM_TOKENS & set(n.split("_")):
                 return "gemm"
-        if _CROSS_ENTROPY.search(n):
-            return "cross_entropy"
-        if _OPTIMIZER.search(n):
-            return "optimizer"
-        return "triton"
-    if _ATTENTION.search(n):
-        return "attention"
-    if _GEMM.search(n):
-        return "gemm"
-    if _CROSS_ENTROPY.search(n):
-        return "cross_entropy"
-    if _OPTIMIZER.search(n):
-        return "optimizer"
-    return "other"
+        return _first_match(n, _FUSED_RULES, "triton")
+    return _first_match(n, ((_ATTENTION, "attention"), (_GEMM, "gemm")) + _FUSED_RULES, "other")
+
+
+# A fused kernel named after the loss or the optimizer it computes belongs there, Triton's or not.
+_FUSED_RULES = ((_CROSS_ENTROPY, "cross_entropy"), (_OPTIMIZER, "optimizer"))
+
+
+def _first_match(name, rules, default):
+    for pattern, category in rules:
+        if pattern.search(name):
+            return category
+    return default
 
 
 def summarize(events, steps, top=15):
