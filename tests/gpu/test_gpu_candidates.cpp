@@ -15,14 +15,14 @@ uint32_t bit(cuda::Candidate c) { return 1u << static_cast<unsigned>(c); }
 TEST(GpuCandidates, ParsingOfTheVariable) {
   const uint32_t all = bit(cuda::Candidate::pointwise_vectorized) | bit(cuda::Candidate::lowp_copies) |
                        bit(cuda::Candidate::cross_entropy_vectorized) | bit(cuda::Candidate::norm_vectorized) |
-                       bit(cuda::Candidate::attention_cudnn);
+                       bit(cuda::Candidate::attention_cudnn) | bit(cuda::Candidate::norm_accumulate_dx);
   EXPECT_EQ(cuda::parse_candidates(nullptr), 0u);
   EXPECT_EQ(cuda::parse_candidates(""), 0u);
   EXPECT_EQ(cuda::parse_candidates("none"), 0u);
   EXPECT_EQ(cuda::parse_candidates("all"), all);
   EXPECT_EQ(cuda::parse_candidates("lowp_copies"), bit(cuda::Candidate::lowp_copies));
   EXPECT_EQ(cuda::parse_candidates("lowp_copies,pointwise_vectorized,cross_entropy_vectorized,norm_vectorized,"
-                                    "attention_cudnn"),
+                                    "attention_cudnn,norm_accumulate_dx"),
             all);
   EXPECT_EQ(cuda::parse_candidates("cross_entropy_vectorized,lowp_copies"),
             bit(cuda::Candidate::cross_entropy_vectorized) | bit(cuda::Candidate::lowp_copies));

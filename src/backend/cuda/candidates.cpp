@@ -16,6 +16,7 @@ const char* candidate_name(Candidate c) {
     case Candidate::cross_entropy_vectorized: return "cross_entropy_vectorized";
     case Candidate::norm_vectorized: return "norm_vectorized";
     case Candidate::attention_cudnn: return "attention_cudnn";
+    case Candidate::norm_accumulate_dx: return "norm_accumulate_dx";
     case Candidate::count: break;
   }
   return "?";

@@ -20,6 +20,7 @@ enum class Candidate : uint8_t {
   cross_entropy_vectorized,  // cross_entropy_vec.h: rows read and written 16 bytes at a time
   norm_vectorized,           // norm_rows_vec.h: layer_norm / rms_norm forward and backward, a warp per row
   attention_cudnn,           // attention_cudnn.h: cuDNN's fused flash attention (forward and backward)
+  norm_accumulate_dx,        // layer_norm / rms_norm backward add dx into the gradient waiting at x (the residual stream's)
   count
 };
 

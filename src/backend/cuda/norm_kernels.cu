@@ -31,6 +31,9 @@ unsigned grid_rows(int64_t rows) { return static_cast<unsigned>(rows); }
 template <class T> __device__ __forceinline__ T rsqrt_of(T v);
 template <> __device__ __forceinline__ float rsqrt_of<float>(float v) { return rsqrtf(v); }
 template <> __device__ __forceinline__ double rsqrt_of<double>(double v) { return 1.0 / sqrt(v); }  // the CPU's f64 formula
+// One rounded add, never contracted with the multiply before it (accumulate_dx: autograd's sum).
+__device__ __forceinline__ float add_rn(float a, float b) { return __fadd_rn(a, b); }
+__device__ __forceinline__ double add_rn(double a, double b) { return __dadd_rn(a, b); }
 
 // kLow (f32 only): y rounded to bf16 (y_low_bf16) or f16 into y_low in the same pass. Without it
 // the kernel is the one before the copies existed, instruction for instruction.
@@ -62,10 +65,10 @@ __global__ void layer_norm_fwd_kernel(const T* x, const T* w, const T* b, T* y, 
   }
 }
 
-// dnorm = dy w;  dx = rstd (dnorm - mean(dnorm) - xhat mean(dnorm xhat))
+// dnorm = dy w;  dx = rstd (dnorm - mean(dnorm) - xhat mean(dnorm xhat))  (acc: dx += that, accumulate_dx)
 template <class T>
 __global__ void layer_norm_bwd_dx_kernel(const T* dy, const T* x, const T* w, const T* mean, const T* rstd, T* dx,
-                                         int64_t cols) {
+                                         int64_t cols, bool acc) {
   __shared__ T sh[32];
   const int64_t row = blockIdx.x;
   const T* xr = x + row * cols;
@@ -82,7 +85,8 @@ __global__ void layer_norm_bwd_dx_kernel(const T* dy, const T* x, const T* w, co
   T* dxr = dx + row * cols;
   for (int64_t c = threadIdx.x; c < cols; c += blockDim.x) {
     const T dn = dyr[c] * (w ? w[c] : T(1)), xh = (xr[c] - mu) * r;
-    dxr[c] = r * (dn - mdn - xh * mdnx);
+    const T v = r * (dn - mdn - xh * mdnx);
+    dxr[c] = acc ? add_rn(dxr[c], v) : v;
   }
 }
 
@@ -143,9 +147,10 @@ __global__ void rms_norm_fwd_kernel(const T* x, const T* w, T* y, T* rstd, int64
   if (threadIdx.x == 0) rstd[row] = r;
 }
 
-// dn = dy w;  dx = rstd (dn - xhat mean(dn xhat)),  xhat = x rstd
+// dn = dy w;  dx = rstd (dn - xhat mean(dn xhat)),  xhat = x rstd  (acc: dx += that)
 template <class T>
-__global__ void rms_norm_bwd_dx_kernel(const T* dy, const T* x, const T* w, const T* rstd, T* dx, int64_t cols) {
+__global__ void rms_norm_bwd_dx_kernel(const T* dy, const T* x, const T* w, const T* rstd, T* dx, int64_t cols,
+                                       bool acc) {
   __shared__ T sh[32];
   const int64_t row = blockIdx.x;
   const T r = rstd[row];
@@ -155,7 +160,8 @@ __global__ void rms_norm_bwd_dx_kernel(const T* dy, const T* x, const T* w, cons
   const T m = block_sum(a, sh) / cols;
   for (int64_t c = threadIdx.x; c < cols; c += blockDim.x) {
     const T dn = dy[row * cols + c] * (w ? w[c] : T(1)), xh = x[row * cols + c] * r;
-    dx[row * cols + c] = r * (dn - xh * m);
+    const T v = r * (dn - xh * m);
+    dx[row * cols + c] = acc ? add_rn(dx[row * cols + c], v) : v;
   }
 }
 
@@ -228,10 +234,10 @@ void norm_backward_params(const T* dy, const T* x, const T* mean, const T* rstd,
 
 template <class T>
 void layer_norm_backward_t(const T* dy, const T* x, const T* w, const T* mean, const T* rstd, T* dx, T* dw, T* db,
-                           int64_t rows, int64_t cols, void* workspace, cudaStream_t stream) {
+                           int64_t rows, int64_t cols, void* workspace, cudaStream_t stream, bool acc) {
   if (rows == 0) return;
   if (dx) {
-    layer_norm_bwd_dx_kernel<T><<<grid_rows(rows), kRowThreads, 0, stream>>>(dy, x, w, mean, rstd, dx, cols);
+    layer_norm_bwd_dx_kernel<T><<<grid_rows(rows), kRowThreads, 0, stream>>>(dy, x, w, mean, rstd, dx, cols, acc);
     ATH_CUDA_LAUNCHED("layer_norm_bwd_dx_kernel");
   }
   if (dw || db) norm_backward_params(dy, x, mean, rstd, dw, db, rows, cols, static_cast<T*>(workspace), stream);
@@ -255,10 +261,10 @@ void rms_norm_forward_t(const T* x, const T* w, T* y, T* rstd, int64_t rows, int
 
 template <class T>
 void rms_norm_backward_t(const T* dy, const T* x, const T* w, const T* rstd, T* dx, T* dw, int64_t rows, int64_t cols,
-                         void* workspace, cudaStream_t stream) {
+                         void* workspace, cudaStream_t stream, bool acc) {
   if (rows == 0) return;
   if (dx) {
-    rms_norm_bwd_dx_kernel<T><<<grid_rows(rows), kRowThreads, 0, stream>>>(dy, x, w, rstd, dx, cols);
+    rms_norm_bwd_dx_kernel<T><<<grid_rows(rows), kRowThreads, 0, stream>>>(dy, x, w, rstd, dx, cols, acc);
     ATH_CUDA_LAUNCHED("rms_norm_bwd_dx_kernel");
   }
   if (dw) norm_backward_params<T>(dy, x, nullptr, rstd, dw, nullptr, rows, cols, static_cast<T*>(workspace), stream);
@@ -282,14 +288,16 @@ bool norm_rows_backward(int64_t cols, const void* dy, const void* x, const void*
 }  // namespace
 
 void layer_norm_backward(const float* dy, const float* x, const float* w, const float* mean, const float* rstd,
-                         float* dx, float* dw, float* db, int64_t rows, int64_t cols, void* workspace, cudaStream_t stream) {
+                         float* dx, float* dw, float* db, int64_t rows, int64_t cols, void* workspace, cudaStream_t stream,
+                         bool accumulate_dx) {
   if (norm_rows_backward(cols, dy, x, w, dx, workspace))
-    return layer_norm_backward_vectorized(dy, x, w, mean, rstd, dx, dw, db, rows, cols, workspace, stream);
-  layer_norm_backward_t(dy, x, w, mean, rstd, dx, dw, db, rows, cols, workspace, stream);
+    return layer_norm_backward_vectorized(dy, x, w, mean, rstd, dx, dw, db, rows, cols, workspace, stream, accumulate_dx);
+  layer_norm_backward_t(dy, x, w, mean, rstd, dx, dw, db, rows, cols, workspace, stream, accumulate_dx);
 }
 void layer_norm_backward(const double* dy, const double* x, const double* w, const double* mean, const double* rstd,
-                         double* dx, double* dw, double* db, int64_t rows, int64_t cols, void* workspace, cudaStream_t stream) {
-  layer_norm_backward_t(dy, x, w, mean, rstd, dx, dw, db, rows, cols, workspace, stream);
+                         double* dx, double* dw, double* db, int64_t rows, int64_t cols, void* workspace, cudaStream_t stream,
+                         bool accumulate_dx) {
+  layer_norm_backward_t(dy, x, w, mean, rstd, dx, dw, db, rows, cols, workspace, stream, accumulate_dx);
 }
 
 void rms_norm_forward(const float* x, const float* w, float* y, float* rstd, int64_t rows, int64_t cols, double eps,
@@ -305,14 +313,14 @@ void rms_norm_forward(const double* x, const double* w, double* y, double* rstd,
 }
 
 void rms_norm_backward(const float* dy, const float* x, const float* w, const float* rstd, float* dx, float* dw,
-                       int64_t rows, int64_t cols, void* workspace, cudaStream_t stream) {
+                       int64_t rows, int64_t cols, void* workspace, cudaStream_t stream, bool accumulate_dx) {
   if (norm_rows_backward(cols, dy, x, w, dx, workspace))
-    return rms_norm_backward_vectorized(dy, x, w, rstd, dx, dw, rows, cols, workspace, stream);
-  rms_norm_backward_t(dy, x, w, rstd, dx, dw, rows, cols, workspace, stream);
+    return rms_norm_backward_vectorized(dy, x, w, rstd, dx, dw, rows, cols, workspace, stream, accumulate_dx);
+  rms_norm_backward_t(dy, x, w, rstd, dx, dw, rows, cols, workspace, stream, accumulate_dx);
 }
 void rms_norm_backward(const double* dy, const double* x, const double* w, const double* rstd, double* dx, double* dw,
-                       int64_t rows, int64_t cols, void* workspace, cudaStream_t stream) {
-  rms_norm_backward_t(dy, x, w, rstd, dx, dw, rows, cols, workspace, stream);
+                       int64_t rows, int64_t cols, void* workspace, cudaStream_t stream, bool accumulate_dx) {
+  rms_norm_backward_t(dy, x, w, rstd, dx, dw, rows, cols, workspace, stream, accumulate_dx);
 }
 
 }  // namespace athanor::cuda

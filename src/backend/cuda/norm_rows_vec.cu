@@ -126,7 +126,7 @@ template <bool kRms>
 __global__ void __launch_bounds__(32 * kWarps) norm_bwd_fused_kernel(const float* dy, const float* x, const float* w,
                                                                      const float* mean, const float* rstd, float* dx,
                                                                      float* part_w, float* part_b, int64_t rows,
-                                                                     int64_t cols) {
+                                                                     int64_t cols, bool acc) {
   __shared__ __align__(16) float red[kWarps][kNormFusedMaxCols];
   const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
   const int64_t n4 = cols / 4;
@@ -166,6 +166,10 @@ __global__ void __launch_bounds__(32 * kWarps) norm_bwd_fused_kernel(const float
       o.y = rs * (g.y * wv.y - mdn - (v.y - mu) * rs * mdnx);
       o.z = rs * (g.z * wv.z - mdn - (v.z - mu) * rs * mdnx);
       o.w = rs * (g.w * wv.w - mdn - (v.w - mu) * rs * mdnx);
+      if (acc) {  // the gradient waiting at x plus this one: one rounded add each, as autograd's sum
+        const float4 p = ld4(dxr, i);
+        o = make_float4(__fadd_rn(p.x, o.x), __fadd_rn(p.y, o.y), __fadd_rn(p.z, o.z), __fadd_rn(p.w, o.w));
+      }
       st4(dxr, i, o);
     }
   }
@@ -228,7 +232,7 @@ namespace {
 template <bool kRms>
 void norm_backward_fused(const char* op, const float* dy, const float* x, const float* w, const float* mean,
                          const float* rstd, float* dx, float* dw, float* db, int64_t rows, int64_t cols, void* workspace,
-                         cudaStream_t stream) {
+                         cudaStream_t stream, bool acc) {
   check_supported(op, norm_rows_vectorized_supported(cols, dy, x, w, dx, workspace) && cols <= kNormFusedMaxCols, cols);
   ATH_CHECK(workspace || (!dw && !db), op, "the parameter gradients need the workspace", Hint{"an internal error"});
   if (rows == 0) return;
@@ -236,7 +240,7 @@ void norm_backward_fused(const char* op, const float* dy, const float* x, const 
   float* part_w = dw ? static_cast<float*>(workspace) : nullptr;
   float* part_b = db ? static_cast<float*>(workspace) + chunks * cols : nullptr;
   norm_bwd_fused_kernel<kRms><<<static_cast<unsigned>(chunks), 32 * kWarps, 0, stream>>>(dy, x, w, mean, rstd, dx, part_w,
-                                                                                         part_b, rows, cols);
+                                                                                         part_b, rows, cols, acc);
   ATH_CUDA_LAUNCHED("norm_bwd_fused_kernel");
   if (dw || db) {
     norm_chunks_finish_kernel<<<static_cast<unsigned>((cols + 255) / 256), 256, 0, stream>>>(part_w, part_b, chunks, cols,
@@ -248,13 +252,15 @@ void norm_backward_fused(const char* op, const float* dy, const float* x, const 
 
 void layer_norm_backward_vectorized(const float* dy, const float* x, const float* w, const float* mean, const float* rstd,
                                     float* dx, float* dw, float* db, int64_t rows, int64_t cols, void* workspace,
-                                    cudaStream_t stream) {
-  norm_backward_fused<false>("layer_norm backward", dy, x, w, mean, rstd, dx, dw, db, rows, cols, workspace, stream);
+                                    cudaStream_t stream, bool accumulate_dx) {
+  norm_backward_fused<false>("layer_norm backward", dy, x, w, mean, rstd, dx, dw, db, rows, cols, workspace, stream,
+                             accumulate_dx);
 }
 
 void rms_norm_backward_vectorized(const float* dy, const float* x, const float* w, const float* rstd, float* dx, float* dw,
-                                  int64_t rows, int64_t cols, void* workspace, cudaStream_t stream) {
-  norm_backward_fused<true>("rms_norm backward", dy, x, w, nullptr, rstd, dx, dw, nullptr, rows, cols, workspace, stream);
+                                  int64_t rows, int64_t cols, void* workspace, cudaStream_t stream, bool accumulate_dx) {
+  norm_backward_fused<true>("rms_norm backward", dy, x, w, nullptr, rstd, dx, dw, nullptr, rows, cols, workspace, stream,
+                            accumulate_dx);
 }
 
 void rms_norm_forward_vectorized(const float* x, const float* w, float* y, float* rstd, int64_t rows, int64_t cols,

@@ -35,14 +35,15 @@ void layer_norm_forward_vectorized(const float* x, const float* w, const float* 
 // db = Σ_rows dy from the same read of dy and x: each block sums its chunk of rows (its warps'
 // partials added in warp order) into `workspace`, then the chunks are added in chunk order (a
 // fixed order: the same bits run to run). cols at most kNormFusedMaxCols; workspace:
-// norm_rows_workspace_bytes(rows, cols), 16-byte aligned.
+// norm_rows_workspace_bytes(rows, cols), 16-byte aligned. accumulate_dx as norm_kernels.h's.
 inline constexpr int64_t kNormFusedMaxCols = 1024;
 int64_t norm_rows_workspace_bytes(int64_t rows, int64_t cols);
 void layer_norm_backward_vectorized(const float* dy, const float* x, const float* w, const float* mean, const float* rstd,
                                     float* dx, float* dw, float* db, int64_t rows, int64_t cols, void* workspace,
-                                    cudaStream_t stream);
+                                    cudaStream_t stream, bool accumulate_dx = false);
 void rms_norm_backward_vectorized(const float* dy, const float* x, const float* w, const float* rstd, float* dx, float* dw,
-                                  int64_t rows, int64_t cols, void* workspace, cudaStream_t stream);
+                                  int64_t rows, int64_t cols, void* workspace, cudaStream_t stream,
+                                  bool accumulate_dx = false);
 void rms_norm_forward_vectorized(const float* x, const float* w, float* y, float* rstd, int64_t rows, int64_t cols,
                                  double eps, cudaStream_t stream, void* y_low = nullptr, DType y_low_dtype = DType::bf16);
 

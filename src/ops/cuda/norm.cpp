@@ -18,6 +18,8 @@
 // stream) gets the autocast-dtype copy of the f32 output written by the same kernel and offered
 // to autocast (autocast_offer_cast): the next linear takes it instead of a cast pass over y
 // (the same "cast" node; the copy is cast(y) bit for bit).
+// Under the candidate norm_accumulate_dx the backward adds dx into the gradient already waiting
+// at x (input_grad below), as the CPU layer_norm does: bit for bit the sum autograd would form.
 #include <initializer_list>
 #include <string>
 #include <utility>
@@ -87,6 +89,26 @@ void check_f64_grad(const char* op, const Tensor& g) {
   ATH_CHECK(g.dtype() == DType::f64, op, "the gradient of an f64 output is ", g.describe(),
             Hint{"keep the whole f64 graph in f64"});
 }
+// x's gradient buffer for the backward: under the candidate norm_accumulate_dx, the gradient
+// already waiting at x from its other uses (a transformer's residual stream: Node::take_pending_grad)
+// when x is in the kernels' dtype, which the kernel then adds into (accumulate); else a fresh one.
+// Saves the engine's separate pass summing the two (read both, write one) per layer norm.
+struct InputGrad {
+  Tensor t;
+  bool accumulate = false;
+};
+InputGrad input_grad(const Node& n, const Tensor& x, DType x_dtype, DType kd) {
+  if (!needs_grad(n, 0)) return {};
+  if (x_dtype == kd && cuda::candidate_enabled(cuda::Candidate::norm_accumulate_dx))
+    if (Tensor pending = n.take_pending_grad(0); pending.defined()) {
+      ATH_CHECK(pending.device() == x.device() && pending.is_contiguous() && pending.sizes() == x.sizes(), n.name(),
+                "the gradient waiting at x is ", pending.describe(), " for x ", x.describe(),
+                Hint{"this is a bug in athanor (take_pending_grad promises x's shape, dtype and a contiguous tensor); please report it"});
+      return {std::move(pending), true};
+    }
+  return {empty(x.sizes(), TensorOptions(kd).with_device(x.device())), false};
+}
+
 // The offered copy of an f32 norm output (see the file comment): its buffer, or undefined.
 Tensor offered_copy_buffer(const OpCall& c, const Tensor& x) {
   if (x.dtype() != DType::f32 || !c.autocast() || !is_lowp(*c.autocast()) || !c.requires_grad(0)) return Tensor();
@@ -148,7 +170,8 @@ Grads layer_norm_backward_cuda(const Node& n, const Grads& g, const OpSaved& sav
   const Tensor mean = s.mean.unpack(n), rstd = s.rstd.unpack(n);
   const int64_t cols = shape_numel(s.normalized_shape), rows = cols == 0 ? 0 : x.numel() / cols;
   const TensorOptions o = TensorOptions(kd).with_device(x.device());
-  Tensor dx = needs_grad(n, 0) ? empty(x.sizes(), o) : Tensor();
+  const InputGrad in = input_grad(n, x, s.x_dtype, kd);
+  const Tensor& dx = in.t;
   Tensor dw = w.defined() && needs_grad(n, 1) ? empty(s.normalized_shape, o) : Tensor();
   Tensor db = s.has_bias && needs_grad(n, 2) ? empty(s.normalized_shape, o) : Tensor();
   if (x.numel() == 0) {  // empty batch: parameter gradients are zero
@@ -162,10 +185,10 @@ Grads layer_norm_backward_cuda(const Node& n, const Grads& g, const OpSaved& sav
     if (kd == DType::f64)
       cuda::layer_norm_backward(cptr<double>(gy), cptr<double>(x), cptr<double>(w), cptr<double>(mean), cptr<double>(rstd),
                                 mptr<double>(dx), mptr<double>(dw), mptr<double>(db), rows, cols, wsp,
-                                cuda::compute_stream(dev));
+                                cuda::compute_stream(dev), in.accumulate);
     else
       cuda::layer_norm_backward(f32(gy), f32(x), f32(w), f32(mean), f32(rstd), f32_mut(dx), f32_mut(dw), f32_mut(db), rows,
-                                cols, wsp, cuda::compute_stream(dev));
+                                cols, wsp, cuda::compute_stream(dev), in.accumulate);
   }
   return {as_dtype(dx, s.x_dtype), as_dtype(dw, dtype_or(w16)), as_dtype(db, s.b_dtype)};
 }
@@ -219,7 +242,8 @@ Grads rms_norm_backward_cuda(const Node& n, const Grads& g, const OpSaved& saved
   const Tensor gy = as_kernel(g[0], kd);
   const int64_t cols = shape_numel(s.normalized_shape), rows = cols == 0 ? 0 : x.numel() / cols;
   const TensorOptions o = TensorOptions(kd).with_device(x.device());
-  Tensor dx = needs_grad(n, 0) ? empty(x.sizes(), o) : Tensor();
+  const InputGrad in = input_grad(n, x, s.x_dtype, kd);
+  const Tensor& dx = in.t;
   Tensor dw = w.defined() && needs_grad(n, 1) ? empty(s.normalized_shape, o) : Tensor();
   if (x.numel() == 0) {
     if (dw.defined()) dw.zero_();
@@ -230,10 +254,10 @@ Grads rms_norm_backward_cuda(const Node& n, const Grads& g, const OpSaved& saved
     void* wsp = ws.defined() ? ws.device_data() : nullptr;
     if (kd == DType::f64)
       cuda::rms_norm_backward(cptr<double>(gy), cptr<double>(x), cptr<double>(w), cptr<double>(rstd), mptr<double>(dx),
-                              mptr<double>(dw), rows, cols, wsp, cuda::compute_stream(dev));
+                              mptr<double>(dw), rows, cols, wsp, cuda::compute_stream(dev), in.accumulate);
     else
       cuda::rms_norm_backward(f32(gy), f32(x), f32(w), f32(rstd), f32_mut(dx), f32_mut(dw), rows, cols, wsp,
-                              cuda::compute_stream(dev));
+                              cuda::compute_stream(dev), in.accumulate);
   }
   return {as_dtype(dx, s.x_dtype), as_dtype(dw, dtype_or(w16))};
 }
