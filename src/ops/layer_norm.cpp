@@ -47,19 +47,11 @@ template <class T> T* mut_or_null(const Tensor& t) { return t.defined() ? static
 
 bool is_lowp(DType d) { return d == DType::bf16 || d == DType::f16; }
 
-// x's gradient buffer for the backward: when x already has a gradient from its other uses
-// (the residual stream's sum, waiting in the engine: Node::take_pending_grad), that buffer,
-// which the kernel adds into (accumulate_dx); else a fresh one. One pass over the stream's
-// gradient fewer per layer norm (2 MB each in the tiny GPT's step).
-struct InputGrad {
-  Tensor t;
-  bool accumulate = false;
-};
-InputGrad input_grad(const Node& n, const Shape& sizes, DType dtype) {
-  if (!needs_grad(n, 0)) return {};
-  if (dtype == DType::f32 || dtype == DType::f64)
-    if (Tensor pending = n.take_pending_grad(0); pending.defined()) return {std::move(pending), true};
-  return {empty(sizes, TensorOptions(dtype)), false};
+// x's gradient buffer (detail::norm_input_grad): the f32/f64 kernels add into the residual
+// stream's waiting sum (accumulate_dx). One pass over the stream's gradient fewer per layer norm
+// (2 MB each in the tiny GPT's step).
+detail::InputGrad input_grad(const Node& n, const Shape& sizes, DType dtype) {
+  return detail::norm_input_grad(n, sizes, TensorOptions(dtype), dtype == DType::f32 || dtype == DType::f64);
 }
 
 using detail::LayerNormArgs;  // shared with the CUDA kernel (ops/op_args.h)
@@ -169,7 +161,7 @@ Grads keep_xhat_backward(const Node& n, const Grads& g, const LayerNormSaved& s)
   const Tensor gy = detail::to_raw(g[0], DType::f32);
   const Tensor rv = s.rstd.unpack(n);
   const int64_t cols = shape_numel(s.normalized_shape), rows = cols == 0 ? 0 : hv.numel() / cols;
-  const InputGrad dx = input_grad(n, hv.sizes(), DType::f32);
+  const detail::InputGrad dx = input_grad(n, hv.sizes(), DType::f32);
   Tensor dw = wv.defined() && needs_grad(n, 1) ? empty(wv.sizes(), TensorOptions(DType::f32)) : Tensor();
   Tensor db = s.has_bias && needs_grad(n, 2) ? empty(Shape(s.normalized_shape), TensorOptions(DType::f32)) : Tensor();
   if (hv.numel() == 0) {
@@ -238,7 +230,7 @@ Grads layer_norm_backward(const Node& n, const Grads& g, const OpSaved& saved) {
   const Tensor gy = detail::to_raw(g[0], xv.dtype());
   const Tensor mv = s.mean.unpack(n), rv = s.rstd.unpack(n);
   const int64_t cols = shape_numel(s.normalized_shape), rows = cols == 0 ? 0 : xv.numel() / cols;
-  const InputGrad dx = input_grad(n, xv.sizes(), xv.dtype());
+  const detail::InputGrad dx = input_grad(n, xv.sizes(), xv.dtype());
   Tensor dw = wv.defined() && needs_grad(n, 1) ? empty(wv.sizes(), TensorOptions(wv.dtype())) : Tensor();
   Tensor db = s.has_bias && needs_grad(n, 2)
                   ? empty(wv.defined() ? wv.sizes() : Shape(s.normalized_shape), TensorOptions(xv.dtype()))

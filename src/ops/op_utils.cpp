@@ -55,6 +55,19 @@ ReduceLayout reduce_layout(const Tensor& x, const std::vector<int64_t>& dims) {
   return l;
 }
 
+InputGrad norm_input_grad(const Node& n, const Shape& sizes, TensorOptions opts, bool take) {
+  if (!needs_grad(n, 0)) return {};
+  if (take)
+    if (Tensor pending = n.take_pending_grad(0); pending.defined()) {
+      ATH_CHECK(pending.device() == opts.device && pending.is_contiguous() && pending.sizes() == sizes, n.name(),
+                "the gradient waiting at x is ", pending.describe(), " for x of shape ", shape_str(sizes),
+                Hint{"this is a bug in athanor (take_pending_grad promises x's shape, dtype and a contiguous tensor); "
+                     "please report it"});
+      return {std::move(pending), true};
+    }
+  return {empty(sizes, opts), false};
+}
+
 void check_normalized_shape(const Tensor& x, const Shape& normalized_shape, const char* op) {
   const int64_t k = static_cast<int64_t>(normalized_shape.size());
   bool match = k >= 1 && k <= x.dim();

@@ -28,6 +28,16 @@ struct ReduceLayout {
 ReduceLayout reduce_layout(const Tensor& x, const std::vector<int64_t>& dims);
 // normalized_shape must equal the trailing dims of x (layer_norm, rms_norm).
 void check_normalized_shape(const Tensor& x, const Shape& normalized_shape, const char* op);
+// Input 0's gradient buffer for a norm's backward (layer_norm on the CPU, layer_norm / rms_norm on
+// CUDA): when `take` and x already has a gradient from its other uses (a transformer's residual
+// stream, waiting in the engine: Node::take_pending_grad), that buffer, which the kernel adds its
+// dx into (accumulate); else a fresh one of x's `sizes` and `opts`; undefined when input 0 needs no
+// gradient. Saves the engine's pass summing the two, per norm.
+struct InputGrad {
+  Tensor t;
+  bool accumulate = false;
+};
+InputGrad norm_input_grad(const Node& n, const Shape& sizes, TensorOptions opts, bool take);
 void check_defined(const Tensor& t, const char* op, const char* arg);
 void check_floating(const Tensor& t, const char* op, const char* arg);
 void check_same_dtype(const Tensor& a, const Tensor& b, const char* op);

@@ -89,24 +89,12 @@ void check_f64_grad(const char* op, const Tensor& g) {
   ATH_CHECK(g.dtype() == DType::f64, op, "the gradient of an f64 output is ", g.describe(),
             Hint{"keep the whole f64 graph in f64"});
 }
-// x's gradient buffer for the backward: under the candidate norm_accumulate_dx, the gradient
-// already waiting at x from its other uses (a transformer's residual stream: Node::take_pending_grad)
-// when x is in the kernels' dtype, which the kernel then adds into (accumulate); else a fresh one.
-// Saves the engine's separate pass summing the two (read both, write one) per layer norm.
-struct InputGrad {
-  Tensor t;
-  bool accumulate = false;
-};
+// x's gradient buffer (norm_input_grad): under the candidate norm_accumulate_dx the gradient
+// waiting at x when x is in the kernels' dtype (the residual stream's f32 sum), which the kernels
+// add into; else a fresh one.
 InputGrad input_grad(const Node& n, const Tensor& x, DType x_dtype, DType kd) {
-  if (!needs_grad(n, 0)) return {};
-  if (x_dtype == kd && cuda::candidate_enabled(cuda::Candidate::norm_accumulate_dx))
-    if (Tensor pending = n.take_pending_grad(0); pending.defined()) {
-      ATH_CHECK(pending.device() == x.device() && pending.is_contiguous() && pending.sizes() == x.sizes(), n.name(),
-                "the gradient waiting at x is ", pending.describe(), " for x ", x.describe(),
-                Hint{"this is a bug in athanor (take_pending_grad promises x's shape, dtype and a contiguous tensor); please report it"});
-      return {std::move(pending), true};
-    }
-  return {empty(x.sizes(), TensorOptions(kd).with_device(x.device())), false};
+  return norm_input_grad(n, x.sizes(), TensorOptions(kd).with_device(x.device()),
+                         x_dtype == kd && cuda::candidate_enabled(cuda::Candidate::norm_accumulate_dx));
 }
 
 // The offered copy of an f32 norm output (see the file comment): its buffer, or undefined.
