@@ -37,11 +37,6 @@ json raw_header(const std::string& path) {
   return json::parse(all.substr(8, len));
 }
 
-std::string bytes_of(const Tensor& t) {
-  Tensor c = t.contiguous();
-  return {static_cast<const char*>(c.raw_data()), static_cast<size_t>(c.nbytes())};
-}
-
 nn::LlamaConfig small(bool tied, bool scaled) {
   nn::LlamaConfig c{.vocab_size = 37, .n_layer = 2, .n_head = 4, .n_kv_head = 2, .n_embd = 16, .intermediate_size = 40,
                     .block_size = 32, .rope_theta = 500000.0, .rms_norm_eps = 1e-6, .tie_embeddings = tied};
@@ -136,7 +131,7 @@ TEST(HfLlama, ExportThenImportIsBitExactWithHfKeys) {
     ASSERT_EQ(back.state.size(), sd.size());
     for (size_t i = 0; i < sd.size(); ++i) {
       EXPECT_EQ(back.state[i].first, sd[i].first);
-      EXPECT_EQ(bytes_of(back.state[i].second), bytes_of(sd[i].second)) << sd[i].first;
+      EXPECT_EQ(athanor::testing::tensor_bytes(back.state[i].second), athanor::testing::tensor_bytes(sd[i].second)) << sd[i].first;
     }
     EXPECT_EQ(back.config.n_kv_head, 2);
     EXPECT_EQ(back.config.tie_embeddings, tied);

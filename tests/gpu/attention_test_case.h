@@ -235,6 +235,15 @@ void expect_close_to(const GpuResult<H>& got, const Want& want, const Tol& t, co
   EXPECT_TRUE(close_rel_max(got.dv, want.dv, t.grad, ("dv" + against).c_str()));
 }
 
+// Two runs of one case gave the same bits in O, lse and every gradient (run-to-run determinism).
+template <class H> void expect_same_bits(const GpuResult<H>& a, const GpuResult<H>& b) {
+  EXPECT_TRUE(bits_equal(a.o, b.o)) << "o";
+  EXPECT_TRUE(bits_equal(a.lse, b.lse)) << "lse";
+  EXPECT_TRUE(bits_equal(a.dq, b.dq)) << "dq";
+  EXPECT_TRUE(bits_equal(a.dk, b.dk)) << "dk";
+  EXPECT_TRUE(bits_equal(a.dv, b.dv)) << "dv";
+}
+
 // One GPU run's buffers: the inputs scattered into a guarded input buffer, dO into an
 // output-shaped one, O, lse and the gradients' buffer (shaped like the input one) filled with
 // the sentinel. forward() and backward() call cuda::attention_forward/backward (under whichever

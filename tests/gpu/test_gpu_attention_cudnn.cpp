@@ -134,12 +134,7 @@ TEST(GpuAttentionCudnn, BackwardIsBitIdenticalRunToRun) {
   const Case c{2, 12, 12, 512, 512, 64, true, Lay::packed};
   const auto x = inputs<bfloat16>(c, 7);
   const auto a = run_gpu<bfloat16>(c, Side::cudnn, Side::cudnn, x);
-  const auto b = run_gpu<bfloat16>(c, Side::cudnn, Side::cudnn, x);
-  EXPECT_TRUE(bits_equal(a.o, b.o));
-  EXPECT_EQ(a.lse, b.lse);
-  EXPECT_TRUE(bits_equal(a.dq, b.dq));
-  EXPECT_TRUE(bits_equal(a.dk, b.dk));
-  EXPECT_TRUE(bits_equal(a.dv, b.dv));
+  expect_same_bits(a, run_gpu<bfloat16>(c, Side::cudnn, Side::cudnn, x));
 }
 
 // With the candidate on (and the implementation not "reference"), attention_forward and

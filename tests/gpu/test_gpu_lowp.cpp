@@ -55,11 +55,6 @@ using namespace athanor;
 
 namespace {
 
-std::string bytes_of(const Tensor& t) {
-  Tensor c = t.cpu().contiguous();
-  return std::string(static_cast<const char*>(c.raw_data()), c.nbytes());
-}
-
 int64_t calls_of(const std::vector<observe::ProfileRow>& rows, const std::string& name, char kind) {
   int64_t n = 0;
   for (const auto& r : rows)
@@ -133,14 +128,14 @@ RunResult train_run(const std::string& device, const std::string& precision, boo
         EXPECT_TRUE(c.defined()) << device << " " << precision << ": no current copy of " << n << " after step " << s + 1;
         if (c.defined()) {
           EXPECT_EQ(c.device(), p.device()) << n;
-          EXPECT_TRUE(bytes_of(c) == bytes_of(cast(p.detach(), low))) << n << "'s copy is not cast(" << n << ") after step " << s + 1;
+          EXPECT_TRUE(athanor::testing::tensor_bytes(c) == athanor::testing::tensor_bytes(cast(p.detach(), low))) << n << "'s copy is not cast(" << n << ") after step " << s + 1;
         }
       }
     }
   }
   for (const auto& m : t.history()) r.losses.push_back(m.loss);
-  for (auto& [n, p] : t.task().module().named_parameters()) r.weights.push_back(bytes_of(p));
-  for (const auto& [n, s] : t.optimizer().state_tensors()) r.states.push_back(n + ":" + bytes_of(s));
+  for (auto& [n, p] : t.task().module().named_parameters()) r.weights.push_back(athanor::testing::tensor_bytes(p));
+  for (const auto& [n, s] : t.optimizer().state_tensors()) r.states.push_back(n + ":" + athanor::testing::tensor_bytes(s));
   r.skipped = t.skipped_steps();
   return r;
 }
@@ -260,31 +255,31 @@ void expect_copies_track_weights(const std::string& kind, DType dt) {
     NoGradGuard ng;
     for (size_t i = 0; i < on.params.size(); ++i) {
       const Tensor& p = on.params[i];
-      EXPECT_TRUE(bytes_of(p) == bytes_of(off.params[i])) << when << ": weight " << i << " differs from the candidate-off run";
+      EXPECT_TRUE(athanor::testing::tensor_bytes(p) == athanor::testing::tensor_bytes(off.params[i])) << when << ": weight " << i << " differs from the candidate-off run";
       EXPECT_EQ(autocast_persistent_cast_count(off.params[i]), 0u) << when;
       const Tensor c = autocast_persistent_cast(p, dt);
       ASSERT_TRUE(c.defined()) << when << ": no current copy of weight " << i;
-      EXPECT_TRUE(bytes_of(c) == bytes_of(cast(p, dt))) << when << ": the copy of weight " << i << " is not its cast";
+      EXPECT_TRUE(athanor::testing::tensor_bytes(c) == athanor::testing::tensor_bytes(cast(p, dt))) << when << ": the copy of weight " << i << " is not its cast";
     }
     const auto a = on.opt->state_tensors(), b = off.opt->state_tensors();
     ASSERT_EQ(a.size(), b.size());
-    for (size_t i = 0; i < a.size(); ++i) EXPECT_TRUE(bytes_of(a[i].second) == bytes_of(b[i].second)) << when << ", " << a[i].first;
+    for (size_t i = 0; i < a.size(); ++i) EXPECT_TRUE(athanor::testing::tensor_bytes(a[i].second) == athanor::testing::tensor_bytes(b[i].second)) << when << ", " << a[i].first;
   };
   check("after enabling the copies");
   auto both = [&](auto&& fn) { fn(on), fn(off); };
-  const std::string w0 = bytes_of(on.params[7]);
+  const std::string w0 = athanor::testing::tensor_bytes(on.params[7]);
   both([](GuardedOptimizer& o) { o.set_grads(1, false), o.step(0.5, false); });  // clipped
-  EXPECT_FALSE(bytes_of(on.params[7]) == w0) << "the first step must change the weights for the check to bite";
+  EXPECT_FALSE(athanor::testing::tensor_bytes(on.params[7]) == w0) << "the first step must change the weights for the check to bite";
   check("after a clipped step");
-  const std::string w1 = bytes_of(on.params[7]), c1 = bytes_of(autocast_persistent_cast(on.params[7], dt));
+  const std::string w1 = athanor::testing::tensor_bytes(on.params[7]), c1 = athanor::testing::tensor_bytes(autocast_persistent_cast(on.params[7], dt));
   both([](GuardedOptimizer& o) { o.set_grads(2, true), o.step(0.5, false); });  // NaN gradient: skipped
   EXPECT_EQ(on.skip.cpu().to_vector()[0], 1.0);
-  EXPECT_TRUE(bytes_of(on.params[7]) == w1) << "a skipped step must not touch the weights";
+  EXPECT_TRUE(athanor::testing::tensor_bytes(on.params[7]) == w1) << "a skipped step must not touch the weights";
   check("after a step skipped on a NaN gradient");
-  EXPECT_TRUE(bytes_of(autocast_persistent_cast(on.params[7], dt)) == c1) << "a skipped step must not touch the copies";
+  EXPECT_TRUE(athanor::testing::tensor_bytes(autocast_persistent_cast(on.params[7], dt)) == c1) << "a skipped step must not touch the copies";
   both([](GuardedOptimizer& o) { o.set_grads(3, false), o.step(0.0, true); });  // GradScaler found inf: skipped
   EXPECT_EQ(on.skip.cpu().to_vector()[0], 1.0);
-  EXPECT_TRUE(bytes_of(on.params[7]) == w1) << "a step skipped on found_inf must not touch the weights";
+  EXPECT_TRUE(athanor::testing::tensor_bytes(on.params[7]) == w1) << "a step skipped on found_inf must not touch the weights";
   check("after a step skipped on GradScaler's found-inf flag");
   both([](GuardedOptimizer& o) { o.set_grads(4, false), o.step(0.0, false); });
   EXPECT_EQ(on.skip.cpu().to_vector()[0], 0.0);
@@ -302,7 +297,7 @@ void expect_copies_track_weights(const std::string& kind, DType dt) {
   for (size_t i = 0; i < late.params.size(); ++i) {
     const Tensor c = autocast_persistent_cast(late.params[i], dt);
     ASSERT_TRUE(c.defined()) << "no copy of weight " << i << " after the first step with the candidate";
-    EXPECT_TRUE(bytes_of(c) == bytes_of(cast(late.params[i], dt))) << "a copy made in a skipped step is not the cast, weight " << i;
+    EXPECT_TRUE(athanor::testing::tensor_bytes(c) == athanor::testing::tensor_bytes(cast(late.params[i], dt))) << "a copy made in a skipped step is not the cast, weight " << i;
   }
 }
 
@@ -462,12 +457,12 @@ NormRun norm_under_autocast(const std::string& op, DType low, bool candidate, bo
     prof.stop();
   }
   r.casts = calls_of(prof.rows(), "cast", 'f');
-  r.y = bytes_of(y), r.copy = bytes_of(copy);
+  r.y = athanor::testing::tensor_bytes(y), r.copy = athanor::testing::tensor_bytes(copy);
   EXPECT_EQ(copy.dtype(), low);
-  EXPECT_TRUE(bytes_of(cast(y.detach(), low)) == r.copy) << op << ": the copy is not cast(y)";
+  EXPECT_TRUE(athanor::testing::tensor_bytes(cast(y.detach(), low)) == r.copy) << op << ": the copy is not cast(y)";
   if (grad) {
     copy.backward(randn_on({6, 50}, 4, low, d));  // through the cast node back to x and w
-    r.dx = bytes_of(x.grad()), r.dw = bytes_of(w.grad());
+    r.dx = athanor::testing::tensor_bytes(x.grad()), r.dw = athanor::testing::tensor_bytes(w.grad());
   }
   return r;
 }

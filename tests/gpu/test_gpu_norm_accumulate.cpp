@@ -5,8 +5,8 @@
 //    two device results), for the block-per-row kernels and the warp-per-row ones
 //    (norm_vectorized), f32 and f64, with and without weights, row lengths the vectorized kernels
 //    take and ones they do not;
-//  - the op in a graph (the premise checked on the CPU, whose layer_norm takes the sum): a residual pattern (h = x + a; out = h + f(norm(h))) on cuda, f32 and under
-//    bf16 autocast: the gradients of x, a and the norm's parameters are the same bits with the
+//  - the op in a graph (the premise checked on the CPU, whose layer_norm takes the sum): a
+//    residual pattern (h = x + a; out = h + f(norm(h))) on cuda, f32 and under bf16 autocast: the gradients of x, a and the norm's parameters are the same bits with the
 //    candidate on and off, the engine's count of taken gradients (pending_grads_taken) grows only
 //    with it on (so the test fails if the candidate is silently not used);
 //  - a tiny GPT's parameter gradients on cuda, bf16 autocast: the same bits on and off, with at
@@ -24,16 +24,12 @@
 #include "backend/cuda/candidates.h"
 #include "backend/cuda/norm_kernels.h"
 #include "gpu_test.h"
+#include "test_util.h"
 
 using namespace athanor;
 using namespace athanor::gpu_test;
 
 namespace {
-
-std::string bytes_of(const Tensor& t) {
-  Tensor c = t.cpu().contiguous();
-  return std::string(static_cast<const char*>(c.raw_data()), c.nbytes());
-}
 
 template <class T> std::vector<T> as_t(const std::vector<float>& v) { return std::vector<T>(v.begin(), v.end()); }
 
@@ -133,8 +129,8 @@ GraphRun residual_graph(bool rms, bool candidate, bool bf16, Device dev = Device
   }
   GraphRun g;
   g.taken = pending_grads_taken() - before;
-  for (const Tensor* t : {&x, &a, &w, &lin}) g.grads.push_back(bytes_of(t->grad()));
-  if (!rms) g.grads.push_back(bytes_of(b.grad()));
+  for (const Tensor* t : {&x, &a, &w, &lin}) g.grads.push_back(athanor::testing::tensor_bytes(t->grad()));
+  if (!rms) g.grads.push_back(athanor::testing::tensor_bytes(b.grad()));
   return g;
 }
 
@@ -200,7 +196,7 @@ TEST(GpuNormAccumulate, TinyGptGradientsAreTheSameBitsWithFewerSums) {
     }
     GraphRun g;
     g.taken = pending_grads_taken() - before;
-    for (auto& [name, p] : model->named_parameters()) g.grads.push_back(name + ":" + bytes_of(p.grad()));
+    for (auto& [name, p] : model->named_parameters()) g.grads.push_back(name + ":" + athanor::testing::tensor_bytes(p.grad()));
     return g;
   };
   const GraphRun off = run(false), on = run(true);

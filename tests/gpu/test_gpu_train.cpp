@@ -40,14 +40,9 @@ std::shared_ptr<nn::GPT> tiny_gpt() {
   return std::make_shared<nn::GPT>(c);
 }
 
-std::string bytes_of(const Tensor& t) {
-  Tensor c = t.cpu().contiguous();
-  return std::string(static_cast<const char*>(c.raw_data()), c.nbytes());
-}
-
 std::vector<std::string> weight_bytes(train::Trainer& t) {
   std::vector<std::string> out;
-  for (auto& [n, p] : t.task().module().state_dict()) out.push_back(bytes_of(p));
+  for (auto& [n, p] : t.task().module().state_dict()) out.push_back(athanor::testing::tensor_bytes(p));
   return out;
 }
 std::vector<double> losses(const train::Trainer& t) {
@@ -87,10 +82,10 @@ TEST(GpuTrain, ModuleToCudaMovesEveryTensorAndBack) {
   std::vector<std::pair<std::string, std::string>> values, grads;
   std::map<const Storage*, std::vector<std::string>> shared_before;
   for (auto& [n, t] : gpt->state_dict()) {
-    values.emplace_back(n, bytes_of(t));
+    values.emplace_back(n, athanor::testing::tensor_bytes(t));
     shared_before[t.storage().get()].push_back(n);
   }
-  for (auto& [n, p] : gpt->named_parameters()) grads.emplace_back(n, bytes_of(p.grad()));
+  for (auto& [n, p] : gpt->named_parameters()) grads.emplace_back(n, athanor::testing::tensor_bytes(p.grad()));
   gpt->to(Device::cuda(0));
   EXPECT_EQ(gpt->device(), Device::cuda(0));
   std::map<const Storage*, std::vector<std::string>> shared_after;
@@ -98,7 +93,7 @@ TEST(GpuTrain, ModuleToCudaMovesEveryTensorAndBack) {
   for (auto& [n, t] : gpt->state_dict()) {
     EXPECT_EQ(t.device(), Device::cuda(0)) << n;
     EXPECT_EQ(t.storage()->tag(), MemTag::parameter) << n;
-    EXPECT_TRUE(bytes_of(t) == values[i++].second) << n << " changed in the move";
+    EXPECT_TRUE(athanor::testing::tensor_bytes(t) == values[i++].second) << n << " changed in the move";
     shared_after[t.storage().get()].push_back(n);
   }
   EXPECT_EQ(shared_after.size(), shared_before.size());  // no storage split or merged
@@ -106,13 +101,13 @@ TEST(GpuTrain, ModuleToCudaMovesEveryTensorAndBack) {
   for (auto& [n, p] : gpt->named_parameters()) {
     ASSERT_TRUE(p.grad().defined()) << n;
     EXPECT_EQ(p.grad().device(), Device::cuda(0)) << n;
-    EXPECT_TRUE(bytes_of(p.grad()) == grads[i++].second) << n << "'s gradient changed in the move";
+    EXPECT_TRUE(athanor::testing::tensor_bytes(p.grad()) == grads[i++].second) << n << "'s gradient changed in the move";
   }
   gpt->to(Device::cpu());
   i = 0;
   for (auto& [n, t] : gpt->state_dict()) {
     EXPECT_TRUE(t.device().is_cpu()) << n;
-    EXPECT_TRUE(bytes_of(t) == values[i++].second) << n << " changed in the round trip";
+    EXPECT_TRUE(athanor::testing::tensor_bytes(t) == values[i++].second) << n << " changed in the round trip";
   }
 }
 
@@ -218,7 +213,7 @@ TEST(GpuTrain, SafetensorsStreamADeviceTensorPieceByPiece) {
   EXPECT_TRUE(read(on_cpu) == read(on_gpu)) << "the device tensor's file differs from the cpu tensor's";
   Tensor back = zeros({n}).cuda(), b = zeros({3}).cuda();
   ckpt::load_safetensors_into(on_gpu, {{"w", back}, {"b", b}});
-  EXPECT_TRUE(bytes_of(back) == bytes_of(host)) << "the uploaded tensor differs from the saved one";
+  EXPECT_TRUE(athanor::testing::tensor_bytes(back) == athanor::testing::tensor_bytes(host)) << "the uploaded tensor differs from the saved one";
   EXPECT_EQ(b.to_vector(), (std::vector<double>{1, 1, 1}));
 }
 

@@ -221,6 +221,11 @@ Tensor random_leaf(const Shape& shape, uint64_t seed) {
   return t;
 }
 
+std::string tensor_bytes(const Tensor& t) {
+  const Tensor c = t.cpu().contiguous();
+  return {static_cast<const char*>(c.raw_data()), static_cast<size_t>(c.nbytes())};
+}
+
 std::string fresh_temp_dir(const std::string& name) {
   const std::filesystem::path p = std::filesystem::temp_directory_path() / ("athanor_test_" + name);
   std::filesystem::remove_all(p);

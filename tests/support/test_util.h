@@ -88,6 +88,9 @@ Tensor random_leaf(const Shape& shape, uint64_t seed);
 std::string fresh_temp_dir(const std::string& name);
 // A small English-like text file in `dir` for language-model runs (no npm data needed).
 std::string write_tiny_text(const std::string& dir);
+// t's elements as raw bytes, row-major, copied to the host (bit-for-bit comparisons of any
+// dtype and device).
+std::string tensor_bytes(const Tensor& t);
 // n values scale * N(0, 1) from `seed`, as f32.
 std::vector<float> random_floats(int64_t n, uint64_t seed, double scale);
 
